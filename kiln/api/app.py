@@ -1,0 +1,121 @@
+"""build_app(config, backend): the Starlette app, its routes from the generated table, error
+handling and middleware."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from kiln.api._generated.routes import ROUTES
+from kiln.api.backend import Backend
+from kiln.api.errors import ApiError
+from kiln.api.handlers import HANDLERS, Endpoint
+from kiln.api.state import AppState
+from kiln.config import ServerConfig
+
+log = logging.getLogger("kiln.api")
+
+REQUEST_ID = "x-request-id"
+
+
+class RequestIdMiddleware:
+    """Every response carries X-Request-Id: the client's (if sane) or a fresh one."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        rid = ""
+        for key, value in scope.get("headers", []):
+            if key == b"x-request-id":
+                rid = value.decode("latin-1")
+                break
+        if not rid or len(rid) > 200 or not rid.isprintable():
+            rid = uuid.uuid4().hex
+        scope.setdefault("state", {})["request_id"] = rid
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = [h for h in message.get("headers", []) if h[0] != b"x-request-id"]
+                headers.append((b"x-request-id", rid.encode("latin-1")))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
+
+
+def _error_response(err: ApiError) -> Response:
+    return Response(
+        err.body(), status_code=err.status, media_type="application/json", headers=err.headers
+    )
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    return _error_response(exc)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        err = ApiError(404, "not_found", f"no route for {request.method} {request.url.path}")
+    elif exc.status_code == 405:
+        err = ApiError(
+            405, "method_not_allowed", f"method {request.method} not allowed on {request.url.path}"
+        )
+        err.headers.update(exc.headers or {})
+    else:
+        err = ApiError(exc.status_code, "http_error", str(exc.detail))
+    return _error_response(err)
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return _error_response(ApiError(500, "internal_error", "internal server error"))
+
+
+def _routes(state: AppState) -> list[Route]:
+    routes = []
+    for route in ROUTES:
+        endpoint: Endpoint | None = HANDLERS.get((route.method, route.path))
+        if endpoint is None:
+            raise RuntimeError(f"no handler for {route.method} {route.path}")
+        routes.append(Route(route.path, endpoint, methods=[route.method], name=route.operation_id))
+    return routes
+
+
+def build_app(config: ServerConfig, backend: Backend) -> Starlette:
+    state = AppState(config=config, backend=backend)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        backend.start()
+        try:
+            yield
+        finally:
+            backend.shutdown()
+
+    app = Starlette(
+        routes=_routes(state),
+        exception_handlers={
+            ApiError: _api_error,
+            HTTPException: _http_error,
+            Exception: _internal_error,
+        },
+        lifespan=lifespan,
+    )
+    app.state.kiln = state
+    app.add_middleware(RequestIdMiddleware)
+    return app

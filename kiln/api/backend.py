@@ -1,0 +1,84 @@
+"""The port between the HTTP edge and whatever serves the model.
+
+`kiln serve` plugs in `kiln.serving.EngineBackend` (the real engine); tests plug in a double that
+lives under `tests/`. The edge never imports torch, so this module only names pure-Python types.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from kiln.engine.outputs import RequestOutput
+from kiln.engine.request import Request
+
+
+class TokenizerPort(Protocol):
+    eos_token_ids: frozenset[int]
+    vocab_size: int
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str: ...
+
+
+class ChatTemplatePort(Protocol):
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[Any] | None = None,
+        add_generation_prompt: bool = True,
+        **kwargs: Any,
+    ) -> str: ...
+
+
+class Backend(Protocol):
+    model_id: str
+    aliases: tuple[str, ...]
+    created: int
+    max_model_len: int
+    tokenizer: TokenizerPort
+    chat_template: ChatTemplatePort
+
+    def start(self) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+    def ready(self) -> bool: ...
+
+    async def score(self, prompt_ids: list[int], top_k: int) -> list[PositionScore]:
+        """Prompt-logprob scoring; see ScoringPort."""
+        ...
+
+    def submit(self, request: Request) -> AsyncIterator[RequestOutput]:
+        """Admit `request` (raising kiln.engine.errors.EngineError on failure) and stream its
+        outputs until one is `finished`. Closing the iterator early aborts the request."""
+        ...
+
+    def abort(self, request_id: str) -> None: ...
+
+    def stats(self) -> dict[str, float]: ...
+
+    def identity(self) -> dict[str, str]:
+        """Content hashes of the model, tokenizer and template (for fingerprints)."""
+        ...
+
+
+class ScoringPort(Protocol):
+    """Prompt-logprob scoring (POST /v1/completions)."""
+
+    async def score(self, prompt_ids: list[int], top_k: int) -> list[PositionScore]:
+        """One entry per prompt position >= 1: the observed token's log-softmax value and
+        full-vocabulary rank, and the top-k ids by raw logit (ties to the lower id)."""
+        ...
+
+
+@dataclass(frozen=True)
+class PositionScore:
+    token_id: int
+    logprob: float
+    rank: int
+    top_ids: list[int]
+    top_logprobs: list[float]

@@ -1,0 +1,145 @@
+"""Request validation against the contract itself.
+
+Pipeline per request body: untyped msgspec decode -> jsonschema_rs validation against the contract
+(compiled once) -> `msgspec.convert` into the generated struct -> the prose-only semantic checks in
+`rules.py`. Composition-rule failures (`allOf` branches) get hand-written messages from
+`RULE_MESSAGES`; a test fails when the contract has a rule without one.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import cached_property
+from importlib import resources
+from typing import Any, TypeVar
+
+import jsonschema_rs
+import msgspec
+
+from kiln.api import _generated
+from kiln.api._generated import wire
+from kiln.api.errors import ApiError
+
+MAIN_FILE = "kiln-inference-v1.schema.json"
+SIBLING_FILES = ("thinking-budget-v1.schema.json",)
+
+T = TypeVar("T")
+
+# (definition, allOf index) -> (message, param). Keep in step with the contract's allOf rules.
+RULE_MESSAGES: dict[tuple[str, int], tuple[str, str | None]] = {
+    ("BatchCompletionRequest", 0): (
+        "adapter (a name) cannot be combined with adapters; use one of them",
+        "adapters",
+    ),
+    ("ChatCompletionRequest", 0): (
+        "adapter cannot be combined with adapters; use one of them",
+        "adapters",
+    ),
+    ("ChatCompletionRequest", 1): ("n greater than 1 requires stream=false", "n"),
+    ("ChatCompletionRequest", 2): (
+        "rollout_provenance=true requires stream=false, n=1, ignore_eos=false and "
+        "max_tokens null or at least 1",
+        "rollout_provenance",
+    ),
+}
+
+
+def _param(path: list[str | int]) -> str | None:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or None
+
+
+@dataclass(frozen=True)
+class Violation:
+    message: str
+    param: str | None
+    rule: tuple[str, int] | None
+
+
+def _load(name: str) -> dict[str, Any]:
+    text = resources.files(_generated).joinpath(name).read_text(encoding="utf-8")
+    doc: dict[str, Any] = json.loads(text)
+    return doc
+
+
+class Contract:
+    """The contract documents and one compiled validator per definition, built on first use."""
+
+    def __init__(self) -> None:
+        self.main = _load(MAIN_FILE)
+        self.siblings = {name: _load(name) for name in SIBLING_FILES}
+        resources_ = [(self.main["$id"], self.main)]
+        resources_ += [(doc["$id"], doc) for doc in self.siblings.values()]
+        self._registry = jsonschema_rs.Registry(resources_)
+        self._validators: dict[str, Any] = {}
+        self._decoder = msgspec.json.Decoder()
+
+    @cached_property
+    def definitions(self) -> dict[str, Any]:
+        defs: dict[str, Any] = self.main["$defs"]
+        return defs
+
+    def validator(self, definition: str) -> Any:
+        found = self._validators.get(definition)
+        if found is None:
+            if definition not in self.definitions:
+                raise KeyError(f"contract has no definition {definition!r}")
+            ref = {"$ref": f"{self.main['$id']}#/$defs/{definition}"}
+            found = jsonschema_rs.Draft202012Validator(ref, registry=self._registry)
+            self._validators[definition] = found
+        return found
+
+    def first_violation(self, definition: str, instance: Any) -> Violation | None:
+        validator = self.validator(definition)
+        if validator.is_valid(instance):
+            return None
+        errors = list(validator.iter_errors(instance))
+        # Prefer a plain field error; fall back to a composition rule with its own message.
+        errors.sort(key=lambda e: "allOf" in list(e.schema_path))
+        error = errors[0]
+        schema_path = list(error.schema_path)
+        instance_path = list(error.instance_path)
+        if len(schema_path) >= 4 and schema_path[0] == "$defs" and schema_path[2] == "allOf":
+            rule = (str(schema_path[1]), int(schema_path[3]))
+            message, param = RULE_MESSAGES.get(rule, (error.message, None))
+            return Violation(message, param or _param(instance_path), rule)
+        param = _param(instance_path)
+        prefix = f"{param}: " if param else ""
+        return Violation(prefix + error.message, param, None)
+
+    def decode(self, body: bytes) -> Any:
+        try:
+            return self._decoder.decode(body)
+        except msgspec.DecodeError as exc:
+            raise ApiError(400, "invalid_json", f"request body is not valid JSON: {exc}") from None
+
+    def parse(self, definition: str, body: bytes, target: type[T], error_code: str) -> T:
+        """Decode, validate against the contract, and convert into the generated struct."""
+        data = self.decode(body)
+        if not isinstance(data, dict):
+            raise ApiError(400, error_code, "request body must be a JSON object")
+        violation = self.first_violation(definition, data)
+        if violation is not None:
+            raise ApiError(400, error_code, violation.message, param=violation.param)
+        try:
+            return msgspec.convert(data, target, strict=False)
+        except msgspec.ValidationError as exc:  # the contract accepted it; struct must agree
+            raise ApiError(400, error_code, str(exc)) from None
+
+
+_CONTRACT: Contract | None = None
+
+
+def contract() -> Contract:
+    global _CONTRACT
+    if _CONTRACT is None:
+        _CONTRACT = Contract()
+    return _CONTRACT
+
+
+def wire_type(name: str) -> type[Any]:
+    found: type[Any] = getattr(wire, name)
+    return found

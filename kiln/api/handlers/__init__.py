@@ -1,0 +1,22 @@
+"""One module per entrypoint family; HANDLERS maps (method, path) from the route table."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from kiln.api.handlers import batch, chat, completions, meta, models
+
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+HANDLERS: dict[tuple[str, str], Endpoint] = {
+    ("POST", "/v1/chat/completions"): chat.create,
+    ("POST", "/v1/completions"): completions.create,
+    ("POST", "/v1/completions/batch"): batch.create,
+    ("GET", "/v1/models"): models.list_models,
+    ("GET", "/health"): meta.health,
+    ("GET", "/metrics"): meta.prometheus,
+    ("GET", "/openapi.json"): meta.openapi,
+}

@@ -1,0 +1,139 @@
+"""POST /v1/completions/batch: prompts x n completions, all running concurrently in the engine.
+
+Items are ordered by prompt then completion; completion (p, c) uses seed + p*n + c. A per-item
+generation failure gives that item finish_reason "error" (DESIGN §6); validation errors reject the
+whole request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from kiln.api._generated import wire
+from kiln.api.body import read_json_body
+from kiln.api.encode import json_response
+from kiln.api.errors import ApiError
+from kiln.api.handlers.chat_prepare import render_prompt, template_messages
+from kiln.api.handlers.generation import Completion, collect, submit, until_disconnect
+from kiln.api.handlers.models import resolve_model
+from kiln.api.handlers.params import (
+    U64,
+    effective_max_tokens,
+    normalize_stop,
+    opt,
+    requested_max_tokens,
+    sampling_params,
+)
+from kiln.api.rules import check_batch
+from kiln.api.state import AppState, app_state, request_id
+from kiln.text.budget import resolve
+from kiln.text.reasoning import fold, prompt_starts_in_reasoning, split_reasoning
+
+ERROR_CODE = "batch_invalid_request"
+
+
+def _check_adapter(req: wire.BatchCompletionRequest) -> None:
+    adapter = opt(req.adapter)
+    if isinstance(adapter, str) and adapter:
+        raise ApiError(404, "adapter_not_found", f"adapter {adapter!r} not found", param="adapter")
+    adapters = opt(req.adapters)
+    if adapters:
+        raise ApiError(
+            404, "adapter_not_found", f"adapter {adapters[0].name!r} not found", param="adapters"
+        )
+
+
+async def create(request: Request) -> Response:
+    state = app_state(request)
+    body = await read_json_body(request, state.config.max_body_bytes)
+    req = state.contract.parse(
+        "BatchCompletionRequest", body, wire.BatchCompletionRequest, ERROR_CODE
+    )
+    check_batch(req)
+    model = resolve_model(state.backend, opt(req.model))
+    _check_adapter(req)
+    n = int(opt(req.n) or 1)
+    tools = opt(req.tools) or None
+    kwargs: dict[str, Any] = dict(opt(req.chat_template_kwargs) or {})
+    if "enable_thinking" not in kwargs and state.config.default_thinking_enabled is not None:
+        kwargs["enable_thinking"] = state.config.default_thinking_enabled
+    limit = state.backend.max_model_len
+    prompts: list[tuple[list[int], bool]] = []
+    for p, messages in enumerate(req.prompts):
+        text = render_prompt(state, template_messages(messages), tools, kwargs)
+        ids = state.backend.tokenizer.encode(text, add_special_tokens=False)
+        if len(ids) >= limit:
+            raise ApiError(
+                400, "context_length_exceeded",
+                f"prompt {p} has {len(ids)} tokens; the maximum context length is {limit}",
+                param=f"prompts[{p}]",
+            )
+        prompts.append((ids, prompt_starts_in_reasoning(text)))
+    requested = requested_max_tokens(req.max_tokens, req.max_completion_tokens)
+    stop = normalize_stop(opt(req.stop))
+    seed = opt(req.seed)
+    rid = request_id(request)
+    jobs = []
+    for p, (ids, _) in enumerate(prompts):
+        max_tokens = effective_max_tokens(requested, len(ids), limit)
+        for c in range(n):
+            item_seed = None if seed is None else (int(seed) + p * n + c) % U64
+            params = sampling_params(
+                req, max_tokens=max_tokens, stop=stop, seed=item_seed, has_tools=bool(tools)
+            )
+            jobs.append(submit(state.backend, f"{rid}-{p}-{c}", ids, params))
+    results = await until_disconnect(request, _gather(jobs))
+    budget = resolve(
+        req.thinking_budget_tokens, req.thinking_budget_ms,
+        state.config.default_thinking_budget_tokens, state.config.default_thinking_budget_ms,
+    )
+    items = []
+    usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+    for k, done in enumerate(results):
+        p, c = divmod(k, n)
+        items.append(_item(state, p, c, done, len(prompts[p][0]), prompts[p][1]))
+        for key in usage:
+            usage[key] += items[-1]["usage"][key]
+    return json_response(
+        {
+            "id": f"batchcmpl-{uuid.uuid4()}",
+            "object": "batch.completion",
+            "created": int(time.time()),
+            "model": model,
+            "completions": items,
+            "usage": usage,
+            "metadata": {"thinking_budget": budget.effective()},
+        }
+    )
+
+
+async def _gather(jobs: list[Any]) -> list[Completion]:
+    return list(await asyncio.gather(*(collect(j) for j in jobs)))
+
+
+def _item(
+    state: AppState, p: int, c: int, done: Completion, prompt_len: int, in_reasoning: bool
+) -> dict[str, Any]:
+    item: dict[str, Any] = {"prompt_index": p, "completion_index": c}
+    if done.finish_reason in ("error", "abort"):
+        item.update(text="", finish_reason="error")
+    else:
+        reasoning, content = split_reasoning(done.text, in_reasoning)
+        if state.config.fold_reasoning_into_content and reasoning:
+            content = fold(reasoning, content)
+        item["text"] = content
+        if reasoning is not None:
+            item["reasoning_content"] = reasoning
+        item["finish_reason"] = done.finish_reason
+    item["usage"] = {
+        "prompt_tokens": prompt_len,
+        "completion_tokens": done.num_output_tokens,
+        "total_tokens": prompt_len + done.num_output_tokens,
+    }
+    return item

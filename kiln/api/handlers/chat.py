@@ -1,0 +1,147 @@
+"""POST /v1/chat/completions: JSON and SSE."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from kiln.api._generated import wire
+from kiln.api.body import read_json_body
+from kiln.api.encode import json_response
+from kiln.api.errors import ApiError
+from kiln.api.handlers import chat_stream
+from kiln.api.handlers.chat_prepare import PreparedChat, prepare_chat
+from kiln.api.handlers.generation import Completion, collect, submit, until_disconnect
+from kiln.api.handlers.perf import performance
+from kiln.api.rules import check_chat
+from kiln.api.sse import EventStream
+from kiln.api.state import AppState, app_state, request_id
+from kiln.text.budget import record
+from kiln.text.reasoning import fold, split_reasoning
+
+ERROR_CODE = "chat_invalid_request"
+
+
+async def create(request: Request) -> Response:
+    started = time.perf_counter()
+    state = app_state(request)
+    body = await read_json_body(request, state.config.max_body_bytes)
+    req = state.contract.parse("ChatCompletionRequest", body, wire.ChatCompletionRequest, ERROR_CODE)
+    check_chat(req)
+    prepared = prepare_chat(state, req)
+    completion_id = f"chatcmpl-{uuid.uuid4()}"
+    rid = request_id(request)
+    if prepared.stream:
+        outputs = submit(state.backend, f"{rid}-0", prepared.prompt_ids, prepared.params[0])
+        frames = chat_stream.frames(state, prepared, completion_id, outputs, started)
+        return EventStream(frames)
+    completions = await until_disconnect(request, _run_all(state, prepared, rid))
+    body_out = response_body(state, prepared, completion_id, completions, started)
+    return json_response(body_out)
+
+
+async def _run_all(state: AppState, prepared: PreparedChat, rid: str) -> list[Completion]:
+    streams = [
+        submit(state.backend, f"{rid}-{i}", prepared.prompt_ids, params)
+        for i, params in enumerate(prepared.params)
+    ]
+    return list(await asyncio.gather(*(collect(s) for s in streams)))
+
+
+def _finish_reason(c: Completion) -> str:
+    if c.finish_reason == "error":
+        raise ApiError(500, "generation_error", f"generation failed: {c.error or 'unknown error'}")
+    return c.finish_reason if c.finish_reason in ("stop", "length", "tool_calls") else "stop"
+
+
+def content_metadata(
+    prepared: PreparedChat, reasoning: str | None, content: str, has_tools: bool
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "thinking_enabled": prepared.in_reasoning,
+        "thinking_mode": prepared.thinking_mode,
+        "thinking_source": prepared.thinking_source,
+    }
+    if prepared.default_thinking_enabled is not None:
+        meta["default_thinking_enabled"] = prepared.default_thinking_enabled
+    meta["final_content_empty"] = content == ""
+    if content == "":
+        if reasoning:
+            meta["content_empty_reason"] = "reasoning_without_final_content"
+        elif has_tools:
+            meta["content_empty_reason"] = "tool_call"
+        else:
+            meta["content_empty_reason"] = "no_content"
+    meta["reasoning_folded_into_content"] = bool(prepared.fold and reasoning)
+    return meta
+
+
+def config_hashes(state: AppState, prepared: PreparedChat) -> dict[str, str]:
+    ident = state.backend.identity()
+    out: dict[str, str] = {
+        key: ident[key]
+        for key in ("tokenizer_config_hash", "chat_template_hash", "model_config_hash")
+        if key in ident
+    }
+    out["effective_config_hash"] = prepared.effective_config_hash()
+    return out
+
+
+def response_body(
+    state: AppState,
+    prepared: PreparedChat,
+    completion_id: str,
+    completions: list[Completion],
+    started: float,
+) -> dict[str, Any]:
+    choices = []
+    first_meta: dict[str, Any] | None = None
+    completion_tokens = 0
+    for index, c in enumerate(completions):
+        finish = _finish_reason(c)
+        reasoning, content = split_reasoning(c.text, prepared.in_reasoning)
+        meta = content_metadata(prepared, reasoning, content, False)
+        first_meta = first_meta or meta
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if prepared.fold and reasoning:
+            message["content"] = fold(reasoning, content)
+        if reasoning is not None:
+            message["reasoning_content"] = reasoning
+        choices.append({"index": index, "message": message, "finish_reason": finish})
+        completion_tokens += c.num_output_tokens
+    prompt_tokens = len(prepared.prompt_ids)
+    assert first_meta is not None
+    metadata = dict(first_meta)
+    metadata["thinking_budget"] = record(prepared.budget, False, None)
+    if prepared.include_config_hashes:
+        metadata["config_hashes"] = config_hashes(state, prepared)
+    if prepared.include_performance:
+        first = completions[0]
+        metadata["performance"] = performance(
+            first.metrics,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            total_latency_s=time.perf_counter() - started,
+            adapter=prepared.adapter,
+            thinking_mode=prepared.thinking_mode,
+            finish_reason=str(choices[0]["finish_reason"]),
+            tokenization_s=prepared.tokenization_s,
+        )
+    return {
+        "id": completion_id,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": prepared.model,
+        "choices": choices,
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
+        "metadata": metadata,
+    }

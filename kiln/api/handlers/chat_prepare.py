@@ -1,0 +1,186 @@
+"""A validated ChatCompletionRequest -> a PreparedChat: rendered prompt, token ids, per-choice
+engine requests, thinking metadata and the resolved thinking budget."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from msgspec import UNSET
+
+from kiln.api._generated import wire
+from kiln.api.errors import ApiError
+from kiln.api.handlers.models import resolve_model
+from kiln.api.handlers.params import (
+    choice_seed,
+    effective_max_tokens,
+    normalize_stop,
+    opt,
+    requested_max_tokens,
+    sampling_params,
+)
+from kiln.api.state import AppState
+from kiln.engine.request import SamplingParams
+from kiln.text.budget import BudgetConfig, resolve
+from kiln.text.reasoning import prompt_starts_in_reasoning
+
+TEXT_PARTS = ("text", "input_text", "output_text")
+
+
+@dataclass
+class PreparedChat:
+    model: str
+    prompt_text: str
+    prompt_ids: list[int]
+    in_reasoning: bool
+    thinking_source: str
+    default_thinking_enabled: bool | None
+    n: int
+    params: list[SamplingParams]
+    budget: BudgetConfig
+    fold: bool
+    include_performance: bool
+    explicit_performance: bool
+    include_config_hashes: bool
+    include_usage: bool
+    stream: bool
+    tokenization_s: float
+    adapter: str
+
+    @property
+    def thinking_mode(self) -> str:
+        return "reasoning" if self.in_reasoning else "non_reasoning"
+
+    def effective_config_hash(self) -> str:
+        canon = json.dumps(
+            {"model": self.model, "params": [p.__dict__ for p in self.params], "n": self.n},
+            sort_keys=True,
+            default=list,
+        )
+        return "sha256:" + hashlib.sha256(canon.encode()).hexdigest()
+
+
+def message_content(content: Any) -> str:
+    """String as is; content-part arrays concatenated (text parts only); null/missing -> ""."""
+    if content is None or content is UNSET:
+        return ""
+    if isinstance(content, str):
+        return content
+    parts = []
+    for part in content:
+        if isinstance(part, dict) and part.get("type") in TEXT_PARTS:
+            text = part.get("text")
+            if isinstance(text, str):
+                parts.append(text)
+    return "".join(parts)
+
+
+def template_messages(messages: list[wire.ChatMessageInput]) -> list[dict[str, Any]]:
+    out = []
+    for m in messages:
+        msg: dict[str, Any] = {"role": m.role, "content": message_content(m.content)}
+        for key in ("tool_calls", "name", "tool_call_id"):
+            value = opt(getattr(m, key))
+            if value is not None:
+                msg[key] = value
+        out.append(msg)
+    return out
+
+
+def _thinking_source(kwargs: dict[str, Any], server_default: bool | None) -> str:
+    if "enable_thinking" in kwargs:
+        return "request" if isinstance(kwargs["enable_thinking"], bool) else "custom"
+    return "server_default" if server_default is not None else "template_default"
+
+
+def _check_adapter(req: wire.ChatCompletionRequest) -> str:
+    adapter = opt(req.adapter)
+    adapters = opt(req.adapters)
+    if isinstance(adapter, str) and adapter:
+        raise ApiError(404, "adapter_not_found", f"adapter {adapter!r} not found", param="adapter")
+    if adapters:
+        name = adapters[0].name
+        raise ApiError(404, "adapter_not_found", f"adapter {name!r} not found", param="adapters")
+    return "base"
+
+
+def render_prompt(
+    state: AppState, messages: list[dict[str, Any]], tools: Any, kwargs: dict[str, Any]
+) -> str:
+    try:
+        return state.backend.chat_template.render(messages, tools=tools, **kwargs)
+    except Exception as exc:  # template errors are the client's messages/tools
+        raise ApiError(
+            400, "invalid_messages", f"Failed to apply chat template: {exc}", param="messages"
+        ) from None
+
+
+def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> PreparedChat:
+    cfg = state.config
+    backend = state.backend
+    model = resolve_model(backend, opt(req.model))
+    adapter = _check_adapter(req)
+    if req.rollout_provenance is True:
+        raise ApiError(
+            501,
+            "rollout_provenance_unavailable",
+            "rollout_provenance is not available on this server build yet",
+            param="rollout_provenance",
+        )
+    started = time.perf_counter()
+    kwargs: dict[str, Any] = dict(opt(req.chat_template_kwargs) or {})
+    if "enable_thinking" not in kwargs and cfg.default_thinking_enabled is not None:
+        kwargs["enable_thinking"] = cfg.default_thinking_enabled
+    tools = opt(req.tools) or None
+    prompt_text = render_prompt(state, template_messages(req.messages), tools, kwargs)
+    prompt_ids = backend.tokenizer.encode(prompt_text, add_special_tokens=False)
+    tokenization_s = time.perf_counter() - started
+    limit = backend.max_model_len
+    if len(prompt_ids) >= limit:
+        raise ApiError(
+            400,
+            "context_length_exceeded",
+            f"maximum context length is {limit} tokens; the prompt has {len(prompt_ids)} tokens",
+            param="messages",
+        )
+    requested = requested_max_tokens(req.max_tokens, req.max_completion_tokens)
+    max_tokens = effective_max_tokens(requested, len(prompt_ids), limit)
+    stop = normalize_stop(opt(req.stop))
+    n = int(opt(req.n) or 1)
+    params = [
+        sampling_params(
+            req, max_tokens=max_tokens, stop=stop, seed=choice_seed(req.seed, i), has_tools=bool(tools)
+        )
+        for i in range(n)
+    ]
+    include_perf = opt(req.include_performance)
+    include_hashes = opt(req.include_config_hashes)
+    fold = opt(req.fold_reasoning_into_content)
+    stream_options = opt(req.stream_options)
+    return PreparedChat(
+        model=model,
+        prompt_text=prompt_text,
+        prompt_ids=prompt_ids,
+        in_reasoning=prompt_starts_in_reasoning(prompt_text),
+        thinking_source=_thinking_source(kwargs, cfg.default_thinking_enabled),
+        default_thinking_enabled=cfg.default_thinking_enabled,
+        n=n,
+        params=params,
+        budget=resolve(
+            req.thinking_budget_tokens,
+            req.thinking_budget_ms,
+            cfg.default_thinking_budget_tokens,
+            cfg.default_thinking_budget_ms,
+        ),
+        fold=cfg.fold_reasoning_into_content if fold is None else bool(fold),
+        include_performance=bool(include_perf),
+        explicit_performance=include_perf is True,
+        include_config_hashes=bool(include_hashes),
+        include_usage=bool(stream_options and opt(stream_options.include_usage)),
+        stream=bool(opt(req.stream)),
+        tokenization_s=tokenization_s,
+        adapter=adapter,
+    )

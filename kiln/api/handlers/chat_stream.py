@@ -1,0 +1,138 @@
+"""The chat SSE stream: role chunk, content/reasoning deltas, optional token timings, the finish
+chunk with metadata, the optional usage chunk, then `[DONE]`.
+
+Stop strings never reach this layer (the engine holds them back); the reasoning splitter holds
+back partial `</think>` tags. Closing this generator (client disconnect) aborts the engine request.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from kiln.api.handlers.chat_prepare import PreparedChat
+from kiln.api.handlers.perf import performance
+from kiln.api.sse import DONE, event
+from kiln.api.state import AppState
+from kiln.engine.outputs import RequestOutput
+from kiln.text.budget import record
+from kiln.text.reasoning import Delta, ReasoningSplitter
+
+
+def _ms(t: float, start: float) -> float:
+    return round(max(0.0, t - start) * 1000.0, 3)
+
+
+class _Chunks:
+    def __init__(self, completion_id: str, model: str) -> None:
+        self.base = {
+            "id": completion_id,
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": model,
+        }
+
+    def choice(self, delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
+        choice: dict[str, Any] = {"index": 0, "delta": delta}
+        if finish is not None:
+            choice["finish_reason"] = finish
+        return event({**self.base, "choices": [choice], **extra})
+
+    def deltas(self, d: Delta) -> list[bytes]:
+        out = []
+        if d.reasoning:
+            out.append(self.choice({"reasoning_content": d.reasoning}))
+        if d.content:
+            out.append(self.choice({"content": d.content}))
+        return out
+
+    def usage(self, prompt: int, completion: int) -> bytes:
+        usage = {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        }
+        return event({**self.base, "choices": [], "usage": usage})
+
+
+def _timing(index: int, token_id: int, ready: float, received: float, start: float) -> bytes:
+    now = time.monotonic()
+    handler_queue = max(0.0, received - ready)
+    return event(
+        {
+            "object": "kiln.token_timing",
+            "source": "batching_engine",
+            "token_index": index,
+            "token_id": token_id,
+            "ready_ms": _ms(ready, start),
+            "producer_delivered_ms": _ms(ready, start),
+            "handler_received_ms": _ms(received, start),
+            "body_enqueued_ms": _ms(now, start),
+            "response_delivery_ms": 0.0,
+            "handler_queue_ms": round(handler_queue * 1000.0, 3),
+            "queue_delay_ms": round(handler_queue * 1000.0, 3),
+            "client_delivery_ms": _ms(now, received),
+            "blocking_phase": None,
+            "blocking_phase_ms": None,
+        }
+    )
+
+
+async def frames(
+    state: AppState,
+    prepared: PreparedChat,
+    completion_id: str,
+    outputs: AsyncIterator[RequestOutput],
+    started: float,
+) -> AsyncIterator[bytes]:
+    chunks = _Chunks(completion_id, prepared.model)
+    splitter = ReasoningSplitter(prepared.in_reasoning)
+    start_mono = time.monotonic() - (time.perf_counter() - started)
+    yield chunks.choice({"role": "assistant"})
+    final: RequestOutput | None = None
+    emitted = 0
+    try:
+        async for out in outputs:
+            received = time.monotonic()
+            for frame in chunks.deltas(splitter.push(out.text_delta)):
+                yield frame
+            if prepared.explicit_performance:
+                ready = getattr(out, "ready_time", None) or received
+                for token_id in out.new_token_ids:
+                    yield _timing(emitted, token_id, ready, received, start_mono)
+                    emitted += 1
+            if out.finished:
+                final = out
+                break
+    finally:
+        aclose = getattr(outputs, "aclose", None)
+        if aclose is not None:
+            await aclose()
+    if final is None or final.finish_reason in ("error", "abort"):
+        message = (final.error if final else None) or "generation ended without a result"
+        yield event(
+            {"error": {"message": message, "type": "server_error", "param": None,
+                       "code": "generation_error"}}
+        )
+        yield DONE
+        return
+    for frame in chunks.deltas(splitter.flush()):
+        yield frame
+    prompt_tokens = len(prepared.prompt_ids)
+    metadata: dict[str, Any] = {"thinking_budget": record(prepared.budget, False, None)}
+    if prepared.include_performance:
+        metadata["performance"] = performance(
+            final.metrics,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=final.num_output_tokens,
+            total_latency_s=time.perf_counter() - started,
+            adapter=prepared.adapter,
+            thinking_mode=prepared.thinking_mode,
+            finish_reason=final.finish_reason or "stop",
+            tokenization_s=prepared.tokenization_s,
+        )
+    yield chunks.choice({}, final.finish_reason or "stop", metadata=metadata)
+    if prepared.include_usage:
+        yield chunks.usage(prompt_tokens, final.num_output_tokens)
+    yield DONE

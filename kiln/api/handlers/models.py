@@ -1,0 +1,44 @@
+"""GET /v1/models and the `model` field rule shared by the inference handlers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from kiln.api.backend import Backend
+from kiln.api.encode import json_response
+from kiln.api.errors import ApiError
+from kiln.api.state import app_state
+
+
+def model_cards(backend: Backend) -> list[dict[str, Any]]:
+    return [
+        {
+            "id": backend.model_id,
+            "object": "model",
+            "created": backend.created,
+            "owned_by": "kiln",
+            "parent": None,
+            "root": backend.model_id,
+            "max_model_len": backend.max_model_len,
+        }
+    ]
+
+
+async def list_models(request: Request) -> Response:
+    backend = app_state(request).backend
+    return json_response({"object": "list", "data": model_cards(backend)})
+
+
+def resolve_model(backend: Backend, requested: str | None) -> str:
+    """DESIGN §6: missing/null -> the served model; served id or alias -> fine; else 404."""
+    if requested is None or requested == backend.model_id or requested in backend.aliases:
+        return backend.model_id
+    raise ApiError(
+        404,
+        "model_not_found",
+        f"model {requested!r} is not served here; available: {backend.model_id}",
+        param="model",
+    )

@@ -1,0 +1,58 @@
+"""The contract's prose-only `x-kiln-semantic-constraints`, as hand-written checks.
+
+`SEMANTIC_CHECKS` maps each constraint string of the contract to where it is enforced; a test
+fails when the contract gains a constraint this table does not name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from msgspec import UNSET
+
+from kiln.api.errors import ApiError
+
+MAX_BATCH_ITEMS = 64
+
+
+def _opt(value: Any) -> Any:
+    return None if value is UNSET else value
+
+
+def check_chat(req: Any) -> None:
+    if req.rollout_provenance is True:
+        tools = _opt(req.tools)
+        if tools:
+            raise ApiError(
+                400, "chat_invalid_request",
+                "rollout_provenance=true cannot be combined with non-empty tools", param="tools",
+            )
+        if _opt(req.tool_choice) is not None:
+            raise ApiError(
+                400, "chat_invalid_request",
+                "rollout_provenance=true cannot be combined with tool_choice",
+                param="tool_choice",
+            )
+
+
+def check_batch(req: Any) -> None:
+    n = _opt(req.n) or 1
+    total = len(req.prompts) * int(n)
+    if not 1 <= total <= MAX_BATCH_ITEMS:
+        raise ApiError(
+            400, "batch_too_large",
+            f"prompts.length * n must be between 1 and {MAX_BATCH_ITEMS}, got {total}",
+            param="prompts",
+        )
+
+
+# contract constraint text -> the check (or handler step) that enforces it
+SEMANTIC_CHECKS: dict[str, str] = {
+    "prompts.length * (n or 1) <= 64": "kiln.api.rules.check_batch",
+    "rollout_provenance=true rejects non-empty tools and non-null tool_choice":
+        "kiln.api.rules.check_chat",
+    "rollout_provenance=true requires the real batching engine and content-addressed "
+    "base-policy identity": "kiln.api.handlers.chat_prepare.prepare_chat (501)",
+    "the effective max_tokens must fit the active tokenizer's reasoning close sequence when a "
+    "thinking budget applies": "thinking-budget controller (issue 5)",
+}

@@ -1,0 +1,154 @@
+"""A test double of the serving backend: deterministic, no model, contract-shaped outputs.
+
+Never used by `kiln serve`; it lets the HTTP edge be tested (and fuzzed) in isolation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from kiln.api.backend import PositionScore
+from kiln.engine.errors import EngineError
+from kiln.engine.metrics import RequestMetrics
+from kiln.engine.outputs import RequestOutput
+from kiln.engine.request import Request
+
+VOCAB = 300
+EOS = 2
+
+
+class CharTokenizer:
+    """Token id = byte value + 3 (0..2 are specials); decode reverses it."""
+
+    vocab_size = VOCAB
+    eos_token_ids = frozenset({EOS})
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        ids = [b + 3 for b in text.encode("utf-8")]
+        return [1, *ids] if add_special_tokens else ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        data = bytes(i - 3 for i in ids if 3 <= i < 259)
+        return data.decode("utf-8", errors="replace")
+
+
+class EchoTemplate:
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[Any] | None = None,
+        add_generation_prompt: bool = True,
+        **kwargs: Any,
+    ) -> str:
+        if any(m["role"] == "explode" for m in messages):
+            raise ValueError("template refused role 'explode'")
+        text = "".join(f"<{m['role']}>{m['content']}\n" for m in messages)
+        if add_generation_prompt:
+            text += "<assistant>"
+            if kwargs.get("enable_thinking") is True:
+                text += "<think>"
+        return text
+
+
+class FakeBackend:
+    model_id = "fake-model"
+    aliases = ("fake-alias",)
+    created = 1_700_000_000
+    max_model_len = 4096
+
+    def __init__(self, reply: str = "Hello from the fake engine.") -> None:
+        self.tokenizer = CharTokenizer()
+        self.chat_template = EchoTemplate()
+        self.reply = reply
+        self.aborted: list[str] = []
+        self.submitted: list[Request] = []
+
+    def start(self) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+    def ready(self) -> bool:
+        return True
+
+    def stats(self) -> dict[str, float]:
+        return {"running": 0.0, "waiting": 0.0}
+
+    def identity(self) -> dict[str, str]:
+        h = "sha256:" + hashlib.sha256(b"fake").hexdigest()
+        return {"tokenizer_config_hash": h, "chat_template_hash": h, "model_config_hash": h}
+
+    def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+
+    def submit(self, request: Request) -> AsyncIterator[RequestOutput]:
+        if len(request.prompt_token_ids) >= self.max_model_len:
+            raise EngineError("context_length_exceeded", "prompt too long")
+        self.submitted.append(request)
+        return self._run(request)
+
+    async def _run(self, request: Request) -> AsyncIterator[RequestOutput]:
+        reply_ids = self.tokenizer.encode(self.reply)
+        budget = request.sampling.max_tokens
+        ids = reply_ids[:budget]
+        hit_eos = len(reply_ids) < budget or (len(reply_ids) == budget and False)
+        metrics = RequestMetrics(arrival_time=request.arrival_time)
+        finished = False
+        try:
+            for i, tid in enumerate(ids):
+                last = i == len(ids) - 1
+                done = last and not hit_eos
+                yield self._out(request, [tid], i + 1, done, "length" if done else None, metrics)
+                finished = done
+            if not finished:
+                reason = "stop" if hit_eos else "length"
+                count = len(ids) + (1 if hit_eos else 0)
+                new = [EOS] if hit_eos else []
+                yield self._out(request, new, count, True, reason, metrics, text=False)
+            finished = True
+        finally:
+            if not finished:
+                self.aborted.append(request.request_id)
+
+    def _out(
+        self,
+        request: Request,
+        ids: list[int],
+        count: int,
+        finished: bool,
+        reason: str | None,
+        metrics: RequestMetrics,
+        text: bool = True,
+    ) -> RequestOutput:
+        return RequestOutput(
+            request_id=request.request_id,
+            new_token_ids=ids,
+            new_logprobs=[-0.5] * len(ids),
+            text_delta=self.tokenizer.decode(ids) if text else "",
+            finished=finished,
+            finish_reason=reason,
+            stop_reason=EOS if reason == "stop" else None,
+            num_prompt_tokens=len(request.prompt_token_ids),
+            num_output_tokens=count,
+            num_cached_tokens=0,
+            seed=request.sampling.seed or 0,
+            metrics=metrics if finished else None,
+        )
+
+    async def score(self, prompt_ids: list[int], top_k: int) -> list[PositionScore]:
+        out = []
+        for tid in prompt_ids[1:]:
+            top = list(range(top_k))
+            out.append(
+                PositionScore(
+                    token_id=tid,
+                    logprob=-float(tid),
+                    rank=tid + 1,
+                    top_ids=top,
+                    top_logprobs=[-float(t) - math.log(2.0) * 0 for t in top],
+                )
+            )
+        return out

@@ -1,0 +1,104 @@
+"""The HTTP edge: error envelope for every failure, request ids, routes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from starlette.testclient import TestClient
+
+CHAT = "/v1/chat/completions"
+MSG = {"messages": [{"role": "user", "content": "hi"}]}
+
+
+def assert_envelope(resp, status: int, code: str) -> dict:  # type: ignore[no-untyped-def]
+    assert resp.status_code == status, resp.text
+    assert resp.headers["content-type"].startswith("application/json")
+    body = resp.json()
+    err = body["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["code"] == code
+    assert err["message"]
+    return err
+
+
+def test_malformed_json_is_400_invalid_json(client: TestClient) -> None:
+    r = client.post(CHAT, content=b"{not json", headers={"content-type": "application/json"})
+    assert_envelope(r, 400, "invalid_json")
+
+
+def test_empty_body_is_400(client: TestClient) -> None:
+    r = client.post(CHAT, content=b"", headers={"content-type": "application/json"})
+    assert_envelope(r, 400, "invalid_json")
+
+
+def test_wrong_content_type_is_415(client: TestClient) -> None:
+    r = client.post(CHAT, content=json.dumps(MSG), headers={"content-type": "text/plain"})
+    assert_envelope(r, 415, "unsupported_media_type")
+
+
+def test_body_over_limit_is_413(client: TestClient) -> None:
+    big = {"messages": [{"role": "user", "content": "x" * 70_000}]}
+    r = client.post(CHAT, json=big)
+    assert_envelope(r, 413, "request_too_large")
+
+
+def test_unknown_route_is_404(client: TestClient) -> None:
+    assert_envelope(client.get("/v1/nope"), 404, "not_found")
+
+
+def test_wrong_method_is_405(client: TestClient) -> None:
+    assert_envelope(client.get(CHAT), 405, "method_not_allowed")
+
+
+def test_contract_violation_is_400_with_param(client: TestClient) -> None:
+    r = client.post(CHAT, json={"messages": [{"role": "user", "content": "hi"}], "n": 0})
+    err = assert_envelope(r, 400, "chat_invalid_request")
+    assert err["param"] == "n"
+
+
+def test_missing_required_field(client: TestClient) -> None:
+    err = assert_envelope(client.post(CHAT, json={}), 400, "chat_invalid_request")
+    assert "messages" in err["message"]
+
+
+def test_non_object_body(client: TestClient) -> None:
+    assert_envelope(client.post(CHAT, json=[1, 2]), 400, "chat_invalid_request")
+
+
+def test_request_id_echoed_and_generated(client: TestClient) -> None:
+    r = client.get("/health", headers={"x-request-id": "abc-123"})
+    assert r.headers["x-request-id"] == "abc-123"
+    r2 = client.get("/health")
+    assert len(r2.headers["x-request-id"]) == 32
+    r3 = client.get("/nope")
+    assert r3.headers["x-request-id"]
+
+
+def test_health_models_openapi(client: TestClient) -> None:
+    assert client.get("/health").json()["status"] == "ok"
+    models = client.get("/v1/models").json()
+    assert models["object"] == "list"
+    assert models["data"][0]["id"] == "fake-model"
+    doc = client.get("/openapi.json").json()
+    assert doc["openapi"].startswith("3.1")
+    assert "/v1/chat/completions" in doc["paths"]
+
+
+def test_metrics_is_prometheus_text(client: TestClient) -> None:
+    r = client.get("/metrics")
+    assert r.status_code == 200
+    assert r.headers["content-type"].startswith("text/plain")
+    assert "kiln_" in r.text
+
+
+@pytest.mark.parametrize(
+    ("model", "status"), [(None, 200), ("fake-model", 200), ("fake-alias", 200), ("other", 404)]
+)
+def test_model_field(client: TestClient, model: str | None, status: int) -> None:
+    r = client.post(CHAT, json={**MSG, "model": model})
+    assert r.status_code == status
+    if status == 404:
+        assert_envelope(r, 404, "model_not_found")
+    else:
+        assert r.json()["model"] == "fake-model"
