@@ -55,4 +55,26 @@ SEMANTIC_CHECKS: dict[str, str] = {
     "base-policy identity": "kiln.api.handlers.chat_prepare.prepare_chat (501)",
     "the effective max_tokens must fit the active tokenizer's reasoning close sequence when a "
     "thinking budget applies": "thinking-budget controller (issue 5)",
+    "the tokenized prompt is non-empty and has at most min(4096, served context length) tokens":
+        "kiln.api.handlers.completions.create",
+    "raw token IDs and prompt_logprobs do not exceed the served vocabulary":
+        "kiln.api.handlers.completions.create",
+    "scored positions * (prompt_logprobs + 1) <= 65536": "kiln.api.handlers.completions.create",
+    "real scoring rejects an active LoRA until adapter revision identity can be pinned":
+        "DESIGN §6: scoring runs under the base model or the adapter `model` names; there is no "
+        "server-wide active LoRA to reject",
+}
+
+# response-side invariants: what the server guarantees about what it emits
+RESPONSE_INVARIANTS: dict[str, str] = {
+    "total_tokens = prompt_tokens + completion_tokens": "every handler builds usage as a sum",
+    "serialized object size <= 1048576 bytes": "rollout provenance (issue 7; not emitted yet)",
+    "prompt_token_count <= input_token_ids.length": "rollout provenance (issue 7)",
+    "action token sequence_index values are strictly increasing and index generated tokens":
+        "rollout provenance (issue 7)",
+    "each action token_id equals input_token_ids[sequence_index]": "rollout provenance (issue 7)",
+    "at least one action token is sampled": "rollout provenance (issue 7)",
+    "forced action token IDs belong to sampling.thinking_budget.close_token_ids":
+        "rollout provenance (issue 7)",
+    "sum of UTF-8 stop-sequence bytes <= 16384": "rollout provenance (issue 7)",
 }

@@ -16,7 +16,7 @@ from kiln.engine.metrics import RequestMetrics
 from kiln.engine.outputs import RequestOutput
 from kiln.engine.request import Request
 
-VOCAB = 300
+VOCAB = 1000
 EOS = 2
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from importlib import resources
 
 from starlette.requests import Request
@@ -20,11 +19,7 @@ async def health(request: Request) -> Response:
     state = app_state(request)
     backend = state.backend
     ready = backend.ready()
-    body = {
-        "status": "ok" if ready else "loading",
-        "model": backend.model_id,
-        "uptime_s": round(max(0.0, time.time() - state.started), 3),
-    }
+    body = {"status": "ok" if ready else "loading", "model": backend.model_id}
     return json_response(body, status=200 if ready else 503)
 
 

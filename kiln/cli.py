@@ -1,0 +1,85 @@
+"""`kiln serve` (also `python -m kiln serve`): flags -> ServerConfig -> app -> uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from kiln.config import ConfigError, ServerConfig, from_env
+
+
+def _bool_flag(parser: argparse.ArgumentParser, name: str, help_text: str) -> None:
+    parser.add_argument(f"--{name}", dest=name.replace("-", "_"), action="store_const",
+                        const=True, default=None, help=help_text)
+    parser.add_argument(f"--no-{name}", dest=name.replace("-", "_"), action="store_const",
+                        const=False, help=argparse.SUPPRESS)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kiln", description="Kiln inference server")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="serve a model over HTTP (OpenAI-compatible)")
+    serve.add_argument("--host", help="bind address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port (default 8420)")
+    serve.add_argument("--model", help="HF folder or .gguf file (default: SmolLM2-135M-Instruct)")
+    serve.add_argument("--served-model-name", help="model id reported by the API")
+    serve.add_argument("--model-alias", action="append", default=None,
+                       help="extra accepted model id (repeatable)")
+    serve.add_argument("--chat-template", help="Jinja chat template file overriding the model's")
+    serve.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"])
+    serve.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
+    serve.add_argument("--max-body-bytes", type=int, help="request body limit (default 8 MiB)")
+    serve.add_argument("--max-model-len", type=int, help="context window cap")
+    serve.add_argument("--kv-memory-mb", type=int, help="KV cache size in MiB (default 512)")
+    serve.add_argument("--block-size", type=int, help="KV block size in tokens (default 16)")
+    serve.add_argument("--max-num-seqs", type=int, help="max running sequences (default 64)")
+    serve.add_argument("--max-num-batched-tokens", type=int,
+                       help="token budget per engine step (default 512)")
+    _bool_flag(serve, "enable-prefix-caching", "reuse KV blocks of shared prompt prefixes")
+    _bool_flag(serve, "default-thinking-enabled", "enable thinking unless a request says no")
+    serve.add_argument("--default-thinking-budget-tokens", type=int)
+    serve.add_argument("--default-thinking-budget-ms", type=int)
+    _bool_flag(serve, "fold-reasoning-into-content", "also copy reasoning into content")
+    serve.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"])
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    base = from_env()
+    overrides = {
+        k: v for k, v in vars(args).items() if k not in ("command", "model_alias") and v is not None
+    }
+    if args.model_alias:
+        overrides["model_aliases"] = tuple(args.model_alias)
+    return base.with_overrides(**overrides)
+
+
+def serve(config: ServerConfig) -> int:
+    import uvicorn
+
+    from kiln.api.app import build_app
+    from kiln.model.loader import ModelNotFoundError
+    from kiln.serving import EngineBackend
+
+    try:
+        backend = EngineBackend.from_config(config)
+    except ModelNotFoundError as exc:
+        print(f"kiln: {exc}", file=sys.stderr)
+        return 2
+    app = build_app(config, backend)
+    print(f"kiln: serving {backend.model_id} on http://{config.host}:{config.port}", flush=True)
+    uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        config = config_from_args(args)
+    except ConfigError as exc:
+        print(f"kiln: invalid configuration: {exc}", file=sys.stderr)
+        return 2
+    if args.command == "serve":
+        return serve(config)
+    return 2

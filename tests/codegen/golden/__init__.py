@@ -1,0 +1,1 @@
+"""Generated from contract/ by `python -m codegen`. Never edit these files."""

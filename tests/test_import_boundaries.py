@@ -1,0 +1,34 @@
+"""DESIGN §2 import boundaries, checked by importing each module in a fresh interpreter."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+CASES = [
+    # (module, forbidden top-level packages)
+    ("kiln.api.app", ("torch", "triton", "kiln.model", "kiln.engine.runner", "kiln.engine.loop")),
+    ("kiln.api.handlers.chat", ("torch", "triton")),
+    ("kiln.engine.scheduler", ("torch", "triton")),
+    ("kiln.engine.block_pool", ("torch", "triton")),
+    ("kiln_kernels", ("kiln",)),
+    ("kiln_kernels.sampling", ("kiln",)),
+    ("kiln_kernels.attention", ("kiln",)),
+    ("kiln_kernels.norm", ("kiln",)),
+    ("kiln_kernels.lora", ("kiln",)),
+    ("codegen.__main__", ("kiln",)),
+]
+
+
+@pytest.mark.parametrize(("module", "forbidden"), CASES)
+def test_import_boundary(module: str, forbidden: tuple[str, ...]) -> None:
+    code = (
+        "import importlib, sys\n"
+        f"importlib.import_module({module!r})\n"
+        f"bad = [m for m in sys.modules if any(m == f or m.startswith(f + '.') for f in {forbidden!r})]\n"
+        "print(','.join(sorted(bad)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "", f"{module} imports {out.stdout.strip()}"
