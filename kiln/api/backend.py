@@ -15,8 +15,11 @@ from kiln.engine.request import Request
 
 
 class TokenizerPort(Protocol):
-    eos_token_ids: frozenset[int]
-    vocab_size: int
+    @property
+    def eos_token_ids(self) -> frozenset[int]: ...
+
+    @property
+    def vocab_size(self) -> int: ...
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]: ...
 
@@ -35,12 +38,23 @@ class ChatTemplatePort(Protocol):
 
 
 class Backend(Protocol):
-    model_id: str
-    aliases: tuple[str, ...]
-    created: int
-    max_model_len: int
-    tokenizer: TokenizerPort
-    chat_template: ChatTemplatePort
+    @property
+    def model_id(self) -> str: ...
+
+    @property
+    def aliases(self) -> tuple[str, ...]: ...
+
+    @property
+    def created(self) -> int: ...
+
+    @property
+    def max_model_len(self) -> int: ...
+
+    @property
+    def tokenizer(self) -> TokenizerPort: ...
+
+    @property
+    def chat_template(self) -> ChatTemplatePort: ...
 
     def start(self) -> None: ...
 

@@ -92,7 +92,7 @@ SEMANTIC_CASES = [
     ("/v1/completions", {"prompt": "", "prompt_logprobs": 1, "add_special_tokens": False}, 400, "completion_invalid_request"),
     ("/v1/completions", {"prompt": "a" * 4097, "prompt_logprobs": 0}, 400,
      "completion_invalid_request"),
-    ("/v1/completions", {"prompt": [5, 299, 300], "prompt_logprobs": 0}, 400,
+    ("/v1/completions", {"prompt": [5, 999, 1000], "prompt_logprobs": 0}, 400,
      "completion_invalid_request"),
     ("/v1/completions", {"prompt": "a" * 300, "prompt_logprobs": 255}, 400,
      "completion_invalid_request"),

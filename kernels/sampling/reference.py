@@ -1,0 +1,132 @@
+"""Plain-torch sampling: the reference the Triton sampler is tested against, and the CPU path.
+
+Order of operations (kiln-behavior.md §5.3, with DESIGN §6 "penalties before greedy too"):
+
+1. penalties on the raw logits, for every row (greedy too):
+   repetition (HF/vLLM: a token seen in prompt or output has a positive logit divided by r and a
+   non-positive one multiplied by r; active when r is finite, > 0 and != 1), then
+   frequency (``-= f * count``) and presence (``-= p * (count > 0)``) over the output counts.
+2. greedy rows (temperature < 1e-5, or top_k == 1) take argmax (ties -> lowest id); logprob 0.
+3. other rows: x = penalized / temperature, then the filters top-k -> min-p -> top-p. Every filter
+   keeps the tokens whose scaled logit is >= a per-row threshold, so they fold into one threshold
+   (``filter_threshold``); tokens tied with the threshold are all kept:
+     top-k: the k-th largest x (off when k <= 0 or k >= V);
+     min-p: max(x) + log(min_p), i.e. p >= min_p * p_max (off when min_p <= 0 or not finite);
+     top-p: over the tokens still kept, sorted by descending probability, the x of the first
+            token at which the cumulative probability reaches top_p (off when top_p <= 0 or >= 1).
+4. Gumbel-max: token = argmax over kept tokens of x + g, g = -log(-log(u)),
+   u = counter_uniform(seed, step, token id); logprob = x[token] - logsumexp(kept x).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .counter_hash import counter_uniform
+from .params import SamplingTensors
+
+GREEDY_TEMPERATURE = 1e-5
+
+
+def check_inputs(logits: torch.Tensor, p: SamplingTensors) -> None:
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
+        raise ValueError("logits must be a 2-D tensor [B, V]")
+    if logits.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"logits dtype must be float32/float16/bfloat16, got {logits.dtype}")
+    b, v = logits.shape
+    if v == 0:
+        raise ValueError("vocabulary size must be > 0")
+    p.validate(b, v)
+
+
+def greedy_rows(p: SamplingTensors) -> torch.Tensor:
+    """bool [B]: rows that take argmax (temperature ~ 0, or top_k == 1)."""
+    return (p.temperature < GREEDY_TEMPERATURE) | (p.top_k == 1)
+
+
+def repetition_factor(p: SamplingTensors) -> torch.Tensor:
+    """float32 [B]: the repetition penalty with inactive values (non-finite, <= 0) mapped to 1."""
+    r = p.repetition_penalty
+    return torch.where(torch.isfinite(r) & (r > 0), r, torch.ones_like(r))
+
+
+def apply_penalties(logits: torch.Tensor, p: SamplingTensors) -> torch.Tensor:
+    """Repetition, frequency and presence penalties; returns a new float32 [B, V] tensor."""
+    x = logits.to(torch.float32)
+    counts = p.output_counts
+    r = repetition_factor(p)[:, None]
+    seen = p.prompt_mask | (counts > 0)
+    x = torch.where(seen, torch.where(x > 0, x / r, x * r), x)
+    x = x - p.frequency_penalty[:, None] * counts.to(torch.float32)
+    x = x - p.presence_penalty[:, None] * (counts > 0).to(torch.float32)
+    return x
+
+
+def scale_temperature(x: torch.Tensor, p: SamplingTensors) -> torch.Tensor:
+    """Divide sampled rows by their temperature; greedy rows are left as they are."""
+    t = torch.where(greedy_rows(p), torch.ones_like(p.temperature), p.temperature)
+    return x / t[:, None]
+
+
+def filter_threshold(x: torch.Tensor, p: SamplingTensors) -> torch.Tensor:
+    """float32 [B]: keep token j of row i iff x[i, j] >= result[i] (-inf: keep everything).
+
+    ``x`` are the penalized, temperature-scaled logits. Greedy rows get -inf.
+    """
+    b, v = x.shape
+    thr = torch.full((b,), float("-inf"), dtype=torch.float32, device=x.device)
+    sampled = ~greedy_rows(p)
+    k = p.top_k.to(torch.int64)
+    k_on = sampled & (k > 0) & (k < v)
+    mp = p.min_p
+    mp_on = sampled & torch.isfinite(mp) & (mp > 0)
+    tp = p.top_p
+    tp_on = sampled & (tp > 0) & (tp < 1)
+    if not bool((k_on | mp_on | tp_on).any()):
+        return thr
+    if bool(k_on.any()):
+        kmax = int(k[k_on].max())
+        top = torch.topk(x, kmax, dim=1).values
+        kth = top.gather(1, (k.clamp(1, kmax) - 1)[:, None]).squeeze(1)
+        thr = torch.where(k_on, kth, thr)
+    if bool(mp_on.any()):
+        m = x.max(dim=1).values
+        safe = torch.where(mp_on, mp, torch.ones_like(mp))
+        thr = torch.where(mp_on, torch.maximum(thr, m + torch.log(safe)), thr)
+    if bool(tp_on.any()):
+        rows = torch.nonzero(tp_on).squeeze(1)
+        xr = x[rows]
+        kept = torch.where(xr >= thr[rows, None], xr, torch.full_like(xr, float("-inf")))
+        srt = torch.sort(kept, dim=1, descending=True).values
+        probs = torch.softmax(srt, dim=1)
+        csum = torch.cumsum(probs, dim=1)
+        n_kept = (xr >= thr[rows, None]).sum(dim=1)
+        cut = (csum < tp[rows, None]).sum(dim=1)
+        cut = torch.minimum(cut, n_kept - 1).clamp(min=0)
+        thr_p = srt.gather(1, cut[:, None]).squeeze(1)
+        thr[rows] = torch.maximum(thr[rows], thr_p)
+    return thr
+
+
+def gumbel_noise(p: SamplingTensors, vocab: int) -> torch.Tensor:
+    u = counter_uniform(p.seeds, p.steps, vocab)
+    return -torch.log(-torch.log(u))
+
+
+def sample_reference(logits: torch.Tensor, p: SamplingTensors) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (token ids int64 [B], logprob float32 [B] of each token under the filtered,
+    temperature-scaled distribution; 0.0 for greedy rows)."""
+    check_inputs(logits, p)
+    v = logits.shape[1]
+    greedy = greedy_rows(p)
+    x = scale_temperature(apply_penalties(logits, p), p)
+    thr = filter_threshold(x, p)
+    keep = x >= thr[:, None]
+    neg_inf = torch.full_like(x, float("-inf"))
+    score = torch.where(greedy[:, None], x, torch.where(keep, x + gumbel_noise(p, v), neg_inf))
+    tokens = torch.argmax(score, dim=1)
+    kept_x = torch.where(keep, x, neg_inf)
+    lse = torch.logsumexp(kept_x, dim=1)
+    chosen = x.gather(1, tokens[:, None]).squeeze(1)
+    logprob = torch.where(greedy, torch.zeros_like(lse), chosen - lse)
+    return tokens.to(torch.int64), logprob.to(torch.float32)

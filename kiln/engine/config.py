@@ -1,0 +1,32 @@
+"""Engine configuration: KV cache size and batching limits, validated when built."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    block_size: int = 16
+    num_blocks: int | None = None  # None -> kv_memory_mb / bytes per block
+    kv_memory_mb: int = 512
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    enable_prefix_caching: bool = True
+    max_model_len: int | None = None  # None -> the model's max_position
+
+    def __post_init__(self) -> None:
+        for name in ("block_size", "kv_memory_mb", "max_num_seqs", "max_num_batched_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"EngineConfig.{name} must be a positive int, got {value!r}")
+        for name in ("num_blocks", "max_model_len"):
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value <= 0
+            ):
+                raise ValueError(
+                    f"EngineConfig.{name} must be a positive int or None, got {value!r}"
+                )
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise ValueError("EngineConfig.enable_prefix_caching must be a bool")

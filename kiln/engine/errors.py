@@ -1,0 +1,23 @@
+"""EngineError: an admission failure, raised synchronously to the caller of add_request."""
+
+from __future__ import annotations
+
+_STATUS = {
+    "context_length_exceeded": 400,
+    "duplicate_request_id": 400,
+    "kv_cache_exhausted": 503,
+    "engine_not_running": 503,
+}
+
+
+class EngineError(Exception):
+    """``code`` is the wire error code; ``status`` the HTTP status the handler should use."""
+
+    def __init__(self, code: str, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.status = status if status is not None else _STATUS.get(code, 500)
+
+    def __repr__(self) -> str:
+        return f"EngineError({self.code!r}, {self.message!r}, status={self.status})"

@@ -1,0 +1,290 @@
+"""The engine thread and its asyncio bridge.
+
+One dedicated thread runs ``step()`` = schedule -> execute -> update -> publish. Requests and
+aborts enter through a locked inbox (the thread sleeps on a condition when idle); outputs go back
+to each request's ``asyncio.Queue`` through ``loop.call_soon_threadsafe``. This module imports
+no torch at import time (the runner is imported when a model-backed engine is built), so the HTTP
+layer can import it freely.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+
+from kiln.engine.config import EngineConfig
+from kiln.engine.errors import EngineError
+from kiln.engine.outputs import ModelRunnerOutput, RequestOutput, SchedulerOutput
+from kiln.engine.request import Request
+from kiln.engine.scheduler import Scheduler
+from kiln.engine.stop import StopChecker
+
+if TYPE_CHECKING:
+    from kiln.engine.runner import ModelRunner
+    from kiln.model.loader import LoadedModel
+
+__all__ = ["AsyncEngine", "EngineError", "Executor", "build_core"]
+
+_Sink = tuple[asyncio.AbstractEventLoop, "asyncio.Queue[RequestOutput]"]
+_T = TypeVar("_T")
+_IDLE_WAIT_S = 0.005  # when work exists but nothing could be scheduled (never expected)
+
+
+class Executor(Protocol):
+    def execute(self, so: SchedulerOutput) -> ModelRunnerOutput: ...
+
+
+def build_core(loaded: LoadedModel, config: EngineConfig) -> tuple[Scheduler, ModelRunner]:
+    """The scheduler and model runner for ``loaded`` (KV cache allocated here)."""
+    from kiln.engine.runner import ModelRunner
+    from kiln.text.detokenizer import IncrementalDetokenizer
+
+    runner = ModelRunner(loaded.model, loaded.config, config, loaded.dtype, loaded.device)
+    max_len = min(config.max_model_len or loaded.config.max_position, loaded.config.max_position)
+    tok = loaded.tokenizer
+
+    def checker(req: Request) -> StopChecker:
+        return StopChecker(IncrementalDetokenizer(tok, skip_special_tokens=True),
+                           req.sampling.stop)
+
+    return Scheduler(config, runner.num_blocks, max_len, tok.eos_token_ids, checker), runner
+
+
+class AsyncEngine:
+    max_model_len: int
+
+    def __init__(self, loaded: LoadedModel, config: EngineConfig) -> None:
+        self._init(*build_core(loaded, config))
+
+    @classmethod
+    def from_components(cls, scheduler: Scheduler, executor: Executor) -> AsyncEngine:
+        """An engine over any executor (tests use a fake runner)."""
+        self = cls.__new__(cls)
+        self._init(scheduler, executor)
+        return self
+
+    def _init(self, scheduler: Scheduler, executor: Executor) -> None:
+        self.scheduler = scheduler
+        self.executor = executor
+        self.max_model_len = scheduler.max_model_len
+        self._cv = threading.Condition()
+        self._inbox: list[tuple[str, Request | str | _Exclusive[Any]]] = []
+        self._sinks: dict[str, _Sink] = {}
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._stats: dict[str, float] = scheduler.stats()
+        self.num_steps = 0
+        self.num_failed_steps = 0
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="kiln-engine", daemon=True)
+        self._thread.start()
+
+    def shutdown(self) -> None:
+        with self._cv:
+            self._stopping = True
+            self._cv.notify()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    # -- event-loop side -------------------------------------------------------------------------
+    def add_request(self, req: Request) -> asyncio.Queue[RequestOutput]:
+        """Queue ``req`` (call on the event loop thread); admission errors raise EngineError."""
+        if not self.is_running or self._stopping:
+            raise EngineError("engine_not_running", "The engine is not running.")
+        self.scheduler.check_request(req)
+        queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        with self._cv:
+            if req.request_id in self._sinks:
+                raise EngineError("duplicate_request_id",
+                                  f"Duplicate request id {req.request_id!r}.")
+            self._sinks[req.request_id] = (loop, queue)
+            self._inbox.append(("add", req))
+            self._cv.notify()
+        return queue
+
+    async def generate(self, req: Request) -> AsyncIterator[RequestOutput]:
+        """Outputs of ``req`` until it finishes; cancelling or closing the iterator aborts it."""
+        queue = self.add_request(req)
+        finished = False
+        try:
+            while not finished:
+                out = await queue.get()
+                finished = out.finished
+                yield out
+        finally:
+            if not finished:
+                self.abort(req.request_id)
+
+    def abort(self, request_id: str) -> None:
+        """Thread-safe; the request finishes with "abort" and its blocks are freed."""
+        with self._cv:
+            self._inbox.append(("abort", request_id))
+            self._cv.notify()
+
+    def run_exclusive(self, fn: Callable[[], _T]) -> asyncio.Future[_T]:
+        """Run ``fn`` on the engine thread between steps, alone on the model (call on an event
+        loop). The returned future resolves on the caller's loop with ``fn``'s result or
+        exception; cancelling it before ``fn`` starts skips ``fn``."""
+        loop = asyncio.get_running_loop()
+        call = _Exclusive(fn, loop)
+        with self._cv:
+            if not self.is_running or self._stopping:
+                raise EngineError("engine_not_running", "The engine is not running.")
+            self._inbox.append(("exclusive", call))
+            self._cv.notify()
+        return call.future
+
+    def stats(self) -> dict[str, float]:
+        with self._cv:
+            return dict(self._stats)
+
+    # -- engine thread ---------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not (self._inbox or self._stopping or self.scheduler.has_work):
+                    self._cv.wait()
+                if self._stopping:
+                    break
+                inbox, self._inbox = self._inbox, []
+            self._drain(inbox)
+            if self.scheduler.has_work:
+                self._guarded_step()
+        self._drain(self._take_inbox(), shutting_down=True)
+        self._publish(self.scheduler.finish_all("abort", error="the engine shut down"))
+
+    def _take_inbox(self) -> list[tuple[str, Request | str | _Exclusive[Any]]]:
+        with self._cv:
+            inbox, self._inbox = self._inbox, []
+            return inbox
+
+    def _drain(self, inbox: list[tuple[str, Request | str | _Exclusive[Any]]],
+               shutting_down: bool = False) -> None:
+        outputs: list[RequestOutput] = []
+        exclusive: list[_Exclusive[Any]] = []
+        for kind, item in inbox:
+            out: RequestOutput | None = None
+            if isinstance(item, _Exclusive):
+                exclusive.append(item)
+            elif kind == "abort" and isinstance(item, str):
+                out = self.scheduler.abort(item)
+            elif isinstance(item, Request):
+                try:
+                    out = self.scheduler.add_request(item)
+                except EngineError as e:
+                    out = _error_output(item, e.message)
+            if out is not None:
+                outputs.append(out)
+        self._publish(outputs)
+        for call in exclusive:  # between steps: nothing else touches the model meanwhile
+            if shutting_down:
+                call.fail(EngineError("engine_not_running", "The engine shut down."))
+            else:
+                call.run()
+
+    def _guarded_step(self) -> None:
+        try:
+            if not self.step():
+                with self._cv:
+                    self._cv.wait(_IDLE_WAIT_S)
+        except Exception as e:  # a scheduler bug: fail everything, keep serving
+            self._publish(self.scheduler.finish_all("error", error=f"engine error: {e!r}"))
+
+    def step(self) -> bool:
+        """One engine step; False when nothing could be scheduled."""
+        so = self.scheduler.schedule()
+        if so.is_empty:
+            return False
+        self._publish(self._execute(so))
+        return True
+
+    def _execute(self, so: SchedulerOutput) -> list[RequestOutput]:
+        self.num_steps += 1
+        try:
+            ro = self.executor.execute(so)
+        except Exception as e:
+            self.num_failed_steps += 1
+            return self.scheduler.fail_step(so, f"model execution failed: {e!r}")
+        return self.scheduler.update_from_output(so, ro)
+
+    def _publish(self, outputs: list[RequestOutput]) -> None:
+        batches: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[RequestOutput],
+                                                            RequestOutput]]] = {}
+        with self._cv:
+            for out in outputs:
+                sink = (self._sinks.pop(out.request_id, None) if out.finished
+                        else self._sinks.get(out.request_id))
+                if sink is not None:
+                    batches.setdefault(sink[0], []).append((sink[1], out))
+            self._stats = self.scheduler.stats()
+            self._stats["steps"] = float(self.num_steps)
+            self._stats["failed_steps"] = float(self.num_failed_steps)
+        for loop, items in batches.items():
+            try:
+                loop.call_soon_threadsafe(_deliver, items)
+            except RuntimeError:  # that event loop is closed; nobody is listening
+                pass
+
+
+class _Exclusive(Generic[_T]):
+    """A function queued for the engine thread, and the caller's future for its outcome."""
+
+    def __init__(self, fn: Callable[[], _T], loop: asyncio.AbstractEventLoop) -> None:
+        self.fn = fn
+        self.loop = loop
+        self.future: asyncio.Future[_T] = loop.create_future()
+        self.cancelled = False  # set on the caller's loop; read by the engine thread
+        self.future.add_done_callback(self._on_done)
+
+    def _on_done(self, fut: asyncio.Future[_T]) -> None:
+        if fut.cancelled():
+            self.cancelled = True
+
+    def run(self) -> None:
+        if self.cancelled:
+            return
+        try:
+            result = self.fn()
+        except Exception as e:  # handed to the awaiting caller, never kills the engine
+            self.fail(e)
+            return
+        self._settle(lambda fut: fut.set_result(result))
+
+    def fail(self, exc: BaseException) -> None:
+        self._settle(lambda fut: fut.set_exception(exc))
+
+    def _settle(self, action: Callable[[asyncio.Future[_T]], None]) -> None:
+        def settle() -> None:
+            if not self.future.done():
+                action(self.future)
+
+        try:
+            self.loop.call_soon_threadsafe(settle)
+        except RuntimeError:  # the caller's event loop is closed; nobody is waiting
+            pass
+
+
+def _deliver(items: list[tuple[asyncio.Queue[RequestOutput], RequestOutput]]) -> None:
+    for queue, out in items:
+        queue.put_nowait(out)
+
+
+def _error_output(req: Request, message: str) -> RequestOutput:
+    return RequestOutput(
+        request_id=req.request_id, new_token_ids=[], new_logprobs=[], text_delta="",
+        finished=True, finish_reason="error", stop_reason=None,
+        num_prompt_tokens=len(req.prompt_token_ids), num_output_tokens=0, num_cached_tokens=0,
+        seed=req.sampling.seed or 0, metrics=None, error=message)

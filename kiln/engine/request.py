@@ -1,0 +1,64 @@
+"""Internal engine requests: what the HTTP handlers hand to the engine (not wire types)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ThinkingBudgetSpec:
+    """A thinking budget that applies to this request (the handler decides; reference §3.2).
+
+    ``close_ids`` is the tokenizer's encoding of ``</think>``; a limit of None is unlimited.
+    """
+
+    close_ids: tuple[int, ...]
+    max_tokens: int | None = None
+    max_time_ms: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.close_ids:
+            raise ValueError("thinking close sequence must not be empty")
+        if self.max_tokens is not None and self.max_tokens < 0:
+            raise ValueError("thinking max_tokens must be >= 0")
+        if self.max_time_ms is not None and self.max_time_ms < 0:
+            raise ValueError("thinking max_time_ms must be >= 0")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request generation settings (already resolved from presets by the handler)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    max_tokens: int = 2048
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    seed: int | None = None
+    thinking: ThinkingBudgetSpec | None = None  # only when a budget applies
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 0:
+            raise ValueError("max_tokens must be >= 0")
+
+    @property
+    def uses_penalties(self) -> bool:
+        return (
+            self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+            or self.repetition_penalty != 1.0
+        )
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    arrival_time: float = field(default_factory=time.monotonic)

@@ -1,0 +1,54 @@
+"""SchedulerOutput -> ForwardBatch -> model.forward -> logits -> sampler -> ModelRunnerOutput."""
+
+from __future__ import annotations
+
+import torch
+
+from kiln.engine.config import EngineConfig
+from kiln.engine.outputs import ModelRunnerOutput, SampledToken, SchedulerOutput
+from kiln.engine.sampler import Sampler
+from kiln.model.base import CausalLM
+from kiln.model.batch import build_forward_batch
+from kiln.model.config import ModelConfig
+from kiln.model.kv_cache import KVCache
+
+
+def kv_num_blocks(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype) -> int:
+    """config.num_blocks, or as many blocks as kv_memory_mb holds."""
+    if config.num_blocks is not None:
+        return config.num_blocks
+    per_block = KVCache.bytes_per_block(cfg, config.block_size, dtype)
+    return max(1, config.kv_memory_mb * 1024 * 1024 // per_block)
+
+
+class ModelRunner:
+    """Owns the KV cache; executes one scheduled step at a time (engine thread only)."""
+
+    def __init__(self, model: CausalLM, cfg: ModelConfig, config: EngineConfig,
+                 dtype: torch.dtype, device: torch.device) -> None:
+        self.model = model
+        self.block_size = config.block_size
+        self.device = device
+        self.num_blocks = kv_num_blocks(cfg, config, dtype)
+        self.kv = KVCache(cfg, self.num_blocks, config.block_size, dtype, device)
+        self.sampler = Sampler(device)
+
+    @torch.inference_mode()
+    def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        if so.is_empty:
+            return ModelRunnerOutput({})
+        batch = build_forward_batch(
+            [(s.token_ids, s.start_pos, s.block_table) for s in so.seqs],
+            self.block_size, "last", self.device)
+        rows = [i for i, s in enumerate(so.seqs) if s.sample]
+        # Logits only for sequences that sample (at least one row, so the model runs as usual).
+        batch.logits_indices = batch.logits_indices[rows or [0]]
+        logits = self.model.forward(batch, self.kv)
+        if not rows:
+            return ModelRunnerOutput({})
+        seqs = [so.seqs[i] for i in rows]
+        tokens, logprobs = self.sampler.sample(logits, seqs)
+        return ModelRunnerOutput({
+            s.request_id: SampledToken(t, lp)
+            for s, t, lp in zip(seqs, tokens, logprobs, strict=True)
+        })

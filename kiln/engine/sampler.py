@@ -1,0 +1,104 @@
+"""Batched sampling: the rows' SamplingParams and history -> kiln_kernels.sampling.sample.
+
+The kernel is batch-invariant: a row's token depends only on its logits, its parameters and
+(seed, step), so a seeded request samples the same tokens alone or in any batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from kiln_kernels.sampling import SamplingTensors, sample
+from kiln_kernels.sampling.params import to_int64_bits
+
+from kiln.engine.outputs import ScheduledSeq
+
+
+class Sampler:
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._zero_counts = torch.zeros((0, 0), dtype=torch.int32, device=device)
+        self._zero_mask = torch.zeros((0, 0), dtype=torch.bool, device=device)
+
+    def sample(
+        self, logits: torch.Tensor, seqs: Sequence[ScheduledSeq]
+    ) -> tuple[list[int], list[float]]:
+        """-> (token id, behaviour logprob) per row of ``logits`` (one row per seq, in order)."""
+        if logits.shape[0] != len(seqs):
+            raise ValueError(f"sampler: {logits.shape[0]} logit rows for {len(seqs)} sequences")
+        if not seqs:
+            return [], []
+        tensors = self.build(seqs, int(logits.shape[1]))
+        tokens, logprobs = sample(logits, tensors)
+        return [int(t) for t in tokens.tolist()], [float(x) for x in logprobs.tolist()]
+
+    def build(self, seqs: Sequence[ScheduledSeq], vocab: int) -> SamplingTensors:
+        dev = self.device
+        sp = [s.sampling for s in seqs]
+
+        def col(values: list[float] | list[int], dtype: torch.dtype) -> torch.Tensor:
+            return torch.tensor(values, dtype=dtype, device=dev)
+
+        counts, mask = self._history(seqs, vocab)
+        return SamplingTensors(
+            temperature=col([p.temperature for p in sp], torch.float32),
+            top_k=col([p.top_k for p in sp], torch.int32),
+            top_p=col([p.top_p for p in sp], torch.float32),
+            min_p=col([p.min_p for p in sp], torch.float32),
+            presence_penalty=col([p.presence_penalty for p in sp], torch.float32),
+            frequency_penalty=col([p.frequency_penalty for p in sp], torch.float32),
+            repetition_penalty=col([p.repetition_penalty for p in sp], torch.float32),
+            output_counts=counts,
+            prompt_mask=mask,
+            seeds=col([to_int64_bits(s.seed) for s in seqs], torch.int64),
+            steps=col([s.step for s in seqs], torch.int64),
+        )
+
+    def _history(self, seqs: Sequence[ScheduledSeq], vocab: int
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Output-token counts and prompt masks; shared zero buffers when no row needs them."""
+        b = len(seqs)
+        count_rows: list[int] = []
+        count_ids: list[int] = []
+        mask_rows: list[int] = []
+        mask_ids: list[int] = []
+        for i, s in enumerate(seqs):
+            if not s.sampling.uses_penalties:
+                continue
+            count_rows.extend([i] * len(s.output_token_ids))
+            count_ids.extend(s.output_token_ids)
+            if s.sampling.repetition_penalty != 1.0:
+                mask_rows.extend([i] * len(s.prompt_token_ids))
+                mask_ids.extend(s.prompt_token_ids)
+        if count_ids:
+            counts = torch.zeros((b, vocab), dtype=torch.int32, device=self.device)
+            idx = self._index(count_rows, count_ids, vocab)
+            counts.index_put_(idx, torch.ones(len(count_ids), dtype=torch.int32,
+                                              device=self.device), accumulate=True)
+        else:
+            counts = self._zeros_counts(b, vocab)
+        if mask_ids:
+            mask = torch.zeros((b, vocab), dtype=torch.bool, device=self.device)
+            mask[self._index(mask_rows, mask_ids, vocab)] = True
+        else:
+            mask = self._zeros_mask(b, vocab)
+        return counts, mask
+
+    def _index(self, rows: list[int], ids: list[int], vocab: int
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        r = torch.tensor(rows, dtype=torch.long, device=self.device)
+        t = torch.tensor(ids, dtype=torch.long, device=self.device).clamp_(0, vocab - 1)
+        return r, t
+
+    def _zeros_counts(self, b: int, vocab: int) -> torch.Tensor:
+        if self._zero_counts.shape[0] < b or self._zero_counts.shape[1] != vocab:
+            self._zero_counts = torch.zeros((max(b, 8), vocab), dtype=torch.int32,
+                                            device=self.device)
+        return self._zero_counts[:b]
+
+    def _zeros_mask(self, b: int, vocab: int) -> torch.Tensor:
+        if self._zero_mask.shape[0] < b or self._zero_mask.shape[1] != vocab:
+            self._zero_mask = torch.zeros((max(b, 8), vocab), dtype=torch.bool,
+                                          device=self.device)
+        return self._zero_mask[:b]

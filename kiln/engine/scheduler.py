@@ -1,0 +1,380 @@
+"""Continuous batching under one token budget per step (pure Python, never imports torch).
+
+``schedule()`` decides what every sequence computes this step: running decodes first (one token
+each), then running prefills in chunks, then waiting requests (FIFO) with prefix-cache hits
+skipped, all sharing ``max_num_batched_tokens``. When KV blocks run out, the newest running
+request is preempted (blocks freed, recomputed later). ``update_from_output()`` applies the
+sampled tokens (through the request's thinking-budget controller, which may force the close
+sequence instead), checks EOS / stop strings / length and returns one RequestOutput per request
+that made progress.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections import deque
+from collections.abc import Callable, Collection
+
+from kiln.engine.block_pool import BlockPool
+from kiln.engine.config import EngineConfig
+from kiln.engine.errors import EngineError
+from kiln.engine.metrics import PHASE_DECODE, PHASE_PREEMPTED, PHASE_PREFILL
+from kiln.engine.outputs import (
+    ModelRunnerOutput,
+    RequestOutput,
+    ScheduledSeq,
+    SchedulerOutput,
+)
+from kiln.engine.request import Request
+from kiln.engine.state import RequestState, Status
+from kiln.engine.stop import StopChecker
+from kiln.text.thinking_budget import validate_budget
+
+StopCheckerFactory = Callable[[Request], StopChecker]
+NewTokens = tuple[list[int], list[float], list[bool]]  # ids, behaviour logprobs, forced
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        config: EngineConfig,
+        num_blocks: int,
+        max_model_len: int,
+        eos_token_ids: Collection[int] = frozenset(),
+        stop_checker_factory: StopCheckerFactory | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.block_size = config.block_size
+        self.max_model_len = max_model_len
+        self.pool = BlockPool(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self._make_checker = stop_checker_factory
+        self._clock = clock
+        self._requests: dict[str, RequestState] = {}
+        self._waiting: deque[RequestState] = deque()
+        self._running: list[RequestState] = []
+        self.prefix_cache_query_tokens = 0
+        self.prefix_cache_hit_tokens = 0
+        self.num_preemptions = 0
+
+    # -- admission -------------------------------------------------------------------------
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.pool.num_blocks * self.block_size
+
+    def check_request(self, req: Request) -> int:
+        """Raise EngineError if ``req`` can never run; else return its clamped max_tokens.
+
+        Reads only immutable settings, so any thread may call it.
+        """
+        n = len(req.prompt_token_ids)
+        if n == 0:
+            raise EngineError("empty_prompt", "The prompt must contain at least one token.", 400)
+        if n >= self.max_model_len:
+            raise EngineError(
+                "context_length_exceeded",
+                f"This model's maximum context length is {self.max_model_len} tokens, but the "
+                f"prompt has {n} tokens (max_tokens {req.sampling.max_tokens}).",
+            )
+        if _cdiv(n + 1, self.block_size) > self.pool.num_blocks:
+            raise EngineError(
+                "kv_cache_exhausted",
+                f"The prompt has {n} tokens but the KV cache holds at most "
+                f"{self.kv_capacity_tokens - 1} prompt tokens.",
+            )
+        window = min(self.max_model_len, self.kv_capacity_tokens) - n
+        max_tokens = max(0, min(req.sampling.max_tokens, window))
+        spec = req.sampling.thinking
+        if spec is not None:
+            error = validate_budget(True, len(spec.close_ids), max_tokens, req.sampling.stop)
+            if error is not None:
+                raise EngineError("chat_invalid_request", error, 400)
+        return max_tokens
+
+    def add_request(self, req: Request, seed: int | None = None) -> RequestOutput | None:
+        """Queue ``req``; returns its final output at once when it needs no model work."""
+        if req.request_id in self._requests:
+            raise EngineError("duplicate_request_id", f"Duplicate request id {req.request_id!r}.")
+        max_tokens = self.check_request(req)
+        if seed is None:
+            seed = req.sampling.seed if req.sampling.seed is not None else secrets.randbits(63)
+        checker = self._make_checker(req) if self._make_checker is not None else None
+        st = RequestState(req, max_tokens, seed, self.block_size, checker)
+        st.metrics.admitted_time = self._clock()
+        if max_tokens == 0:
+            return self._finish(st, "length")
+        self._requests[req.request_id] = st
+        self._waiting.append(st)
+        return None
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        st = self._requests.get(request_id)
+        if st is None:
+            return None
+        return self._finish(st, "abort")
+
+    # -- schedule ----------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        now = self._clock()
+        budget = self.config.max_num_batched_tokens
+        seqs: list[ScheduledSeq] = []
+        scheduled: set[str] = set()
+        preempted: list[str] = []
+        decodes = [s for s in self._running if s.num_remaining == 1]
+        prefills = [s for s in self._running if s.num_remaining != 1]
+        for st in decodes + prefills:
+            if budget == 0:
+                break
+            if st.status is not Status.RUNNING:
+                continue  # preempted earlier in this loop
+            n = min(st.num_remaining, budget)
+            while not self._grow(st, st.num_computed_tokens + n):
+                victim = self._pick_victim(scheduled | {st.request_id})
+                self._preempt(victim or st)
+                preempted.append((victim or st).request_id)
+                if victim is None:
+                    break
+            else:
+                seqs.append(self._scheduled_seq(st, n, is_new=False, now=now))
+                scheduled.add(st.request_id)
+                budget -= n
+        if not preempted:
+            budget = self._admit(budget, seqs, now)
+        return SchedulerOutput(
+            seqs=seqs,
+            block_size=self.block_size,
+            num_batched_tokens=self.config.max_num_batched_tokens - budget,
+            preempted_ids=preempted,
+        )
+
+    def _admit(self, budget: int, seqs: list[ScheduledSeq], now: float) -> int:
+        bs = self.block_size
+        inflight: set[int] = set()
+        for s in self._running:
+            inflight.update(s.block_hashes[s.num_computed_tokens // bs:])
+        deferred: list[RequestState] = []
+        while self._waiting and budget > 0 and len(self._running) < self.config.max_num_seqs:
+            st = self._waiting.popleft()
+            max_hit = (st.num_tokens - 1) // bs  # always compute at least the last token
+            hits = self.pool.lookup(st.block_hashes[:max_hit], st.all_token_ids)
+            if len(hits) < max_hit and st.block_hashes[len(hits)] in inflight:
+                deferred.append(st)  # another request is computing this prefix right now
+                continue
+            cached = len(hits) * bs
+            n = min(st.num_tokens - cached, budget)
+            need = _cdiv(cached + n, bs) - len(hits)
+            if self.pool.num_free_blocks < need + self.pool.num_unreferenced(hits):
+                self._waiting.appendleft(st)
+                break
+            self.pool.touch(hits)
+            st.block_ids = hits + self.pool.allocate(need)
+            st.num_computed_tokens = cached
+            st.num_registered_blocks = len(hits)
+            if st.num_cached_tokens < 0:
+                st.num_cached_tokens = cached
+                self.prefix_cache_query_tokens += st.num_tokens
+                self.prefix_cache_hit_tokens += cached
+            if st.metrics.first_scheduled_time is None:
+                st.metrics.first_scheduled_time = now
+            st.status = Status.RUNNING
+            self._running.append(st)
+            inflight.update(st.block_hashes[len(hits):])
+            seqs.append(self._scheduled_seq(st, n, is_new=True, now=now))
+            budget -= n
+        self._waiting.extendleft(reversed(deferred))
+        return budget
+
+    def _grow(self, st: RequestState, total_tokens: int) -> bool:
+        need = _cdiv(total_tokens, self.block_size) - len(st.block_ids)
+        if need <= 0:
+            return True
+        if self.pool.num_free_blocks < need:
+            return False
+        st.block_ids.extend(self.pool.allocate(need))
+        return True
+
+    def _pick_victim(self, exclude: set[str]) -> RequestState | None:
+        for st in reversed(self._running):
+            if st.request_id not in exclude:
+                return st
+        return None
+
+    def _preempt(self, st: RequestState) -> None:
+        self.pool.free(st.block_ids)
+        st.block_ids = []
+        st.num_computed_tokens = 0
+        st.num_registered_blocks = 0
+        st.status = Status.WAITING
+        st.preempted_since_token = True
+        st.metrics.num_preemptions += 1
+        self.num_preemptions += 1
+        self._running.remove(st)
+        self._waiting.appendleft(st)
+
+    def _scheduled_seq(self, st: RequestState, n: int, is_new: bool, now: float) -> ScheduledSeq:
+        start = st.num_computed_tokens
+        if st.metrics.prefill_start_time is None:
+            st.metrics.prefill_start_time = now
+        return ScheduledSeq(
+            request_id=st.request_id,
+            token_ids=st.all_token_ids[start:start + n],
+            start_pos=start,
+            block_table=list(st.block_ids),
+            sample=start + n == st.num_tokens,
+            is_new=is_new,
+            sampling=st.request.sampling,
+            seed=st.seed,
+            step=len(st.output_token_ids),
+            prompt_token_ids=st.request.prompt_token_ids,
+            output_token_ids=st.output_token_ids,  # read-only until update_from_output
+        )
+
+    # -- update ------------------------------------------------------------------------------
+    def update_from_output(
+        self, so: SchedulerOutput, ro: ModelRunnerOutput
+    ) -> list[RequestOutput]:
+        now = self._clock()
+        phase = PHASE_PREFILL if so.num_prefill_tokens > 0 else PHASE_DECODE
+        outputs: list[RequestOutput] = []
+        for seq in so.seqs:
+            st = self._requests.get(seq.request_id)
+            if st is None or st.status is not Status.RUNNING:
+                continue
+            st.num_computed_tokens += seq.num_tokens
+            self._register_full_blocks(st)
+            if not seq.sample:
+                continue
+            tok = ro.sampled.get(seq.request_id)
+            if tok is None:
+                outputs.append(self._finish(st, "error", error="the runner sampled no token"))
+                continue
+            if st.metrics.prefill_end_time is None:
+                st.metrics.prefill_end_time = now
+            token, logprob, forced = st.accept(tok.token_id, tok.logprob, now * 1000.0)
+            st.metrics.record_token(now, PHASE_PREEMPTED if st.preempted_since_token else phase)
+            st.preempted_since_token = False
+            outputs.append(self._on_token(st, ([token], [logprob], [forced])))
+        return outputs
+
+    def _register_full_blocks(self, st: RequestState) -> None:
+        full = min(st.num_computed_tokens // self.block_size, len(st.block_hashes))
+        for i in range(st.num_registered_blocks, full):
+            self.pool.cache_block(st.block_ids[i], st.block_hashes[i], st.parent_hash(i),
+                                  st.block_tokens(i))
+        st.num_registered_blocks = max(st.num_registered_blocks, full)
+
+    def _on_token(self, st: RequestState, new: NewTokens) -> RequestOutput:
+        text = ""
+        reason: str | None = None
+        stop_reason: str | int | None = None
+        token_id = new[0][0]
+        if token_id in self.eos_token_ids and not st.request.sampling.ignore_eos:
+            reason = "stop"
+        elif st.stop_checker is not None:
+            text, matched = st.stop_checker.push(token_id)
+            if matched is not None:
+                reason, stop_reason = "stop", matched
+        if reason is None and len(st.output_token_ids) >= st.max_tokens:
+            reason = "length"
+        if reason is None:
+            return self._output(st, new, text, None, None)
+        return self._finish(st, reason, stop_reason, new=new, text=text)
+
+    # -- finishing ---------------------------------------------------------------------------
+    def fail_step(self, so: SchedulerOutput, message: str) -> list[RequestOutput]:
+        """The model raised during ``so``: every request in it finishes with an error."""
+        outputs: list[RequestOutput] = []
+        for seq in so.seqs:
+            st = self._requests.get(seq.request_id)
+            if st is not None:
+                outputs.append(self._finish(st, "error", error=message))
+        return outputs
+
+    def finish_all(self, reason: str, error: str | None = None) -> list[RequestOutput]:
+        return [self._finish(st, reason, error=error) for st in list(self._requests.values())]
+
+    def _finish(
+        self,
+        st: RequestState,
+        reason: str,
+        stop_reason: str | int | None = None,
+        new: NewTokens = ([], [], []),
+        text: str = "",
+        error: str | None = None,
+    ) -> RequestOutput:
+        if st.stop_checker is not None and reason in ("stop", "length"):
+            tail, matched = st.stop_checker.finish()
+            text += tail
+            if matched is not None:
+                stop_reason = matched
+        if st.block_ids:
+            self.pool.free(st.block_ids)
+            st.block_ids = []
+        if st.status is Status.RUNNING:
+            self._running.remove(st)
+        elif st.status is Status.WAITING and st in self._waiting:
+            self._waiting.remove(st)
+        st.status = Status.FINISHED
+        self._requests.pop(st.request_id, None)
+        st.metrics.finalize(self._clock())
+        out = self._output(st, new, text, reason, stop_reason)
+        out.error = error
+        if st.thinking is not None:
+            out.thinking_outcome = st.thinking.outcome(len(st.output_token_ids),
+                                                       self._clock() * 1000.0)
+        return out
+
+    def _output(
+        self,
+        st: RequestState,
+        new: NewTokens,
+        text: str,
+        reason: str | None,
+        stop_reason: str | int | None,
+    ) -> RequestOutput:
+        return RequestOutput(
+            request_id=st.request_id,
+            new_token_ids=list(new[0]),
+            new_logprobs=list(new[1]),
+            new_forced=list(new[2]),
+            text_delta=text,
+            finished=reason is not None,
+            finish_reason=reason,
+            stop_reason=stop_reason,
+            num_prompt_tokens=st.num_prompt_tokens,
+            num_output_tokens=len(st.output_token_ids),
+            num_cached_tokens=max(0, st.num_cached_tokens),
+            seed=st.seed,
+            metrics=st.metrics if reason is not None else None,
+        )
+
+    # -- introspection -------------------------------------------------------------------------
+    @property
+    def has_work(self) -> bool:
+        return bool(self._running or self._waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    def stats(self) -> dict[str, float]:
+        return {
+            "running": float(len(self._running)),
+            "waiting": float(len(self._waiting)),
+            "kv_blocks_total": float(self.pool.num_blocks),
+            "kv_blocks_used": float(self.pool.num_used_blocks),
+            "kv_blocks_cached": float(self.pool.num_cached_blocks),
+            "prefix_cache_query_tokens": float(self.prefix_cache_query_tokens),
+            "prefix_cache_hit_tokens": float(self.prefix_cache_hit_tokens),
+            "num_preemptions": float(self.num_preemptions),
+        }

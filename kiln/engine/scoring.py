@@ -1,0 +1,141 @@
+"""Prompt-logprob scoring (reference §8), run on the engine thread via ``run_exclusive``.
+
+The prompt goes through the model in chunks over temporarily borrowed KV blocks, so later chunks
+attend to earlier ones through the paged cache; the final norm and the output projection run on
+at most ``proj_rows`` rows at a time. Nothing of size ``[prompt tokens x vocab]`` ever exists.
+
+Position ``p >= 1`` scores the observed token ``prompt[p]`` from the row of position ``p - 1``:
+its float32 full-vocabulary log-softmax value, and its rank by raw logit. The top-K ids are sorted
+by raw logit descending, ties to the lower id. An observed token inside the top K takes its
+1-based place there; otherwise its rank is the count of tokens whose logit is >= its own
+(pessimistic ties).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from kiln.api.backend import PositionScore
+from kiln.engine.block_pool import BlockPool
+from kiln.engine.errors import EngineError
+from kiln.model.base import CausalLM
+from kiln.model.batch import ForwardBatch, build_forward_batch
+from kiln.model.kv_cache import KVCache
+
+__all__ = ["CHUNK_TOKENS", "PROJ_ROWS", "score_prompt", "score_rows", "scoring_batch",
+           "top_k_ids"]
+
+CHUNK_TOKENS = 128  # prompt tokens per forward pass
+PROJ_ROWS = 32  # rows per norm + output projection (32 x 49152 fp32 logits = 6 MiB)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def scoring_batch(tokens: Sequence[int], start: int, block_table: Sequence[int],
+                  block_size: int, device: torch.device, lora: object | None = None) -> ForwardBatch:
+    """The one place a scoring forward batch is built (one sequence, every row kept).
+
+    ``lora`` is what ``ForwardBatch.lora`` should carry when scoring under an adapter."""
+    batch = build_forward_batch([(tokens, start, block_table)], block_size, "all", device)
+    batch.lora = lora
+    return batch
+
+
+def score_prompt(model: CausalLM, kv: KVCache, pool: BlockPool, prompt_ids: Sequence[int],
+                 top_k: int, *, chunk_tokens: int = CHUNK_TOKENS, proj_rows: int = PROJ_ROWS,
+                 lora: object | None = None) -> list[PositionScore]:
+    """One PositionScore per prompt position >= 1 (engine thread only: it borrows KV blocks
+    from ``pool`` and writes into ``kv``; they are returned before this returns or raises)."""
+    vocab = model.output_weight().shape[0]
+    if not prompt_ids:
+        raise ValueError("score_prompt: empty prompt")
+    if not 0 <= top_k <= vocab:
+        raise ValueError(f"score_prompt: top_k must be in 0..{vocab}, got {top_k}")
+    if chunk_tokens <= 0 or proj_rows <= 0:
+        raise ValueError("score_prompt: chunk_tokens and proj_rows must be positive")
+    bad = [t for t in prompt_ids if not 0 <= t < vocab]
+    if bad:
+        raise ValueError(f"score_prompt: token id {bad[0]} is outside the vocabulary ({vocab})")
+    # Only positions 0..n-2 produce a scored row; the last token is observed, never fed.
+    fed = len(prompt_ids) - 1
+    if fed == 0:
+        return []
+    need = _cdiv(fed, kv.block_size)
+    if pool.num_free_blocks < need:
+        raise EngineError(
+            "kv_cache_exhausted",
+            f"Scoring a {len(prompt_ids)}-token prompt needs {need} KV cache blocks; "
+            f"only {pool.num_free_blocks} are free. Retry later.", 503)
+    blocks = pool.allocate(need)
+    try:
+        with torch.inference_mode():
+            return _score(model, kv, blocks, list(prompt_ids), top_k, chunk_tokens, proj_rows,
+                          lora)
+    finally:
+        pool.free(blocks)
+
+
+def _score(model: CausalLM, kv: KVCache, blocks: list[int], ids: list[int], top_k: int,
+           chunk_tokens: int, proj_rows: int, lora: object | None) -> list[PositionScore]:
+    bs = kv.block_size
+    device = kv.device
+    weight = model.output_weight()
+    targets = torch.tensor(ids, dtype=torch.int64, device=device)
+    fed = len(ids) - 1
+    out: list[PositionScore] = []
+    for start in range(0, fed, chunk_tokens):
+        end = min(fed, start + chunk_tokens)
+        batch = scoring_batch(ids[start:end], start, blocks[:_cdiv(end, bs)], bs, device, lora)
+        hidden = model.hidden_states(batch, kv)
+        for r0 in range(0, end - start, proj_rows):
+            rows = hidden[r0:r0 + proj_rows]
+            logits = F.linear(model.model.norm(rows), weight).to(torch.float32)
+            first = start + r0  # position of the first row; it predicts ids[first + 1]
+            if not bool(torch.isfinite(logits).all()):
+                raise EngineError("generation_error",
+                                  f"non-finite logits while scoring positions {first + 1}.."
+                                  f"{first + len(rows)}", 500)
+            out.extend(score_rows(logits, targets[first + 1:first + 1 + len(rows)], top_k))
+    return out
+
+
+def top_k_ids(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """``[R, k]`` ids of each row's k largest logits, descending, ties to the lower id."""
+    if k == 0:
+        return torch.empty((logits.shape[0], 0), dtype=torch.int64, device=logits.device)
+    vals, idx = torch.topk(logits, k, dim=1)
+    # topk's order among equal values is unspecified: sort by id, then stably by value.
+    idx, perm = idx.sort(dim=1)
+    vals = vals.gather(1, perm)
+    ids = idx.gather(1, vals.sort(dim=1, descending=True, stable=True).indices)
+    # Where a run of equal logits straddles the k-th place, topk may have kept higher ids.
+    kth = vals.min(dim=1, keepdim=True).values
+    for r in ((logits >= kth).sum(dim=1) > k).nonzero().flatten().tolist():
+        cand = (logits[r] >= kth[r]).nonzero().flatten()  # ascending ids
+        ids[r] = cand[logits[r, cand].sort(descending=True, stable=True).indices[:k]]
+    return ids
+
+
+def score_rows(logits: torch.Tensor, observed: torch.Tensor, top_k: int) -> list[PositionScore]:
+    """Score ``observed[i]`` against float32 raw logits row ``i`` (``logits`` is ``[R, vocab]``)."""
+    obs = observed.to(torch.int64).view(-1, 1)
+    logprobs = torch.log_softmax(logits, dim=-1)
+    obs_logit = logits.gather(1, obs)
+    rank = (logits >= obs_logit).sum(dim=1)
+    ids = top_k_ids(logits, top_k)
+    if top_k > 0:
+        hit = ids == obs
+        place = hit.to(torch.int64).argmax(dim=1) + 1
+        rank = torch.where(hit.any(dim=1), place, rank)
+    obs_lp = logprobs.gather(1, obs).flatten().tolist()
+    top_lp = logprobs.gather(1, ids).tolist()
+    return [
+        PositionScore(token_id=t, logprob=lp, rank=rk, top_ids=tids, top_logprobs=tlps)
+        for t, lp, rk, tids, tlps in zip(obs.flatten().tolist(), obs_lp, rank.tolist(),
+                                         ids.tolist(), top_lp, strict=True)
+    ]

@@ -1,0 +1,102 @@
+"""The scheduler's mutable per-request state (engine thread only)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from kiln.engine.block_pool import ROOT_HASH, block_hashes
+from kiln.engine.metrics import RequestMetrics
+from kiln.engine.request import Request
+from kiln.engine.stop import StopChecker
+from kiln.text.thinking_budget import ThinkingBudgetController
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class RequestState:
+    request: Request
+    max_tokens: int  # clamped to the context window
+    seed: int
+    block_size: int
+    stop_checker: StopChecker | None = None
+    status: Status = Status.WAITING
+    all_token_ids: list[int] = field(default_factory=list)  # prompt + outputs
+    output_token_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[float] = field(default_factory=list)
+    output_forced: list[bool] = field(default_factory=list)  # forced by the thinking budget
+    num_computed_tokens: int = 0  # tokens whose KV is in the cache
+    num_cached_tokens: int = -1  # prefix-cache hit at first admission (-1: not admitted yet)
+    block_ids: list[int] = field(default_factory=list)
+    block_hashes: list[int] = field(default_factory=list)  # hash chain of full blocks
+    num_registered_blocks: int = 0  # leading blocks already in the prefix cache
+    preempted_since_token: bool = False
+    metrics: RequestMetrics = field(init=False)
+    # The budget's state lives here, so it survives preemption (outputs are kept, KV recomputed).
+    thinking: ThinkingBudgetController | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        self.all_token_ids = list(self.request.prompt_token_ids)
+        self.block_hashes = block_hashes(self.all_token_ids, self.block_size)
+        self.metrics = RequestMetrics(arrival_time=self.request.arrival_time)
+        spec = self.request.sampling.thinking
+        if spec is not None:
+            self.thinking = ThinkingBudgetController(
+                spec.close_ids, spec.max_tokens, spec.max_time_ms, self.max_tokens)
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.request.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_remaining(self) -> int:
+        """Known tokens whose KV is not computed yet (1 for a decoding request)."""
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_decoding(self) -> bool:
+        return self.num_remaining == 1 and bool(self.output_token_ids)
+
+    def accept(self, candidate: int, logprob: float, now_ms: float) -> tuple[int, float, bool]:
+        """Run the thinking budget on a sampled candidate and append what it emits.
+
+        -> (token, logprob, forced); a forced token's logprob is 0.0 (it was not sampled).
+        """
+        token, forced = candidate, False
+        if self.thinking is not None:
+            token, forced = self.thinking.decide(self.output_token_ids, candidate, now_ms)
+        if forced:
+            logprob = 0.0
+        self.append_output(token, logprob, forced)
+        return token, logprob, forced
+
+    def append_output(self, token_id: int, logprob: float, forced: bool = False) -> None:
+        self.all_token_ids.append(token_id)
+        self.output_token_ids.append(token_id)
+        self.output_logprobs.append(logprob)
+        self.output_forced.append(forced)
+        bs = self.block_size
+        if self.num_tokens % bs == 0:
+            parent = self.block_hashes[-1] if self.block_hashes else ROOT_HASH
+            self.block_hashes.extend(
+                block_hashes(self.all_token_ids, bs, len(self.block_hashes), parent))
+
+    def parent_hash(self, block_index: int) -> int:
+        return self.block_hashes[block_index - 1] if block_index > 0 else ROOT_HASH
+
+    def block_tokens(self, block_index: int) -> list[int]:
+        bs = self.block_size
+        return self.all_token_ids[block_index * bs:(block_index + 1) * bs]

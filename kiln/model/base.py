@@ -1,0 +1,67 @@
+"""The causal-LM base: embeddings -> decoder layers -> final norm -> logits at chosen rows."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kiln.model.attention import plan_attention
+from kiln.model.batch import ForwardBatch
+from kiln.model.config import ModelConfig
+from kiln.model.kv_cache import KVCache
+from kiln.model.layers import DecoderLayer, LoraHook, RMSNorm, RotaryEmbedding
+
+
+class DecoderStack(nn.Module):
+    """HF's inner ``model`` module: ``embed_tokens``, ``layers``, ``norm``."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class CausalLM(nn.Module):
+    """A decoder-only LM over the paged KV cache.
+
+    ``forward(batch, kv)`` runs the flat batch of new tokens, writes their K/V into ``kv`` and
+    returns float32 logits ``[len(batch.logits_indices), vocab]``.
+    """
+
+    config: ModelConfig
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = DecoderStack(cfg)
+        self.lm_head: nn.Linear | None = (
+            None if cfg.tie_word_embeddings
+            else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False))
+        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta)
+
+    def output_weight(self) -> torch.Tensor:
+        """The ``[vocab, hidden]`` output projection (the embedding when tied)."""
+        return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def hidden_states(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
+        """Last-layer hidden states ``[T, hidden]`` (before the final norm) of every row."""
+        if len(kv.k) != self.config.num_layers:
+            raise ValueError("KV cache has a different number of layers than the model")
+        lora = batch.lora
+        if lora is not None and not isinstance(lora, LoraHook):
+            raise TypeError(f"ForwardBatch.lora must be a LoraHook, got {type(lora).__name__}")
+        plan = plan_attention(batch, kv.block_size)
+        x = self.model.embed_tokens(batch.input_ids)
+        cos, sin = self.rotary.cos_sin(batch.positions, x.dtype)
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, cos, sin, kv.k[i], kv.v[i], plan, lora)
+        out: torch.Tensor = x
+        return out
+
+    def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
+        with torch.inference_mode():
+            x = self.hidden_states(batch, kv).index_select(0, batch.logits_indices)
+            x = self.model.norm(x)
+            return F.linear(x, self.output_weight()).to(torch.float32)

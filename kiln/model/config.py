@@ -1,0 +1,165 @@
+"""Model hyper-parameters, shared by every architecture, and their parsing from HF / GGUF."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3")
+
+# HF `architectures` entries we accept, mapped to our architecture names.
+_HF_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+
+
+class UnsupportedModelError(ValueError):
+    """The checkpoint describes a model this server cannot run."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    arch: str  # "llama" | "qwen2" | "qwen3"
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position: int  # context window
+    tie_word_embeddings: bool
+    qkv_bias: bool
+    qk_norm: bool
+
+    def __post_init__(self) -> None:
+        if self.arch not in SUPPORTED_ARCHS:
+            raise UnsupportedModelError(f"unsupported architecture {self.arch!r}")
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
+                     "num_heads", "num_kv_heads", "head_dim", "max_position"):
+            if getattr(self, name) <= 0:
+                raise UnsupportedModelError(f"model config: {name} must be positive")
+        if self.num_heads % self.num_kv_heads != 0:
+            raise UnsupportedModelError(
+                f"model config: num_heads {self.num_heads} is not a multiple of "
+                f"num_kv_heads {self.num_kv_heads}")
+        if self.head_dim % 2 != 0:
+            raise UnsupportedModelError("model config: head_dim must be even for rotary embedding")
+
+    @classmethod
+    def from_hf(cls, cfg: Mapping[str, Any]) -> ModelConfig:
+        """Build from a Hugging Face ``config.json`` dict."""
+        arch = _hf_arch(cfg)
+        rope_scaling = cfg.get("rope_scaling")
+        if isinstance(rope_scaling, Mapping):
+            kind = rope_scaling.get("rope_type", rope_scaling.get("type"))
+            if kind not in (None, "default"):
+                raise UnsupportedModelError(f"rope_scaling type {kind!r} is not supported")
+        rope_theta = cfg.get("rope_theta")
+        params = cfg.get("rope_parameters")
+        if rope_theta is None and isinstance(params, Mapping):
+            rope_theta = params.get("rope_theta")
+        hidden = int(cfg["hidden_size"])
+        heads = int(cfg["num_attention_heads"])
+        head_dim = cfg.get("head_dim") or hidden // heads
+        attention_bias = bool(cfg.get("attention_bias", False))
+        if arch != "qwen2" and attention_bias:
+            raise UnsupportedModelError("attention_bias=true is not supported for " + arch)
+        return cls(
+            arch=arch,
+            vocab_size=int(cfg["vocab_size"]),
+            hidden_size=hidden,
+            intermediate_size=int(cfg["intermediate_size"]),
+            num_layers=int(cfg["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=int(head_dim),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(rope_theta if rope_theta is not None else 10000.0),
+            max_position=int(cfg.get("max_position_embeddings", 4096)),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            qkv_bias=arch == "qwen2",
+            qk_norm=arch == "qwen3",
+        )
+
+    def to_hf(self) -> dict[str, Any]:
+        """A ``config.json`` dict that :meth:`from_hf` reads back to this config."""
+        names = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                 "qwen3": "Qwen3ForCausalLM"}
+        return {
+            "architectures": [names[self.arch]],
+            "model_type": self.arch,
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "max_position_embeddings": self.max_position,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "hidden_act": "silu",
+        }
+
+
+def _hf_arch(cfg: Mapping[str, Any]) -> str:
+    for name in cfg.get("architectures") or []:
+        if name in _HF_ARCHITECTURES:
+            return _HF_ARCHITECTURES[name]
+    model_type = cfg.get("model_type")
+    if model_type in SUPPORTED_ARCHS:
+        return str(model_type)
+    if model_type == "mistral":
+        return "llama"
+    raise UnsupportedModelError(
+        f"unsupported model: architectures={cfg.get('architectures')!r}, "
+        f"model_type={model_type!r} (supported: Llama, Qwen2, Qwen3)")
+
+
+def _f32(value: Any) -> float:
+    """A GGUF float32 as the shortest decimal that rounds to it (1e-5, not 9.9999997e-06)."""
+    return float(str(np.float32(value)))
+
+
+def config_from_gguf(meta: Mapping[str, Any], *, vocab_size: int, has_output: bool,
+                     has_qkv_bias: bool, has_qk_norm: bool) -> ModelConfig:
+    """Build from GGUF metadata (already decoded to Python values)."""
+    arch = str(meta.get("general.architecture", ""))
+    if arch not in SUPPORTED_ARCHS:
+        raise UnsupportedModelError(f"unsupported GGUF architecture {arch!r}")
+
+    def key(name: str) -> Any:
+        full = f"{arch}.{name}"
+        if full not in meta:
+            raise UnsupportedModelError(f"GGUF metadata lacks {full}")
+        return meta[full]
+
+    hidden = int(key("embedding_length"))
+    heads = int(key("attention.head_count"))
+    head_dim = int(meta.get(f"{arch}.attention.key_length", hidden // heads))
+    return ModelConfig(
+        arch=arch,
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=int(key("feed_forward_length")),
+        num_layers=int(key("block_count")),
+        num_heads=heads,
+        num_kv_heads=int(meta.get(f"{arch}.attention.head_count_kv", heads)),
+        head_dim=head_dim,
+        rms_norm_eps=_f32(key("attention.layer_norm_rms_epsilon")),
+        rope_theta=_f32(meta.get(f"{arch}.rope.freq_base", 10000.0)),
+        max_position=int(key("context_length")),
+        tie_word_embeddings=not has_output,
+        qkv_bias=has_qkv_bias,
+        qk_norm=has_qk_norm,
+    )

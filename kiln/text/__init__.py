@@ -1,0 +1,13 @@
+"""Text processing: tokenizer, incremental detokenizer, chat templates."""
+
+from kiln.text.chat_template import ChatTemplate, ChatTemplateError, TemplateRaisedError
+from kiln.text.detokenizer import IncrementalDetokenizer
+from kiln.text.tokenizer import Tokenizer
+
+__all__ = [
+    "ChatTemplate",
+    "ChatTemplateError",
+    "IncrementalDetokenizer",
+    "TemplateRaisedError",
+    "Tokenizer",
+]

@@ -1,0 +1,111 @@
+"""Tokenizer wrapper over the `tokenizers` package, with the model's special-token facts."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import tokenizers
+
+
+def _token_content(value: Any) -> str | None:
+    """tokenizer_config entries are a string or an AddedToken dict ``{"content": ...}``."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Mapping) and isinstance(value.get("content"), str):
+        return str(value["content"])
+    return None
+
+
+def _ids(value: Any) -> list[int]:
+    """``eos_token_id`` may be an int, a list of ints, or absent."""
+    if isinstance(value, bool) or value is None:
+        return []
+    if isinstance(value, int):
+        return [value]
+    if isinstance(value, list):
+        return [int(v) for v in value if isinstance(v, int) and not isinstance(v, bool)]
+    return []
+
+
+class Tokenizer:
+    """Encode/decode plus the special tokens a server needs (BOS, EOS ids)."""
+
+    def __init__(self, tok: tokenizers.Tokenizer, *, eos_token_ids: Iterable[int] = (),
+                 bos_token: str | None = None, eos_token: str | None = None) -> None:
+        self._tok = tok
+        self.vocab_size: int = tok.get_vocab_size(with_added_tokens=True)
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+        self.bos_token_id: int | None = tok.token_to_id(bos_token) if bos_token else None
+        eos = set(eos_token_ids)
+        if eos_token is not None:
+            eos_id = tok.token_to_id(eos_token)
+            if eos_id is not None:
+                eos.add(eos_id)
+        self.eos_token_ids: frozenset[int] = frozenset(eos)
+        self.special_ids: frozenset[int] = frozenset(
+            i for i, t in tok.get_added_tokens_decoder().items() if t.special)
+
+    @classmethod
+    def from_hf(cls, tokenizer_json: str | Path, *, tokenizer_config: Mapping[str, Any] | None
+                = None, config: Mapping[str, Any] | None = None,
+                generation_config: Mapping[str, Any] | None = None) -> Tokenizer:
+        """From ``tokenizer.json`` plus the folder's config dicts (any may be empty).
+
+        EOS ids are the union of ``config.json``'s and ``generation_config.json``'s
+        ``eos_token_id`` (an int or a list) and ``tokenizer_config.json``'s ``eos_token``.
+        """
+        tok = tokenizers.Tokenizer.from_file(str(tokenizer_json))
+        tc = tokenizer_config or {}
+        eos_ids = _ids((config or {}).get("eos_token_id"))
+        eos_ids += _ids((generation_config or {}).get("eos_token_id"))
+        bos = _token_content(tc.get("bos_token"))
+        # tokenizer_config decides when it names bos_token (even as null, as Qwen does)
+        if "bos_token" not in tc and (config or {}).get("bos_token_id") is not None:
+            bos_id = _ids((config or {}).get("bos_token_id"))
+            bos = tok.id_to_token(bos_id[0]) if bos_id else None
+        eos = _token_content(tc.get("eos_token"))
+        if eos is None and eos_ids:
+            eos = tok.id_to_token(eos_ids[0])
+        return cls(tok, eos_token_ids=eos_ids, bos_token=bos, eos_token=eos)
+
+    @property
+    def backend(self) -> tokenizers.Tokenizer:
+        """The underlying `tokenizers.Tokenizer`."""
+        return self._tok
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return list(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        return str(self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens))
+
+    def token_to_id(self, token: str) -> int | None:
+        tid = self._tok.token_to_id(token)
+        return None if tid is None else int(tid)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        tok = self._tok.id_to_token(token_id)
+        return None if tok is None else str(tok)
+
+    def is_special(self, token_id: int) -> bool:
+        return token_id in self.special_ids
+
+    def content_sha256(self) -> str:
+        """sha256 of the vocabulary (token -> id, added tokens included) as canonical JSON."""
+        vocab = self._tok.get_vocab(with_added_tokens=True)
+        data = json.dumps(vocab, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+        return hashlib.sha256(data.encode("utf-8")).hexdigest()
+
+    def config_sha256(self) -> str:
+        """sha256 of the special-token configuration (BOS/EOS, EOS ids, special ids)."""
+        data = json.dumps({
+            "bos_token": self.bos_token, "bos_token_id": self.bos_token_id,
+            "eos_token": self.eos_token, "eos_token_ids": sorted(self.eos_token_ids),
+            "special_ids": sorted(self.special_ids),
+        }, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+        return hashlib.sha256(data.encode("utf-8")).hexdigest()

@@ -1,0 +1,234 @@
+"""Examples validate, the contract is a valid 2020-12 schema, and the CHANGELOG fixes hold."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from typing import Any
+
+import pytest
+from jsonschema import Draft202012Validator
+
+from tests.contract.contract_files import (
+    CONTRACT_DIR,
+    MAIN_FILE,
+    TB_FILE,
+    main_schema,
+    py_validator,
+    routes,
+    rs_validator,
+    tb_schema,
+)
+
+UINT64_MAX = 18446744073709551615
+
+
+def example_cases() -> list[tuple[str, int, Any]]:
+    """Root ``x-kiln-examples`` (from the seed) plus ``examples`` of the added definitions."""
+    cases = [
+        (name, i, example)
+        for name, examples in main_schema()["x-kiln-examples"].items()
+        for i, example in enumerate(examples)
+    ]
+    for name, schema in main_schema()["$defs"].items():
+        cases += [(name, i, example) for i, example in enumerate(schema.get("examples", []))]
+    return cases
+
+
+def test_there_are_examples_for_every_entrypoint() -> None:
+    named = {name for name, _, _ in example_cases()}
+    for entry in main_schema()["x-kiln-entrypoints"]:
+        if entry != "ChatCompletionChunkStream":
+            assert entry in named
+    assert {"ChatCompletionChunk", "ErrorResponse", "ModelList"} <= named
+
+
+@pytest.mark.parametrize(("name", "index", "example"), example_cases(), ids=lambda v: str(v)[:40])
+def test_example_validates(name: str, index: int, example: Any) -> None:
+    errors = [e.message for e in rs_validator(name).iter_errors(example)]
+    assert errors == [], (name, index)
+    py_errors = [e.message for e in py_validator(name).iter_errors(example)]
+    assert py_errors == [], (name, index)
+
+
+@pytest.mark.parametrize("schema", [main_schema(), tb_schema()], ids=[MAIN_FILE, TB_FILE])
+def test_contract_is_a_valid_2020_12_schema(schema: dict[str, Any]) -> None:
+    assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    Draft202012Validator.check_schema(schema)
+    for sub in schema["$defs"].values():
+        Draft202012Validator.check_schema(sub)
+
+
+def test_ids() -> None:
+    base = "https://ericflo.github.io/kiln/contracts/"
+    assert main_schema()["$id"] == base + MAIN_FILE
+    assert tb_schema()["$id"] == base + TB_FILE
+
+
+def test_every_internal_ref_resolves() -> None:
+    text = (CONTRACT_DIR / MAIN_FILE).read_text() + (CONTRACT_DIR / TB_FILE).read_text()
+    for line in text.splitlines():
+        if '"$ref": "#/$defs/' in line:
+            target = line.split("#/$defs/")[1].split('"')[0]
+            assert target in main_schema()["$defs"] or target in tb_schema()["$defs"], target
+    assert set(tb_schema()["$defs"]) == {
+        "limitOverride",
+        "source",
+        "trigger",
+        "request",
+        "serverDefaults",
+        "effective",
+        "outcome",
+        "record",
+        "recentRecord",
+    }
+
+
+def test_uint64_maximum_is_exact() -> None:
+    text = (CONTRACT_DIR / MAIN_FILE).read_text()
+    assert "18446744073709552000" not in text
+    assert text.count("18446744073709551615") == 2  # NullableUint64, RolloutProvenanceV1.seed
+    nullable = main_schema()["$defs"]["NullableUint64"]["oneOf"][1]["maximum"]
+    assert type(nullable) is int and nullable == 2**64 - 1
+    seed = main_schema()["$defs"]["RolloutProvenanceV1"]["properties"]["seed"]["maximum"]
+    assert type(seed) is int and seed == 2**64 - 1
+    chat = rs_validator("ChatCompletionRequest")
+    assert chat.is_valid({"messages": [], "seed": UINT64_MAX})
+    assert not chat.is_valid({"messages": [], "seed": UINT64_MAX + 1})
+    assert not chat.is_valid({"messages": [], "seed": -1})
+    assert py_validator("ChatCompletionRequest").is_valid({"messages": [], "seed": UINT64_MAX})
+    assert not py_validator("ChatCompletionRequest").is_valid(
+        {"messages": [], "seed": UINT64_MAX + 1}
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "base"),
+    [
+        ("ChatCompletionRequest", {"messages": []}),
+        ("BatchCompletionRequest", {"prompts": [[]]}),
+    ],
+)
+def test_n_is_bounded(name: str, base: dict[str, Any]) -> None:
+    n = main_schema()["$defs"][name]["properties"]["n"]
+    assert n["oneOf"][1] == {"type": "integer", "minimum": 1, "maximum": 64}
+    assert n["default"] == 1
+    validator = rs_validator(name)
+    for ok in (None, 1, 64):
+        assert validator.is_valid({**base, "n": ok}), ok
+    for bad in (0, -1, 65, 1.5, "2"):
+        assert not validator.is_valid({**base, "n": bad}), bad
+
+
+def test_text_completion_rules_from_descriptions() -> None:
+    validator = rs_validator("TextCompletionRequest")
+    base: dict[str, Any] = {"prompt": "hi", "prompt_logprobs": 1}
+    ok: dict[str, Any]
+    bad: dict[str, Any]
+    for ok in (
+        {},
+        {"max_tokens": None},
+        {"max_tokens": 0},
+        {"max_tokens": 1},
+        {"n": 1},
+        {"n": None},
+        {"stream": False},
+        {"prompt": [0, 5]},
+    ):
+        assert validator.is_valid({**base, **ok}), ok
+    for bad in (
+        {"max_tokens": 2},
+        {"n": 2},
+        {"stream": True},
+        {"prompt": []},
+        {"prompt": [-1]},
+        {"prompt": [0] * 4097},
+        {"prompt_logprobs": 257},
+    ):
+        assert not validator.is_valid({**base, **bad}), bad
+
+
+def test_error_response() -> None:
+    validator = rs_validator("ErrorResponse")
+    full = {"error": {"message": "m", "type": "t", "param": None, "code": "c"}}
+    assert validator.is_valid(full)
+    assert validator.is_valid({"error": {"message": "m", "type": "t"}})
+    assert not validator.is_valid({"error": {"message": "m"}})
+    assert not validator.is_valid({"error": {"message": "m", "type": "t", "hint": "h"}})
+    assert not validator.is_valid({**full, "extra": 1})
+    assert not validator.is_valid({})
+
+
+def test_unknown_fields_policy() -> None:
+    assert rs_validator("ChatCompletionRequest").is_valid({"messages": [], "logit_bias": {}})
+    assert rs_validator("TextCompletionRequest").is_valid(
+        {"prompt": "x", "prompt_logprobs": 0, "echo": True}
+    )
+    usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+    assert rs_validator("Usage").is_valid(usage)
+    assert not rs_validator("Usage").is_valid({**usage, "cached_tokens": 0})
+
+
+def test_root_one_of_is_the_six_entrypoints() -> None:
+    refs = [branch["$ref"].rsplit("/", 1)[1] for branch in main_schema()["oneOf"]]
+    assert refs == [
+        "BatchCompletionRequest",
+        "BatchCompletionResponse",
+        "ChatCompletionRequest",
+        "ChatCompletionResponse",
+        "TextCompletionRequest",
+        "TextCompletionResponse",
+    ]
+
+
+def test_routes() -> None:
+    table = routes()
+    defs = main_schema()["$defs"]
+    seen = set()
+    for route in table:
+        assert set(route) == {
+            "operation_id",
+            "method",
+            "path",
+            "request",
+            "responses",
+            "streaming",
+            "tag",
+            "summary",
+        }
+        assert (route["method"], route["path"]) not in seen
+        seen.add((route["method"], route["path"]))
+        assert route["request"] is None or route["request"] in defs
+        assert "200" in route["responses"]
+        for status, response in route["responses"].items():
+            for media_type, name in response["media_types"].items():
+                assert name is None or name in defs, (route["path"], status, media_type)
+            if status.startswith(("4", "5")) and route["path"] != "/health":
+                assert response["media_types"] == {"application/json": "ErrorResponse"}
+        assert route["streaming"] == (
+            "text/event-stream" in route["responses"]["200"]["media_types"]
+        )
+    assert seen == {
+        ("POST", "/v1/chat/completions"),
+        ("POST", "/v1/completions"),
+        ("POST", "/v1/completions/batch"),
+        ("GET", "/v1/models"),
+        ("GET", "/health"),
+        ("GET", "/metrics"),
+        ("GET", "/openapi.json"),
+    }
+    chat = next(r for r in table if r["path"] == "/v1/chat/completions")
+    assert chat["responses"]["200"]["media_types"] == {
+        "application/json": "ChatCompletionResponse",
+        "text/event-stream": "ChatCompletionChunkStream",
+    }
+
+
+def test_generated_files_are_up_to_date() -> None:
+    spec = importlib.util.spec_from_file_location("_author", CONTRACT_DIR / "_author.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for name, text in module.outputs().items():
+        assert (CONTRACT_DIR / name).read_text(encoding="utf-8") == text, name
+        assert json.loads(text) is not None

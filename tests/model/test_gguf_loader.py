@@ -1,0 +1,49 @@
+"""GGUF loading: name mapping, llama q/k un-permute, metadata tokenizer, chat template."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from kiln.model import KVCache, build_forward_batch, load_model
+from tests.tiny_models import (
+    QWEN3_TEMPLATE,
+    model_from_tensors,
+    random_tensors,
+    tiny_config,
+    tiny_tokenizer,
+    write_tiny_gguf,
+)
+
+
+@pytest.mark.parametrize(("arch", "tie"), [("llama", True), ("llama", False), ("qwen2", False),
+                                           ("qwen3", True)])
+def test_gguf_round_trip(tmp_path: Path, arch: str, tie: bool) -> None:
+    cfg = tiny_config(arch, tie=tie)
+    tensors = random_tensors(cfg, seed=5)
+    path = write_tiny_gguf(tmp_path / f"tiny-{arch}.gguf", cfg, tensors)
+    lm = load_model(str(path))
+    assert lm.config == cfg
+    assert lm.served_name == f"tiny-{arch}"
+    direct = model_from_tensors(cfg, tensors)
+    ids = [1, 40, 41, 300, 7, 9, 2, 100]
+    kv = KVCache(cfg, 4, 4, torch.float32, torch.device("cpu"))
+    got = lm.model(build_forward_batch([(ids, 0, [2, 0])], 4, logits="all"), kv)
+    want = direct(build_forward_batch([(ids, 0, [1, 3])], 4, logits="all"), kv)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_gguf_tokenizer_and_template(tmp_path: Path) -> None:
+    cfg = tiny_config("qwen3")
+    lm = load_model(str(write_tiny_gguf(tmp_path / "m.gguf", cfg, random_tensors(cfg))))
+    ref = tiny_tokenizer()
+    text = "<|im_start|>user\nHello caf\u00e9 \U0001F600 <think>x</think><|im_end|>"
+    assert lm.tokenizer.encode(text) == ref.encode(text, add_special_tokens=False).ids
+    assert lm.tokenizer.decode(lm.tokenizer.encode(text)) == text
+    assert lm.tokenizer.eos_token_ids == {ref.token_to_id("<|im_end|>")}
+    assert lm.chat_template.source == QWEN3_TEMPLATE.read_text(encoding="utf-8")
+    # <think> is user-defined (type 4): not dropped by skip_special_tokens
+    assert lm.tokenizer.decode(lm.tokenizer.encode("<think>a"), skip_special_tokens=True) \
+        == "<think>a"

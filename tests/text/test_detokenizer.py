@@ -1,0 +1,76 @@
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kiln.text import IncrementalDetokenizer, Tokenizer
+
+SAMPLES = ["caf\u00e9 \u4f60\u597d\u4e16\u754c \U0001F600\U0001F680 na\u00efve",
+           "\u65e5\u672c\u8a9e\u306e\u30c6\u30ad\u30b9\u30c8 \U0001F9D1\u200D\U0001F4BB ok",
+           "plain ascii, then \u00e9t\u00e9 and \U0001F600"]
+
+
+def _stream(tok: Tokenizer, ids: list[int], skip: bool = False) -> list[str]:
+    detok = IncrementalDetokenizer(tok, skip_special_tokens=skip)
+    chunks = [detok.push(i) for i in ids]
+    chunks.append(detok.flush())
+    return chunks
+
+
+def _byte_ids(tok: Tokenizer, text: str) -> list[int]:
+    """One id per UTF-8 byte (byte-level alphabet tokens): the worst case for streaming."""
+    table = {b: c for b, c in enumerate(_bytes_to_unicode())}
+    ids = [tok.token_to_id(table[b]) for b in text.encode("utf-8")]
+    assert all(i is not None for i in ids)
+    return [i for i in ids if i is not None]
+
+
+def _bytes_to_unicode() -> list[str]:
+    keep = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    out: dict[int, str] = {b: chr(b) for b in keep}
+    n = 0
+    for b in range(256):
+        if b not in out:
+            out[b] = chr(256 + n)
+            n += 1
+    return [out[b] for b in range(256)]
+
+
+def test_multibyte_held_back_until_complete(tiny_tok: Tokenizer) -> None:
+    ids = _byte_ids(tiny_tok, "\u00e9\U0001F600")
+    detok = IncrementalDetokenizer(tiny_tok)
+    assert [detok.push(i) for i in ids] == ["", "\u00e9", "", "", "", "\U0001F600"]
+    assert detok.flush() == ""
+
+
+def test_byte_by_byte_equals_one_shot(tiny_tok: Tokenizer, smollm_tok: Tokenizer) -> None:
+    for tok in (tiny_tok, smollm_tok):
+        for text in SAMPLES:
+            for ids in (_byte_ids(tok, text), tok.encode(text)):
+                chunks = _stream(tok, ids)
+                assert "".join(chunks) == tok.decode(ids) == text
+                assert not any("\ufffd" in c for c in chunks)
+
+
+def test_random_ids_equal_one_shot(tiny_tok: Tokenizer) -> None:
+    rng = random.Random(1234)
+    for _ in range(300):
+        ids = [rng.randrange(tiny_tok.vocab_size) for _ in range(rng.randrange(1, 30))]
+        for skip in (False, True):
+            assert "".join(_stream(tiny_tok, ids, skip)) == tiny_tok.decode(ids, skip)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.sampled_from(["a", " ", "\u00e9", "\u4f60", "\U0001F600", "<|im_end|>",
+                                 "<think>", "\n", "x1", "\u0416"]), max_size=25),
+       st.booleans())
+def test_text_streams_without_replacement_chars(tiny_tok: Tokenizer, parts: list[str],
+                                                skip: bool) -> None:
+    text = "".join(parts)
+    for ids in (tiny_tok.encode(text), _byte_ids(tiny_tok, text.replace("<|im_end|>", "")
+                                                 .replace("<think>", ""))):
+        chunks = _stream(tiny_tok, ids, skip)
+        assert "".join(chunks) == tiny_tok.decode(ids, skip_special_tokens=skip)
+        assert not any("\ufffd" in c for c in chunks)
