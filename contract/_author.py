@@ -326,6 +326,16 @@ def n_choices(description: str) -> Field:
     )
 
 
+# Added (CHANGELOG): OpenAI's parallel_tool_calls on chat and batch requests.
+PARALLEL_TOOL_CALLS: Field = F(
+    "parallel_tool_calls",
+    False,
+    {"$ref": "#/$defs/NullableBoolean"},
+    "OpenAI-compatible: false keeps only the first tool call of each choice; missing, null or "
+    "true keeps every tool call.",
+)
+
+
 def inference_defs() -> dict[str, Schema]:
     """Every definition of the seed's Definitions section, in the seed's order."""
     defs: dict[str, Schema] = {}
@@ -561,6 +571,7 @@ def inference_defs() -> dict[str, Schema]:
                 {"$ref": "#/$defs/NullableTemplateKwargs"},
                 "Request-wide keyword arguments forwarded to the chat template.",
             ),
+            PARALLEL_TOOL_CALLS,
         ],
         closed=False,
         rules={
@@ -1043,7 +1054,7 @@ def inference_defs() -> dict[str, Schema]:
                 {"type": "boolean"},
                 "Emit exact behavior-policy provenance. Requires one non-streaming real batched choice, ignore_eos=false, no non-empty tools or tool_choice, and positive effective generation capacity.",
                 default=False,
-            ),
+            ),            PARALLEL_TOOL_CALLS,
         ],
         closed=False,
         rules={

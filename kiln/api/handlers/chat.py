@@ -23,6 +23,7 @@ from kiln.api.sse import EventStream
 from kiln.api.state import AppState, app_state, request_id
 from kiln.text.budget import record
 from kiln.text.reasoning import fold, split_reasoning
+from kiln.text.tools import ParsedOutput, ToolCall, parse_tool_calls
 
 ERROR_CODE = "chat_invalid_request"
 
@@ -51,6 +52,26 @@ async def _run_all(state: AppState, prepared: PreparedChat, rid: str) -> list[Co
         for i, params in enumerate(prepared.params)
     ]
     return list(await asyncio.gather(*(collect(s) for s in streams)))
+
+
+def extract_tool_calls(
+    prepared: PreparedChat, reasoning: str | None, content: str
+) -> tuple[str | None, str, list[ToolCall]]:
+    """Tool calls from the answer (or, if it has none, from the reasoning)."""
+    if prepared.tools is None:
+        return reasoning, content, []
+    parsed: ParsedOutput = parse_tool_calls(content, prepared.tools)
+    calls = parsed.tool_calls
+    if calls:
+        content = parsed.content
+    elif reasoning:
+        from_reasoning = parse_tool_calls(reasoning, prepared.tools)
+        if from_reasoning.tool_calls:
+            calls = from_reasoning.tool_calls
+            reasoning = from_reasoning.content or None
+    if not prepared.parallel_tool_calls:
+        calls = calls[:1]
+    return reasoning, content, calls
 
 
 def _finish_reason(c: Completion) -> str:
@@ -105,13 +126,17 @@ def response_body(
     for index, c in enumerate(completions):
         finish = _finish_reason(c)
         reasoning, content = split_reasoning(c.text, prepared.in_reasoning)
-        meta = content_metadata(prepared, reasoning, content, False)
+        reasoning, content, calls = extract_tool_calls(prepared, reasoning, content)
+        meta = content_metadata(prepared, reasoning, content, bool(calls))
         first_meta = first_meta or meta
         message: dict[str, Any] = {"role": "assistant", "content": content}
         if prepared.fold and reasoning:
             message["content"] = fold(reasoning, content)
         if reasoning is not None:
             message["reasoning_content"] = reasoning
+        if calls:
+            message["tool_calls"] = [call.wire() for call in calls]
+            finish = "tool_calls"
         choices.append({"index": index, "message": message, "finish_reason": finish})
         completion_tokens += c.num_output_tokens
     prompt_tokens = len(prepared.prompt_ids)

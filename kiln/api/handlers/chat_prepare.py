@@ -49,6 +49,8 @@ class PreparedChat:
     stream: bool
     tokenization_s: float
     adapter: str
+    tools: list[Any] | None = None  # set only when tool-call parsing is on
+    parallel_tool_calls: bool = True
 
     @property
     def thinking_mode(self) -> str:
@@ -78,6 +80,23 @@ def message_content(content: Any) -> str:
     return "".join(parts)
 
 
+def _decode_arguments(call: Any) -> Any:
+    """Prior-turn tool calls: string `arguments` (top level or under `function`) are JSON-parsed
+    for the template, as transformers-style templates expect a mapping."""
+    if not isinstance(call, dict):
+        return call
+    out = dict(call)
+    for holder in (out, out.get("function")):
+        if isinstance(holder, dict) and isinstance(holder.get("arguments"), str):
+            try:
+                holder["arguments"] = json.loads(holder["arguments"])
+            except ValueError:
+                pass
+    if isinstance(out.get("function"), dict):
+        out["function"] = dict(out["function"])
+    return out
+
+
 def template_messages(messages: list[wire.ChatMessageInput]) -> list[dict[str, Any]]:
     out = []
     for m in messages:
@@ -86,8 +105,17 @@ def template_messages(messages: list[wire.ChatMessageInput]) -> list[dict[str, A
             value = opt(getattr(m, key))
             if value is not None:
                 msg[key] = value
+        if msg.get("tool_calls"):
+            msg["tool_calls"] = [_decode_arguments(c) for c in msg["tool_calls"]]
+            if msg["content"] == "":
+                msg["content"] = None
         out.append(msg)
     return out
+
+
+def tools_enabled(tools: Any, tool_choice: Any) -> bool:
+    """Tool-call parsing is on iff tools is a non-empty array and tool_choice is not "none"."""
+    return bool(tools) and tool_choice != "none"
 
 
 def _thinking_source(kwargs: dict[str, Any], server_default: bool | None) -> str:
@@ -135,6 +163,9 @@ def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> PreparedCh
     if "enable_thinking" not in kwargs and cfg.default_thinking_enabled is not None:
         kwargs["enable_thinking"] = cfg.default_thinking_enabled
     tools = opt(req.tools) or None
+    tool_choice = opt(req.tool_choice)
+    if tool_choice is not None:
+        kwargs.setdefault("tool_choice", tool_choice)
     prompt_text = render_prompt(state, template_messages(req.messages), tools, kwargs)
     prompt_ids = backend.tokenizer.encode(prompt_text, add_special_tokens=False)
     tokenization_s = time.perf_counter() - started
@@ -183,4 +214,6 @@ def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> PreparedCh
         stream=bool(opt(req.stream)),
         tokenization_s=tokenization_s,
         adapter=adapter,
+        tools=tools if tools_enabled(tools, tool_choice) else None,
+        parallel_tool_calls=opt(req.parallel_tool_calls) is not False,
     )

@@ -18,6 +18,10 @@ from kiln.api.state import AppState
 from kiln.engine.outputs import RequestOutput
 from kiln.text.budget import record
 from kiln.text.reasoning import Delta, ReasoningSplitter
+from kiln.text.tool_stream import StreamEvents, ToolCallStreamer
+from kiln.text.tools import ToolCall
+
+ARGUMENT_FRAGMENT = 16  # characters of arguments JSON per streamed tool-call delta
 
 
 def _ms(t: float, start: float) -> float:
@@ -47,6 +51,17 @@ class _Chunks:
             out.append(self.choice({"content": d.content}))
         return out
 
+    def tool_call(self, index: int, call: ToolCall) -> list[bytes]:
+        """Index, id and name first; then argument fragments that concatenate to the JSON."""
+        head = {"index": index, "id": call.id, "type": "function",
+                "function": {"name": call.name, "arguments": ""}}
+        out = [self.choice({"tool_calls": [head]})]
+        args = call.arguments
+        for start in range(0, len(args), ARGUMENT_FRAGMENT):
+            piece = {"index": index, "function": {"arguments": args[start:start + ARGUMENT_FRAGMENT]}}
+            out.append(self.choice({"tool_calls": [piece]}))
+        return out
+
     def usage(self, prompt: int, completion: int) -> bytes:
         usage = {
             "prompt_tokens": prompt,
@@ -54,6 +69,34 @@ class _Chunks:
             "total_tokens": prompt + completion,
         }
         return event({**self.base, "choices": [], "usage": usage})
+
+
+class _ToolFilter:
+    """Routes answer text through the tool-call streamer when tool parsing is on."""
+
+    def __init__(self, prepared: PreparedChat, chunks: _Chunks) -> None:
+        self.streamer = ToolCallStreamer(prepared.tools) if prepared.tools else None
+        self.parallel = prepared.parallel_tool_calls
+        self.chunks = chunks
+        self.calls = 0
+
+    def frames(self, delta: Delta, final: bool = False) -> list[bytes]:
+        if self.streamer is None:
+            return self.chunks.deltas(delta)
+        events = StreamEvents()
+        if delta.content:
+            events = self.streamer.push(delta.content)
+        if final:
+            tail = self.streamer.finish()
+            events.content += tail.content
+            events.tool_calls.extend(tail.tool_calls)
+        out = self.chunks.deltas(Delta(reasoning=delta.reasoning, content=events.content))
+        for _, call in events.tool_calls:
+            if self.calls and not self.parallel:
+                continue
+            out.extend(self.chunks.tool_call(self.calls, call))
+            self.calls += 1
+        return out
 
 
 def _timing(index: int, token_id: int, ready: float, received: float, start: float) -> bytes:
@@ -88,6 +131,7 @@ async def frames(
 ) -> AsyncIterator[bytes]:
     chunks = _Chunks(completion_id, prepared.model)
     splitter = ReasoningSplitter(prepared.in_reasoning)
+    tools = _ToolFilter(prepared, chunks)
     start_mono = time.monotonic() - (time.perf_counter() - started)
     yield chunks.choice({"role": "assistant"})
     final: RequestOutput | None = None
@@ -95,7 +139,7 @@ async def frames(
     try:
         async for out in outputs:
             received = time.monotonic()
-            for frame in chunks.deltas(splitter.push(out.text_delta)):
+            for frame in tools.frames(splitter.push(out.text_delta)):
                 yield frame
             if prepared.explicit_performance:
                 ready = getattr(out, "ready_time", None) or received
@@ -117,7 +161,7 @@ async def frames(
         )
         yield DONE
         return
-    for frame in chunks.deltas(splitter.flush()):
+    for frame in tools.frames(splitter.flush(), final=True):
         yield frame
     prompt_tokens = len(prepared.prompt_ids)
     metadata: dict[str, Any] = {"thinking_budget": record(prepared.budget, False, None)}
@@ -132,7 +176,8 @@ async def frames(
             finish_reason=final.finish_reason or "stop",
             tokenization_s=prepared.tokenization_s,
         )
-    yield chunks.choice({}, final.finish_reason or "stop", metadata=metadata)
+    finish = "tool_calls" if tools.calls else (final.finish_reason or "stop")
+    yield chunks.choice({}, finish, metadata=metadata)
     if prepared.include_usage:
         yield chunks.usage(prompt_tokens, final.num_output_tokens)
     yield DONE

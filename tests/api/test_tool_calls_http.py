@@ -1,0 +1,104 @@
+"""Tool calls through the chat handler (JSON and SSE), against the engine test double."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import msgspec
+from starlette.testclient import TestClient
+
+from kiln.api._generated import wire
+from kiln.api.app import build_app
+from kiln.api.contract import contract
+from kiln.api.handlers.chat_prepare import template_messages
+from kiln.config import ServerConfig
+from tests.api.fake_backend import FakeBackend
+from tests.api.test_chat_fake import sse_events
+
+CHAT = "/v1/chat/completions"
+MSG = [{"role": "user", "content": "weather?"}]
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}}}}]
+TWO_CALLS = (
+    "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n"
+    "</tool_call>\n<tool_call>\n<function=get_weather>\n<parameter=city>\nRome\n</parameter>\n"
+    "</function>\n</tool_call>"
+)
+
+
+def client_with(reply: str) -> TestClient:
+    return TestClient(build_app(ServerConfig(), FakeBackend(reply=reply)))
+
+
+def test_every_call_parsed_non_streaming() -> None:
+    with client_with(TWO_CALLS) as c:
+        body = c.post(CHAT, json={"messages": MSG, "tools": TOOLS}).json()
+    assert contract().first_violation("ChatCompletionResponse", body) is None
+    choice = body["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    msg = choice["message"]
+    assert msg["content"] == "Let me check."
+    calls = msg["tool_calls"]
+    assert [json.loads(c["function"]["arguments"]) for c in calls] == [
+        {"city": "Paris"}, {"city": "Rome"}
+    ]
+    assert all(c["id"].startswith("call_") and len(c["id"]) == 37 for c in calls)
+    assert body["metadata"]["final_content_empty"] is False
+
+
+def test_parallel_tool_calls_false_keeps_first() -> None:
+    with client_with(TWO_CALLS) as c:
+        body = c.post(CHAT, json={"messages": MSG, "tools": TOOLS,
+                                  "parallel_tool_calls": False}).json()
+    assert len(body["choices"][0]["message"]["tool_calls"]) == 1
+
+
+def test_tool_choice_none_disables_parsing() -> None:
+    with client_with(TWO_CALLS) as c:
+        body = c.post(CHAT, json={"messages": MSG, "tools": TOOLS, "tool_choice": "none"}).json()
+    assert "tool_calls" not in body["choices"][0]["message"]
+    assert body["choices"][0]["message"]["content"] == TWO_CALLS
+    assert body["choices"][0]["finish_reason"] == "stop"
+
+
+def test_streamed_tool_calls_concatenate_to_non_streamed() -> None:
+    with client_with(TWO_CALLS) as c:
+        plain = c.post(CHAT, json={"messages": MSG, "tools": TOOLS}).json()
+        r = c.post(CHAT, json={"messages": MSG, "tools": TOOLS, "stream": True})
+    events = [e for e in sse_events(r.text) if isinstance(e, dict)]
+    for e in events:
+        assert contract().first_violation("ChatCompletionChunk", e) is None
+    content = ""
+    calls: dict[int, dict[str, Any]] = {}
+    finish = None
+    for e in events:
+        if not e["choices"]:
+            continue
+        delta = e["choices"][0]["delta"]
+        content += delta.get("content", "")
+        for tc in delta.get("tool_calls", []):
+            slot = calls.setdefault(tc["index"], {"id": None, "name": None, "arguments": ""})
+            if "id" in tc:
+                slot["id"], slot["name"] = tc["id"], tc["function"]["name"]
+            slot["arguments"] += tc["function"]["arguments"]
+        finish = e["choices"][0].get("finish_reason", finish)
+    expected = plain["choices"][0]["message"]
+    assert content == expected["content"]
+    assert [calls[i]["name"] for i in sorted(calls)] == ["get_weather", "get_weather"]
+    assert [calls[i]["arguments"] for i in sorted(calls)] == [
+        c["function"]["arguments"] for c in expected["tool_calls"]
+    ]
+    assert finish == "tool_calls"
+
+
+def test_prior_turn_string_arguments_are_parsed_for_the_template() -> None:
+    msgs = msgspec.convert(
+        [{"role": "assistant", "content": "", "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "f", "arguments": "{\"x\": 1}"}}]}],
+        list[wire.ChatMessageInput],
+    )
+    rendered = template_messages(msgs)
+    assert rendered[0]["tool_calls"][0]["function"]["arguments"] == {"x": 1}
+    assert rendered[0]["content"] is None
