@@ -42,16 +42,28 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--default-thinking-budget-ms", type=int)
     _bool_flag(serve, "fold-reasoning-into-content", "also copy reasoning into content")
     serve.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"])
+    serve.add_argument("--api-key", action="append", default=None,
+                       help="require this bearer key on /v1 routes (repeatable; or KILN_API_KEY)")
+    _bool_flag(serve, "metrics-require-auth", "require an API key on /metrics too")
+    serve.add_argument("--max-waiting-requests", type=int,
+                       help="queued requests beyond running ones before 429 (default 256)")
+    serve.add_argument("--request-timeout-s", type=float, help="per-request timeout (default 600)")
+    serve.add_argument("--drain-timeout-s", type=float,
+                       help="on SIGTERM, wait this long for in-flight requests (default 30)")
     return parser
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
     base = from_env()
     overrides = {
-        k: v for k, v in vars(args).items() if k not in ("command", "model_alias") and v is not None
+        k: v
+        for k, v in vars(args).items()
+        if k not in ("command", "model_alias", "api_key") and v is not None
     }
     if args.model_alias:
         overrides["model_aliases"] = tuple(args.model_alias)
+    if args.api_key:
+        overrides["api_keys"] = tuple(args.api_key)
     return base.with_overrides(**overrides)
 
 
@@ -64,12 +76,20 @@ def serve(config: ServerConfig) -> int:
 
     try:
         backend = EngineBackend.from_config(config)
-    except ModelNotFoundError as exc:
-        print(f"kiln: {exc}", file=sys.stderr)
+    except (ModelNotFoundError, OSError, ValueError, KeyError, RuntimeError) as exc:
+        # ModelNotFoundError, UnsupportedModelError, WeightLoadError, a broken JSON file, ...
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"kiln: cannot load model {config.model or '(default)'}: {message}", file=sys.stderr)
         return 2
     app = build_app(config, backend)
     print(f"kiln: serving {backend.model_id} on http://{config.host}:{config.port}", flush=True)
-    uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level)
+    uvicorn.run(
+        app,
+        host=config.host,
+        port=config.port,
+        log_level=config.log_level,
+        timeout_graceful_shutdown=int(config.drain_timeout_s),
+    )
     return 0
 
 

@@ -42,7 +42,17 @@ class ServerConfig:
     default_thinking_budget_ms: int | None = None
     fold_reasoning_into_content: bool = False
     log_level: str = "info"
+    api_keys: tuple[str, ...] = ()
+    metrics_require_auth: bool = False
+    max_waiting_requests: int = 256
+    request_timeout_s: float = 600.0
+    drain_timeout_s: float = 30.0
     extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def __repr__(self) -> str:  # never print API keys
+        shown = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "api_keys"}
+        keys = f"<{len(self.api_keys)} key(s)>"
+        return f"ServerConfig(api_keys={keys}, " + ", ".join(f"{k}={v!r}" for k, v in shown.items()) + ")"
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
@@ -60,6 +70,12 @@ class ServerConfig:
                 raise ConfigError(f"{name} must be in 0..4294967295, got {value}")
         if self.dtype not in (None, "float32", "bfloat16", "float16", "auto"):
             raise ConfigError(f"dtype must be float32, bfloat16, float16 or auto, got {self.dtype}")
+        if self.max_waiting_requests < 0:
+            raise ConfigError("max_waiting_requests must be >= 0")
+        if not self.request_timeout_s > 0 or not self.drain_timeout_s >= 0:
+            raise ConfigError("request_timeout_s must be > 0 and drain_timeout_s >= 0")
+        if any(not k or k != k.strip() for k in self.api_keys):
+            raise ConfigError("API keys must be non-empty and have no surrounding whitespace")
         if self.log_level not in ("critical", "error", "warning", "info", "debug", "trace"):
             raise ConfigError(f"unknown log level {self.log_level!r}")
 
@@ -108,6 +124,11 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "KILN_DEFAULT_THINKING_BUDGET_MS": ("default_thinking_budget_ms", "int"),
     "KILN_FOLD_REASONING_INTO_CONTENT": ("fold_reasoning_into_content", "bool"),
     "KILN_LOG_LEVEL": ("log_level", "str"),
+    "KILN_API_KEY": ("api_keys", "list"),
+    "KILN_METRICS_REQUIRE_AUTH": ("metrics_require_auth", "bool"),
+    "KILN_MAX_WAITING_REQUESTS": ("max_waiting_requests", "int"),
+    "KILN_REQUEST_TIMEOUT_S": ("request_timeout_s", "float"),
+    "KILN_DRAIN_TIMEOUT_S": ("drain_timeout_s", "float"),
 }
 
 
@@ -123,6 +144,13 @@ def from_env(environ: Mapping[str, str] | None = None) -> ServerConfig:
             values[name] = _parse_int(var, raw)
         elif kind == "bool":
             values[name] = _parse_bool(var, raw)
+        elif kind == "float":
+            try:
+                values[name] = float(raw)
+            except ValueError:
+                raise ConfigError(f"{var} is not a number") from None
+        elif kind == "list":
+            values[name] = tuple(part.strip() for part in raw.split(",") if part.strip())
         else:
             values[name] = raw
     return ServerConfig(**values)

@@ -16,6 +16,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kiln.api._generated.routes import ROUTES
+from kiln.api.auth import ApiKeyMiddleware
 from kiln.api.backend import Backend
 from kiln.api.errors import ApiError
 from kiln.api.handlers import HANDLERS, Endpoint
@@ -117,5 +118,9 @@ def build_app(config: ServerConfig, backend: Backend) -> Starlette:
         lifespan=lifespan,
     )
     app.state.kiln = state
-    app.add_middleware(RequestIdMiddleware)
+    if config.api_keys:
+        app.add_middleware(
+            ApiKeyMiddleware, keys=config.api_keys, protect_metrics=config.metrics_require_auth
+        )
+    app.add_middleware(RequestIdMiddleware)  # outermost: 401s carry X-Request-Id too
     return app

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -53,7 +53,13 @@ class EventStream(StreamingResponse):
     """A text/event-stream response; the source generator is closed (aborting the engine request)
     when the client disconnects."""
 
-    def __init__(self, source: AsyncIterator[bytes], headers: dict[str, str] | None = None):
+    def __init__(
+        self,
+        source: AsyncIterator[bytes],
+        headers: dict[str, str] | None = None,
+        on_close: Callable[[], Awaitable[None]] | None = None,
+    ):
+        self.on_close = on_close
         super().__init__(
             with_keepalive(source),
             media_type="text/event-stream",
@@ -67,3 +73,5 @@ class EventStream(StreamingResponse):
             aclose = getattr(self.body_iterator, "aclose", None)
             if aclose is not None:
                 await aclose()
+            if self.on_close is not None:  # even if the body never started
+                await self.on_close()

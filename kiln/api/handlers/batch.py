@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from dataclasses import replace
 from typing import Any
 
 from starlette.requests import Request
@@ -19,8 +20,13 @@ from kiln.api._generated import wire
 from kiln.api.body import read_json_body
 from kiln.api.encode import json_response
 from kiln.api.errors import ApiError
-from kiln.api.handlers.chat_prepare import render_prompt, template_messages
-from kiln.api.handlers.generation import Completion, collect, submit, until_disconnect
+from kiln.api.handlers.chat_prepare import (
+    apply_budget,
+    render_prompt,
+    template_messages,
+    tools_enabled,
+)
+from kiln.api.handlers.generation import Admitted, Completion, collect, submit_all, until_disconnect
 from kiln.api.handlers.models import resolve_model
 from kiln.api.handlers.params import (
     U64,
@@ -32,8 +38,10 @@ from kiln.api.handlers.params import (
 )
 from kiln.api.rules import check_batch
 from kiln.api.state import AppState, app_state, request_id
+from kiln.engine.request import SamplingParams
 from kiln.text.budget import resolve
 from kiln.text.reasoning import fold, prompt_starts_in_reasoning, split_reasoning
+from kiln.text.tools import parse_tool_calls
 
 ERROR_CODE = "batch_invalid_request"
 
@@ -79,25 +87,32 @@ async def create(request: Request) -> Response:
     stop = normalize_stop(opt(req.stop))
     seed = opt(req.seed)
     rid = request_id(request)
-    jobs = []
-    for p, (ids, _) in enumerate(prompts):
+    budget = resolve(
+        req.thinking_budget_tokens, req.thinking_budget_ms,
+        state.config.default_thinking_budget_tokens, state.config.default_thinking_budget_ms,
+    )
+    work: list[tuple[str, list[int], SamplingParams]] = []
+    for p, (ids, in_reasoning) in enumerate(prompts):
         max_tokens = effective_max_tokens(requested, len(ids), limit)
+        spec = apply_budget(state, budget, in_reasoning, max_tokens, stop, "chat_invalid_request")
         for c in range(n):
             item_seed = None if seed is None else (int(seed) + p * n + c) % U64
             params = sampling_params(
                 req, max_tokens=max_tokens, stop=stop, seed=item_seed, has_tools=bool(tools)
             )
-            jobs.append(submit(state.backend, f"{rid}-{p}-{c}", ids, params))
+            work.append((f"{rid}-{p}-{c}", ids, replace(params, thinking=spec)))
+    jobs = submit_all(state, work)
     results = await until_disconnect(request, _gather(jobs))
-    budget = resolve(
-        req.thinking_budget_tokens, req.thinking_budget_ms,
-        state.config.default_thinking_budget_tokens, state.config.default_thinking_budget_ms,
-    )
+    parse_tools = tools if tools_enabled(tools, opt(req.tool_choice)) else None
     items = []
     usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
     for k, done in enumerate(results):
         p, c = divmod(k, n)
-        items.append(_item(state, p, c, done, len(prompts[p][0]), prompts[p][1]))
+        item = _item(state, p, c, done, len(prompts[p][0]), prompts[p][1])
+        _add_tool_calls(item, parse_tools, first_only=opt(req.parallel_tool_calls) is False)
+        if work[k][2].thinking is not None and done.thinking_outcome is not None:
+            item["thinking_budget"] = done.thinking_outcome.wire()
+        items.append(item)
         for key in usage:
             usage[key] += items[-1]["usage"][key]
     return json_response(
@@ -113,8 +128,23 @@ async def create(request: Request) -> Response:
     )
 
 
-async def _gather(jobs: list[Any]) -> list[Completion]:
-    return list(await asyncio.gather(*(collect(j) for j in jobs)))
+async def _gather(jobs: list[Admitted]) -> list[Completion]:
+    try:
+        return list(await asyncio.gather(*(collect(j) for j in jobs)))
+    finally:
+        for j in jobs:
+            await j.aclose()
+
+
+def _add_tool_calls(item: dict[str, Any], tools: list[Any] | None, first_only: bool) -> None:
+    if tools is None or item["finish_reason"] == "error":
+        return
+    parsed = parse_tool_calls(item["text"], tools)
+    calls = parsed.tool_calls[:1] if first_only else parsed.tool_calls
+    if calls:
+        item["text"] = parsed.content
+        item["tool_calls"] = [call.wire() for call in calls]
+        item["finish_reason"] = "tool_calls"
 
 
 def _item(

@@ -16,7 +16,14 @@ from kiln.api.encode import json_response
 from kiln.api.errors import ApiError
 from kiln.api.handlers import chat_stream
 from kiln.api.handlers.chat_prepare import PreparedChat, prepare_chat
-from kiln.api.handlers.generation import Completion, collect, submit, until_disconnect
+from kiln.api.handlers.generation import (
+    Admitted,
+    Completion,
+    collect,
+    submit,
+    submit_all,
+    until_disconnect,
+)
 from kiln.api.handlers.perf import performance
 from kiln.api.rules import check_chat
 from kiln.api.sse import EventStream
@@ -38,20 +45,23 @@ async def create(request: Request) -> Response:
     completion_id = f"chatcmpl-{uuid.uuid4()}"
     rid = request_id(request)
     if prepared.stream:
-        outputs = submit(state.backend, f"{rid}-0", prepared.prompt_ids, prepared.params[0])
+        outputs = submit(state, f"{rid}-0", prepared.prompt_ids, prepared.params[0])
         frames = chat_stream.frames(state, prepared, completion_id, outputs, started)
-        return EventStream(frames)
-    completions = await until_disconnect(request, _run_all(state, prepared, rid))
+        return EventStream(frames, on_close=outputs.aclose)
+    streams = submit_all(
+        state, [(f"{rid}-{i}", prepared.prompt_ids, p) for i, p in enumerate(prepared.params)]
+    )
+    completions = await until_disconnect(request, _collect_all(streams))
     body_out = response_body(state, prepared, completion_id, completions, started)
     return json_response(body_out)
 
 
-async def _run_all(state: AppState, prepared: PreparedChat, rid: str) -> list[Completion]:
-    streams = [
-        submit(state.backend, f"{rid}-{i}", prepared.prompt_ids, params)
-        for i, params in enumerate(prepared.params)
-    ]
-    return list(await asyncio.gather(*(collect(s) for s in streams)))
+async def _collect_all(streams: list[Admitted]) -> list[Completion]:
+    try:
+        return list(await asyncio.gather(*(collect(s) for s in streams)))
+    finally:
+        for s in streams:
+            await s.aclose()
 
 
 def extract_tool_calls(
@@ -137,12 +147,19 @@ def response_body(
         if calls:
             message["tool_calls"] = [call.wire() for call in calls]
             finish = "tool_calls"
-        choices.append({"index": index, "message": message, "finish_reason": finish})
+        choice: dict[str, Any] = {"index": index, "message": message, "finish_reason": finish}
+        if prepared.budget_applied and c.thinking_outcome is not None:
+            choice["thinking_budget"] = c.thinking_outcome.wire()
+        choices.append(choice)
         completion_tokens += c.num_output_tokens
     prompt_tokens = len(prepared.prompt_ids)
     assert first_meta is not None
     metadata = dict(first_meta)
-    metadata["thinking_budget"] = record(prepared.budget, False, None)
+    metadata["thinking_budget"] = record(
+        prepared.budget,
+        prepared.budget_applied,
+        completions[0].thinking_outcome if prepared.budget_applied else None,
+    )
     if prepared.include_config_hashes:
         metadata["config_hashes"] = config_hashes(state, prepared)
     if prepared.include_performance:

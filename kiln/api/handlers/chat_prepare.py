@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from msgspec import UNSET
@@ -23,9 +23,10 @@ from kiln.api.handlers.params import (
     sampling_params,
 )
 from kiln.api.state import AppState
-from kiln.engine.request import SamplingParams
+from kiln.engine.request import SamplingParams, ThinkingBudgetSpec
 from kiln.text.budget import BudgetConfig, resolve
-from kiln.text.reasoning import prompt_starts_in_reasoning
+from kiln.text.reasoning import CLOSE_TAG, prompt_starts_in_reasoning
+from kiln.text.thinking_budget import validate_budget
 
 TEXT_PARTS = ("text", "input_text", "output_text")
 
@@ -51,6 +52,7 @@ class PreparedChat:
     adapter: str
     tools: list[Any] | None = None  # set only when tool-call parsing is on
     parallel_tool_calls: bool = True
+    budget_applied: bool = False
 
     @property
     def thinking_mode(self) -> str:
@@ -118,6 +120,27 @@ def tools_enabled(tools: Any, tool_choice: Any) -> bool:
     return bool(tools) and tool_choice != "none"
 
 
+def apply_budget(
+    state: AppState,
+    budget: BudgetConfig,
+    in_reasoning: bool,
+    max_tokens: int,
+    stop: tuple[str, ...],
+    error_code: str,
+) -> ThinkingBudgetSpec | None:
+    """The engine's budget spec when the budget applies (reference §3.2), after the §3.3 checks:
+    the close sequence must round-trip, fit the effective max_tokens, and not clash with a stop."""
+    if not (budget.configured and in_reasoning and max_tokens > 0):
+        return None
+    tokenizer = state.backend.tokenizer
+    close_ids = tuple(tokenizer.encode(CLOSE_TAG, add_special_tokens=False))
+    roundtrip = bool(close_ids) and tokenizer.decode(list(close_ids)) == CLOSE_TAG
+    problem = validate_budget(roundtrip, len(close_ids), max_tokens, stop)
+    if problem is not None:
+        raise ApiError(400, error_code, problem, param="max_tokens")
+    return ThinkingBudgetSpec(close_ids, budget.tokens.limit, budget.time_ms.limit)
+
+
 def _thinking_source(kwargs: dict[str, Any], server_default: bool | None) -> str:
     if "enable_thinking" in kwargs:
         return "request" if isinstance(kwargs["enable_thinking"], bool) else "custom"
@@ -181,9 +204,24 @@ def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> PreparedCh
     max_tokens = effective_max_tokens(requested, len(prompt_ids), limit)
     stop = normalize_stop(opt(req.stop))
     n = int(opt(req.n) or 1)
+    budget = resolve(
+        req.thinking_budget_tokens,
+        req.thinking_budget_ms,
+        cfg.default_thinking_budget_tokens,
+        cfg.default_thinking_budget_ms,
+    )
+    in_reasoning = prompt_starts_in_reasoning(prompt_text)
+    spec = apply_budget(state, budget, in_reasoning, max_tokens, stop, "chat_invalid_request")
     params = [
-        sampling_params(
-            req, max_tokens=max_tokens, stop=stop, seed=choice_seed(req.seed, i), has_tools=bool(tools)
+        replace(
+            sampling_params(
+                req,
+                max_tokens=max_tokens,
+                stop=stop,
+                seed=choice_seed(req.seed, i),
+                has_tools=bool(tools),
+            ),
+            thinking=spec,
         )
         for i in range(n)
     ]
@@ -195,17 +233,12 @@ def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> PreparedCh
         model=model,
         prompt_text=prompt_text,
         prompt_ids=prompt_ids,
-        in_reasoning=prompt_starts_in_reasoning(prompt_text),
+        in_reasoning=in_reasoning,
         thinking_source=_thinking_source(kwargs, cfg.default_thinking_enabled),
         default_thinking_enabled=cfg.default_thinking_enabled,
         n=n,
         params=params,
-        budget=resolve(
-            req.thinking_budget_tokens,
-            req.thinking_budget_ms,
-            cfg.default_thinking_budget_tokens,
-            cfg.default_thinking_budget_ms,
-        ),
+        budget=budget,
         fold=cfg.fold_reasoning_into_content if fold is None else bool(fold),
         include_performance=bool(include_perf),
         explicit_performance=include_perf is True,
@@ -216,4 +249,5 @@ def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> PreparedCh
         adapter=adapter,
         tools=tools if tools_enabled(tools, tool_choice) else None,
         parallel_tool_calls=opt(req.parallel_tool_calls) is not False,
+        budget_applied=spec is not None,
     )

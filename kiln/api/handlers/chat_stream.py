@@ -164,7 +164,10 @@ async def frames(
     for frame in tools.frames(splitter.flush(), final=True):
         yield frame
     prompt_tokens = len(prepared.prompt_ids)
-    metadata: dict[str, Any] = {"thinking_budget": record(prepared.budget, False, None)}
+    outcome = final.thinking_outcome if prepared.budget_applied else None
+    metadata: dict[str, Any] = {
+        "thinking_budget": record(prepared.budget, prepared.budget_applied, outcome)
+    }
     if prepared.include_performance:
         metadata["performance"] = performance(
             final.metrics,

@@ -9,12 +9,13 @@ from typing import TypeVar
 
 from starlette.requests import Request as HttpRequest
 
-from kiln.api.backend import Backend
 from kiln.api.errors import ApiError
+from kiln.api.state import AppState, app_state
 from kiln.engine.errors import EngineError
 from kiln.engine.metrics import RequestMetrics
 from kiln.engine.outputs import RequestOutput
 from kiln.engine.request import Request, SamplingParams
+from kiln.text.budget import Outcome
 
 T = TypeVar("T")
 
@@ -34,11 +35,14 @@ class Completion:
     seed: int = 0
     metrics: RequestMetrics | None = None
     error: str | None = None
+    forced: list[bool] = field(default_factory=list)
+    thinking_outcome: Outcome | None = None
 
     def add(self, out: RequestOutput) -> None:
         self.text += out.text_delta
         self.token_ids.extend(out.new_token_ids)
         self.logprobs.extend(out.new_logprobs)
+        self.forced.extend(out.new_forced)
         self.num_prompt_tokens = out.num_prompt_tokens
         self.num_output_tokens = out.num_output_tokens
         self.num_cached_tokens = out.num_cached_tokens
@@ -48,6 +52,7 @@ class Completion:
             self.stop_reason = out.stop_reason
             self.metrics = out.metrics
             self.error = out.error
+            self.thinking_outcome = out.thinking_outcome
 
 
 def engine_error(exc: EngineError) -> ApiError:
@@ -57,12 +62,72 @@ def engine_error(exc: EngineError) -> ApiError:
 
 
 def submit(
-    backend: Backend, request_id: str, prompt_ids: list[int], params: SamplingParams
-) -> AsyncIterator[RequestOutput]:
+    state: AppState, request_id: str, prompt_ids: list[int], params: SamplingParams
+) -> Admitted:
+    """Admit one engine request (429 past the gate's capacity); the returned iterator releases
+    its gate slot when it is closed or exhausted."""
+    state.gate.enter(1)
     try:
-        return backend.submit(Request(request_id, list(prompt_ids), params))
+        outputs = state.backend.submit(Request(request_id, list(prompt_ids), params))
     except EngineError as exc:
+        state.gate.leave()
         raise engine_error(exc) from None
+    except BaseException:
+        state.gate.leave()
+        raise
+    return Admitted(state, outputs)
+
+
+def submit_all(
+    state: AppState, items: list[tuple[str, list[int], SamplingParams]]
+) -> list[Admitted]:
+    """Admit several engine requests, all or none: on a failure the admitted ones are closed."""
+    admitted: list[Admitted] = []
+    try:
+        for request_id, prompt_ids, params in items:
+            admitted.append(submit(state, request_id, prompt_ids, params))
+    except BaseException:
+        for a in admitted:
+            a.close_now()
+        raise
+    return admitted
+
+
+class Admitted:
+    """An admitted engine request's outputs. Closing it (even before iterating) releases the
+    gate slot and aborts the engine request if it has not finished."""
+
+    def __init__(self, state: AppState, outputs: AsyncIterator[RequestOutput]) -> None:
+        self._state = state
+        self._outputs = outputs
+        self._closed = False
+
+    def __aiter__(self) -> Admitted:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self._closed:
+            raise StopAsyncIteration
+        try:
+            return await self._outputs.__anext__()
+        except StopAsyncIteration:
+            await self.aclose()
+            raise
+
+    def close_now(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._state.gate.leave()
+        close = getattr(self._outputs, "close_now", None)
+        if close is not None:
+            close()
+
+    async def aclose(self) -> None:
+        self.close_now()
+        aclose = getattr(self._outputs, "aclose", None)
+        if aclose is not None:
+            await aclose()
 
 
 async def collect(outputs: AsyncIterator[RequestOutput]) -> Completion:
@@ -79,12 +144,17 @@ async def collect(outputs: AsyncIterator[RequestOutput]) -> Completion:
     return done
 
 
-async def until_disconnect(request: HttpRequest, work: Awaitable[T]) -> T:
-    """Await `work`, cancelling it (which aborts its engine requests) if the client goes away.
+async def until_disconnect(
+    request: HttpRequest, work: Awaitable[T], timeout: float | None = None
+) -> T:
+    """Await `work`, cancelling it (which aborts its engine requests) if the client goes away or
+    `timeout` seconds pass (408).
 
     Starlette cancels streaming responses on disconnect by itself; non-streaming handlers need
     this watch.
     """
+    if timeout is None:
+        timeout = app_state(request).config.request_timeout_s
     task = asyncio.ensure_future(work)
 
     async def watch() -> None:
@@ -95,14 +165,21 @@ async def until_disconnect(request: HttpRequest, work: Awaitable[T]) -> T:
 
     watcher = asyncio.ensure_future(watch())
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(
+            {task, watcher}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+        )
     except asyncio.CancelledError:
         task.cancel()
         watcher.cancel()
         raise
     if not task.done():
         task.cancel()
+        timed_out = not watcher.done()
         watcher.cancel()
+        if timed_out:
+            raise ApiError(
+                408, "request_timeout", f"the request did not finish within {timeout:g} s"
+            )
         raise ApiError(499, "client_disconnected", "client closed the connection")
     watcher.cancel()
     return task.result()

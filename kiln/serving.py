@@ -1,0 +1,133 @@
+"""EngineBackend: the real model + engine behind the HTTP edge's Backend port."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import asdict
+
+from kiln.api.backend import PositionScore
+from kiln.config import ServerConfig
+from kiln.engine.config import EngineConfig
+from kiln.engine.loop import AsyncEngine
+from kiln.engine.outputs import RequestOutput
+from kiln.engine.request import Request
+from kiln.model.loader import LoadedModel, load_model
+
+
+def _sha(data: str | bytes) -> str:
+    raw = data.encode() if isinstance(data, str) else data
+    return "sha256:" + hashlib.sha256(raw).hexdigest()
+
+
+def engine_config(config: ServerConfig) -> EngineConfig:
+    return EngineConfig(
+        block_size=config.block_size,
+        kv_memory_mb=config.kv_memory_mb,
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        enable_prefix_caching=config.enable_prefix_caching,
+        max_model_len=config.max_model_len,
+    )
+
+
+class EngineStream:
+    """Outputs of one engine request; closing it early (even unstarted) aborts the request."""
+
+    def __init__(
+        self, engine: AsyncEngine, request_id: str, queue: asyncio.Queue[RequestOutput]
+    ) -> None:
+        self._engine = engine
+        self._request_id = request_id
+        self._queue = queue
+        self._finished = False
+
+    def __aiter__(self) -> EngineStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self._finished:
+            raise StopAsyncIteration
+        out = await self._queue.get()
+        self._finished = out.finished
+        return out
+
+    def close_now(self) -> None:
+        if not self._finished:
+            self._finished = True
+            self._engine.abort(self._request_id)
+
+    async def aclose(self) -> None:
+        self.close_now()
+
+
+class EngineBackend:
+    """Wraps a LoadedModel and its AsyncEngine."""
+
+    def __init__(self, loaded: LoadedModel, config: ServerConfig) -> None:
+        self.loaded = loaded
+        self.engine = AsyncEngine(loaded, engine_config(config))
+        self.model_id = loaded.served_name
+        self.aliases = config.model_aliases
+        self.created = int(time.time())
+        self.max_model_len = self.engine.max_model_len
+        self.tokenizer = loaded.tokenizer
+        self.chat_template = loaded.chat_template
+        self._identity: dict[str, str] | None = None
+
+    @classmethod
+    def from_config(cls, config: ServerConfig) -> EngineBackend:
+        loaded = load_model(
+            config.model,
+            dtype=None if config.dtype == "auto" else config.dtype,
+            device=config.device,
+            chat_template_path=config.chat_template,
+            served_model_name=config.served_model_name,
+        )
+        return cls(loaded, config)
+
+    def start(self) -> None:
+        self.engine.start()
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+
+    def ready(self) -> bool:
+        return bool(self.engine.is_running)
+
+    def stats(self) -> dict[str, float]:
+        return self.engine.stats()
+
+    def abort(self, request_id: str) -> None:
+        self.engine.abort(request_id)
+
+    def identity(self) -> dict[str, str]:
+        if self._identity is None:
+            cfg = json.dumps(asdict(self.loaded.config), sort_keys=True)
+            self._identity = {
+                "tokenizer_config_hash": _sha(self.tokenizer.config_sha256()),
+                "chat_template_hash": _sha(self.chat_template.source),
+                "model_config_hash": _sha(cfg),
+            }
+        return self._identity
+
+    def submit(self, request: Request) -> AsyncIterator[RequestOutput]:
+        queue = self.engine.add_request(request)  # raises EngineError on admission failure
+        return EngineStream(self.engine, request.request_id, queue)
+
+    async def score(self, prompt_ids: list[int], top_k: int) -> list[PositionScore]:
+        """Prompt-logprob scoring, alone on the model between engine steps."""
+        from kiln.engine.runner import ModelRunner
+        from kiln.engine.scoring import score_prompt
+
+        runner = self.engine.executor
+        if not isinstance(runner, ModelRunner):
+            raise TypeError("EngineBackend.score needs an engine over a ModelRunner")
+        pool = self.engine.scheduler.pool
+        ids = list(prompt_ids)
+        return await self.engine.run_exclusive(
+            lambda: score_prompt(runner.model, runner.kv, pool, ids, top_k)
+        )

@@ -1,0 +1,131 @@
+"""POST /v1/completions prompt scoring on the default model vs transformers on the same weights.
+
+transformers 5 cannot load the GGUF here (its GGUF path requires `accelerate`, which is not a
+project dependency), so the reference is ``LlamaForCausalLM(LlamaConfig(...))`` holding our loaded
+model's state dict (the names match HF's). It checks the engine's chunked, paged scoring path and
+the HTTP formatting against an independent forward; the GGUF dequantization itself is covered by
+the loader tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from starlette.testclient import TestClient
+
+from kiln.api.app import build_app
+from kiln.api.contract import contract
+from kiln.config import ServerConfig
+from kiln.model import LoadedModel
+from kiln.serving import EngineBackend
+from tests.tiny_models import default_model
+
+pytestmark = pytest.mark.slow
+
+TEXT = ("The old lighthouse keeper climbed the spiral stairs every evening, lit the great lamp, "
+        "and watched the ships pass safely through the narrow, rocky channel below his tower.")
+
+
+@pytest.fixture(scope="module")
+def loaded() -> LoadedModel:
+    return default_model()
+
+
+@pytest.fixture(scope="module")
+def client(loaded: LoadedModel) -> Iterator[TestClient]:
+    config = ServerConfig(kv_memory_mb=64)
+    with TestClient(build_app(config, EngineBackend(loaded, config))) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def hf_logits(loaded: LoadedModel) -> torch.Tensor:
+    """transformers' raw logits [S, vocab] for TEXT's tokens, on our model's weights."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    hf_cfg = {k: v for k, v in loaded.config.to_hf().items()
+              if k not in ("architectures", "model_type")}
+    ref = LlamaForCausalLM(LlamaConfig(**hf_cfg, attn_implementation="eager")).float().eval()
+    state = {k: v for k, v in loaded.model.state_dict().items()}
+    missing, unexpected = ref.load_state_dict(state, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}
+    assert ref.lm_head.weight.data_ptr() == ref.model.embed_tokens.weight.data_ptr()  # tied
+    ids = loaded.tokenizer.encode(TEXT, add_special_tokens=True)
+    with torch.no_grad():
+        out: torch.Tensor = ref(torch.tensor([ids])).logits[0].float()
+    return out
+
+
+def post(client: TestClient, **body: Any) -> Any:
+    return client.post("/v1/completions", json=body)
+
+
+def scored(client: TestClient, k: int, prompt: Any = TEXT) -> list[dict[str, Any]]:
+    r = post(client, prompt=prompt, prompt_logprobs=k, max_tokens=1)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert contract().first_violation("TextCompletionResponse", body) is None
+    lps: list[Any] = body["choices"][0]["prompt_logprobs"]
+    assert lps[0] is None and body["usage"]["prompt_tokens"] == len(lps)
+    return lps[1:]
+
+
+def test_top5_matches_transformers(client: TestClient, loaded: LoadedModel,
+                                   hf_logits: torch.Tensor) -> None:
+    ids = loaded.tokenizer.encode(TEXT, add_special_tokens=True)
+    assert 30 <= len(ids) <= 50
+    positions = scored(client, 5)
+    assert len(positions) == len(ids) - 1
+    lsm = torch.log_softmax(hf_logits, -1).double().numpy()
+    raw = hf_logits.double().numpy()
+    for p, entries in enumerate(positions, start=1):
+        row, obs = raw[p - 1], ids[p]
+        top = [int(t) for t in np.lexsort((np.arange(len(row)), -row))[:5]]
+        got_top = sorted((e["rank"], int(t)) for t, e in entries.items() if e["rank"] <= 5)
+        assert [t for _, t in got_top] == top, f"position {p}"
+        assert [r for r, _ in got_top] == [1, 2, 3, 4, 5]
+        for t, e in entries.items():
+            assert abs(e["logprob"] - lsm[p - 1, int(t)]) < 1e-4, (p, t)
+        want_rank = top.index(obs) + 1 if obs in top else int((row >= row[obs]).sum())
+        assert entries[str(obs)]["rank"] == want_rank
+        assert len(entries) == (5 if obs in top else 6)
+
+
+def test_k0_and_k256(client: TestClient, loaded: LoadedModel) -> None:
+    ids = loaded.tokenizer.encode(TEXT, add_special_tokens=True)[:12]
+    only = scored(client, 0, ids)
+    full = scored(client, 256, ids)
+    for p, (a, b) in enumerate(zip(only, full, strict=True), start=1):
+        assert list(a) == [str(ids[p])]
+        obs = b[str(ids[p])]
+        assert a[str(ids[p])]["logprob"] == obs["logprob"]
+        assert len(b) == (256 if obs["rank"] <= 256 else 257)
+        ranks = sorted(e["rank"] for e in b.values())
+        assert ranks[:256] == list(range(1, 257))
+        if obs["rank"] > 256:
+            assert a[str(ids[p])]["rank"] == obs["rank"]
+        by_rank = sorted(b.values(), key=lambda e: e["rank"])[:256]
+        assert all(x["logprob"] >= y["logprob"] for x, y in zip(by_rank, by_rank[1:]))
+
+
+@pytest.mark.parametrize(("body", "code"), [
+    ({"prompt": [1, 2, 49152], "prompt_logprobs": 1}, "completion_invalid_request"),
+    ({"prompt": [1, 2, 10**6], "prompt_logprobs": 0}, "completion_invalid_request"),
+    ({"prompt": [1, 2, 3], "prompt_logprobs": 257}, "completion_invalid_request"),
+    ({"prompt": [1, 2, 3]}, "completion_invalid_request"),
+])
+def test_invalid_requests(client: TestClient, body: dict[str, Any], code: str) -> None:
+    r = post(client, **body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] == code
+
+
+def test_boundary_ids_and_single_token(client: TestClient) -> None:
+    edge = scored(client, 3, [0, 49151, 1])
+    assert len(edge) == 2 and "49151" in edge[0] and "1" in edge[1]
+    assert all(e["logprob"] <= 0 and e["rank"] >= 1 for pos in edge for e in pos.values())
+    assert scored(client, 5, [42]) == []
