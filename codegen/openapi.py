@@ -7,6 +7,7 @@ OAS 3.1 schemas are JSON Schema 2020-12, so every `$defs` entry is copied verbat
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +92,12 @@ def _operation(route: dict[str, Any], examples: dict[str, Any]) -> dict[str, Any
         "tags": [route.get("tag", "kiln")],
         "responses": {},
     }
+    params = re.findall(r"{([^}]+)}", route["path"])
+    if params:
+        op["parameters"] = [
+            {"name": p, "in": "path", "required": True, "schema": {"type": "string"}}
+            for p in params
+        ]
     request = route.get("request")
     if request:
         media: dict[str, Any] = {"schema": _schema_ref(request)}

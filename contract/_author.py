@@ -548,7 +548,12 @@ def inference_defs() -> dict[str, Schema]:
                 {
                     "oneOf": [
                         {"type": "null"},
-                        {"type": "array", "items": {"$ref": "#/$defs/AdapterRef"}},
+                        {
+                            "type": "array",
+                            "items": {"$ref": "#/$defs/AdapterRef"},
+                            "minItems": 1,
+                            "maxItems": 16,
+                        },
                     ]
                 },
                 "Request-wide adapter composition. Mutually exclusive with adapter.",
@@ -1007,7 +1012,12 @@ def inference_defs() -> dict[str, Schema]:
                 {
                     "oneOf": [
                         {"type": "null"},
-                        {"type": "array", "items": {"$ref": "#/$defs/AdapterRef"}},
+                        {
+                            "type": "array",
+                            "items": {"$ref": "#/$defs/AdapterRef"},
+                            "minItems": 1,
+                            "maxItems": 16,
+                        },
                     ]
                 },
                 "Per-request adapter composition. Mutually exclusive with adapter.",
@@ -2639,6 +2649,73 @@ def added_defs() -> dict[str, Schema]:
             }
         ],
     )
+    defs.update(adapter_defs())
+    return defs
+
+
+def adapter_defs() -> dict[str, Schema]:
+    """Adapter management bodies (`/v1/adapters...`), added for LoRA serving (CHANGELOG.md)."""
+    defs: dict[str, Schema] = {}
+    name = {"type": "string", "minLength": 1, "maxLength": 255}
+    defs["AdapterInfo"] = obj(
+        "One adapter directory under the server's adapter directory.",
+        [
+            F("name", True, name, "Adapter name (its directory name)."),
+            F("has_config", True, {"type": "boolean"}, "Whether adapter_config.json exists."),
+            F(
+                "has_weights", True, {"type": "boolean"},
+                "Whether adapter_model.safetensors exists.",
+            ),
+            F("size_bytes", True, {"type": "integer", "minimum": 0}, "Total size of its files."),
+            F(
+                "modified_at", True, ref("NullableString"),
+                "Last modification time, ISO-8601 UTC with a Z suffix, or null.",
+            ),
+            F(
+                "files", True, {"type": "array", "items": {"type": "string"}},
+                "File names inside the adapter directory, sorted.",
+            ),
+        ],
+        closed=True,
+    )
+    defs["AdapterList"] = obj(
+        "Available adapters and the server default (`GET /v1/adapters`).",
+        [
+            F(
+                "active", True, ref("NullableString"),
+                "The server-default adapter used when a chat request omits `adapter`, or null "
+                "for the base model.",
+            ),
+            F(
+                "available", True, {"type": "array", "items": ref("AdapterInfo")},
+                "Adapters found in the adapter directory, sorted by name.",
+            ),
+        ],
+        closed=True,
+        examples=[{"active": None, "available": []}],
+    )
+    defs["AdapterLoadRequest"] = obj(
+        "Make a named adapter the server default (`POST /v1/adapters/load`).",
+        [F("name", True, name, "Adapter name: a direct child directory of the adapter dir.")],
+        closed=False,
+        annotations={"x-kiln-unknown-field-policy": "accepted_and_ignored"},
+        examples=[{"name": "style"}],
+    )
+    defs["AdapterStatusResponse"] = obj(
+        "Result of an adapter management call.",
+        [
+            F(
+                "status", True, {"type": "string", "enum": ["loaded", "unloaded", "deleted"]},
+                "What happened.",
+            ),
+            F("name", False, ref("NullableString"), "The adapter concerned, if any."),
+            F(
+                "deleted", False, {"type": "array", "items": {"type": "string"}},
+                "Directories removed by a delete (the adapter and its checkpoints).",
+            ),
+        ],
+        closed=True,
+    )
     return defs
 
 
@@ -2909,10 +2986,13 @@ def thinking_budget_schema() -> Schema:
 
 _ERROR_TEXT = {
     "400": "Invalid request (malformed JSON, contract violation, or a semantic rule).",
+    "401": "Missing or invalid API key (when the server requires one).",
     "404": "Unknown model or adapter.",
+    "409": "The adapter is the server default and cannot be deleted.",
     "408": "The request exceeded the server's request timeout.",
     "413": "Request body over the size limit.",
     "415": "Request body is not application/json.",
+    "429": "Too many requests in flight; retry after the Retry-After delay.",
     "500": "Server-side failure.",
     "501": "Requested feature is not available on this server.",
     "503": "The server is not ready or is overloaded.",
@@ -2930,7 +3010,7 @@ def _errors(*statuses: str) -> Schema:
 
 
 def routes() -> list[Schema]:
-    post_errors = ("400", "404", "408", "413", "415", "500", "501", "503")
+    post_errors = ("400", "401", "404", "408", "413", "415", "429", "500", "501", "503")
     return [
         {
             "operation_id": "createChatCompletion",
@@ -2993,11 +3073,75 @@ def routes() -> list[Schema]:
                     "description": "The served base model and the available adapters.",
                     "media_types": {"application/json": "ModelList"},
                 },
-                **_errors("500"),
+                **_errors("401", "500"),
             },
             "streaming": False,
             "tag": "models",
             "summary": "List the models that requests may name.",
+        },
+        {
+            "operation_id": "listAdapters",
+            "method": "GET",
+            "path": "/v1/adapters",
+            "request": None,
+            "responses": {
+                "200": {
+                    "description": "Available adapters and the server default.",
+                    "media_types": {"application/json": "AdapterList"},
+                },
+                **_errors("401", "500"),
+            },
+            "streaming": False,
+            "tag": "adapters",
+            "summary": "List adapters in the adapter directory.",
+        },
+        {
+            "operation_id": "loadAdapter",
+            "method": "POST",
+            "path": "/v1/adapters/load",
+            "request": "AdapterLoadRequest",
+            "responses": {
+                "200": {
+                    "description": "The adapter is loaded and is now the server default.",
+                    "media_types": {"application/json": "AdapterStatusResponse"},
+                },
+                **_errors("400", "401", "404", "413", "415", "500"),
+            },
+            "streaming": False,
+            "tag": "adapters",
+            "summary": "Load an adapter and make it the server default.",
+        },
+        {
+            "operation_id": "unloadAdapter",
+            "method": "POST",
+            "path": "/v1/adapters/unload",
+            "request": None,
+            "responses": {
+                "200": {
+                    "description": "The server default is the base model again.",
+                    "media_types": {"application/json": "AdapterStatusResponse"},
+                },
+                **_errors("401", "500"),
+            },
+            "streaming": False,
+            "tag": "adapters",
+            "summary": "Revert the server default to the base model.",
+        },
+        {
+            "operation_id": "deleteAdapter",
+            "method": "DELETE",
+            "path": "/v1/adapters/{name}",
+            "request": None,
+            "responses": {
+                "200": {
+                    "description": "The adapter directory (and its checkpoints) was deleted.",
+                    "media_types": {"application/json": "AdapterStatusResponse"},
+                },
+                **_errors("400", "401", "404", "409", "500"),
+            },
+            "streaming": False,
+            "tag": "adapters",
+            "summary": "Delete an adapter (409 while it is the server default).",
         },
         {
             "operation_id": "getHealth",

@@ -26,6 +26,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--served-model-name", help="model id reported by the API")
     serve.add_argument("--model-alias", action="append", default=None,
                        help="extra accepted model id (repeatable)")
+    serve.add_argument("--adapter-dir", help="directory of PEFT LoRA adapters (one per subdir)")
+    serve.add_argument("--max-lora-slots", type=int,
+                       help="adapters resident at once for batched LoRA (default 8)")
     serve.add_argument("--chat-template", help="Jinja chat template file overriding the model's")
     serve.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"])
     serve.add_argument("--device", help="torch device (default: cuda if available, else cpu)")

@@ -42,6 +42,8 @@ class ServerConfig:
     default_thinking_budget_ms: int | None = None
     fold_reasoning_into_content: bool = False
     log_level: str = "info"
+    adapter_dir: str | None = None
+    max_lora_slots: int = 8
     api_keys: tuple[str, ...] = ()
     metrics_require_auth: bool = False
     max_waiting_requests: int = 256
@@ -59,7 +61,8 @@ class ServerConfig:
             raise ConfigError(f"port must be in 1..65535, got {self.port}")
         if self.max_body_bytes < 1024:
             raise ConfigError(f"max_body_bytes must be at least 1024, got {self.max_body_bytes}")
-        for name in ("kv_memory_mb", "block_size", "max_num_seqs", "max_num_batched_tokens"):
+        for name in ("kv_memory_mb", "block_size", "max_num_seqs", "max_num_batched_tokens",
+                     "max_lora_slots"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         if self.max_model_len is not None and self.max_model_len <= 0:
@@ -125,6 +128,8 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "KILN_FOLD_REASONING_INTO_CONTENT": ("fold_reasoning_into_content", "bool"),
     "KILN_LOG_LEVEL": ("log_level", "str"),
     "KILN_API_KEY": ("api_keys", "list"),
+    "KILN_ADAPTER_DIR": ("adapter_dir", "str"),
+    "KILN_MAX_LORA_SLOTS": ("max_lora_slots", "int"),
     "KILN_METRICS_REQUIRE_AUTH": ("metrics_require_auth", "bool"),
     "KILN_MAX_WAITING_REQUESTS": ("max_waiting_requests", "int"),
     "KILN_REQUEST_TIMEOUT_S": ("request_timeout_s", "float"),

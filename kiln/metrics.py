@@ -1,4 +1,9 @@
-"""Prometheus metrics: one registry per process, rendered by GET /metrics."""
+"""Prometheus metrics: one registry per process, rendered by GET /metrics.
+
+Kiln's own `kiln_*` series, plus the `vllm:*` gauges that the Gateway API Inference Extension
+(llm-d's endpoint picker) reads to route between replicas: waiting and running requests, KV-cache
+usage and LoRA adapter info.
+"""
 
 from __future__ import annotations
 
@@ -7,28 +12,93 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 REGISTRY = CollectorRegistry()
 
+_LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
 REQUESTS = Counter(
-    "kiln_requests_total", "Inference requests by route and outcome.", ["route", "outcome"],
-    registry=REGISTRY,
+    "kiln_http_requests_total", "HTTP requests by route, method and status.",
+    ["route", "method", "status"], registry=REGISTRY,
+)
+HTTP_LATENCY = Histogram(
+    "kiln_http_request_duration_seconds", "HTTP request latency (to the last body byte).",
+    ["route"], registry=REGISTRY, buckets=_LATENCY,
 )
 TOKENS = Counter(
-    "kiln_tokens_total", "Tokens processed, by kind (prompt, completion).", ["kind"],
+    "kiln_tokens_total", "Tokens processed, by kind (prompt, generation).", ["kind"],
     registry=REGISTRY,
 )
 TTFT = Histogram(
-    "kiln_time_to_first_token_seconds", "Time to first token.", registry=REGISTRY,
-    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+    "kiln_time_to_first_token_seconds", "Time from arrival to the first generated token.",
+    registry=REGISTRY, buckets=_LATENCY,
 )
-LATENCY = Histogram(
-    "kiln_request_latency_seconds", "End-to-end request latency.", registry=REGISTRY,
-    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+ITL = Histogram(
+    "kiln_inter_token_latency_seconds", "Gaps between consecutive generated tokens.",
+    registry=REGISTRY, buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
 )
-ENGINE = Gauge("kiln_engine", "Engine state gauges.", ["name"], registry=REGISTRY)
+E2E = Histogram(
+    "kiln_request_e2e_seconds", "Engine request latency from arrival to its last token.",
+    registry=REGISTRY, buckets=_LATENCY,
+)
+QUEUE = Histogram(
+    "kiln_request_queue_seconds", "Time from arrival until the engine first scheduled it.",
+    registry=REGISTRY, buckets=_LATENCY,
+)
+FINISHED = Counter(
+    "kiln_requests_finished_total", "Engine requests by finish reason.", ["finish_reason"],
+    registry=REGISTRY,
+)
+ENGINE = Gauge("kiln_engine", "Engine state gauges (from the scheduler).", ["name"],
+               registry=REGISTRY)
+RUNNING = Gauge("vllm:num_requests_running", "Requests running in the engine.", ["model_name"],
+                registry=REGISTRY)
+WAITING = Gauge("vllm:num_requests_waiting", "Requests waiting for the engine.", ["model_name"],
+                registry=REGISTRY)
+KV_USAGE = Gauge("vllm:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0..1).",
+                 ["model_name"], registry=REGISTRY)
+PREFIX_HIT = Gauge("kiln_prefix_cache_hit_rate", "Prefix-cache hit tokens / queried tokens.",
+                   registry=REGISTRY)
+LORA_INFO = Gauge(
+    "vllm:lora_requests_info", "Loaded LoRA adapters (value: scrape time).",
+    ["running_lora_adapters", "waiting_lora_adapters", "max_lora"], registry=REGISTRY,
+)
 
 
-def observe_engine(stats: dict[str, float]) -> None:
+def observe_engine(
+    stats: dict[str, float], model: str = "", adapters: tuple[str, ...] = (), max_lora: int = 0
+) -> None:
     for name, value in stats.items():
         ENGINE.labels(name=name).set(value)
+    RUNNING.labels(model_name=model).set(stats.get("running", 0.0))
+    WAITING.labels(model_name=model).set(stats.get("waiting", 0.0))
+    total = stats.get("kv_blocks_total", 0.0)
+    KV_USAGE.labels(model_name=model).set(stats.get("kv_blocks_used", 0.0) / total if total else 0.0)
+    queried = stats.get("prefix_cache_query_tokens", 0.0)
+    PREFIX_HIT.set(stats.get("prefix_cache_hit_tokens", 0.0) / queried if queried else 0.0)
+    LORA_INFO.clear()
+    LORA_INFO.labels(
+        running_lora_adapters=",".join(adapters), waiting_lora_adapters="", max_lora=str(max_lora)
+    ).set(1.0)
+
+
+def observe_request(
+    prompt_tokens: int,
+    generation_tokens: int,
+    finish_reason: str,
+    ttft_s: float | None,
+    itls_s: list[float],
+    e2e_s: float | None,
+    queue_s: float | None,
+) -> None:
+    TOKENS.labels(kind="prompt").inc(prompt_tokens)
+    TOKENS.labels(kind="generation").inc(generation_tokens)
+    FINISHED.labels(finish_reason=finish_reason).inc()
+    if ttft_s is not None:
+        TTFT.observe(ttft_s)
+    for gap in itls_s:
+        ITL.observe(gap)
+    if e2e_s is not None:
+        E2E.observe(e2e_s)
+    if queue_s is not None:
+        QUEUE.observe(queue_s)
 
 
 def render() -> tuple[bytes, str]:

@@ -5,10 +5,14 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING
 
+from kiln.adapters import AdapterStore, validate_name
 from kiln.api.backend import PositionScore
 from kiln.config import ServerConfig
 from kiln.engine.config import EngineConfig
@@ -16,6 +20,11 @@ from kiln.engine.loop import AsyncEngine
 from kiln.engine.outputs import RequestOutput
 from kiln.engine.request import Request
 from kiln.model.loader import LoadedModel, load_model
+
+if TYPE_CHECKING:
+    from kiln.model.lora import LoraAdapter
+
+MAX_LORA_MIX = 16  # entries of one request's adapter composition (reference §6)
 
 
 def _sha(data: str | bytes) -> str:
@@ -31,6 +40,7 @@ def engine_config(config: ServerConfig) -> EngineConfig:
         max_num_batched_tokens=config.max_num_batched_tokens,
         enable_prefix_caching=config.enable_prefix_caching,
         max_model_len=config.max_model_len,
+        max_lora_slots=config.max_lora_slots,
     )
 
 
@@ -77,6 +87,28 @@ class EngineBackend:
         self.tokenizer = loaded.tokenizer
         self.chat_template = loaded.chat_template
         self._identity: dict[str, str] | None = None
+        self._started = False
+        self.adapter_store = AdapterStore(_adapter_dir(config, loaded))
+
+    def prepare_lora(self, mix: Sequence[tuple[str, float]]
+                     ) -> tuple[tuple[LoraAdapter, float], ...]:
+        """Resolve ``[(adapter name, scale), ...]`` to loaded adapters for ``Request.lora``.
+
+        Raises ValueError for an empty mix, more than 16 entries or a non-finite scale;
+        InvalidAdapterName / AdapterNotFound from the store; AdapterLoadError for an adapter
+        that is malformed or does not fit the base model. Blocking (reads the files the first
+        time, or after they change)."""
+        if not mix:
+            raise ValueError("an adapter mix must name at least one adapter")
+        if len(mix) > MAX_LORA_MIX:
+            raise ValueError(f"an adapter mix has at most {MAX_LORA_MIX} entries, got {len(mix)}")
+        for name, scale in mix:
+            validate_name(name)
+            if isinstance(scale, bool) or not isinstance(scale, int | float) \
+                    or not math.isfinite(scale):
+                raise ValueError(f"adapter scale must be a finite number, got {scale!r}")
+        return tuple((self.adapter_store.load(name, self.loaded.config), float(scale))
+                     for name, scale in mix)
 
     @classmethod
     def from_config(cls, config: ServerConfig) -> EngineBackend:
@@ -91,12 +123,15 @@ class EngineBackend:
 
     def start(self) -> None:
         self.engine.start()
+        self._started = True
 
     def shutdown(self) -> None:
         self.engine.shutdown()
 
-    def ready(self) -> bool:
-        return bool(self.engine.is_running)
+    def health(self) -> str:
+        if self.engine.is_running:
+            return "ok"
+        return "error" if self._started else "loading"
 
     def stats(self) -> dict[str, float]:
         return self.engine.stats()
@@ -131,3 +166,13 @@ class EngineBackend:
         return await self.engine.run_exclusive(
             lambda: score_prompt(runner.model, runner.kv, pool, ids, top_k)
         )
+
+
+def _adapter_dir(config: ServerConfig, loaded: LoadedModel) -> Path | None:
+    """``config.adapter_dir``; unset: ``<model folder>/adapters`` (reference §6), or no
+    adapters for a model that is not a folder (a GGUF file, the embedded default)."""
+    configured = getattr(config, "adapter_dir", None)
+    if configured:
+        return Path(configured).expanduser()
+    source = Path(loaded.source)
+    return source / "adapters" if source.is_dir() else None

@@ -4,6 +4,8 @@ handling and middleware."""
 from __future__ import annotations
 
 import logging
+import re
+import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -15,6 +17,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from kiln import metrics
 from kiln.api._generated.routes import ROUTES
 from kiln.api.auth import ApiKeyMiddleware
 from kiln.api.backend import Backend
@@ -57,6 +60,48 @@ class RequestIdMiddleware:
         await self.app(scope, receive, send_with_id)
 
 
+class MetricsMiddleware:
+    """Counts requests by route template, method and status, and times them."""
+
+    def __init__(self, app: ASGIApp, templates: list[tuple[re.Pattern[str], str]]) -> None:
+        self.app = app
+        self.templates = templates
+
+    def route_of(self, path: str) -> str:
+        for pattern, template in self.templates:
+            if pattern.fullmatch(path):
+                return template
+        return "other"
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        route = self.route_of(scope.get("path", ""))
+        started = time.perf_counter()
+        status = 500
+
+        async def send_counted(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_counted)
+        finally:
+            metrics.REQUESTS.labels(route=route, method=scope.get("method", ""), status=str(status)).inc()
+            metrics.HTTP_LATENCY.labels(route=route).observe(time.perf_counter() - started)
+
+
+def _templates() -> list[tuple[re.Pattern[str], str]]:
+    out = []
+    for route in ROUTES:
+        pattern = re.sub(r"\\{[^}]+\\}", ".+", re.escape(route.path))
+        out.append((re.compile(pattern), route.path))
+    return out
+
+
 def _error_response(err: ApiError) -> Response:
     return Response(
         err.body(), status_code=err.status, media_type="application/json", headers=err.headers
@@ -93,7 +138,9 @@ def _routes(state: AppState) -> list[Route]:
         endpoint: Endpoint | None = HANDLERS.get((route.method, route.path))
         if endpoint is None:
             raise RuntimeError(f"no handler for {route.method} {route.path}")
-        routes.append(Route(route.path, endpoint, methods=[route.method], name=route.operation_id))
+        # path parameters take the rest of the path, so "a/b" reaches the handler (and its 400)
+        path = re.sub(r"{([^}:]+)}", r"{\1:path}", route.path)
+        routes.append(Route(path, endpoint, methods=[route.method], name=route.operation_id))
     return routes
 
 
@@ -122,5 +169,6 @@ def build_app(config: ServerConfig, backend: Backend) -> Starlette:
         app.add_middleware(
             ApiKeyMiddleware, keys=config.api_keys, protect_metrics=config.metrics_require_auth
         )
-    app.add_middleware(RequestIdMiddleware)  # outermost: 401s carry X-Request-Id too
+    app.add_middleware(RequestIdMiddleware)  # 401s carry X-Request-Id too
+    app.add_middleware(MetricsMiddleware, templates=_templates())  # outermost: counts everything
     return app

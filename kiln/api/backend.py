@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from kiln.adapters import AdapterStore
 from kiln.engine.outputs import RequestOutput
 from kiln.engine.request import Request
 
@@ -60,10 +61,22 @@ class Backend(Protocol):
 
     def shutdown(self) -> None: ...
 
-    def ready(self) -> bool: ...
+    def health(self) -> str:
+        """"ok" (serving), "loading", or "error" (the engine cannot serve)."""
+        ...
 
     async def score(self, prompt_ids: list[int], top_k: int) -> list[PositionScore]:
         """Prompt-logprob scoring; see ScoringPort."""
+        ...
+
+    @property
+    def adapter_store(self) -> AdapterStore | None:
+        """The adapter directory, or None when the server has none."""
+        ...
+
+    def prepare_lora(self, mix: list[tuple[str, float]]) -> tuple[tuple[Any, float], ...]:
+        """Load the named adapters for one request (raises InvalidAdapterName, AdapterNotFound,
+        or ValueError for an adapter that does not fit the model)."""
         ...
 
     def submit(self, request: Request) -> AsyncIterator[RequestOutput]:

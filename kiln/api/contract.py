@@ -123,7 +123,10 @@ class Contract:
             raise ApiError(400, error_code, "request body must be a JSON object")
         violation = self.first_violation(definition, data)
         if violation is not None:
-            raise ApiError(400, error_code, violation.message, param=violation.param)
+            code = error_code
+            if violation.param is not None and violation.param.startswith("adapters"):
+                code = "invalid_compose_request"  # Kiln's code for a bad composition
+            raise ApiError(400, code, violation.message, param=violation.param)
         try:
             return msgspec.convert(data, target, strict=False)
         except msgspec.ValidationError as exc:  # the contract accepted it; struct must agree

@@ -14,9 +14,14 @@ class EngineConfig:
     max_num_batched_tokens: int = 512
     enable_prefix_caching: bool = True
     max_model_len: int | None = None  # None -> the model's max_position
+    # Distinct LoRA adapters resident on the device at once (running requests together use at
+    # most this many; a request that would exceed it waits), and the largest rank accepted.
+    max_lora_slots: int = 8
+    max_lora_rank: int = 256
 
     def __post_init__(self) -> None:
-        for name in ("block_size", "kv_memory_mb", "max_num_seqs", "max_num_batched_tokens"):
+        for name in ("block_size", "kv_memory_mb", "max_num_seqs", "max_num_batched_tokens",
+                     "max_lora_slots", "max_lora_rank"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"EngineConfig.{name} must be a positive int, got {value!r}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kiln.engine.lora_mix import LoraMix
 from kiln.engine.metrics import RequestMetrics
 from kiln.engine.request import SamplingParams
 from kiln.text.budget import Outcome
@@ -28,6 +29,7 @@ class ScheduledSeq:
     step: int  # number of output tokens so far (the sampler's counter)
     prompt_token_ids: list[int]
     output_token_ids: list[int]
+    lora: LoraMix = ()  # the request's adapters and scales (empty: base model)
 
     @property
     def num_tokens(self) -> int:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from kiln.engine.lora_mix import LoraMix
+
 
 @dataclass(frozen=True)
 class ThinkingBudgetSpec:
@@ -62,3 +64,6 @@ class Request:
     prompt_token_ids: list[int]
     sampling: SamplingParams
     arrival_time: float = field(default_factory=time.monotonic)
+    # LoRA adapters and scales (empty: the base model). The adapter objects themselves, so the
+    # request keeps the weights it started with even if the adapter is reloaded or deleted.
+    lora: LoraMix = ()

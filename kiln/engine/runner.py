@@ -5,12 +5,14 @@ from __future__ import annotations
 import torch
 
 from kiln.engine.config import EngineConfig
-from kiln.engine.outputs import ModelRunnerOutput, SampledToken, SchedulerOutput
+from kiln.engine.outputs import ModelRunnerOutput, SampledToken, ScheduledSeq, SchedulerOutput
 from kiln.engine.sampler import Sampler
 from kiln.model.base import CausalLM
 from kiln.model.batch import build_forward_batch
 from kiln.model.config import ModelConfig
 from kiln.model.kv_cache import KVCache
+from kiln.model.lora import LoraAdapter
+from kiln.model.lora_slots import AdapterSlots, LoraBatch
 
 
 def kv_num_blocks(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype) -> int:
@@ -27,11 +29,39 @@ class ModelRunner:
     def __init__(self, model: CausalLM, cfg: ModelConfig, config: EngineConfig,
                  dtype: torch.dtype, device: torch.device) -> None:
         self.model = model
+        self.cfg = cfg
+        self.config = config
+        self.dtype = dtype
         self.block_size = config.block_size
         self.device = device
         self.num_blocks = kv_num_blocks(cfg, config, dtype)
         self.kv = KVCache(cfg, self.num_blocks, config.block_size, dtype, device)
         self.sampler = Sampler(device)
+        self._lora_slots: AdapterSlots | None = None  # created on the first LoRA step
+
+    @property
+    def lora_slots(self) -> AdapterSlots:
+        """The device slots holding the adapters of recent steps (max_lora_slots of them)."""
+        if self._lora_slots is None:
+            self._lora_slots = AdapterSlots(
+                self.cfg, self.config.max_lora_slots, max_rank=self.config.max_lora_rank,
+                dtype=self.dtype, device=self.device)
+        return self._lora_slots
+
+    def _lora_batch(self, seqs: list[ScheduledSeq]) -> LoraBatch | None:
+        """The per-row adapter plan of a step (pins its slots), or None for a base-only step."""
+        if not any(s.lora for s in seqs):
+            return None
+        mixes: list[list[tuple[LoraAdapter | str, float]]] = []
+        for s in seqs:
+            mix: list[tuple[LoraAdapter | str, float]] = []
+            for adapter, scale in s.lora:
+                if not isinstance(adapter, LoraAdapter):
+                    raise TypeError(f"Request.lora holds a {type(adapter).__name__}, "
+                                    "not a LoraAdapter")
+                mix.append((adapter, scale))
+            mixes.append(mix)
+        return LoraBatch.build(mixes, [s.num_tokens for s in seqs], self.lora_slots)
 
     @torch.inference_mode()
     def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
@@ -43,7 +73,13 @@ class ModelRunner:
         rows = [i for i, s in enumerate(so.seqs) if s.sample]
         # Logits only for sequences that sample (at least one row, so the model runs as usual).
         batch.logits_indices = batch.logits_indices[rows or [0]]
-        logits = self.model.forward(batch, self.kv)
+        lora = self._lora_batch(so.seqs)
+        batch.lora = lora
+        try:
+            logits = self.model.forward(batch, self.kv)
+        finally:
+            if lora is not None:
+                lora.release()
         if not rows:
             return ModelRunnerOutput({})
         seqs = [so.seqs[i] for i in rows]

@@ -19,6 +19,7 @@ from collections.abc import Callable, Collection
 from kiln.engine.block_pool import BlockPool
 from kiln.engine.config import EngineConfig
 from kiln.engine.errors import EngineError
+from kiln.engine.lora_mix import adapter_keys, check_mix
 from kiln.engine.metrics import PHASE_DECODE, PHASE_PREEMPTED, PHASE_PREFILL
 from kiln.engine.outputs import (
     ModelRunnerOutput,
@@ -88,6 +89,9 @@ class Scheduler:
                 f"The prompt has {n} tokens but the KV cache holds at most "
                 f"{self.kv_capacity_tokens - 1} prompt tokens.",
             )
+        error = check_mix(req.lora, self.config.max_lora_slots, self.config.max_lora_rank)
+        if error is not None:
+            raise EngineError("invalid_compose_request", error, 400)
         window = min(self.max_model_len, self.kv_capacity_tokens) - n
         max_tokens = max(0, min(req.sampling.max_tokens, window))
         spec = req.sampling.thinking
@@ -159,8 +163,19 @@ class Scheduler:
         for s in self._running:
             inflight.update(s.block_hashes[s.num_computed_tokens // bs:])
         deferred: list[RequestState] = []
+        # Adapters the running requests hold on the device: a request that would need more
+        # than max_lora_slots waits, and once one waits, later requests may bring no new
+        # adapter (they must not take the slot it is waiting for).
+        adapters: set[str] = {k for s in self._running for k in adapter_keys(s.request.lora)}
+        lora_blocked = False
         while self._waiting and budget > 0 and len(self._running) < self.config.max_num_seqs:
             st = self._waiting.popleft()
+            new_keys = adapter_keys(st.request.lora) - adapters
+            if new_keys and (lora_blocked or
+                             len(adapters) + len(new_keys) > self.config.max_lora_slots):
+                lora_blocked = True
+                deferred.append(st)
+                continue
             max_hit = (st.num_tokens - 1) // bs  # always compute at least the last token
             hits = self.pool.lookup(st.block_hashes[:max_hit], st.all_token_ids)
             if len(hits) < max_hit and st.block_hashes[len(hits)] in inflight:
@@ -184,6 +199,7 @@ class Scheduler:
                 st.metrics.first_scheduled_time = now
             st.status = Status.RUNNING
             self._running.append(st)
+            adapters |= new_keys
             inflight.update(st.block_hashes[len(hits):])
             seqs.append(self._scheduled_seq(st, n, is_new=True, now=now))
             budget -= n
@@ -233,6 +249,7 @@ class Scheduler:
             step=len(st.output_token_ids),
             prompt_token_ids=st.request.prompt_token_ids,
             output_token_ids=st.output_token_ids,  # read-only until update_from_output
+            lora=st.request.lora,
         )
 
     # -- update ------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass, field
 
 from kiln.engine.block_pool import ROOT_HASH, block_hashes
+from kiln.engine.lora_mix import mix_root_hash
 from kiln.engine.metrics import RequestMetrics
 from kiln.engine.request import Request
 from kiln.engine.stop import StopChecker
@@ -39,10 +40,16 @@ class RequestState:
     metrics: RequestMetrics = field(init=False)
     # The budget's state lives here, so it survives preemption (outputs are kept, KV recomputed).
     thinking: ThinkingBudgetController | None = field(init=False, default=None)
+    # Parent of the first block's hash: ROOT_HASH for the base model, a hash of the LoRA mix
+    # otherwise, so KV computed under one mix is never reused under another. (The pool's
+    # collision key of block 0 keeps ROOT_HASH as its parent, as BlockPool.lookup expects.)
+    root_hash: int = field(init=False, default=ROOT_HASH)
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.request.prompt_token_ids)
-        self.block_hashes = block_hashes(self.all_token_ids, self.block_size)
+        self.root_hash = mix_root_hash(self.request.lora)
+        self.block_hashes = block_hashes(self.all_token_ids, self.block_size,
+                                         parent=self.root_hash)
         self.metrics = RequestMetrics(arrival_time=self.request.arrival_time)
         spec = self.request.sampling.thinking
         if spec is not None:
@@ -90,7 +97,7 @@ class RequestState:
         self.output_forced.append(forced)
         bs = self.block_size
         if self.num_tokens % bs == 0:
-            parent = self.block_hashes[-1] if self.block_hashes else ROOT_HASH
+            parent = self.block_hashes[-1] if self.block_hashes else self.root_hash
             self.block_hashes.extend(
                 block_hashes(self.all_token_ids, bs, len(self.block_hashes), parent))
 

@@ -5,11 +5,14 @@ Never used by `kiln serve`; it lets the HTTP edge be tested (and fuzzed) in isol
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import math
 from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 from typing import Any
 
+from kiln.adapters import AdapterStore
 from kiln.api.backend import PositionScore
 from kiln.engine.errors import EngineError
 from kiln.engine.metrics import RequestMetrics
@@ -60,7 +63,10 @@ class FakeBackend:
     created = 1_700_000_000
     max_model_len = 4096
 
-    def __init__(self, reply: str = "Hello from the fake engine.") -> None:
+    def __init__(
+        self, reply: str = "Hello from the fake engine.", adapter_dir: Path | None = None
+    ) -> None:
+        self.adapter_store = AdapterStore(adapter_dir) if adapter_dir is not None else None
         self.tokenizer = CharTokenizer()
         self.chat_template = EchoTemplate()
         self.reply = reply
@@ -71,8 +77,12 @@ class FakeBackend:
 
     def shutdown(self) -> None: ...
 
-    def ready(self) -> bool:
-        return True
+    status = "ok"
+    delay = 0.0  # seconds per generated token
+    fail = False  # finish every request with finish_reason "error"
+
+    def health(self) -> str:
+        return self.status
 
     def stats(self) -> dict[str, float]:
         return {"running": 0.0, "waiting": 0.0}
@@ -81,6 +91,13 @@ class FakeBackend:
         h = "sha256:" + hashlib.sha256(b"fake").hexdigest()
         return {"tokenizer_config_hash": h, "chat_template_hash": h, "model_config_hash": h}
 
+    def prepare_lora(self, mix: list[tuple[str, float]]) -> tuple[tuple[Any, float], ...]:
+        """Adapters are just their names here; a folder named 'broken*' fails to load."""
+        for name, _ in mix:
+            if name.startswith("broken"):
+                raise ValueError(f"{name}: lora_A shape does not match the model")
+        return tuple(mix)
+
     def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)
 
@@ -88,17 +105,22 @@ class FakeBackend:
         if len(request.prompt_token_ids) >= self.max_model_len:
             raise EngineError("context_length_exceeded", "prompt too long")
         self.submitted.append(request)
-        return self._run(request)
+        return self._run(request, self.fail)
 
-    async def _run(self, request: Request) -> AsyncIterator[RequestOutput]:
+    async def _run(self, request: Request, fail: bool) -> AsyncIterator[RequestOutput]:
         reply_ids = self.tokenizer.encode(self.reply)
         budget = request.sampling.max_tokens
         ids = reply_ids[:budget]
         hit_eos = len(reply_ids) < budget or (len(reply_ids) == budget and False)
         metrics = RequestMetrics(arrival_time=request.arrival_time)
         finished = False
+        if fail:
+            yield self._out(request, [], 0, True, "error", metrics, text=False)
+            return
         try:
             for i, tid in enumerate(ids):
+                if self.delay:
+                    await asyncio.sleep(self.delay)
                 last = i == len(ids) - 1
                 done = last and not hit_eos
                 yield self._out(request, [tid], i + 1, done, "length" if done else None, metrics)
@@ -136,6 +158,7 @@ class FakeBackend:
             num_cached_tokens=0,
             seed=request.sampling.seed or 0,
             metrics=metrics if finished else None,
+            error="injected failure" if reason == "error" else None,
         )
 
     async def score(self, prompt_ids: list[int], top_k: int) -> list[PositionScore]:

@@ -3,14 +3,22 @@ testing on), against the app wired to the engine test double."""
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import schemathesis
 from hypothesis import HealthCheck, Phase, settings
 
+from kiln.adapters import InvalidAdapterName, validate_name
 from kiln.api.app import build_app
 from kiln.config import ServerConfig
 from tests.api.fake_backend import VOCAB, FakeBackend
 
-APP = build_app(ServerConfig(), FakeBackend(reply="ok"))
+_ADAPTERS = Path(tempfile.mkdtemp(prefix="kiln-st-adapters-"))
+for _name in ("style", "math"):
+    (_ADAPTERS / _name).mkdir()
+    (_ADAPTERS / _name / "adapter_config.json").write_text('{"r": 4, "lora_alpha": 8}')
+APP = build_app(ServerConfig(), FakeBackend(reply="ok", adapter_dir=_ADAPTERS))
 schema = schemathesis.openapi.from_asgi("/openapi.json", APP)
 
 
@@ -18,7 +26,29 @@ def _number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def semantically_valid(path: str, body: object) -> bool:
+def _valid_adapter_name(name: object) -> bool:
+    try:
+        validate_name(str(name))
+    except InvalidAdapterName:
+        return False
+    return True
+
+
+def semantically_valid(path: str, body: object, path_params: dict[str, object] | None = None) -> bool:
+    """Adapter names must also pass the store's name rules (no separators, traversal, control or
+    percent-encoded characters): prose the contract only states in descriptions."""
+    if path == "/v1/adapters/{name}" and path_params and "name" in path_params:
+        return _valid_adapter_name(path_params["name"])
+    if path == "/v1/adapters/load" and isinstance(body, dict) and "name" in body:
+        return _valid_adapter_name(body["name"])
+    if isinstance(body, dict) and path in ("/v1/chat/completions", "/v1/completions/batch"):
+        adapter, adapters = body.get("adapter"), body.get("adapters")
+        if isinstance(adapter, str) and adapter and not _valid_adapter_name(adapter):
+            return False
+        if isinstance(adapters, list) and any(
+            isinstance(a, dict) and not _valid_adapter_name(a.get("name", "")) for a in adapters
+        ):
+            return False
     """Skip bodies that break x-kiln-semantic-constraints JSON Schema cannot express (the server
     rejects them with 400, which schemathesis would count as a valid request refused)."""
     if not isinstance(body, dict):
@@ -48,6 +78,6 @@ def semantically_valid(path: str, body: object) -> bool:
     phases=[Phase.explicit, Phase.generate],
 )
 def test_contract_routes(case):  # type: ignore[no-untyped-def]
-    if not semantically_valid(case.operation.path, case.body):
+    if not semantically_valid(case.operation.path, case.body, case.path_parameters):
         return  # the server rightly answers 400; schemathesis would call that a refusal
     case.call_and_validate()

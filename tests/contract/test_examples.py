@@ -216,6 +216,10 @@ def test_routes() -> None:
         ("GET", "/health"),
         ("GET", "/metrics"),
         ("GET", "/openapi.json"),
+        ("GET", "/v1/adapters"),
+        ("POST", "/v1/adapters/load"),
+        ("POST", "/v1/adapters/unload"),
+        ("DELETE", "/v1/adapters/{name}"),
     }
     chat = next(r for r in table if r["path"] == "/v1/chat/completions")
     assert chat["responses"]["200"]["media_types"] == {

@@ -32,6 +32,8 @@ TIGHTENED = {
     ("TextCompletionRequest", "prompt"),
     ("TextCompletionRequest", "max_tokens"),
     ("TextCompletionRequest", "n"),
+    ("ChatCompletionRequest", "adapters"),
+    ("BatchCompletionRequest", "adapters"),
 }
 # Fields that are new in the contract (CHANGELOG.md), appended after the seed's fields.
 ADDED_FIELDS = {
@@ -40,7 +42,10 @@ ADDED_FIELDS = {
 }
 
 # Definitions that are new in the contract (not in the seed).
-ADDED = {"ErrorDetail", "ErrorResponse", "HealthResponse", "ModelCard", "ModelList"}
+ADDED = {
+    "ErrorDetail", "ErrorResponse", "HealthResponse", "ModelCard", "ModelList",
+    "AdapterInfo", "AdapterList", "AdapterLoadRequest", "AdapterStatusResponse",
+}
 
 
 def seed() -> Seed:

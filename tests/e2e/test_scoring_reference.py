@@ -9,6 +9,7 @@ the loader tests.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from typing import Any
 
@@ -49,12 +50,13 @@ def hf_logits(loaded: LoadedModel) -> torch.Tensor:
 
     hf_cfg = {k: v for k, v in loaded.config.to_hf().items()
               if k not in ("architectures", "model_type")}
-    ref = LlamaForCausalLM(LlamaConfig(**hf_cfg, attn_implementation="eager")).float().eval()
-    state = {k: v for k, v in loaded.model.state_dict().items()}
-    missing, unexpected = ref.load_state_dict(state, strict=False)
+    ref = LlamaForCausalLM(LlamaConfig(**hf_cfg))  # float32 parameters (torch's default)
+    ref.eval()
+    missing, unexpected = ref.load_state_dict(loaded.model.state_dict(), strict=False)
     assert not unexpected and set(missing) <= {"lm_head.weight"}
     assert ref.lm_head.weight.data_ptr() == ref.model.embed_tokens.weight.data_ptr()  # tied
     ids = loaded.tokenizer.encode(TEXT, add_special_tokens=True)
+    assert ref.model.norm.weight.dtype == torch.float32
     with torch.no_grad():
         out: torch.Tensor = ref(torch.tensor([ids])).logits[0].float()
     return out
@@ -109,7 +111,7 @@ def test_k0_and_k256(client: TestClient, loaded: LoadedModel) -> None:
         if obs["rank"] > 256:
             assert a[str(ids[p])]["rank"] == obs["rank"]
         by_rank = sorted(b.values(), key=lambda e: e["rank"])[:256]
-        assert all(x["logprob"] >= y["logprob"] for x, y in zip(by_rank, by_rank[1:]))
+        assert all(x["logprob"] >= y["logprob"] for x, y in itertools.pairwise(by_rank))
 
 
 @pytest.mark.parametrize(("body", "code"), [
@@ -129,3 +131,12 @@ def test_boundary_ids_and_single_token(client: TestClient) -> None:
     assert len(edge) == 2 and "49151" in edge[0] and "1" in edge[1]
     assert all(e["logprob"] <= 0 and e["rank"] >= 1 for pos in edge for e in pos.values())
     assert scored(client, 5, [42]) == []
+
+
+def test_kv_cache_exhausted_is_503(loaded: LoadedModel) -> None:
+    config = ServerConfig(kv_memory_mb=1)  # one 16-token block of KV cache
+    with TestClient(build_app(config, EngineBackend(loaded, config))) as c:
+        r = post(c, prompt=list(range(100, 140)), prompt_logprobs=1)
+        assert r.status_code == 503, r.text
+        assert r.json()["error"]["code"] == "kv_cache_exhausted"
+        assert len(scored(c, 1, list(range(100, 117)))) == 16  # 16 fed tokens still fit

@@ -18,6 +18,7 @@ from kiln.engine.config import EngineConfig
 from kiln.engine.errors import EngineError
 from kiln.engine.loop import AsyncEngine
 from kiln.engine.request import Request, SamplingParams
+from kiln.engine.runner import ModelRunner
 from kiln.engine.scheduler import Scheduler
 from kiln.engine.scoring import score_prompt, score_rows, top_k_ids
 from kiln.model import CausalLM, LoadedModel
@@ -274,6 +275,12 @@ def _generate_all(loaded: LoadedModel, score_ids: list[int] | None
     eng = AsyncEngine(loaded, cfg)
     eng.start()
     scored: list[PositionScore] | None = None
+    runner, pool = eng.executor, eng.scheduler.pool
+    assert isinstance(runner, ModelRunner)
+
+    def score() -> list[PositionScore]:
+        assert score_ids is not None and isinstance(runner, ModelRunner)
+        return score_prompt(runner.model, runner.kv, pool, score_ids, 4)
 
     async def one(i: int) -> list[int]:
         nonlocal scored
@@ -282,11 +289,8 @@ def _generate_all(loaded: LoadedModel, score_ids: list[int] | None
         async for out in eng.generate(Request(f"r{i}", prompt(20 + 7 * i, seed=i), sp)):
             toks.extend(out.new_token_ids)
             if i == 0 and score_ids is not None and len(toks) == 4:
-                runner, pool = eng.executor, eng.scheduler.pool
                 assert pool.num_used_blocks > 0  # the other requests hold blocks now
-                scored = await eng.run_exclusive(
-                    lambda: score_prompt(runner.model, runner.kv, pool,  # type: ignore[attr-defined]
-                                         score_ids, 4))
+                scored = await eng.run_exclusive(score)
         return toks
 
     async def main() -> list[list[int]]:

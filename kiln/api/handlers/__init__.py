@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 from starlette.requests import Request
 from starlette.responses import Response
 
-from kiln.api.handlers import batch, chat, completions, meta, models
+from kiln.api.handlers import adapters, batch, chat, completions, meta, models
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 
@@ -16,6 +16,10 @@ HANDLERS: dict[tuple[str, str], Endpoint] = {
     ("POST", "/v1/completions"): completions.create,
     ("POST", "/v1/completions/batch"): batch.create,
     ("GET", "/v1/models"): models.list_models,
+    ("GET", "/v1/adapters"): adapters.list_adapters,
+    ("POST", "/v1/adapters/load"): adapters.load,
+    ("POST", "/v1/adapters/unload"): adapters.unload,
+    ("DELETE", "/v1/adapters/{name}"): adapters.delete,
     ("GET", "/health"): meta.health,
     ("GET", "/metrics"): meta.prometheus,
     ("GET", "/openapi.json"): meta.openapi,

@@ -20,6 +20,7 @@ from kiln.api._generated import wire
 from kiln.api.body import read_json_body
 from kiln.api.encode import json_response
 from kiln.api.errors import ApiError
+from kiln.api.handlers.adapters import select
 from kiln.api.handlers.chat_prepare import (
     apply_budget,
     render_prompt,
@@ -46,17 +47,6 @@ from kiln.text.tools import parse_tool_calls
 ERROR_CODE = "batch_invalid_request"
 
 
-def _check_adapter(req: wire.BatchCompletionRequest) -> None:
-    adapter = opt(req.adapter)
-    if isinstance(adapter, str) and adapter:
-        raise ApiError(404, "adapter_not_found", f"adapter {adapter!r} not found", param="adapter")
-    adapters = opt(req.adapters)
-    if adapters:
-        raise ApiError(
-            404, "adapter_not_found", f"adapter {adapters[0].name!r} not found", param="adapters"
-        )
-
-
 async def create(request: Request) -> Response:
     state = app_state(request)
     body = await read_json_body(request, state.config.max_body_bytes)
@@ -64,8 +54,8 @@ async def create(request: Request) -> Response:
         "BatchCompletionRequest", body, wire.BatchCompletionRequest, ERROR_CODE
     )
     check_batch(req)
-    model = resolve_model(state.backend, opt(req.model))
-    _check_adapter(req)
+    model, model_adapter = resolve_model(state.backend, opt(req.model))
+    selection = select(state.backend, req.adapter, req.adapters, model_adapter, tri_state=False)
     n = int(opt(req.n) or 1)
     tools = opt(req.tools) or None
     kwargs: dict[str, Any] = dict(opt(req.chat_template_kwargs) or {})
@@ -91,7 +81,7 @@ async def create(request: Request) -> Response:
         req.thinking_budget_tokens, req.thinking_budget_ms,
         state.config.default_thinking_budget_tokens, state.config.default_thinking_budget_ms,
     )
-    work: list[tuple[str, list[int], SamplingParams]] = []
+    work: list[tuple[str, list[int], SamplingParams, tuple[tuple[Any, float], ...]]] = []
     for p, (ids, in_reasoning) in enumerate(prompts):
         max_tokens = effective_max_tokens(requested, len(ids), limit)
         spec = apply_budget(state, budget, in_reasoning, max_tokens, stop, "chat_invalid_request")
@@ -100,7 +90,7 @@ async def create(request: Request) -> Response:
             params = sampling_params(
                 req, max_tokens=max_tokens, stop=stop, seed=item_seed, has_tools=bool(tools)
             )
-            work.append((f"{rid}-{p}-{c}", ids, replace(params, thinking=spec)))
+            work.append((f"{rid}-{p}-{c}", ids, replace(params, thinking=spec), selection.lora))
     jobs = submit_all(state, work)
     results = await until_disconnect(request, _gather(jobs))
     parse_tools = tools if tools_enabled(tools, opt(req.tool_choice)) else None

@@ -45,11 +45,14 @@ async def create(request: Request) -> Response:
     completion_id = f"chatcmpl-{uuid.uuid4()}"
     rid = request_id(request)
     if prepared.stream:
-        outputs = submit(state, f"{rid}-0", prepared.prompt_ids, prepared.params[0])
+        outputs = submit(
+            state, f"{rid}-0", prepared.prompt_ids, prepared.params[0], prepared.lora
+        )
         frames = chat_stream.frames(state, prepared, completion_id, outputs, started)
         return EventStream(frames, on_close=outputs.aclose)
     streams = submit_all(
-        state, [(f"{rid}-{i}", prepared.prompt_ids, p) for i, p in enumerate(prepared.params)]
+        state,
+        [(f"{rid}-{i}", prepared.prompt_ids, p, prepared.lora) for i, p in enumerate(prepared.params)],
     )
     completions = await until_disconnect(request, _collect_all(streams))
     body_out = response_body(state, prepared, completion_id, completions, started)

@@ -13,6 +13,7 @@ from msgspec import UNSET
 
 from kiln.api._generated import wire
 from kiln.api.errors import ApiError
+from kiln.api.handlers.adapters import select
 from kiln.api.handlers.models import resolve_model
 from kiln.api.handlers.params import (
     choice_seed,
@@ -50,6 +51,7 @@ class PreparedChat:
     stream: bool
     tokenization_s: float
     adapter: str
+    lora: tuple[tuple[Any, float], ...] = ()
     tools: list[Any] | None = None  # set only when tool-call parsing is on
     parallel_tool_calls: bool = True
     budget_applied: bool = False
@@ -147,17 +149,6 @@ def _thinking_source(kwargs: dict[str, Any], server_default: bool | None) -> str
     return "server_default" if server_default is not None else "template_default"
 
 
-def _check_adapter(req: wire.ChatCompletionRequest) -> str:
-    adapter = opt(req.adapter)
-    adapters = opt(req.adapters)
-    if isinstance(adapter, str) and adapter:
-        raise ApiError(404, "adapter_not_found", f"adapter {adapter!r} not found", param="adapter")
-    if adapters:
-        name = adapters[0].name
-        raise ApiError(404, "adapter_not_found", f"adapter {name!r} not found", param="adapters")
-    return "base"
-
-
 def render_prompt(
     state: AppState, messages: list[dict[str, Any]], tools: Any, kwargs: dict[str, Any]
 ) -> str:
@@ -172,8 +163,8 @@ def render_prompt(
 def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> PreparedChat:
     cfg = state.config
     backend = state.backend
-    model = resolve_model(backend, opt(req.model))
-    adapter = _check_adapter(req)
+    model, model_adapter = resolve_model(backend, opt(req.model))
+    selection = select(backend, req.adapter, req.adapters, model_adapter, tri_state=True)
     if req.rollout_provenance is True:
         raise ApiError(
             501,
@@ -246,7 +237,8 @@ def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> PreparedCh
         include_usage=bool(stream_options and opt(stream_options.include_usage)),
         stream=bool(opt(req.stream)),
         tokenization_s=tokenization_s,
-        adapter=adapter,
+        adapter=selection.label,
+        lora=selection.lora,
         tools=tools if tools_enabled(tools, tool_choice) else None,
         parallel_tool_calls=opt(req.parallel_tool_calls) is not False,
         budget_applied=spec is not None,

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from kiln.api.handlers.chat_prepare import PreparedChat
+from kiln.api.handlers.generation import Completion
 from kiln.api.handlers.perf import performance
 from kiln.api.sse import DONE, event
 from kiln.api.state import AppState
@@ -135,10 +136,12 @@ async def frames(
     start_mono = time.monotonic() - (time.perf_counter() - started)
     yield chunks.choice({"role": "assistant"})
     final: RequestOutput | None = None
+    tally = Completion()  # records the request's metrics when it finishes
     emitted = 0
     try:
         async for out in outputs:
             received = time.monotonic()
+            tally.add(out)
             for frame in tools.frames(splitter.push(out.text_delta)):
                 yield frame
             if prepared.explicit_performance:

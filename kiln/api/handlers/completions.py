@@ -13,9 +13,10 @@ from kiln.api._generated import wire
 from kiln.api.body import read_json_body
 from kiln.api.encode import json_response
 from kiln.api.errors import ApiError
-from kiln.api.handlers.generation import until_disconnect
+from kiln.api.handlers.generation import engine_error, until_disconnect
 from kiln.api.handlers.params import opt
 from kiln.api.state import app_state
+from kiln.engine.errors import EngineError
 
 ERROR_CODE = "completion_invalid_request"
 MAX_K = 256
@@ -66,7 +67,10 @@ async def create(request: Request) -> Response:
             f"(prompt tokens - 1) * (prompt_logprobs + 1) exceeds {MAX_CANDIDATES} candidates",
             "prompt_logprobs",
         )
-    scores = await until_disconnect(request, backend.score(ids, k))
+    try:
+        scores = await until_disconnect(request, backend.score(ids, k))
+    except EngineError as exc:  # e.g. kv_cache_exhausted (503), non-finite logits (500)
+        raise engine_error(exc) from None
     logprobs: list[Any] = [None]
     for pos, s in enumerate(scores, start=1):
         entries: dict[str, Any] = {}

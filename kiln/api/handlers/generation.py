@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from starlette.requests import Request as HttpRequest
 
+from kiln import metrics
 from kiln.api.errors import ApiError
 from kiln.api.state import AppState, app_state
 from kiln.engine.errors import EngineError
@@ -38,6 +39,22 @@ class Completion:
     forced: list[bool] = field(default_factory=list)
     thinking_outcome: Outcome | None = None
 
+    def observe(self) -> None:
+        """Record this finished request in the Prometheus metrics."""
+        m = self.metrics
+        e2e = None
+        if m is not None and m.finished_time is not None:
+            e2e = m.finished_time - m.arrival_time
+        metrics.observe_request(
+            self.num_prompt_tokens,
+            self.num_output_tokens,
+            self.finish_reason,
+            None if m is None else m.ttft,
+            [] if m is None else m.inter_token_latencies,
+            e2e,
+            None if m is None else m.queue_time,
+        )
+
     def add(self, out: RequestOutput) -> None:
         self.text += out.text_delta
         self.token_ids.extend(out.new_token_ids)
@@ -53,6 +70,7 @@ class Completion:
             self.metrics = out.metrics
             self.error = out.error
             self.thinking_outcome = out.thinking_outcome
+            self.observe()
 
 
 def engine_error(exc: EngineError) -> ApiError:
@@ -62,13 +80,20 @@ def engine_error(exc: EngineError) -> ApiError:
 
 
 def submit(
-    state: AppState, request_id: str, prompt_ids: list[int], params: SamplingParams
+    state: AppState,
+    request_id: str,
+    prompt_ids: list[int],
+    params: SamplingParams,
+    lora: tuple[tuple[Any, float], ...] = (),
 ) -> Admitted:
     """Admit one engine request (429 past the gate's capacity); the returned iterator releases
     its gate slot when it is closed or exhausted."""
     state.gate.enter(1)
     try:
-        outputs = state.backend.submit(Request(request_id, list(prompt_ids), params))
+        request = Request(request_id, list(prompt_ids), params)
+        if lora:
+            request.lora = lora
+        outputs = state.backend.submit(request)
     except EngineError as exc:
         state.gate.leave()
         raise engine_error(exc) from None
@@ -79,13 +104,13 @@ def submit(
 
 
 def submit_all(
-    state: AppState, items: list[tuple[str, list[int], SamplingParams]]
+    state: AppState, items: list[tuple[str, list[int], SamplingParams, tuple[tuple[Any, float], ...]]]
 ) -> list[Admitted]:
     """Admit several engine requests, all or none: on a failure the admitted ones are closed."""
     admitted: list[Admitted] = []
     try:
-        for request_id, prompt_ids, params in items:
-            admitted.append(submit(state, request_id, prompt_ids, params))
+        for request_id, prompt_ids, params, lora in items:
+            admitted.append(submit(state, request_id, prompt_ids, params, lora))
     except BaseException:
         for a in admitted:
             a.close_now()

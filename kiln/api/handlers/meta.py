@@ -18,14 +18,26 @@ _OPENAPI: bytes | None = None
 async def health(request: Request) -> Response:
     state = app_state(request)
     backend = state.backend
-    ready = backend.ready()
-    body = {"status": "ok" if ready else "loading", "model": backend.model_id}
+    status = backend.health()
+    body: dict[str, object] = {"status": status, "model": backend.model_id}
+    if status != "ok":
+        body["detail"] = (
+            "the model is loading" if status == "loading" else "the engine is not running"
+        )
+    ready = status == "ok"
     return json_response(body, status=200 if ready else 503)
 
 
 async def prometheus(request: Request) -> Response:
     state = app_state(request)
-    metrics.observe_engine(state.backend.stats())
+    store = state.backend.adapter_store
+    default = store.default if store is not None else None
+    metrics.observe_engine(
+        state.backend.stats(),
+        model=state.backend.model_id,
+        adapters=(default,) if default else (),
+        max_lora=state.config.max_lora_slots,
+    )
     payload, content_type = metrics.render()
     return Response(payload, media_type=content_type)
 

@@ -14,7 +14,7 @@ from kiln.api.state import app_state
 
 
 def model_cards(backend: Backend) -> list[dict[str, Any]]:
-    return [
+    cards: list[dict[str, Any]] = [
         {
             "id": backend.model_id,
             "object": "model",
@@ -25,6 +25,20 @@ def model_cards(backend: Backend) -> list[dict[str, Any]]:
             "max_model_len": backend.max_model_len,
         }
     ]
+    store = backend.adapter_store
+    for info in store.list() if store is not None else []:
+        cards.append(
+            {
+                "id": info.name,
+                "object": "model",
+                "created": backend.created,
+                "owned_by": "kiln",
+                "parent": backend.model_id,
+                "root": backend.model_id,
+                "max_model_len": backend.max_model_len,
+            }
+        )
+    return cards
 
 
 async def list_models(request: Request) -> Response:
@@ -32,10 +46,16 @@ async def list_models(request: Request) -> Response:
     return json_response({"object": "list", "data": model_cards(backend)})
 
 
-def resolve_model(backend: Backend, requested: str | None) -> str:
-    """DESIGN §6: missing/null -> the served model; served id or alias -> fine; else 404."""
+def resolve_model(backend: Backend, requested: str | None) -> tuple[str, str | None]:
+    """DESIGN §6: missing/null -> the served model; served id or alias -> fine; the name of an
+    available adapter -> that adapter; else 404. Returns (model id to report, adapter or None)."""
     if requested is None or requested == backend.model_id or requested in backend.aliases:
-        return backend.model_id
+        return backend.model_id, None
+    from kiln.api.handlers.adapters import adapter_named_by_model
+
+    adapter = adapter_named_by_model(backend, requested)
+    if adapter is not None:
+        return adapter, adapter
     raise ApiError(
         404,
         "model_not_found",
