@@ -10,6 +10,11 @@ BENCHES = {
     "validate": "bench.bench_validate",
     "engine": "bench.bench_engine",
     "kernels": "bench.kernels.bench_kernels",
+    "model": "bench.bench_model",
+    "serving": "bench.bench_serving",
+    "scoring": "bench.bench_scoring",
+    "lora": "bench.bench_lora",
+    "lora_engine": "bench.bench_lora_engine",
 }
 
 

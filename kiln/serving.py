@@ -20,11 +20,27 @@ from kiln.engine.loop import AsyncEngine
 from kiln.engine.outputs import RequestOutput
 from kiln.engine.request import Request
 from kiln.model.loader import LoadedModel, load_model
+from kiln.provenance import (
+    PolicyIdentity,
+    base_model_sha256,
+    inference_config_sha256,
+    vocab_sha256,
+    weight_files,
+)
 
 if TYPE_CHECKING:
     from kiln.model.lora import LoraAdapter
 
 MAX_LORA_MIX = 16  # entries of one request's adapter composition (reference §6)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("kiln")
+    except PackageNotFoundError:
+        return "0+unknown"
 
 
 def _sha(data: str | bytes) -> str:
@@ -87,6 +103,7 @@ class EngineBackend:
         self.tokenizer = loaded.tokenizer
         self.chat_template = loaded.chat_template
         self._identity: dict[str, str] | None = None
+        self._policy: PolicyIdentity | None = None
         self._started = False
         self.adapter_store = AdapterStore(_adapter_dir(config, loaded))
 
@@ -148,6 +165,31 @@ class EngineBackend:
                 "model_config_hash": _sha(cfg),
             }
         return self._identity
+
+    def policy_identity(self) -> PolicyIdentity | None:
+        """Computed once (hashing the weight files takes a moment), then cached."""
+        if self._policy is None:
+            import torch
+
+            source = Path(self.loaded.source)
+            if not source.exists():
+                return None
+            backend = self.loaded.device.type
+            runtime = f"torch-{torch.__version__}"
+            model_cfg = asdict(self.loaded.config)
+            self._policy = PolicyIdentity(
+                served_model_id=self.model_id,
+                base_model_sha256=base_model_sha256(weight_files(source)),
+                inference_config_sha256=inference_config_sha256(
+                    {**model_cfg, "dtype": str(self.loaded.dtype)}, backend, runtime
+                ),
+                implementation=f"kiln-python/{_version()}/{backend}/{runtime}",
+                vocab_sha256=vocab_sha256(self.tokenizer.backend.get_vocab(with_added_tokens=True)),
+                tokenizer_config_sha256=_sha(self.tokenizer.backend.to_str()),
+                chat_template_sha256=_sha(self.chat_template.source),
+                generation_backend=backend,
+            )
+        return self._policy
 
     def submit(self, request: Request) -> AsyncIterator[RequestOutput]:
         queue = self.engine.add_request(request)  # raises EngineError on admission failure

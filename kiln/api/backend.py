@@ -13,6 +13,7 @@ from typing import Any, Protocol
 from kiln.adapters import AdapterStore
 from kiln.engine.outputs import RequestOutput
 from kiln.engine.request import Request
+from kiln.provenance import PolicyIdentity
 
 
 class TokenizerPort(Protocol):
@@ -90,6 +91,10 @@ class Backend(Protocol):
 
     def identity(self) -> dict[str, str]:
         """Content hashes of the model, tokenizer and template (for fingerprints)."""
+        ...
+
+    def policy_identity(self) -> PolicyIdentity | None:
+        """Content-addressed identity for rollout provenance; None when it cannot be had."""
         ...
 
 

@@ -52,9 +52,9 @@ SEMANTIC_CHECKS: dict[str, str] = {
     "rollout_provenance=true rejects non-empty tools and non-null tool_choice":
         "kiln.api.rules.check_chat",
     "rollout_provenance=true requires the real batching engine and content-addressed "
-    "base-policy identity": "kiln.api.handlers.chat_prepare.prepare_chat (501)",
+    "base-policy identity": "kiln.api.handlers.rollout.check (501)",
     "the effective max_tokens must fit the active tokenizer's reasoning close sequence when a "
-    "thinking budget applies": "thinking-budget controller (issue 5)",
+    "thinking budget applies": "kiln.api.handlers.chat_prepare.apply_budget",
     "the tokenized prompt is non-empty and has at most min(4096, served context length) tokens":
         "kiln.api.handlers.completions.create",
     "raw token IDs and prompt_logprobs do not exceed the served vocabulary":
@@ -68,13 +68,14 @@ SEMANTIC_CHECKS: dict[str, str] = {
 # response-side invariants: what the server guarantees about what it emits
 RESPONSE_INVARIANTS: dict[str, str] = {
     "total_tokens = prompt_tokens + completion_tokens": "every handler builds usage as a sum",
-    "serialized object size <= 1048576 bytes": "rollout provenance (issue 7; not emitted yet)",
-    "prompt_token_count <= input_token_ids.length": "rollout provenance (issue 7)",
+    "serialized object size <= 1048576 bytes": "kiln.provenance.semantic_problems",
+    "prompt_token_count <= input_token_ids.length": "kiln.provenance.semantic_problems",
     "action token sequence_index values are strictly increasing and index generated tokens":
-        "rollout provenance (issue 7)",
-    "each action token_id equals input_token_ids[sequence_index]": "rollout provenance (issue 7)",
-    "at least one action token is sampled": "rollout provenance (issue 7)",
+        "kiln.provenance.semantic_problems",
+    "each action token_id equals input_token_ids[sequence_index]":
+        "kiln.provenance.semantic_problems",
+    "at least one action token is sampled": "kiln.api.handlers.rollout.check (max_tokens)",
     "forced action token IDs belong to sampling.thinking_budget.close_token_ids":
-        "rollout provenance (issue 7)",
-    "sum of UTF-8 stop-sequence bytes <= 16384": "rollout provenance (issue 7)",
+        "kiln.provenance.semantic_problems",
+    "sum of UTF-8 stop-sequence bytes <= 16384": "kiln.api.handlers.rollout.check",
 }

@@ -14,6 +14,7 @@ from typing import Any
 
 from kiln.adapters import AdapterStore
 from kiln.api.backend import PositionScore
+from kiln.provenance import PolicyIdentity
 from kiln.engine.errors import EngineError
 from kiln.engine.metrics import RequestMetrics
 from kiln.engine.outputs import RequestOutput
@@ -97,6 +98,14 @@ class FakeBackend:
             if name.startswith("broken"):
                 raise ValueError(f"{name}: lora_A shape does not match the model")
         return tuple(mix)
+
+    def policy_identity(self) -> PolicyIdentity | None:
+        h = "sha256:" + hashlib.sha256(b"fake-policy").hexdigest()
+        return PolicyIdentity(
+            served_model_id=self.model_id, base_model_sha256=h, inference_config_sha256=h,
+            implementation="fake/0", vocab_sha256=h, tokenizer_config_sha256=h,
+            chat_template_sha256=h, generation_backend="fake",
+        )
 
     def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)

@@ -109,9 +109,8 @@ SEMANTIC_CASES = [
         {"messages": M, "rollout_provenance": True, "tool_choice": "auto"},
         400, "chat_invalid_request",
     ),
-    # rollout provenance needs the content-addressed engine path (not in this build yet)
-    ("/v1/chat/completions", {"messages": M, "rollout_provenance": True}, 501,
-     "rollout_provenance_unavailable"),
+    # rollout provenance with a content-addressed backend identity
+    ("/v1/chat/completions", {"messages": M, "rollout_provenance": True}, 200, None),
 ]
 
 

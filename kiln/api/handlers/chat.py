@@ -14,7 +14,7 @@ from kiln.api._generated import wire
 from kiln.api.body import read_json_body
 from kiln.api.encode import json_response
 from kiln.api.errors import ApiError
-from kiln.api.handlers import chat_stream
+from kiln.api.handlers import chat_stream, rollout
 from kiln.api.handlers.chat_prepare import PreparedChat, prepare_chat
 from kiln.api.handlers.generation import (
     Admitted,
@@ -42,6 +42,8 @@ async def create(request: Request) -> Response:
     req = state.contract.parse("ChatCompletionRequest", body, wire.ChatCompletionRequest, ERROR_CODE)
     check_chat(req)
     prepared = prepare_chat(state, req)
+    if prepared.rollout:
+        rollout.check(state, prepared)
     completion_id = f"chatcmpl-{uuid.uuid4()}"
     rid = request_id(request)
     if prepared.stream:
@@ -153,6 +155,11 @@ def response_body(
         choice: dict[str, Any] = {"index": index, "message": message, "finish_reason": finish}
         if prepared.budget_applied and c.thinking_outcome is not None:
             choice["thinking_budget"] = c.thinking_outcome.wire()
+        if prepared.rollout:
+            choice["rollout_provenance"] = rollout.record(
+                state, prepared, prepared.messages, c, message["content"],
+                prepared.template_kwargs,
+            )
         choices.append(choice)
         completion_tokens += c.num_output_tokens
     prompt_tokens = len(prepared.prompt_ids)

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import secrets
 import time
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from msgspec import UNSET
@@ -52,6 +53,9 @@ class PreparedChat:
     tokenization_s: float
     adapter: str
     lora: tuple[tuple[Any, float], ...] = ()
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+    rollout: bool = False
     tools: list[Any] | None = None  # set only when tool-call parsing is on
     parallel_tool_calls: bool = True
     budget_applied: bool = False
@@ -62,7 +66,12 @@ class PreparedChat:
 
     def effective_config_hash(self) -> str:
         canon = json.dumps(
-            {"model": self.model, "params": [p.__dict__ for p in self.params], "n": self.n},
+            {
+                "model": self.model,
+                "adapter": self.adapter,
+                "params": [asdict(p) for p in self.params],
+                "n": self.n,
+            },
             sort_keys=True,
             default=list,
         )
@@ -165,13 +174,6 @@ def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> PreparedCh
     backend = state.backend
     model, model_adapter = resolve_model(backend, opt(req.model))
     selection = select(backend, req.adapter, req.adapters, model_adapter, tri_state=True)
-    if req.rollout_provenance is True:
-        raise ApiError(
-            501,
-            "rollout_provenance_unavailable",
-            "rollout_provenance is not available on this server build yet",
-            param="rollout_provenance",
-        )
     started = time.perf_counter()
     kwargs: dict[str, Any] = dict(opt(req.chat_template_kwargs) or {})
     if "enable_thinking" not in kwargs and cfg.default_thinking_enabled is not None:
@@ -180,7 +182,8 @@ def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> PreparedCh
     tool_choice = opt(req.tool_choice)
     if tool_choice is not None:
         kwargs.setdefault("tool_choice", tool_choice)
-    prompt_text = render_prompt(state, template_messages(req.messages), tools, kwargs)
+    messages = template_messages(req.messages)
+    prompt_text = render_prompt(state, messages, tools, kwargs)
     prompt_ids = backend.tokenizer.encode(prompt_text, add_special_tokens=False)
     tokenization_s = time.perf_counter() - started
     limit = backend.max_model_len
@@ -203,13 +206,17 @@ def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> PreparedCh
     )
     in_reasoning = prompt_starts_in_reasoning(prompt_text)
     spec = apply_budget(state, budget, in_reasoning, max_tokens, stop, "chat_invalid_request")
+    rollout = req.rollout_provenance is True
+    seed = opt(req.seed)
+    if rollout and seed is None:
+        seed = secrets.randbits(64)  # drawn here so that the record can state it
     params = [
         replace(
             sampling_params(
                 req,
                 max_tokens=max_tokens,
                 stop=stop,
-                seed=choice_seed(req.seed, i),
+                seed=choice_seed(seed, i),
                 has_tools=bool(tools),
             ),
             thinking=spec,
@@ -242,4 +249,7 @@ def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> PreparedCh
         tools=tools if tools_enabled(tools, tool_choice) else None,
         parallel_tool_calls=opt(req.parallel_tool_calls) is not False,
         budget_applied=spec is not None,
+        messages=messages,
+        template_kwargs=kwargs,
+        rollout=rollout,
     )

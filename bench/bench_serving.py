@@ -1,0 +1,380 @@
+"""Serving figures through the real HTTP server (the `make bench` list of issue 4).
+
+The server is ``build_app(ServerConfig(...), EngineBackend(load_model(None), config))`` under
+uvicorn in a thread on 127.0.0.1 (random free port); clients are httpx in the main thread.
+
+Figures (each with its goal):
+- single-stream decode tok/s (stream, temperature 0, ignore_eos, 64 tokens) vs transformers'
+  single-sequence ``generate``: goal >= 3x;
+- aggregate decode tok/s of 8 concurrent streams vs transformers' batch-8 ``generate`` (left-padded,
+  attention mask): goal >= 2x; and vs our own single stream: goal >= 4x;
+- p99 vs p50 inter-token latency of 4 running streams while a ~1,500-token prompt is admitted:
+  goal p99 <= 3x p50;
+- server RSS (VmRSS) after N short requests vs after the first 50: goal within 5%.
+
+Decode rates are client-side: every token's arrival is a ``kiln.token_timing`` SSE event
+(``include_performance``), and rate = (tokens - 1) / (last arrival - first arrival).
+Transformers' rate = rows * (n - 1) / (time(n tokens) - time(1 token)).
+
+Usage: python -m bench.bench_serving [--quick]
+Writes bench/results/serving.json (figures, no asserts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import platform
+import random
+import socket
+import statistics
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+import uvicorn
+
+from bench._transformers_ref import build_reference, hf_generate
+from kiln.api.app import build_app
+from kiln.config import ServerConfig
+from kiln.model.loader import LoadedModel, load_model
+from kiln.serving import EngineBackend
+
+RESULTS = Path(__file__).parent / "results" / "serving.json"
+TOPICS = ["the ocean", "autumn leaves", "gravity", "a city at night", "neural networks",
+          "volcanoes", "the moon landing", "bread baking", "chess openings", "rainforests"]
+STREAM_TIMEOUT_S = 300.0
+
+
+@dataclass
+class StreamResult:
+    arrivals: list[float] = field(default_factory=list)  # one per token, perf_counter seconds
+    sent: float = 0.0
+    completion_tokens: int | None = None
+    finish_reason: str | None = None
+
+    def decode_rate(self) -> float:
+        n = len(self.arrivals)
+        if n < 2 or self.arrivals[-1] <= self.arrivals[0]:
+            return 0.0
+        return (n - 1) / (self.arrivals[-1] - self.arrivals[0])
+
+
+def user_prompt(i: int) -> str:
+    return f"Write a long, detailed essay about {TOPICS[i % len(TOPICS)]}. (#{i})"
+
+
+def chat_body(content: str, max_tokens: int, stream: bool = True) -> dict[str, Any]:
+    body: dict[str, Any] = {"messages": [{"role": "user", "content": content}],
+                            "temperature": 0, "max_tokens": max_tokens, "ignore_eos": True,
+                            "stream": stream}
+    if stream:
+        body["include_performance"] = True
+        body["stream_options"] = {"include_usage": True}
+    return body
+
+
+async def stream_chat(client: httpx.AsyncClient, body: dict[str, Any],
+                      result: StreamResult | None = None,
+                      stop: asyncio.Event | None = None) -> StreamResult:
+    """POST a streaming chat request; record each token's arrival. Returns early (closing the
+    connection, which aborts the request) once ``stop`` is set."""
+    res = result or StreamResult()
+    res.sent = time.perf_counter()
+    async with client.stream("POST", "/v1/chat/completions", json=body,
+                             timeout=STREAM_TIMEOUT_S) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread())[:500]!r}")
+        async for line in r.aiter_lines():
+            now = time.perf_counter()
+            if not line.startswith("data: "):
+                continue
+            data = line[6:]
+            if data == "[DONE]":
+                break
+            obj = json.loads(data)
+            if "error" in obj:
+                raise RuntimeError(f"stream error: {obj['error']}")
+            if obj.get("object") == "kiln.token_timing":
+                res.arrivals.append(now)
+            elif obj.get("usage"):
+                res.completion_tokens = int(obj["usage"]["completion_tokens"])
+            for choice in obj.get("choices") or []:
+                if choice.get("finish_reason"):
+                    res.finish_reason = choice["finish_reason"]
+            if stop is not None and stop.is_set():
+                break
+    return res
+
+
+class LiveServer:
+    def __init__(self, loaded: LoadedModel) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        self.config = ServerConfig(port=port, log_level="warning")
+        self.backend = EngineBackend(loaded, self.config)
+        app = build_app(self.config, self.backend)
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
+                                                    log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.url = f"http://127.0.0.1:{port}"
+
+    def __enter__(self) -> LiveServer:
+        self.thread.start()
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError("server did not become healthy in 120 s")
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=60)
+
+
+def vm_rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def pct(xs: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100)."""
+    s = sorted(xs)
+    if not s:
+        return float("nan")
+    k = max(0, min(len(s) - 1, int(-(-q * len(s) // 100)) - 1))
+    return s[k]
+
+
+# -- transformers baselines --------------------------------------------------------------------
+def hf_baselines(loaded: LoadedModel, n: int, repeats: int) -> dict[str, Any]:
+    ref = build_reference(loaded)
+    tok, tpl = loaded.tokenizer, loaded.chat_template
+    prompts = [tok.encode(tpl.render([{"role": "user", "content": user_prompt(i)}],
+                                     add_generation_prompt=True)) for i in range(8)]
+    pad = min(tok.eos_token_ids) if tok.eos_token_ids else 0
+    hf_generate(ref, prompts[:1], 4, pad)  # warm-up
+    single, batch = [], []
+    for _ in range(repeats):
+        t1 = hf_generate(ref, prompts[:1], 1, pad).seconds
+        tn = hf_generate(ref, prompts[:1], n, pad).seconds
+        single.append((n - 1) / max(1e-9, tn - t1))
+        b1 = hf_generate(ref, prompts, 1, pad).seconds
+        bn = hf_generate(ref, prompts, n, pad).seconds
+        batch.append(8 * (n - 1) / max(1e-9, bn - b1))
+    del ref
+    gc.collect()
+    return {"single_tok_s": max(single), "single_tok_s_all": single,
+            "batch8_tok_s": max(batch), "batch8_tok_s_all": batch}
+
+
+# -- server measurements -----------------------------------------------------------------------
+async def single_stream(client: httpx.AsyncClient, n: int, repeats: int) -> dict[str, Any]:
+    rates = []
+    for r in range(repeats):
+        res = await stream_chat(client, chat_body(user_prompt(100 + r), n))
+        rates.append(res.decode_rate())
+    return {"tok_s": max(rates), "tok_s_all": rates}
+
+
+async def concurrent_streams(client: httpx.AsyncClient, streams: int, n: int,
+                             repeats: int) -> dict[str, Any]:
+    rates = []
+    for r in range(repeats):
+        results = await asyncio.gather(*(
+            stream_chat(client, chat_body(user_prompt(200 + 10 * r + i), n))
+            for i in range(streams)))
+        first = min(x.arrivals[0] for x in results)
+        last = max(x.arrivals[-1] for x in results)
+        tokens = sum(len(x.arrivals) - 1 for x in results)
+        rates.append(tokens / (last - first))
+    return {"tok_s": max(rates), "tok_s_all": rates}
+
+
+def long_prompt(loaded: LoadedModel, target: int, seed: int) -> tuple[str, int]:
+    """A user message whose rendered chat prompt is about ``target`` tokens (unique words, so the
+    prefix cache cannot help)."""
+    rng = random.Random(seed)
+    words = ["amber", "river", "stone", "lantern", "harbor", "meadow", "copper", "violet",
+             "thunder", "orchard", "glacier", "falcon", "cinder", "willow", "quartz", "ember"]
+    text = ""
+    count = 0
+    while count < target:
+        text += " ".join(rng.choice(words) for _ in range(50)) + f" {rng.randrange(10**6)}. "
+        rendered = loaded.chat_template.render([{"role": "user", "content": text}],
+                                               add_generation_prompt=True)
+        count = len(loaded.tokenizer.encode(rendered))
+    return text, count
+
+
+async def admission_itl(client: httpx.AsyncClient, loaded: LoadedModel, prompt_tokens: int,
+                        ) -> dict[str, Any]:
+    """ITLs of 4 decoding streams while one long prompt is admitted (until its first token)."""
+    text, n_prompt = long_prompt(loaded, prompt_tokens, seed=int(time.time()))
+    stop = asyncio.Event()
+    runs = [StreamResult() for _ in range(4)]
+    tasks = [asyncio.create_task(stream_chat(client, chat_body(user_prompt(300 + i), 1024),
+                                             runs[i], stop)) for i in range(4)]
+    deadline = time.perf_counter() + 120
+    while min(len(r.arrivals) for r in runs) < 8:  # all four are decoding
+        if time.perf_counter() > deadline or any(t.done() for t in tasks):
+            raise RuntimeError("the 4 background streams did not start decoding")
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.5)
+    long_req = StreamResult()
+    t_send = time.perf_counter()
+    long_task = asyncio.create_task(stream_chat(client, chat_body(text, 1), long_req))
+    while not long_req.arrivals:
+        if time.perf_counter() - t_send > STREAM_TIMEOUT_S or long_task.done():
+            break
+        await asyncio.sleep(0.005)
+    t_first = long_req.arrivals[0] if long_req.arrivals else time.perf_counter()
+    await asyncio.sleep(0.5)
+    stop.set()
+    await asyncio.wait_for(long_task, STREAM_TIMEOUT_S)
+    await asyncio.wait_for(asyncio.gather(*tasks), STREAM_TIMEOUT_S)
+    during: list[float] = []
+    before: list[float] = []
+    for r in runs:
+        for a, b in zip(r.arrivals, r.arrivals[1:], strict=False):
+            if t_send <= b <= t_first:
+                during.append(b - a)
+            elif b < t_send:
+                before.append(b - a)
+    # an ITL interval that straddles the end of the window also belongs to the admission
+    for r in runs:
+        after = [b - a for a, b in zip(r.arrivals, r.arrivals[1:], strict=False)
+                 if a < t_first < b]
+        during.extend(after)
+    p50, p99 = statistics.median(during), pct(during, 99)
+    return {"prompt_tokens": n_prompt, "window_s": t_first - t_send, "itl_count": len(during),
+            "itl_p50_ms": 1000 * p50, "itl_p99_ms": 1000 * p99, "itl_max_ms": 1000 * max(during),
+            "ratio_p99_p50": p99 / p50,
+            "itl_p50_before_ms": 1000 * statistics.median(before) if before else None}
+
+
+async def rss_growth(client: httpx.AsyncClient, total: int, first: int,
+                     concurrency: int) -> dict[str, Any]:
+    sem = asyncio.Semaphore(concurrency)
+    done = 0
+    marks: dict[int, float] = {}
+
+    async def one(i: int) -> None:
+        nonlocal done
+        async with sem:
+            body = chat_body(user_prompt(1000 + i), 4, stream=i % 2 == 0)
+            if body["stream"]:
+                await stream_chat(client, body)
+            else:
+                r = await client.post("/v1/chat/completions", json=body, timeout=STREAM_TIMEOUT_S)
+                if r.status_code != 200:
+                    raise RuntimeError(f"HTTP {r.status_code}: {r.text[:300]}")
+            done += 1
+
+    start = time.perf_counter()
+    await asyncio.gather(*(one(i) for i in range(first)))
+    marks[first] = vm_rss_mb()
+    await asyncio.gather(*(one(i) for i in range(first, total)))
+    marks[total] = vm_rss_mb()
+    growth = (marks[total] - marks[first]) / marks[first]
+    return {"requests": done, "rss_after_first_mb": marks[first], "rss_after_all_mb": marks[total],
+            "first": first, "total": total, "growth_pct": 100 * growth,
+            "wall_s": time.perf_counter() - start}
+
+
+async def serve_all(server: LiveServer, loaded: LoadedModel, args: argparse.Namespace
+                    ) -> dict[str, Any]:
+    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+    async with httpx.AsyncClient(base_url=server.url, limits=limits) as client:
+        await stream_chat(client, chat_body("Hello!", 8))  # warm-up
+        out: dict[str, Any] = {}
+        print("single stream ...", flush=True)
+        out["single"] = await single_stream(client, args.max_tokens, args.repeats)
+        print("8 concurrent streams ...", flush=True)
+        out["concurrent8"] = await concurrent_streams(client, 8, args.max_tokens, args.repeats)
+        print("admission ITL ...", flush=True)
+        out["admission"] = await admission_itl(client, loaded, args.long_prompt_tokens)
+        print(f"RSS over {args.rss_requests} requests ...", flush=True)
+        out["rss"] = await rss_growth(client, args.rss_requests, 50, 8)
+        out["engine_stats"] = server.backend.stats()
+        return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true", help="1 repeat, 150 RSS requests")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--long-prompt-tokens", type=int, default=1500)
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    args = ap.parse_args()
+    args.repeats = 1 if args.quick else 3
+    args.rss_requests = 150 if args.quick else 500
+
+    t0 = time.perf_counter()
+    loaded = load_model(None)
+    print("transformers baselines ...", flush=True)
+    hf = hf_baselines(loaded, args.max_tokens, args.repeats)
+    with LiveServer(loaded) as server:
+        ours = asyncio.run(serve_all(server, loaded, args))
+    single, conc = ours["single"]["tok_s"], ours["concurrent8"]["tok_s"]
+    adm, rss = ours["admission"], ours["rss"]
+    checks = [
+        ("single-stream decode tok/s vs HF generate", single, hf["single_tok_s"],
+         single / hf["single_tok_s"], ">= 3x", single / hf["single_tok_s"] >= 3),
+        ("8-stream aggregate tok/s vs HF batch-8", conc, hf["batch8_tok_s"],
+         conc / hf["batch8_tok_s"], ">= 2x", conc / hf["batch8_tok_s"] >= 2),
+        ("8-stream aggregate vs our single stream", conc, single, conc / single, ">= 4x",
+         conc / single >= 4),
+        (f"ITL p99 vs p50 ms, {adm['prompt_tokens']}-tok admission", adm["itl_p99_ms"],
+         adm["itl_p50_ms"], adm["ratio_p99_p50"], "<= 3x", adm["ratio_p99_p50"] <= 3),
+        (f"RSS MB after {rss['total']} vs first {rss['first']} reqs", rss["rss_after_all_mb"],
+         rss["rss_after_first_mb"], 1 + rss["growth_pct"] / 100, "<= 1.05x",
+         abs(rss["growth_pct"]) <= 5),
+    ]
+    print(f"\n{'figure':48} {'value':>9} {'baseline':>9} {'ratio':>7} {'goal':>9} result")
+    for name, value, base, ratio, goal, ok in checks:
+        print(f"{name:48} {value:9.2f} {base:9.2f} {ratio:7.2f} {goal:>9} "
+              f"{'PASS' if ok else 'FAIL'}")
+    print(f"(rates: best of {args.repeats}; all: ours single {ours['single']['tok_s_all']}, "
+          f"ours 8 {ours['concurrent8']['tok_s_all']}, hf single {hf['single_tok_s_all']}, "
+          f"hf batch-8 {hf['batch8_tok_s_all']})")
+    print(f"admission window {adm['window_s']:.2f} s, {adm['itl_count']} ITLs, max "
+          f"{adm['itl_max_ms']:.1f} ms, p50 before admission {adm['itl_p50_before_ms']:.1f} ms; "
+          f"RSS run {rss['requests']} requests in {rss['wall_s']:.1f} s")
+    report = {
+        "benchmark": "serving",
+        "model": loaded.served_name,
+        "device": str(loaded.device),
+        "dtype": str(loaded.dtype),
+        "machine": platform.machine(),
+        "torch_threads": torch.get_num_threads(),
+        "quick": args.quick,
+        "max_tokens": args.max_tokens,
+        "transformers": hf,
+        **ours,
+        "checks": [{"figure": c[0], "value": c[1], "baseline": c[2], "ratio": c[3],
+                    "goal": c[4], "pass": c[5]} for c in checks],
+        "wall_s": time.perf_counter() - t0,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,339 @@
+"""Live contract fuzzing: schemathesis against a real `python -m kiln serve` subprocess.
+
+Starts the server (default model) on a free 127.0.0.1 port, optionally with an adapter directory
+holding one random PEFT adapter named ``style`` (the contract's example name), waits for /health,
+runs the schemathesis CLI with every check, negative testing on, a fixed seed, bounded examples
+and ``--workers 1``, stops the server and writes a summary to ``bench/results/fuzz_live.json``.
+
+This module is also the schemathesis hooks module (``SCHEMATHESIS_HOOKS=bench.fuzz_live``): the
+hooks keep generation cheap on a CPU (positive bodies get ``max_tokens <= 4``, ``n <= 2``, at most
+4 batch prompts) and skip positive bodies that break the semantic constraints JSON Schema cannot
+express, reusing the filter of ``tests/api/test_schemathesis.py``.
+
+    python -m bench.fuzz_live --max-examples 50 --timeout 600
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import httpx
+import schemathesis
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+PYTHON = sys.executable
+
+# Cost caps applied to positive (schema-valid) generation bodies.
+MAX_TOKENS = 4
+MAX_N = 2
+MAX_BATCH_PROMPTS = 4
+GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions/batch")
+
+# SmolLM2-135M-Instruct (reference/default-model.md): q_proj out 576, k/v out 192, 30 layers.
+SMOLLM2_LAYERS = 30
+SMOLLM2_HIDDEN = 576
+SMOLLM2_KV_OUT = 192
+
+
+# -- server subprocess -------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def write_random_adapter(root: Path, name: str = "style", rank: int = 4, seed: int = 0) -> Path:
+    """A small random PEFT LoRA (q_proj and v_proj, every layer) for the default model."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(seed)
+    folder = root / name
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors: dict[str, Any] = {}
+    for layer in range(SMOLLM2_LAYERS):
+        for module, n_out in (("q_proj", SMOLLM2_HIDDEN), ("v_proj", SMOLLM2_KV_OUT)):
+            prefix = f"base_model.model.model.layers.{layer}.self_attn.{module}"
+            a = rng.standard_normal((rank, SMOLLM2_HIDDEN)).astype(np.float32) * 0.01
+            b = rng.standard_normal((n_out, rank)).astype(np.float32) * 0.01
+            tensors[f"{prefix}.lora_A.weight"] = a
+            tensors[f"{prefix}.lora_B.weight"] = b
+    save_file(tensors, str(folder / "adapter_model.safetensors"))
+    config = {"r": rank, "lora_alpha": 2 * rank, "target_modules": ["q_proj", "v_proj"],
+              "peft_type": "LORA", "bias": "none"}
+    (folder / "adapter_config.json").write_text(json.dumps(config))
+    return folder
+
+
+@dataclass
+class Server:
+    proc: subprocess.Popen[bytes]
+    url: str
+    log_path: Path
+
+    @property
+    def pid(self) -> int:
+        return int(self.proc.pid)
+
+    def log_tail(self, chars: int = 4000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+
+def _wait_healthy(server: Server, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.proc.poll() is not None:
+            raise RuntimeError(f"server exited with {server.proc.returncode}:\n{server.log_tail()}")
+        try:
+            if httpx.get(server.url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.25)
+    raise RuntimeError(f"server not healthy after {timeout_s:.0f} s:\n{server.log_tail()}")
+
+
+def stop_server(server: Server, grace_s: float = 15.0) -> int | None:
+    """SIGTERM, then SIGKILL after `grace_s`; only ever the process this module started."""
+    if server.proc.poll() is None:
+        server.proc.send_signal(signal.SIGTERM)
+        try:
+            server.proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            server.proc.kill()
+            server.proc.wait(timeout=10)
+    return server.proc.returncode
+
+
+@contextlib.contextmanager
+def running_server(
+    args: Sequence[str] = (), *, log_path: Path, startup_timeout_s: float = 240.0
+) -> Iterator[Server]:
+    """`python -m kiln serve` on a free 127.0.0.1 port; stopped on exit, whatever happens."""
+    port = free_port()
+    cmd = [PYTHON, "-m", "kiln", "serve", "--host", "127.0.0.1", "--port", str(port),
+           "--log-level", "warning", "--drain-timeout-s", "5", *args]
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    server = Server(proc, f"http://127.0.0.1:{port}", log_path)
+    try:
+        _wait_healthy(server, startup_timeout_s)
+        yield server
+    finally:
+        stop_server(server)
+
+
+# -- schemathesis hooks --------------------------------------------------------------------------
+
+
+@cache
+def _semantic_filter() -> Callable[..., bool]:
+    # Imported lazily: the module builds an in-process app on the engine test double.
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from tests.api.test_schemathesis import semantically_valid
+
+    return semantically_valid
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def cap_body(path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a valid generation body with bounded cost (few tokens, few choices)."""
+    if path not in GENERATION_PATHS:
+        return body
+    out = dict(body)
+    capped = False
+    for key in ("max_tokens", "max_completion_tokens"):
+        if _is_int(out.get(key)):
+            out[key] = min(out[key], MAX_TOKENS)
+            capped = True
+    if not capped:
+        out["max_tokens"] = MAX_TOKENS
+    if _is_int(out.get("n")):
+        out["n"] = min(out["n"], MAX_N)
+    prompts = out.get("prompts")
+    if path == "/v1/completions/batch" and isinstance(prompts, list):
+        out["prompts"] = prompts[:MAX_BATCH_PROMPTS]
+    return out
+
+
+def _body_is_positive(case: Any) -> bool:
+    meta = getattr(case, "meta", None)
+    if meta is None:
+        return True
+    from schemathesis.core.parameters import ParameterLocation
+
+    return bool(meta.generation.mode.is_positive) and not meta.is_negative_at(
+        ParameterLocation.BODY
+    )
+
+
+@schemathesis.hook
+def filter_case(ctx: Any, case: Any) -> bool:
+    """Skip valid bodies the server rightly refuses for semantic (non-schema) reasons."""
+    if not _body_is_positive(case):
+        return True
+    return _semantic_filter()(case.operation.path, case.body, case.path_parameters)
+
+
+@schemathesis.hook
+def map_case(ctx: Any, case: Any) -> Any:
+    """Keep model work cheap for valid generation requests."""
+    if _body_is_positive(case) and isinstance(case.body, dict):
+        case.body = cap_body(case.operation.path, case.body)
+    return case
+
+
+# -- the run -----------------------------------------------------------------------------------
+
+
+@dataclass
+class FuzzResult:
+    returncode: int
+    timed_out: bool
+    wall_s: float
+    tests: int
+    failures: list[dict[str, str]]
+    output_tail: str
+    server_exit: int | None
+    server_log_tail: str
+
+
+def _parse_junit(path: Path) -> tuple[int, list[dict[str, str]]]:
+    if not path.is_file():
+        return 0, []
+    root = ET.parse(path).getroot()
+    tests, failures = 0, []
+    for case in root.iter("testcase"):
+        tests += 1
+        for tag in ("failure", "error"):
+            for node in case.findall(tag):
+                text = (node.get("message") or "") + "\n" + (node.text or "")
+                failures.append({"operation": case.get("name", "?"), "kind": tag,
+                                 "detail": text.strip()[:4000]})
+    return tests, failures
+
+
+def run_fuzz(
+    *, max_examples: int, seed: int, timeout_s: float, phases: str, adapters: bool,
+    time_budget_s: int | None = None, request_timeout_s: float = 120.0,
+    report_dir: Path | None = None, extra_st_args: Sequence[str] = (),
+) -> FuzzResult:
+    """Start the server, run schemathesis over its live OpenAPI document, stop the server."""
+    report_dir = report_dir or Path(tempfile.mkdtemp(prefix="kiln-fuzz-live-"))
+    report_dir.mkdir(parents=True, exist_ok=True)
+    junit = report_dir / "junit.xml"
+    with contextlib.ExitStack() as stack:
+        server_args = ["--request-timeout-s", "120"]
+        if adapters:
+            adapter_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="kiln-ad-")))
+            write_random_adapter(adapter_dir)
+            server_args += ["--adapter-dir", str(adapter_dir)]
+        server = stack.enter_context(
+            running_server(server_args, log_path=report_dir / "server.log"))
+        cmd = [
+            str(Path(PYTHON).with_name("schemathesis")), "run", server.url + "/openapi.json",
+            "--checks", "all", "--mode", "all", "--seed", str(seed),
+            "--max-examples", str(max_examples), "--workers", "1", "--phases", phases,
+            "--request-timeout", str(request_timeout_s), "--suppress-health-check", "all",
+            "--report", "junit", "--report-junit-path", str(junit),
+            "--report-dir", str(report_dir), "--output-truncate", "false", "--no-color",
+            *(["--max-time", str(time_budget_s)] if time_budget_s else []), *extra_st_args,
+        ]
+        env = dict(os.environ, SCHEMATHESIS_HOOKS="bench.fuzz_live",
+                   PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT),
+                                                            os.environ.get("PYTHONPATH")])))
+        start = time.monotonic()
+        timed_out = False
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT)
+        try:
+            out, _ = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            proc.send_signal(signal.SIGINT)  # schemathesis prints its summary on interrupt
+            try:
+                out, _ = proc.communicate(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, _ = proc.communicate()
+        wall = time.monotonic() - start
+        alive = server.proc.poll() is None
+        server_exit = None if alive else server.proc.returncode
+    text = out.decode(errors="replace")
+    tests, failures = _parse_junit(junit)
+    if not alive:
+        failures.append({"operation": "server", "kind": "crash",
+                         "detail": f"server exited with {server_exit} during the run"})
+    return FuzzResult(
+        returncode=proc.returncode if proc.returncode is not None else -1, timed_out=timed_out,
+        wall_s=round(wall, 1), tests=tests, failures=failures, output_tail=text[-12000:],
+        server_exit=server_exit, server_log_tail=server.log_tail(6000),
+    )
+
+
+def summary_line(output: str) -> str:
+    lines = [ln for ln in output.splitlines() if re.search(r"\d+ (passed|failed|errored)", ln)]
+    return lines[-1].strip() if lines else ""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.fuzz_live", description=__doc__)
+    parser.add_argument("--max-examples", type=int, default=50)
+    parser.add_argument("--seed", type=int, default=20240611)
+    parser.add_argument("--timeout", type=float, default=600.0,
+                        help="hard wall-clock cap on the schemathesis run (s)")
+    parser.add_argument("--time-budget", type=int, default=None,
+                        help="schemathesis --max-time: keep fuzzing until this is spent (s)")
+    parser.add_argument("--phases", default="examples,coverage,fuzzing,stateful")
+    parser.add_argument("--no-adapters", action="store_true")
+    parser.add_argument("--out", type=Path, default=RESULTS / "fuzz_live.json")
+    args = parser.parse_args(argv)
+    report_dir = Path(tempfile.mkdtemp(prefix="kiln-fuzz-live-"))
+    result = run_fuzz(max_examples=args.max_examples, seed=args.seed, timeout_s=args.timeout,
+                      phases=args.phases, adapters=not args.no_adapters,
+                      time_budget_s=args.time_budget, report_dir=report_dir)
+    print(result.output_tail)
+    record = {
+        "max_examples": args.max_examples, "seed": args.seed, "phases": args.phases,
+        "adapters": not args.no_adapters, "returncode": result.returncode,
+        "timed_out": result.timed_out, "wall_s": result.wall_s, "tests": result.tests,
+        "summary": summary_line(result.output_tail), "failures": result.failures,
+        "report_dir": str(report_dir),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"fuzz_live: {len(result.failures)} failure(s), st exit {result.returncode}, "
+          f"{result.wall_s} s, timed out: {result.timed_out}; wrote {args.out}")
+    ok = result.returncode == 0 and not result.failures and not result.timed_out
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
