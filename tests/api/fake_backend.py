@@ -14,11 +14,11 @@ from typing import Any
 
 from kiln.adapters import AdapterStore
 from kiln.api.backend import PositionScore
-from kiln.provenance import PolicyIdentity
 from kiln.engine.errors import EngineError
 from kiln.engine.metrics import RequestMetrics
 from kiln.engine.outputs import RequestOutput
 from kiln.engine.request import Request
+from kiln.provenance import PolicyIdentity
 
 VOCAB = 1000
 EOS = 2
