@@ -112,6 +112,22 @@ def inference_config_sha256(model_config: Mapping[str, Any], backend: str, runti
     return sha256_prefixed(compact_json(doc, sort_keys=True))
 
 
+def adapter_identity(lora: Sequence[tuple[Any, float]]) -> dict[str, str] | None:
+    """{name, content_sha256} of an adapter mix: one adapter at scale 1 as itself; a composition
+    as a name listing its parts and a hash over (content hash, scale) pairs."""
+    if not lora:
+        return None
+    parts = [(str(getattr(a, "name", a)), str(getattr(a, "content_sha256", a)), s) for a, s in lora]
+    if len(parts) == 1 and parts[0][2] == 1.0:
+        name, sha, _ = parts[0]
+        return {"name": name, "content_sha256": sha if sha.startswith("sha256:") else "sha256:" + sha}
+    composite = [{"content_sha256": sha, "scale": scale} for _, sha, scale in sorted(parts, key=lambda p: p[1])]
+    return {
+        "name": "+".join(f"{name}*{scale:g}" for name, _, scale in parts),
+        "content_sha256": sha256_prefixed(compact_json(composite)),
+    }
+
+
 @dataclass(frozen=True)
 class PolicyIdentity:
     """What the server knows about the policy it serves (computed once per process)."""

@@ -10,7 +10,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kiln.adapters import AdapterStore, validate_name
 from kiln.api.backend import PositionScore
@@ -195,18 +195,29 @@ class EngineBackend:
         queue = self.engine.add_request(request)  # raises EngineError on admission failure
         return EngineStream(self.engine, request.request_id, queue)
 
-    async def score(self, prompt_ids: list[int], top_k: int) -> list[PositionScore]:
-        """Prompt-logprob scoring, alone on the model between engine steps."""
+    async def score(
+        self, prompt_ids: list[int], top_k: int, lora: tuple[tuple[Any, float], ...] = ()
+    ) -> list[PositionScore]:
+        """Prompt-logprob scoring, alone on the model between engine steps; under the base model,
+        or under the adapter mix `lora` (DESIGN §6)."""
         from kiln.engine.runner import ModelRunner
         from kiln.engine.scoring import score_prompt
+        from kiln.model.lora_slots import LoraBatch
 
         runner = self.engine.executor
         if not isinstance(runner, ModelRunner):
             raise TypeError("EngineBackend.score needs an engine over a ModelRunner")
         pool = self.engine.scheduler.pool
         ids = list(prompt_ids)
+        mix = list(lora)
+
+        def plan(n: int) -> LoraBatch:
+            return LoraBatch.build([mix], [n], runner.lora_slots)
+
         return await self.engine.run_exclusive(
-            lambda: score_prompt(runner.model, runner.kv, pool, ids, top_k)
+            lambda: score_prompt(
+                runner.model, runner.kv, pool, ids, top_k, lora=plan if mix else None
+            )
         )
 
 

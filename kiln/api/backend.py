@@ -66,8 +66,12 @@ class Backend(Protocol):
         """"ok" (serving), "loading", or "error" (the engine cannot serve)."""
         ...
 
-    async def score(self, prompt_ids: list[int], top_k: int) -> list[PositionScore]:
-        """Prompt-logprob scoring; see ScoringPort."""
+    async def score(
+        self, prompt_ids: list[int], top_k: int, lora: tuple[tuple[Any, float], ...] = ()
+    ) -> list[PositionScore]:
+        """One entry per prompt position >= 1: the observed token's log-softmax value and
+        full-vocabulary rank, and the top-k ids by raw logit (ties to the lower id); under the
+        adapter mix `lora` when one is given."""
         ...
 
     @property
@@ -95,15 +99,6 @@ class Backend(Protocol):
 
     def policy_identity(self) -> PolicyIdentity | None:
         """Content-addressed identity for rollout provenance; None when it cannot be had."""
-        ...
-
-
-class ScoringPort(Protocol):
-    """Prompt-logprob scoring (POST /v1/completions)."""
-
-    async def score(self, prompt_ids: list[int], top_k: int) -> list[PositionScore]:
-        """One entry per prompt position >= 1: the observed token's log-softmax value and
-        full-vocabulary rank, and the top-k ids by raw logit (ties to the lower id)."""
         ...
 
 

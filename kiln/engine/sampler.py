@@ -57,20 +57,16 @@ class Sampler:
 
     def _history(self, seqs: Sequence[ScheduledSeq], vocab: int
                  ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Output-token counts and prompt masks; shared zero buffers when no row needs them."""
+        """Output-token counts, and the (always empty) prompt mask: as in Kiln (reference §5.3) the
+        repetition penalty covers generated tokens only, which the counts already carry."""
         b = len(seqs)
         count_rows: list[int] = []
         count_ids: list[int] = []
-        mask_rows: list[int] = []
-        mask_ids: list[int] = []
         for i, s in enumerate(seqs):
             if not s.sampling.uses_penalties:
                 continue
             count_rows.extend([i] * len(s.output_token_ids))
             count_ids.extend(s.output_token_ids)
-            if s.sampling.repetition_penalty != 1.0:
-                mask_rows.extend([i] * len(s.prompt_token_ids))
-                mask_ids.extend(s.prompt_token_ids)
         if count_ids:
             counts = torch.zeros((b, vocab), dtype=torch.int32, device=self.device)
             idx = self._index(count_rows, count_ids, vocab)
@@ -78,12 +74,7 @@ class Sampler:
                                               device=self.device), accumulate=True)
         else:
             counts = self._zeros_counts(b, vocab)
-        if mask_ids:
-            mask = torch.zeros((b, vocab), dtype=torch.bool, device=self.device)
-            mask[self._index(mask_rows, mask_ids, vocab)] = True
-        else:
-            mask = self._zeros_mask(b, vocab)
-        return counts, mask
+        return counts, self._zeros_mask(b, vocab)
 
     def _index(self, rows: list[int], ids: list[int], vocab: int
                ) -> tuple[torch.Tensor, torch.Tensor]:

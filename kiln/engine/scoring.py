@@ -52,7 +52,10 @@ def score_prompt(model: CausalLM, kv: KVCache, pool: BlockPool, prompt_ids: Sequ
                  top_k: int, *, chunk_tokens: int = CHUNK_TOKENS, proj_rows: int = PROJ_ROWS,
                  lora: object | None = None) -> list[PositionScore]:
     """One PositionScore per prompt position >= 1 (engine thread only: it borrows KV blocks
-    from ``pool`` and writes into ``kv``; they are returned before this returns or raises)."""
+    from ``pool`` and writes into ``kv``; they are returned before this returns or raises).
+
+    ``lora`` is None (base model) or a callable giving the adapter plan for a chunk of n tokens
+    (released after that chunk's forward)."""
     vocab = model.output_weight().shape[0]
     if not prompt_ids:
         raise ValueError("score_prompt: empty prompt")
@@ -92,8 +95,14 @@ def _score(model: CausalLM, kv: KVCache, blocks: list[int], ids: list[int], top_
     out: list[PositionScore] = []
     for start in range(0, fed, chunk_tokens):
         end = min(fed, start + chunk_tokens)
-        batch = scoring_batch(ids[start:end], start, blocks[:_cdiv(end, bs)], bs, device, lora)
-        hidden = model.hidden_states(batch, kv)
+        plan = lora(end - start) if callable(lora) else lora
+        batch = scoring_batch(ids[start:end], start, blocks[:_cdiv(end, bs)], bs, device, plan)
+        try:
+            hidden = model.hidden_states(batch, kv)
+        finally:
+            release = getattr(plan, "release", None)
+            if callable(lora) and release is not None:
+                release()  # a per-chunk plan pins adapter slots until its forward is done
         for r0 in range(0, end - start, proj_rows):
             rows = hidden[r0:r0 + proj_rows]
             logits = F.linear(model.model.norm(rows), weight).to(torch.float32)

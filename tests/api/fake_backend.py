@@ -170,7 +170,10 @@ class FakeBackend:
             error="injected failure" if reason == "error" else None,
         )
 
-    async def score(self, prompt_ids: list[int], top_k: int) -> list[PositionScore]:
+    async def score(
+        self, prompt_ids: list[int], top_k: int, lora: tuple[tuple[Any, float], ...] = ()
+    ) -> list[PositionScore]:
+        self.scored_lora = lora
         out = []
         for tid in prompt_ids[1:]:
             top = list(range(top_k))

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import time
 import uuid
 from typing import Any
 
+from msgspec import UNSET
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -13,10 +16,13 @@ from kiln.api._generated import wire
 from kiln.api.body import read_json_body
 from kiln.api.encode import json_response
 from kiln.api.errors import ApiError
+from kiln.api.handlers.adapters import BASE, Selection, select
 from kiln.api.handlers.generation import engine_error, until_disconnect
+from kiln.api.handlers.models import resolve_model
 from kiln.api.handlers.params import opt
 from kiln.api.state import app_state
 from kiln.engine.errors import EngineError
+from kiln.provenance import adapter_identity, compact_json
 
 ERROR_CODE = "completion_invalid_request"
 MAX_K = 256
@@ -33,11 +39,11 @@ async def create(request: Request) -> Response:
     backend = state.backend
     body = await read_json_body(request, state.config.max_body_bytes)
     req = state.contract.parse("TextCompletionRequest", body, wire.TextCompletionRequest, ERROR_CODE)
-    model = opt(req.model)
-    if model is not None and model != backend.model_id and model not in backend.aliases:
-        raise ApiError(
-            404, "model_not_found", f"model {model!r} is not served here", param="model"
-        )
+    # DESIGN §6: scores under the base model, or under the adapter `model` names
+    _, model_adapter = resolve_model(backend, opt(req.model))
+    selection = (
+        select(backend, UNSET, UNSET, model_adapter, tri_state=False) if model_adapter else BASE
+    )
     n = opt(req.n)
     if n is not None and n != 1:
         raise _bad("n must be 1 (or null) for prompt scoring", "n")
@@ -68,7 +74,7 @@ async def create(request: Request) -> Response:
             "prompt_logprobs",
         )
     try:
-        scores = await until_disconnect(request, backend.score(ids, k))
+        scores = await until_disconnect(request, backend.score(ids, k, selection.lora))
     except EngineError as exc:  # e.g. kv_cache_exhausted (503), non-finite logits (500)
         raise engine_error(exc) from None
     logprobs: list[Any] = [None]
@@ -83,20 +89,42 @@ async def create(request: Request) -> Response:
                 "decoded_token": _decode(backend, context, s.token_id),
             }
         logprobs.append(entries)
-    identity = backend.identity()
+    fingerprint = teacher_fingerprint(backend, selection)
     return json_response(
         {
             "id": f"cmpl-{uuid.uuid4()}",
             "object": "text_completion",
             "created": int(time.time()),
-            "model": backend.model_id,
-            "system_fingerprint": identity.get("fingerprint"),
+            "model": model_adapter or backend.model_id,
+            "system_fingerprint": fingerprint,
             "choices": [
                 {"index": 0, "text": "", "finish_reason": "length", "prompt_logprobs": logprobs}
             ],
             "usage": {"prompt_tokens": len(ids), "completion_tokens": 0, "total_tokens": len(ids)},
         }
     )
+
+
+def teacher_fingerprint(backend: Any, selection: Selection) -> str | None:
+    """`kiln-teacher-v1.<base64url JSON>.<sha256 of that JSON>`: the exact base model content,
+    adapter content, tokenizer and template that produced the scores (None without an identity)."""
+    identity = backend.policy_identity()
+    if identity is None:
+        return None
+    doc: dict[str, Any] = {
+        "served_model_id": identity.served_model_id,
+        "base_model_sha256": identity.base_model_sha256,
+        "tokenizer_vocab_sha256": identity.vocab_sha256,
+        "tokenizer_config_sha256": identity.tokenizer_config_sha256,
+        "chat_template_sha256": identity.chat_template_sha256,
+        "inference_config_sha256": identity.inference_config_sha256,
+    }
+    adapter = adapter_identity(selection.lora)
+    if adapter is not None:
+        doc["adapter"] = adapter
+    raw = compact_json(doc, sort_keys=True)
+    encoded = base64.urlsafe_b64encode(raw).decode().rstrip("=")
+    return f"kiln-teacher-v1.{encoded}.{hashlib.sha256(raw).hexdigest()}"
 
 
 def _decode(backend: Any, context: list[int], token_id: int) -> str:

@@ -9,7 +9,7 @@ from kiln.api.errors import ApiError
 from kiln.api.handlers.chat_prepare import PreparedChat
 from kiln.api.handlers.generation import Completion
 from kiln.api.state import AppState
-from kiln.provenance import ActionToken, compact_json, rollout_record, sha256_prefixed
+from kiln.provenance import ActionToken, adapter_identity, rollout_record
 
 ERROR = "chat_invalid_request"
 
@@ -53,20 +53,6 @@ def check(state: AppState, prepared: PreparedChat) -> None:
     if len(params.stop) > 256 or sum(len(s.encode()) for s in params.stop) > 16384:
         raise ApiError(400, ERROR, "rollout_provenance allows at most 256 stop strings and "
                        "16384 bytes of them", param="stop")
-
-
-def _adapter_identity(lora: tuple[tuple[Any, float], ...]) -> dict[str, str] | None:
-    if not lora:
-        return None
-    parts = [(str(getattr(a, "name", a)), str(getattr(a, "content_sha256", a)), s) for a, s in lora]
-    if len(parts) == 1 and parts[0][2] == 1.0:
-        name, sha, _ = parts[0]
-        return {"name": name, "content_sha256": sha if sha.startswith("sha256:") else "sha256:" + sha}
-    composite = [{"content_sha256": sha, "scale": scale} for _, sha, scale in sorted(parts, key=lambda p: p[1])]
-    return {
-        "name": "+".join(f"{name}*{scale:g}" for name, _, scale in parts),
-        "content_sha256": sha256_prefixed(compact_json(composite)),
-    }
 
 
 def record(
@@ -115,6 +101,6 @@ def record(
         final_content=final_content,
         sampling=sampling,
         seed=done.seed,
-        adapter=_adapter_identity(prepared.lora),
+        adapter=adapter_identity(prepared.lora),
         template_invocation=invocation,
     )
