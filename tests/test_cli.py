@@ -1,0 +1,63 @@
+"""`kiln serve` start-up failures: one clear line on stderr, a non-zero exit, no traceback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kiln.cli import build_parser, config_from_args
+from tests.tiny_models import write_tiny_llama
+
+
+def serve(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kiln", "serve", "--port", "18999", *args],
+        capture_output=True, text=True, timeout=120, env=env,
+    )
+
+
+def broken_config(tmp: Path) -> Path:
+    folder = write_tiny_llama(tmp / "broken")
+    (folder / "config.json").write_text("{not json")
+    return folder
+
+
+def missing_weights(tmp: Path) -> Path:
+    folder = write_tiny_llama(tmp / "noweights")
+    (folder / "model.safetensors").unlink()
+    return folder
+
+
+@pytest.mark.parametrize(
+    "make", [lambda t: t / "does-not-exist", broken_config, missing_weights],
+    ids=["bad-path", "broken-config", "missing-file"],
+)
+def test_bad_model_gives_one_clear_line(tmp_path: Path, make) -> None:  # type: ignore[no-untyped-def]
+    result = serve("--model", str(make(tmp_path)))
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("kiln: cannot load model")
+    assert "Traceback" not in result.stderr
+
+
+def test_bad_env_value_fails_loudly() -> None:
+    import os
+
+    env = {**os.environ, "KILN_PORT": "not-a-number"}
+    result = serve(env=env)
+    assert result.returncode == 2
+    assert "KILN_PORT" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_flags_override_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KILN_PORT", "9000")
+    monkeypatch.setenv("KILN_API_KEY", "a,b")
+    args = build_parser().parse_args(["serve", "--port", "9100", "--max-waiting-requests", "3"])
+    cfg = config_from_args(args)
+    assert (cfg.port, cfg.api_keys, cfg.max_waiting_requests) == (9100, ("a", "b"), 3)
+    assert json.dumps(repr(cfg)).count("a,b") == 0
