@@ -5,8 +5,9 @@ Usage: python -m bench.bench_model [--repeats 3] [--prefill-tokens 512] [--decod
 Writes bench/results/model.json (figures, no asserts).
 
 - load: ``load_model(None)`` wall time and ``ru_maxrss`` in a fresh subprocess (import time
-  reported apart). For transformers, which cannot read the GGUF here, the comparable figure is
-  building ``LlamaForCausalLM`` and loading our state dict, also in a fresh subprocess.
+  reported apart). transformers cannot read the GGUF here (needs ``accelerate``), so its figure is
+  ``LlamaForCausalLM.from_pretrained`` of the same fp32 weights saved as an HF folder
+  (safetensors), also in a fresh subprocess.
 - prefill: one forward over a ``--prefill-tokens`` prompt, logits of the last row only (ours;
   transformers with ``logits_to_keep=1``, plus its all-rows figure for reference).
 - decode: greedy, one sequence; the first token comes from the prefill, the remaining
@@ -21,6 +22,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -51,28 +53,20 @@ print(json.dumps({"import_s": t1 - t0, "load_s": t2 - t1,
 """
 
 _LOAD_HF = """
-import gc, json, resource, time
-from kiln.model.loader import load_model
-from bench._transformers_ref import build_reference
-m = load_model(None)
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+import json, resource, sys, time
 t0 = time.perf_counter()
-ref = build_reference(m)
+import torch  # noqa: F401
+from transformers import LlamaForCausalLM
 t1 = time.perf_counter()
-del m
-gc.collect()
-rss = 0.0
-for line in open("/proc/self/status"):
-    if line.startswith("VmRSS:"):
-        rss = int(line.split()[1]) / 1024
-print(json.dumps({"build_s": t1 - t0, "peak_rss_before_mb": before,
-                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                  "rss_hf_only_mb": rss}))
+ref = LlamaForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32)
+t2 = time.perf_counter()
+print(json.dumps({"import_s": t1 - t0, "load_s": t2 - t1,
+                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
 
 
-def _subprocess_json(code: str) -> dict[str, Any]:
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+def _subprocess_json(code: str, *argv: str) -> dict[str, Any]:
+    proc = subprocess.run([sys.executable, "-c", code, *argv], cwd=ROOT, capture_output=True, text=True,
                           timeout=600, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"subprocess failed ({proc.returncode}): {proc.stderr[-2000:]}")
@@ -191,14 +185,16 @@ def main() -> None:
 
     print("loading (fresh subprocesses) ...", flush=True)
     load_ours = _subprocess_json(_LOAD_OURS)
-    load_hf = _subprocess_json(_LOAD_HF)
     loaded = load_model(None)
     ref = build_reference(loaded)
+    with tempfile.TemporaryDirectory(prefix="kiln-bench-hf-") as folder:
+        ref.save_pretrained(folder)  # the same weights as an HF folder (safetensors)
+        load_hf = _subprocess_json(_LOAD_HF, folder)
     figures = measure(loaded, ref, args)
     o, h = figures["ours"], figures["transformers"]
     rows = [
-        ("load (s)", load_ours["load_s"], load_hf["build_s"]),
-        ("peak RSS after load (MB)", load_ours["peak_rss_mb"], load_hf["rss_hf_only_mb"]),
+        ("load (s)", load_ours["load_s"], load_hf["load_s"]),
+        ("peak RSS after load (MB)", load_ours["peak_rss_mb"], load_hf["peak_rss_mb"]),
         (f"prefill {figures['prefill_tokens']} tok (tok/s)", o["prefill_tok_s"],
          h["prefill_tok_s"]),
         (f"decode {figures['decode_tokens']} tok, 1 seq (tok/s)", o["decode_tok_s"],
@@ -211,9 +207,9 @@ def main() -> None:
           f"decode {o['decode_tok_s_median']:.1f}; hf prefill {h['prefill_tok_s_median']:.1f}, "
           f"decode {h['decode_tok_s_median']:.1f}; hf prefill with all-row logits "
           f"{h['prefill_all_logits_tok_s']:.1f} tok/s)")
-    print(f"import torch+kiln: {load_ours['import_s']:.2f} s; transformers' load is building "
-          "LlamaForCausalLM + load_state_dict from our weights (it cannot read the GGUF); its RSS "
-          "is the process holding only the HF model after dropping ours")
+    print(f"import: ours {load_ours['import_s']:.2f} s, transformers {load_hf['import_s']:.2f} s; "
+          "ours loads the Q4_1 GGUF (dequantize to fp32); transformers cannot read it here, so "
+          "its load is from_pretrained of the same fp32 weights saved as safetensors")
     print(f"greedy tokens identical for the first {figures['greedy_tokens_identical_prefix']}"
           f"/{figures['decode_tokens']}")
     report = {

@@ -1,0 +1,25 @@
+"""Live contract fuzzing: schemathesis (every check, negative testing, fixed seed, few examples
+per operation) against a real `python -m kiln serve` subprocess with the default model and one
+random LoRA adapter. `make fuzz` runs the same harness (`bench/fuzz_live.py`) with larger bounds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench.fuzz_live import run_fuzz
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(480)
+def test_live_server_passes_schemathesis(tmp_path: Path) -> None:
+    result = run_fuzz(
+        max_examples=5, seed=20240611, timeout_s=300.0,
+        phases="examples,coverage,fuzzing,stateful", adapters=True, report_dir=tmp_path,
+    )
+    details = "\n\n".join(f"{f['operation']} [{f['kind']}]\n{f['detail']}" for f in result.failures)
+    assert not result.timed_out, "schemathesis did not finish in time:\n" + result.output_tail
+    assert result.failures == [], details + "\n\nserver log:\n" + result.server_log_tail
+    assert result.returncode == 0, result.output_tail
+    assert result.tests > 0, result.output_tail
