@@ -1,0 +1,404 @@
+"""Soak test: bounded mixed traffic against a real `python -m kiln serve` subprocess.
+
+For `--duration` seconds, `--concurrency` client tasks send a seeded mix from 127.0.0.1: chat
+(streaming and not, n>1, stop strings, thinking budgets, adapters), client disconnects mid-stream
+and mid-non-stream, bad bodies (malformed JSON, wrong types, over-limit n, too-large batch, wrong
+content type), scoring and batch requests. Every request gets exactly one recorded outcome; a
+request that neither got a complete response, nor an error, nor was deliberately disconnected is
+"lost". After the run the server is left to go idle and compared with the post-warm-up baseline:
+KV blocks used, running/waiting requests (GET /metrics), RSS, open files and threads (/proc).
+Writes `bench/results/soak.json`; exits 1 on lost requests, unexpected outcomes or leaks.
+
+    python -m bench.soak --duration 600 --concurrency 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import re
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.fuzz_live import RESULTS, Server, running_server, write_random_adapter
+
+SAFETY_TIMEOUT_S = 120.0  # a request still unanswered after this is counted as lost
+MESSAGES = [
+    [{"role": "user", "content": "Count from one to ten."}],
+    [{"role": "user", "content": "Write a haiku about kilns."}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"}],
+    [{"role": "user", "content": "List three colours, comma separated."}],
+]
+
+
+@dataclass
+class Spec:
+    kind: str
+    path: str
+    body: Any = None
+    raw: bytes | None = None
+    content_type: str = "application/json"
+    stream: bool = False
+    expect: frozenset[int] = frozenset({200})
+    choices: int = 1
+    disconnect_after_chunks: int | None = None  # streaming: close after this many chunks
+    client_timeout_s: float | None = None  # non-streaming: give up (disconnect) after this
+
+
+@dataclass
+class Outcome:
+    kind: str
+    outcome: str  # ok | expected_error | disconnected | unexpected_status | invalid_response
+    #             | transport_error | lost
+    status: int | None = None
+    detail: str = ""
+    finish: list[str] = field(default_factory=list)
+    ttft_s: float | None = None
+    itl_s: list[float] = field(default_factory=list)
+
+
+def _chat(rng: random.Random, **extra: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"messages": rng.choice(MESSAGES), "max_tokens": rng.randint(4, 24),
+                            "temperature": rng.choice([0.0, 0.7, 1.0]), "seed": rng.randint(0, 999)}
+    body.update(extra)
+    return body
+
+
+def make_spec(rng: random.Random, adapters: bool) -> Spec:
+    """One request drawn from the weighted mix."""
+    chat = "/v1/chat/completions"
+    kinds: list[tuple[str, int]] = [
+        ("chat", 14), ("chat_stream", 16), ("chat_n", 6), ("chat_stream_n", 6), ("stop", 6),
+        ("thinking_budget", 4), ("disconnect_stream", 6), ("disconnect_nonstream", 5),
+        ("malformed_json", 3), ("wrong_type", 3), ("n_over_limit", 2), ("batch_too_large", 2),
+        ("wrong_content_type", 2), ("scoring", 8), ("batch", 5),
+    ]
+    if adapters:
+        kinds += [("adapter", 5), ("adapter_stream", 4), ("adapter_compose", 3)]
+    kind = rng.choices([k for k, _ in kinds], weights=[w for _, w in kinds])[0]
+    bad = frozenset({400})
+    if kind == "chat":
+        return Spec(kind, chat, _chat(rng))
+    if kind == "chat_stream":
+        return Spec(kind, chat, _chat(rng, stream=True, stream_options={"include_usage": True}),
+                    stream=True)
+    if kind in ("chat_n", "chat_stream_n"):
+        n = rng.randint(2, 4)
+        stream = kind == "chat_stream_n"
+        return Spec(kind, chat, _chat(rng, n=n, stream=stream, temperature=0.8), stream=stream,
+                    choices=n)
+    if kind == "stop":
+        stream = rng.random() < 0.5
+        stop = rng.choice([".", ["\n", ","], " the", ["3", "three"]])
+        return Spec(kind, chat, _chat(rng, stop=stop, stream=stream), stream=stream)
+    if kind == "thinking_budget":
+        stream = rng.random() < 0.5
+        body = _chat(rng, thinking_budget_tokens=rng.choice([0, 4, 16]), stream=stream,
+                     thinking_budget_ms=rng.choice([None, 50, 5000]),
+                     chat_template_kwargs={"enable_thinking": True}, max_tokens=24)
+        return Spec(kind, chat, body, stream=stream)
+    if kind == "disconnect_stream":
+        return Spec(kind, chat, _chat(rng, stream=True, max_tokens=64, ignore_eos=True),
+                    stream=True, disconnect_after_chunks=rng.randint(1, 4))
+    if kind == "disconnect_nonstream":
+        return Spec(kind, chat, _chat(rng, max_tokens=64, ignore_eos=True),
+                    client_timeout_s=rng.uniform(0.05, 0.5))
+    if kind == "malformed_json":
+        return Spec(kind, chat, raw=b'{"messages": [{"role": "user", "content": "hi"', expect=bad)
+    if kind == "wrong_type":
+        return Spec(kind, chat, {"messages": "hello", "max_tokens": "many"}, expect=bad)
+    if kind == "n_over_limit":
+        return Spec(kind, chat, _chat(rng, n=65), expect=bad)
+    if kind == "batch_too_large":
+        return Spec(kind, "/v1/completions/batch",
+                    {"prompts": [MESSAGES[0]] * 9, "n": 8, "max_tokens": 4}, expect=bad)
+    if kind == "wrong_content_type":
+        return Spec(kind, chat, raw=json.dumps(_chat(rng)).encode(), content_type="text/plain",
+                    expect=frozenset({415}))
+    if kind == "scoring":
+        return Spec(kind, "/v1/completions",
+                    {"prompt": rng.choice(["The quick brown fox jumps over the lazy dog.",
+                                           "Kilns fire clay at high temperature."]),
+                     "prompt_logprobs": rng.randint(0, 5)})
+    if kind == "batch":
+        prompts, n = rng.sample(MESSAGES, 2), rng.randint(1, 2)
+        return Spec(kind, "/v1/completions/batch",
+                    {"prompts": prompts, "n": n, "max_tokens": rng.randint(4, 12),
+                     "temperature": 0.7, "seed": rng.randint(0, 99)}, choices=len(prompts) * n)
+    if kind == "adapter":
+        return Spec(kind, chat, _chat(rng, adapter="style"))
+    if kind == "adapter_stream":
+        return Spec(kind, chat, _chat(rng, model="style", stream=True), stream=True)
+    return Spec(kind, chat, _chat(rng, adapters=[{"name": "style", "scale": 0.5},
+                                                 {"name": "style", "scale": 0.25}]))
+
+
+def _error_code(content: bytes) -> str:
+    try:
+        return str(json.loads(content)["error"]["code"])
+    except (ValueError, KeyError, TypeError):
+        return "non-json-error"
+
+
+def _check_json(spec: Spec, data: Any) -> tuple[str, list[str]]:
+    """('' or what is wrong, finish reasons) for a 200 non-streaming body."""
+    if spec.path == "/v1/completions":
+        choice = data["choices"][0]
+        ok = len(choice["prompt_logprobs"]) == data["usage"]["prompt_tokens"]
+        return ("" if ok else "prompt_logprobs length != prompt_tokens"), [choice["finish_reason"]]
+    items = data["completions"] if spec.path == "/v1/completions/batch" else data["choices"]
+    finish = [c.get("finish_reason") for c in items]
+    if len(finish) != spec.choices:
+        return f"{len(finish)} choices, expected {spec.choices}", finish
+    if any(f not in ("stop", "length", "tool_calls", "error") for f in finish):
+        return f"bad finish reasons {finish}", finish
+    return "", finish
+
+
+async def _stream(client: httpx.AsyncClient, spec: Spec, headers: dict[str, str],
+                  start: float) -> Outcome:
+    out = Outcome(spec.kind, "ok")
+    finish: dict[int, str] = {}
+    last: dict[int, float] = {}
+    chunks, done = 0, False
+    async with client.stream("POST", spec.path, json=spec.body, headers=headers) as r:
+        out.status = r.status_code
+        if r.status_code != 200:
+            await r.aread()
+            out.outcome = "expected_error" if r.status_code in spec.expect else "unexpected_status"
+            out.detail = _error_code(r.content)
+            return out
+        async for line in r.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            payload = line[6:]
+            if payload == "[DONE]":
+                done = True
+                break
+            chunk = json.loads(payload)
+            chunks += 1
+            now = time.monotonic()
+            for choice in chunk.get("choices", []):
+                idx, delta = choice.get("index", 0), choice.get("delta", {})
+                if delta.get("content") or delta.get("reasoning_content"):
+                    if out.ttft_s is None:
+                        out.ttft_s = now - start
+                    if idx in last:
+                        out.itl_s.append(now - last[idx])
+                    last[idx] = now
+                if choice.get("finish_reason"):
+                    finish[idx] = choice["finish_reason"]
+            if spec.disconnect_after_chunks is not None and chunks >= spec.disconnect_after_chunks:
+                out.outcome = "disconnected"
+                return out  # leaving the context manager closes the connection mid-stream
+    out.finish = [finish[i] for i in sorted(finish)]
+    if spec.disconnect_after_chunks is not None:
+        out.detail = "finished before the client disconnected"
+    if not done:
+        out.outcome, out.detail = "lost", "stream ended without [DONE]"
+    elif len(finish) != spec.choices:
+        out.outcome = "invalid_response"
+        out.detail = f"finish for {sorted(finish)}, expected {spec.choices} choices"
+    return out
+
+
+async def send(client: httpx.AsyncClient, spec: Spec) -> Outcome:
+    headers = {"content-type": spec.content_type}
+    start = time.monotonic()
+    try:
+        if spec.stream:
+            return await asyncio.wait_for(_stream(client, spec, headers, start), SAFETY_TIMEOUT_S)
+        timeout = spec.client_timeout_s or SAFETY_TIMEOUT_S
+        content = spec.raw if spec.raw is not None else json.dumps(spec.body).encode()
+        r = await client.post(spec.path, content=content, headers=headers, timeout=timeout)
+    except (TimeoutError, httpx.TimeoutException) as exc:
+        if spec.client_timeout_s is not None:
+            return Outcome(spec.kind, "disconnected", detail="client timeout")
+        return Outcome(spec.kind, "lost", detail=f"no answer in {SAFETY_TIMEOUT_S:.0f} s: {exc!r}")
+    except httpx.HTTPError as exc:
+        return Outcome(spec.kind, "transport_error", detail=repr(exc)[:300])
+    out = Outcome(spec.kind, "ok", status=r.status_code)
+    if r.status_code != 200:
+        out.outcome = "expected_error" if r.status_code in spec.expect else "unexpected_status"
+        out.detail = _error_code(r.content)
+        return out
+    if 200 not in spec.expect:
+        out.outcome, out.detail = "unexpected_status", "accepted a bad body"
+        return out
+    try:
+        problem, out.finish = _check_json(spec, r.json())
+    except (ValueError, KeyError, TypeError, IndexError) as exc:
+        problem = f"malformed 200 body: {exc!r}"
+    if problem:
+        out.outcome, out.detail = "invalid_response", problem
+    return out
+
+
+# -- server-side gauges -------------------------------------------------------------------------
+
+_METRIC = re.compile(r'^(kiln_engine\{name="(\w+)"\}|vllm:num_requests_(running|waiting)\{[^}]*\})'
+                     r"\s+([0-9.eE+-]+)$")
+
+
+def snapshot(server: Server) -> dict[str, float]:
+    stats: dict[str, float] = {}
+    text = httpx.get(server.url + "/metrics", timeout=10).text
+    for line in text.splitlines():
+        m = _METRIC.match(line)
+        if m:
+            stats[m[2] or f"vllm_{m[3]}"] = float(m[4])
+    proc = Path(f"/proc/{server.pid}")
+    status = (proc / "status").read_text()
+    stats["rss_mib"] = int(re.search(r"VmRSS:\s+(\d+)", status)[1]) / 1024  # type: ignore[index]
+    stats["threads"] = int(re.search(r"Threads:\s+(\d+)", status)[1])  # type: ignore[index]
+    stats["open_fds"] = len(list((proc / "fd").iterdir()))
+    return stats
+
+
+def wait_idle(server: Server, timeout_s: float = 60.0) -> dict[str, float]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        stats = snapshot(server)
+        idle = all(stats.get(k, 0) == 0 for k in ("vllm_running", "vllm_waiting", "kv_blocks_used"))
+        if idle or time.monotonic() > deadline:
+            return stats
+        time.sleep(0.5)
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000, 2)
+
+
+# -- the run ----------------------------------------------------------------------------------
+
+
+async def drive(url: str, duration_s: float, concurrency: int, seed: int, adapters: bool,
+                on_tick: Callable[[], None]) -> tuple[list[Outcome], int]:
+    outcomes: list[Outcome] = []
+    started = 0
+    deadline = time.monotonic() + duration_s
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=SAFETY_TIMEOUT_S) as client:
+
+        async def worker(i: int) -> None:
+            nonlocal started
+            rng = random.Random(seed * 1000 + i)
+            while time.monotonic() < deadline:
+                spec = make_spec(rng, adapters)
+                started += 1
+                try:
+                    outcomes.append(await send(client, spec))
+                except Exception as exc:  # a harness or protocol surprise: recorded, not hidden
+                    outcomes.append(Outcome(spec.kind, "invalid_response", detail=repr(exc)[:300]))
+
+        async def ticker() -> None:
+            while time.monotonic() < deadline:
+                await asyncio.to_thread(on_tick)
+                await asyncio.sleep(5)
+
+        await asyncio.gather(ticker(), *(worker(i) for i in range(concurrency)))
+    return outcomes, started
+
+
+def warm_up(server: Server, adapters: bool) -> None:
+    rng = random.Random(0)
+    specs = [make_spec(rng, adapters) for _ in range(12)]
+    specs = [s for s in specs if s.disconnect_after_chunks is None and s.client_timeout_s is None]
+
+    async def run() -> None:
+        async with httpx.AsyncClient(base_url=server.url, timeout=SAFETY_TIMEOUT_S) as client:
+            for spec in specs:
+                await send(client, spec)
+
+    asyncio.run(run())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__)
+    parser.add_argument("--duration", type=float, default=600.0, help="seconds of traffic")
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--no-adapters", action="store_true")
+    parser.add_argument("--out", type=Path, default=RESULTS / "soak.json")
+    args = parser.parse_args(argv)
+    adapters = not args.no_adapters
+    with tempfile.TemporaryDirectory(prefix="kiln-soak-") as tmp:
+        server_args: list[str] = []
+        if adapters:
+            write_random_adapter(Path(tmp) / "adapters")
+            server_args += ["--adapter-dir", str(Path(tmp) / "adapters")]
+        with running_server(server_args, log_path=Path(tmp) / "server.log") as server:
+            warm_up(server, adapters)
+            baseline = wait_idle(server)
+            series: list[dict[str, float]] = []
+            t0 = time.monotonic()
+
+            def tick() -> None:
+                with_time = {"t_s": round(time.monotonic() - t0, 1), **snapshot(server)}
+                series.append(with_time)
+
+            outcomes, started = asyncio.run(
+                drive(server.url, args.duration, args.concurrency, args.seed, adapters, tick))
+            wall = time.monotonic() - t0
+            after = wait_idle(server)
+            alive = server.proc.poll() is None
+            log_tail = server.log_tail(3000)
+    record = report(args, outcomes, started, wall, baseline, after, series, alive, log_tail)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(record, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in record.items() if k not in ("series", "problems")},
+                     indent=2))
+    print(f"soak: wrote {args.out}")
+    return 0 if record["passed"] else 1
+
+
+def report(args: argparse.Namespace, outcomes: list[Outcome], started: int, wall: float,
+           baseline: dict[str, float], after: dict[str, float], series: list[dict[str, float]],
+           alive: bool, log_tail: str) -> dict[str, Any]:
+    by_outcome = Counter(o.outcome for o in outcomes)
+    errors = Counter(f"{o.kind}:{o.status}:{o.detail}" for o in outcomes
+                     if o.outcome in ("expected_error", "unexpected_status"))
+    lost = by_outcome["lost"] + (started - len(outcomes))
+    bad = [asdict(o) for o in outcomes
+           if o.outcome in ("lost", "unexpected_status", "invalid_response", "transport_error")]
+    ttft = [o.ttft_s for o in outcomes if o.ttft_s is not None]
+    itl = [x for o in outcomes for x in o.itl_s]
+    leaks = {k: {"baseline": baseline.get(k), "after": after.get(k),
+                 "delta": round(after.get(k, 0) - baseline.get(k, 0), 2)}
+             for k in ("kv_blocks_used", "vllm_running", "vllm_waiting", "rss_mib", "open_fds",
+                       "threads")}
+    engine_leak = any(after.get(k, 0) != 0
+                      for k in ("kv_blocks_used", "vllm_running", "vllm_waiting"))
+    fd_leak = leaks["open_fds"]["delta"] > 8
+    passed = lost == 0 and not bad and not engine_leak and not fd_leak and alive
+    return {
+        "duration_s": args.duration, "wall_s": round(wall, 1), "concurrency": args.concurrency,
+        "seed": args.seed, "adapters": not args.no_adapters, "requests_started": started,
+        "requests_recorded": len(outcomes), "requests_per_s": round(len(outcomes) / wall, 2),
+        "outcomes": dict(by_outcome), "by_kind": dict(Counter(o.kind for o in outcomes)),
+        "finish_reasons": dict(Counter(f for o in outcomes for f in o.finish)),
+        "errors_by_kind": dict(errors.most_common()), "lost": lost,
+        "ttft_ms": {"p50": percentile(ttft, 0.5), "p99": percentile(ttft, 0.99), "n": len(ttft)},
+        "itl_ms": {"p50": percentile(itl, 0.5), "p99": percentile(itl, 0.99), "n": len(itl)},
+        "leaks": leaks, "peak_rss_mib": max((s["rss_mib"] for s in series), default=None),
+        "peak_kv_blocks_used": max((s.get("kv_blocks_used", 0) for s in series), default=None),
+        "server_alive": alive, "passed": passed, "problems": bad[:50], "series": series,
+        "server_log_tail": "" if passed else log_tail,
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())
