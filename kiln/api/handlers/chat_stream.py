@@ -145,7 +145,7 @@ async def frames(
             for frame in tools.frames(splitter.push(out.text_delta)):
                 yield frame
             if prepared.explicit_performance:
-                ready = getattr(out, "ready_time", None) or received
+                ready = out.ready_time if out.ready_time is not None else received
                 for token_id in out.new_token_ids:
                     yield _timing(emitted, token_id, ready, received, start_mono)
                     emitted += 1
