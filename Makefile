@@ -42,7 +42,7 @@ bench: setup
 	$(PY) -m bench.run $(ARGS)
 
 fuzz: setup
-	$(PY) -m pytest -q tests/api/test_schemathesis.py -p no:cacheprovider
+	$(PY) -m pytest -q tests/api/test_schemathesis.py -p no:cacheprovider && $(PY) -m bench.fuzz_live --max-examples 50 --timeout 600
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache

@@ -181,7 +181,11 @@ def main() -> None:
     ap.add_argument("--prefill-tokens", type=int, default=512)
     ap.add_argument("--decode-tokens", type=int, default=64)
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch intra-op threads (default: torch's own choice)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     print("loading (fresh subprocesses) ...", flush=True)
     load_ours = _subprocess_json(_LOAD_OURS)

@@ -8,8 +8,9 @@ Figures (each with its goal):
   single-sequence ``generate``: goal >= 3x;
 - aggregate decode tok/s of 8 concurrent streams vs transformers' batch-8 ``generate`` (left-padded,
   attention mask): goal >= 2x; and vs our own single stream: goal >= 4x;
-- p99 vs p50 inter-token latency of 4 running streams while a ~1,500-token prompt is admitted:
-  goal p99 <= 3x p50;
+- p99 inter-token latency of 4 running streams while a ~1,500-token prompt is admitted (from
+  its send to its first token) vs the same streams' median ITL before it: goal p99 <= 3x p50
+  (the p99/p50 inside the window alone is reported too);
 - server RSS (VmRSS) after N short requests vs after the first 50: goal within 5%.
 
 Decode rates are client-side: every token's arrival is a ``kiln.token_timing`` SSE event
@@ -262,10 +263,12 @@ async def admission_itl(client: httpx.AsyncClient, loaded: LoadedModel, prompt_t
                  if a < t_first < b]
         during.extend(after)
     p50, p99 = statistics.median(during), pct(during, 99)
+    steady = statistics.median(before) if before else p50
     return {"prompt_tokens": n_prompt, "window_s": t_first - t_send, "itl_count": len(during),
             "itl_p50_ms": 1000 * p50, "itl_p99_ms": 1000 * p99, "itl_max_ms": 1000 * max(during),
-            "ratio_p99_p50": p99 / p50,
-            "itl_p50_before_ms": 1000 * statistics.median(before) if before else None}
+            "ratio_p99_p50_window": p99 / p50,
+            "itl_p50_before_ms": 1000 * steady, "itl_count_before": len(before),
+            "ratio_p99_p50": p99 / steady}
 
 
 async def rss_growth(client: httpx.AsyncClient, total: int, first: int,
@@ -321,7 +324,11 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--long-prompt-tokens", type=int, default=1500)
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch intra-op threads (default: torch's own choice)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     args.repeats = 1 if args.quick else 3
     args.rss_requests = 150 if args.quick else 500
 
@@ -340,8 +347,8 @@ def main() -> None:
          conc / hf["batch8_tok_s"], ">= 2x", conc / hf["batch8_tok_s"] >= 2),
         ("8-stream aggregate vs our single stream", conc, single, conc / single, ">= 4x",
          conc / single >= 4),
-        (f"ITL p99 vs p50 ms, {adm['prompt_tokens']}-tok admission", adm["itl_p99_ms"],
-         adm["itl_p50_ms"], adm["ratio_p99_p50"], "<= 3x", adm["ratio_p99_p50"] <= 3),
+        (f"ITL p99 in {adm['prompt_tokens']}-tok admission vs p50 (ms)", adm["itl_p99_ms"],
+         adm["itl_p50_before_ms"], adm["ratio_p99_p50"], "<= 3x", adm["ratio_p99_p50"] <= 3),
         (f"RSS MB after {rss['total']} vs first {rss['first']} reqs", rss["rss_after_all_mb"],
          rss["rss_after_first_mb"], 1 + rss["growth_pct"] / 100, "<= 1.05x",
          abs(rss["growth_pct"]) <= 5),
@@ -353,8 +360,11 @@ def main() -> None:
     print(f"(rates: best of {args.repeats}; all: ours single {ours['single']['tok_s_all']}, "
           f"ours 8 {ours['concurrent8']['tok_s_all']}, hf single {hf['single_tok_s_all']}, "
           f"hf batch-8 {hf['batch8_tok_s_all']})")
-    print(f"admission window {adm['window_s']:.2f} s, {adm['itl_count']} ITLs, max "
-          f"{adm['itl_max_ms']:.1f} ms, p50 before admission {adm['itl_p50_before_ms']:.1f} ms; "
+    print(f"admission window {adm['window_s']:.2f} s: {adm['itl_count']} ITLs, p50 "
+          f"{adm['itl_p50_ms']:.1f} ms, p99 {adm['itl_p99_ms']:.1f} ms, max "
+          f"{adm['itl_max_ms']:.1f} ms (p99/p50 within the window "
+          f"{adm['ratio_p99_p50_window']:.2f}); the goal's p50 is the streams' steady decode ITL "
+          f"before admission ({adm['itl_count_before']} ITLs); "
           f"RSS run {rss['requests']} requests in {rss['wall_s']:.1f} s")
     report = {
         "benchmark": "serving",

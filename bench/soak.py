@@ -78,7 +78,7 @@ def make_spec(rng: random.Random, adapters: bool) -> Spec:
     """One request drawn from the weighted mix."""
     chat = "/v1/chat/completions"
     kinds: list[tuple[str, int]] = [
-        ("chat", 14), ("chat_stream", 16), ("chat_n", 6), ("chat_stream_n", 6), ("stop", 6),
+        ("chat", 14), ("chat_stream", 16), ("chat_n", 8), ("stream_n_rejected", 3), ("stop", 6),
         ("thinking_budget", 4), ("disconnect_stream", 6), ("disconnect_nonstream", 5),
         ("malformed_json", 3), ("wrong_type", 3), ("n_over_limit", 2), ("batch_too_large", 2),
         ("wrong_content_type", 2), ("scoring", 8), ("batch", 5),
@@ -92,11 +92,11 @@ def make_spec(rng: random.Random, adapters: bool) -> Spec:
     if kind == "chat_stream":
         return Spec(kind, chat, _chat(rng, stream=True, stream_options={"include_usage": True}),
                     stream=True)
-    if kind in ("chat_n", "chat_stream_n"):
+    if kind == "chat_n":
         n = rng.randint(2, 4)
-        stream = kind == "chat_stream_n"
-        return Spec(kind, chat, _chat(rng, n=n, stream=stream, temperature=0.8), stream=stream,
-                    choices=n)
+        return Spec(kind, chat, _chat(rng, n=n, temperature=0.8), choices=n)
+    if kind == "stream_n_rejected":  # Kiln: `stream` with n >= 2 is a 400 (kiln-behavior §2)
+        return Spec(kind, chat, _chat(rng, n=2, stream=True), stream=True, expect=bad)
     if kind == "stop":
         stream = rng.random() < 0.5
         stop = rng.choice([".", ["\n", ","], " the", ["3", "three"]])
@@ -313,23 +313,47 @@ async def drive(url: str, duration_s: float, concurrency: int, seed: int, adapte
     return outcomes, started
 
 
-def warm_up(server: Server, adapters: bool) -> None:
-    rng = random.Random(0)
-    specs = [make_spec(rng, adapters) for _ in range(12)]
-    specs = [s for s in specs if s.disconnect_after_chunks is None and s.client_timeout_s is None]
+def disconnect_probe(server: Server, stream: bool, timeout_s: float = 30.0) -> float | None:
+    """Seconds from a client disconnect (a long generation, mid-stream or mid-response) until
+    the engine holds nothing; None if it still runs after `timeout_s` (abort did not happen)."""
+    body = {"messages": MESSAGES[0], "max_tokens": 1024, "ignore_eos": True, "stream": stream}
+    url = server.url + "/v1/chat/completions"
+    if stream:
+        with httpx.stream("POST", url, json=body, timeout=SAFETY_TIMEOUT_S) as r:
+            for i, _ in enumerate(r.iter_lines()):
+                if i >= 3:
+                    break
+    else:
+        try:
+            httpx.post(url, json=body, timeout=2.0)
+        except httpx.TimeoutException:
+            pass
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        stats = snapshot(server)
+        if stats.get("vllm_running", 0) == 0 and stats.get("kv_blocks_used", 0) == 0:
+            return round(time.monotonic() - start, 2)
+        time.sleep(0.1)
+    return None
 
-    async def run() -> None:
-        async with httpx.AsyncClient(base_url=server.url, timeout=SAFETY_TIMEOUT_S) as client:
-            for spec in specs:
-                await send(client, spec)
 
-    asyncio.run(run())
+def rss_slope(series: list[dict[str, float]]) -> float | None:
+    """Least-squares RSS growth (MiB/min) over the second half of the run."""
+    half = series[len(series) // 2:]
+    if len(half) < 3:
+        return None
+    ts, ys = [p["t_s"] for p in half], [p["rss_mib"] for p in half]
+    mt, my = sum(ts) / len(ts), sum(ys) / len(ys)
+    var = sum((t - mt) ** 2 for t in ts)
+    return round(60 * sum((t - mt) * (y - my) for t, y in zip(ts, ys, strict=True)) / var, 2)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__)
     parser.add_argument("--duration", type=float, default=600.0, help="seconds of traffic")
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--warmup", type=float, default=15.0,
+                        help="seconds of the same traffic before the baseline")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--no-adapters", action="store_true")
     parser.add_argument("--out", type=Path, default=RESULTS / "soak.json")
@@ -341,7 +365,8 @@ def main(argv: list[str] | None = None) -> int:
             write_random_adapter(Path(tmp) / "adapters")
             server_args += ["--adapter-dir", str(Path(tmp) / "adapters")]
         with running_server(server_args, log_path=Path(tmp) / "server.log") as server:
-            warm_up(server, adapters)
+            warm, _ = asyncio.run(drive(server.url, args.warmup, args.concurrency,
+                                        args.seed + 1, adapters, lambda: None))
             baseline = wait_idle(server)
             series: list[dict[str, float]] = []
             t0 = time.monotonic()
@@ -354,9 +379,22 @@ def main(argv: list[str] | None = None) -> int:
                 drive(server.url, args.duration, args.concurrency, args.seed, adapters, tick))
             wall = time.monotonic() - t0
             after = wait_idle(server)
+            probes = {"stream_s": disconnect_probe(server, stream=True),
+                      "nonstream_s": disconnect_probe(server, stream=False)}
             alive = server.proc.poll() is None
-            log_tail = server.log_tail(3000)
-    record = report(args, outcomes, started, wall, baseline, after, series, alive, log_tail)
+            log_text = server.log_path.read_text(errors="replace")
+    log_copy = args.out.with_name(args.out.stem + "_server.log")
+    log_copy.parent.mkdir(parents=True, exist_ok=True)
+    log_copy.write_text(log_text)
+    log_errors = Counter(line.strip() for line in log_text.splitlines()
+                         if re.match(r"^(ERROR\b|\w*(Error|Exception)\b.*:)", line.strip()))
+    record = report(args, outcomes, started, wall, baseline, after, series, alive, log_errors)
+    record["server_log"] = str(log_copy)
+    record["warmup_outcomes"] = dict(Counter(o.outcome for o in warm))
+    record["abort_after_disconnect"] = probes
+    record["rss_slope_mib_per_min"] = rss_slope(series)
+    if None in probes.values():
+        record["passed"] = False
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=2) + "\n")
     print(json.dumps({k: v for k, v in record.items() if k not in ("series", "problems")},
@@ -367,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def report(args: argparse.Namespace, outcomes: list[Outcome], started: int, wall: float,
            baseline: dict[str, float], after: dict[str, float], series: list[dict[str, float]],
-           alive: bool, log_tail: str) -> dict[str, Any]:
+           alive: bool, log_errors: Counter[str]) -> dict[str, Any]:
     by_outcome = Counter(o.outcome for o in outcomes)
     errors = Counter(f"{o.kind}:{o.status}:{o.detail}" for o in outcomes
                      if o.outcome in ("expected_error", "unexpected_status"))
@@ -383,7 +421,7 @@ def report(args: argparse.Namespace, outcomes: list[Outcome], started: int, wall
     engine_leak = any(after.get(k, 0) != 0
                       for k in ("kv_blocks_used", "vllm_running", "vllm_waiting"))
     fd_leak = leaks["open_fds"]["delta"] > 8
-    passed = lost == 0 and not bad and not engine_leak and not fd_leak and alive
+    passed = lost == 0 and not bad and not engine_leak and not fd_leak and alive and not log_errors
     return {
         "duration_s": args.duration, "wall_s": round(wall, 1), "concurrency": args.concurrency,
         "seed": args.seed, "adapters": not args.no_adapters, "requests_started": started,
@@ -395,8 +433,8 @@ def report(args: argparse.Namespace, outcomes: list[Outcome], started: int, wall
         "itl_ms": {"p50": percentile(itl, 0.5), "p99": percentile(itl, 0.99), "n": len(itl)},
         "leaks": leaks, "peak_rss_mib": max((s["rss_mib"] for s in series), default=None),
         "peak_kv_blocks_used": max((s.get("kv_blocks_used", 0) for s in series), default=None),
-        "server_alive": alive, "passed": passed, "problems": bad[:50], "series": series,
-        "server_log_tail": "" if passed else log_tail,
+        "server_alive": alive, "server_log_errors": dict(log_errors.most_common(20)),
+        "passed": passed, "problems": bad[:50], "series": series,
     }
 
 

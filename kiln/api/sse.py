@@ -44,6 +44,10 @@ async def with_keepalive(
     finally:
         if pending is not None:
             pending.cancel()
+            # let the cancelled __anext__ leave the generator before closing it
+            await asyncio.wait({pending})
+            if not pending.cancelled():
+                pending.exception()  # retrieve it, so it is never reported as unhandled
         aclose = getattr(iterator, "aclose", None)
         if aclose is not None:
             await aclose()

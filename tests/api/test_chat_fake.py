@@ -186,3 +186,28 @@ def test_scoring_shape(client: TestClient) -> None:
     assert valid("TextCompletionResponse", body), body
     lp = body["choices"][0]["prompt_logprobs"]
     assert lp[0] is None and len(lp) == body["usage"]["prompt_tokens"]
+
+
+def test_keepalive_close_while_pending_does_not_raise() -> None:
+    """Closing the SSE body while a frame is pending (a client disconnect) cancels it cleanly."""
+    import asyncio
+
+    from kiln.api.sse import with_keepalive
+
+    async def slow() -> Any:
+        yield b"a"
+        await asyncio.sleep(10)
+        yield b"b"
+
+    async def run() -> list[bytes]:
+        got = []
+        stream = with_keepalive(slow(), interval=0.01)
+        async for frame in stream:
+            got.append(frame)
+            if len(got) == 3:
+                break
+        await stream.aclose()  # raised "aclose(): asynchronous generator is already running"
+        return got
+
+    frames = asyncio.run(run())
+    assert frames[0] == b"a" and frames[1] == b": keep-alive\n\n"
