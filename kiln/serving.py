@@ -54,6 +54,7 @@ def engine_config(config: ServerConfig) -> EngineConfig:
         kv_memory_mb=config.kv_memory_mb,
         max_num_seqs=config.max_num_seqs,
         max_num_batched_tokens=config.max_num_batched_tokens,
+        max_prefill_tokens_while_decoding=config.max_prefill_tokens_while_decoding,
         enable_prefix_caching=config.enable_prefix_caching,
         max_model_len=config.max_model_len,
         max_lora_slots=config.max_lora_slots,

@@ -46,7 +46,7 @@ def paged_decode(
 ) -> torch.Tensor:
     """q [B, Hq, D], one token per sequence -> [B, Hq, D]."""
     if q.is_cuda:
-        from .paged_decode import paged_decode_triton
+        from .decode import paged_decode_triton
 
         return paged_decode_triton(q, k_cache, v_cache, block_tables, seq_lens, scale)
     return paged_decode_ref(q, k_cache, v_cache, block_tables, seq_lens, scale)

@@ -113,20 +113,39 @@ def gumbel_noise(p: SamplingTensors, vocab: int) -> torch.Tensor:
     return -torch.log(-torch.log(u))
 
 
+def penalties_active(p: SamplingTensors) -> bool:
+    """Whether any row has a penalty that can change its logits (a cheap host-side check)."""
+    return bool(
+        (p.presence_penalty != 0).any()
+        or (p.frequency_penalty != 0).any()
+        or (repetition_factor(p) != 1).any()
+    )
+
+
 def sample_reference(logits: torch.Tensor, p: SamplingTensors) -> tuple[torch.Tensor, torch.Tensor]:
     """-> (token ids int64 [B], logprob float32 [B] of each token under the filtered,
-    temperature-scaled distribution; 0.0 for greedy rows)."""
+    temperature-scaled distribution; 0.0 for greedy rows).
+
+    Greedy rows never pay for noise or filtering: they take the argmax of the penalized logits
+    (ties to the lowest id). The counter-hash noise is drawn only for sampled rows, and it depends
+    only on (seed, step, token id), so a row's token does not depend on its batch.
+    """
     check_inputs(logits, p)
-    v = logits.shape[1]
+    b, v = logits.shape
+    x = apply_penalties(logits, p) if penalties_active(p) else logits.to(torch.float32)
     greedy = greedy_rows(p)
-    x = scale_temperature(apply_penalties(logits, p), p)
-    thr = filter_threshold(x, p)
-    keep = x >= thr[:, None]
-    neg_inf = torch.full_like(x, float("-inf"))
-    score = torch.where(greedy[:, None], x, torch.where(keep, x + gumbel_noise(p, v), neg_inf))
-    tokens = torch.argmax(score, dim=1)
-    kept_x = torch.where(keep, x, neg_inf)
-    lse = torch.logsumexp(kept_x, dim=1)
-    chosen = x.gather(1, tokens[:, None]).squeeze(1)
-    logprob = torch.where(greedy, torch.zeros_like(lse), chosen - lse)
-    return tokens.to(torch.int64), logprob.to(torch.float32)
+    tokens = torch.argmax(x, dim=1)
+    logprob = torch.zeros(b, dtype=torch.float32, device=logits.device)
+    if bool(greedy.all()):
+        return tokens.to(torch.int64), logprob
+    rows = torch.nonzero(~greedy).squeeze(1)
+    sub = p.select(rows)
+    xs = scale_temperature(x[rows], sub)
+    thr = filter_threshold(xs, sub)
+    keep = xs >= thr[:, None]
+    neg_inf = torch.full_like(xs, float("-inf"))
+    picked = torch.argmax(torch.where(keep, xs + gumbel_noise(sub, v), neg_inf), dim=1)
+    lse = torch.logsumexp(torch.where(keep, xs, neg_inf), dim=1)
+    tokens[rows] = picked
+    logprob[rows] = (xs.gather(1, picked[:, None]).squeeze(1) - lse).to(torch.float32)
+    return tokens.to(torch.int64), logprob

@@ -12,6 +12,9 @@ class EngineConfig:
     kv_memory_mb: int = 512
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
+    # While sequences are decoding, a step computes at most this many prefill tokens, so a long
+    # prompt being admitted delays running streams by one short chunk per step, not a long one.
+    max_prefill_tokens_while_decoding: int = 128
     enable_prefix_caching: bool = True
     max_model_len: int | None = None  # None -> the model's max_position
     # Distinct LoRA adapters resident on the device at once (running requests together use at
@@ -21,7 +24,7 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         for name in ("block_size", "kv_memory_mb", "max_num_seqs", "max_num_batched_tokens",
-                     "max_lora_slots", "max_lora_rank"):
+                     "max_prefill_tokens_while_decoding", "max_lora_slots", "max_lora_rank"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"EngineConfig.{name} must be a positive int, got {value!r}")

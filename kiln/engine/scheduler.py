@@ -132,7 +132,9 @@ class Scheduler:
         preempted: list[str] = []
         decodes = [s for s in self._running if s.num_remaining == 1]
         prefills = [s for s in self._running if s.num_remaining != 1]
-        for st in decodes + prefills:
+        for i, st in enumerate(decodes + prefills):
+            if i == len(decodes) and seqs:  # decodes run this step: keep prefill chunks short
+                budget = min(budget, self.config.max_prefill_tokens_while_decoding)
             if budget == 0:
                 break
             if st.status is not Status.RUNNING:
@@ -149,11 +151,13 @@ class Scheduler:
                 scheduled.add(st.request_id)
                 budget -= n
         if not preempted:
-            budget = self._admit(budget, seqs, now)
+            if seqs and not prefills:  # only decodes so far: admissions get the short budget
+                budget = min(budget, self.config.max_prefill_tokens_while_decoding)
+            self._admit(budget, seqs, now)
         return SchedulerOutput(
             seqs=seqs,
             block_size=self.block_size,
-            num_batched_tokens=self.config.max_num_batched_tokens - budget,
+            num_batched_tokens=sum(s.num_tokens for s in seqs),
             preempted_ids=preempted,
         )
 

@@ -26,10 +26,21 @@ class SeqPlan:
 
 
 @dataclass(frozen=True)
+class DecodeGroup:
+    """Sequences with one new token that sees its whole context, attended in ONE call."""
+
+    rows: torch.Tensor  # int64 [B] query rows of the flat batch
+    slots: torch.Tensor  # int64 [B, Lmax] cache slots, padded with slot 0
+    mask: torch.Tensor | None  # bool [B, 1, 1, Lmax]: real positions; None when no padding
+
+
+@dataclass(frozen=True)
 class AttentionPlan:
     batch: ForwardBatch
     block_size: int
-    seqs: tuple[SeqPlan, ...]
+    seqs: tuple[SeqPlan, ...]  # sequences attended one by one (prefill chunks)
+    decode: DecodeGroup | None = None
+    max_query_len: int = 1
 
 
 def plan_attention(batch: ForwardBatch, block_size: int) -> AttentionPlan:
@@ -40,6 +51,7 @@ def plan_attention(batch: ForwardBatch, block_size: int) -> AttentionPlan:
     device = batch.block_tables.device
     offsets = torch.arange(block_size, device=device, dtype=torch.int64)
     plans: list[SeqPlan] = []
+    decode: list[tuple[int, torch.Tensor]] = []
     for i, ctx_len in enumerate(lens):
         qs, qe = qsl[i], qsl[i + 1]
         if qe <= qs:
@@ -49,12 +61,30 @@ def plan_attention(batch: ForwardBatch, block_size: int) -> AttentionPlan:
         slots = (blocks[:, None] * block_size + offsets[None, :]).reshape(-1)[:ctx_len]
         pos = positions[qs:qe]
         if len(pos) == 1 and pos[0] == ctx_len - 1:
-            mask = None
-        else:
-            q_pos = batch.positions[qs:qe].to(device)
-            mask = torch.arange(ctx_len, device=device)[None, :] <= q_pos[:, None]
+            decode.append((qs, slots))
+            continue
+        q_pos = batch.positions[qs:qe].to(device)
+        mask = torch.arange(ctx_len, device=device)[None, :] <= q_pos[:, None]
         plans.append(SeqPlan(qs, qe, slots, mask))
-    return AttentionPlan(batch=batch, block_size=block_size, seqs=tuple(plans))
+    max_q = max([qsl[i + 1] - qsl[i] for i in range(len(lens))], default=1)
+    return AttentionPlan(batch=batch, block_size=block_size, seqs=tuple(plans),
+                         decode=_decode_group(decode, device), max_query_len=max(1, max_q))
+
+
+def _decode_group(items: list[tuple[int, torch.Tensor]], device: torch.device
+                  ) -> DecodeGroup | None:
+    if not items:
+        return None
+    longest = max(len(slots) for _, slots in items)
+    padded = torch.zeros((len(items), longest), dtype=torch.int64, device=device)
+    lengths = torch.tensor([len(slots) for _, slots in items], device=device)
+    for b, (_, slots) in enumerate(items):
+        padded[b, :len(slots)] = slots
+    mask = None
+    if bool((lengths < longest).any()):
+        mask = (torch.arange(longest, device=device)[None, :] < lengths[:, None])[:, None, None, :]
+    rows = torch.tensor([row for row, _ in items], dtype=torch.int64, device=device)
+    return DecodeGroup(rows=rows, slots=padded, mask=mask)
 
 
 def store_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -75,6 +105,16 @@ def reference_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     kc = k_cache.view(-1, nkv, hd)
     vc = v_cache.view(-1, nkv, hd)
     out = torch.zeros_like(q)
+    group = plan.decode
+    if group is not None:  # all single-token decodes at once: [B, H, 1, D] over [B, KV, L, D]
+        b, length = group.slots.shape
+        qd = q.index_select(0, group.rows).unsqueeze(2)  # [B, H, 1, D]
+        kd = kc.index_select(0, group.slots.reshape(-1)).view(b, length, nkv, hd).transpose(1, 2)
+        vd = vc.index_select(0, group.slots.reshape(-1)).view(b, length, nkv, hd).transpose(1, 2)
+        od = F.scaled_dot_product_attention(
+            qd, kd.to(q.dtype), vd.to(q.dtype), attn_mask=group.mask, scale=scale,
+            enable_gqa=True)
+        out.index_copy_(0, group.rows, od.squeeze(2))
     for sp in plan.seqs:
         qi = q[sp.q_start:sp.q_end].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
         ki = kc.index_select(0, sp.ctx_slots).transpose(0, 1).unsqueeze(0)  # [1, KV, L, D]
@@ -88,9 +128,19 @@ def reference_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
 
 def _cuda_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                           plan: AttentionPlan, scale: float) -> torch.Tensor:
-    """CUDA path. THE single place where kiln_kernels.attention (Triton prefill-with-prefix
-    and decode kernels) will be called; until those are wired in it runs the reference."""
-    return reference_paged_attention(q, k_cache, v_cache, plan, scale)
+    """CUDA path: THE single place the Triton kernels of kiln_kernels.attention are called —
+    split-K paged decode when every sequence decodes one token, else varlen prefill over the
+    paged prefix (which covers mixed prefill + decode steps)."""
+    from kiln_kernels.attention import paged_decode, prefill_paged
+
+    batch = plan.batch
+    out: torch.Tensor
+    if not plan.seqs and plan.decode is not None and q.shape[0] == plan.decode.rows.numel():
+        out = paged_decode(q, k_cache, v_cache, batch.block_tables, batch.seq_lens, scale)
+    else:
+        out = prefill_paged(q, k_cache, v_cache, batch.block_tables, batch.query_start_loc,
+                            batch.seq_lens, scale, max_query_len=plan.max_query_len)
+    return out
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,

@@ -1,0 +1,95 @@
+"""The model's attention conventions agree with the Triton kernels': the CUDA dispatch path (and
+the Triton kernels themselves, under TRITON_INTERPRET=1) give the reference's output for the same
+plan — batched decodes, a mixed prefill + decode step, and scattered block tables."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from kiln.model.attention import (
+    _cuda_paged_attention,
+    plan_attention,
+    reference_paged_attention,
+    store_kv,
+)
+from kiln.model.batch import build_forward_batch
+
+BS, H, KV, D = 4, 4, 2, 8
+
+
+def setup(seqs: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, object]:
+    """seqs: (cached tokens, new tokens) per sequence, with scattered blocks."""
+    gen = torch.Generator().manual_seed(0)
+    num_blocks = 40
+    perm = torch.randperm(num_blocks, generator=gen).tolist()
+    k_cache = torch.zeros(num_blocks, BS, KV, D)
+    v_cache = torch.zeros(num_blocks, BS, KV, D)
+    spec, used = [], 0
+    for cached, new in seqs:
+        n_blocks = -(-(cached + new) // BS)
+        table = perm[used:used + n_blocks]
+        used += n_blocks
+        spec.append((list(range(new)), cached, table))
+    batch = build_forward_batch(spec, BS, "all", torch.device("cpu"))
+    # fill the cached prefix of every sequence with random K/V
+    for (_, cached, table) in spec:
+        for pos in range(cached):
+            blk, off = table[pos // BS], pos % BS
+            k_cache[blk, off] = torch.randn(KV, D, generator=gen)
+            v_cache[blk, off] = torch.randn(KV, D, generator=gen)
+    t = batch.input_ids.numel()
+    q = torch.randn(t, H, D, generator=gen)
+    store_kv(k_cache, v_cache, torch.randn(t, KV, D, generator=gen), torch.randn(t, KV, D, generator=gen),
+             batch.slot_mapping)
+    return q, k_cache, v_cache, plan_attention(batch, BS)
+
+
+CASES = {
+    "decodes": [(5, 1), (12, 1), (1, 1), (7, 1)],
+    "mixed": [(5, 1), (0, 6), (9, 3), (2, 1)],
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_dispatch_matches_reference(case: str) -> None:
+    q, k, v, plan = setup(CASES[case])
+    want = reference_paged_attention(q, k, v, plan, 0.3)  # type: ignore[arg-type]
+    got = _cuda_paged_attention(q, k, v, plan, 0.3)  # type: ignore[arg-type]
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
+                    reason="needs TRITON_INTERPRET=1 or CUDA")
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_triton_kernels_match_reference(case: str) -> None:
+    from kiln_kernels.attention.decode import paged_decode_triton
+    from kiln_kernels.attention.prefill import prefill_paged_triton
+
+    q, k, v, plan = setup(CASES[case])
+    want = reference_paged_attention(q, k, v, plan, 0.3)  # type: ignore[arg-type]
+    b = plan.batch  # type: ignore[attr-defined]
+    got = prefill_paged_triton(q, k, v, b.block_tables, b.query_start_loc, b.seq_lens, 0.3, None)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    if case == "decodes":
+        got = paged_decode_triton(q, k, v, b.block_tables, b.seq_lens, 0.3)
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_public_kernel_names_are_functions_after_submodule_imports() -> None:
+    """A submodule named like a public function would replace it on the package once imported."""
+    import importlib
+    import pkgutil
+
+    import kiln_kernels
+
+    for info in pkgutil.walk_packages(kiln_kernels.__path__, "kiln_kernels."):
+        importlib.import_module(info.name)
+    from kiln_kernels import attention, lora, norm, sampling
+
+    for package in (attention, lora, norm, sampling):
+        for name in getattr(package, "__all__", []):
+            assert callable(getattr(package, name)), f"{package.__name__}.{name}"
+            assert not isinstance(getattr(package, name), type(attention)), name
