@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 from kiln_kernels.attention import paged_decode_ref, prefill_paged_ref, store_kv_ref
-from kiln_kernels.attention.kv_store import store_kv_triton
 from kiln_kernels.attention.decode import paged_decode_triton
+from kiln_kernels.attention.kv_store import store_kv_triton
 from kiln_kernels.attention.prefill import prefill_paged_triton
 from kiln_kernels.lora import lora_expand_ref, lora_shrink_ref
 from kiln_kernels.lora.sgmv import lora_expand_triton, lora_shrink_triton

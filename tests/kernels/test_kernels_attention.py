@@ -12,8 +12,8 @@ from kiln_kernels.attention import (
     store_kv,
     store_kv_ref,
 )
-from kiln_kernels.attention.kv_store import store_kv_triton
 from kiln_kernels.attention.decode import paged_decode_triton
+from kiln_kernels.attention.kv_store import store_kv_triton
 from kiln_kernels.attention.prefill import prefill_paged_triton
 
 TOL = {torch.float32: 2e-4, torch.float16: 3e-3, torch.bfloat16: 2e-2}
