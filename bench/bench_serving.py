@@ -1,6 +1,6 @@
 """Serving figures through the real HTTP server (the `make bench` list of issue 4).
 
-The server is ``build_app(ServerConfig(...), EngineBackend(load_model(None), config))`` under
+The server is ``build_app(ServerConfig(...), EngineBackend.from_config(config))`` under
 uvicorn in a thread on 127.0.0.1 (random free port); clients are httpx in the main thread.
 
 Figures (each with its goal):
@@ -121,7 +121,9 @@ class LiveServer:
             s.bind(("127.0.0.1", 0))
             port = int(s.getsockname()[1])
         self.config = ServerConfig(port=port, log_level="warning")
-        self.backend = EngineBackend(loaded, self.config)
+        # loads its own copy on the engine thread, as `kiln serve` does (all torch work on one
+        # thread); `loaded` stays the transformers reference's source of weights
+        self.backend = EngineBackend.from_config(self.config)
         app = build_app(self.config, self.backend)
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
                                                     log_level="warning"))

@@ -86,6 +86,15 @@ class AsyncEngine:
         self._thread = threading.Thread(target=self._run, name="kiln-engine", daemon=True)
         self._thread.start()
 
+    def run_in_current_thread(self) -> None:
+        """Run the engine loop on the calling thread until shutdown (instead of start()); for a
+        thread that already did the model's torch work."""
+        if self._thread is not None:
+            raise RuntimeError("the engine is already running")
+        self._stopping = False
+        self._thread = threading.current_thread()
+        self._run()
+
     def shutdown(self) -> None:
         with self._cv:
             self._stopping = True

@@ -14,7 +14,6 @@ import uvicorn
 
 from kiln.api.app import build_app
 from kiln.config import ServerConfig
-from kiln.model.loader import load_model
 from kiln.serving import EngineBackend
 
 
@@ -44,7 +43,7 @@ def _free_port() -> int:
 @pytest.fixture(scope="session")
 def live_server() -> Iterator[LiveServer]:
     config = ServerConfig(port=_free_port(), kv_memory_mb=128)
-    backend = EngineBackend(load_model(None), config)
+    backend = EngineBackend.from_config(config)  # as `kiln serve` builds it
     app = build_app(config, backend)
     server = uvicorn.Server(
         uvicorn.Config(app, host="127.0.0.1", port=config.port, log_level="warning")
