@@ -31,22 +31,19 @@ import platform
 import random
 import socket
 import statistics
-import threading
+import subprocess
+import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 import torch
-import uvicorn
 
 from bench._transformers_ref import build_reference, hf_generate
-from kiln.api.app import build_app
-from kiln.config import ServerConfig
 from kiln.model.loader import LoadedModel, load_model
-from kiln.serving import EngineBackend
 
 RESULTS = Path(__file__).parent / "results" / "serving.json"
 TOPICS = ["the ocean", "autumn leaves", "gravity", "a city at night", "neural networks",
@@ -116,22 +113,21 @@ async def stream_chat(client: httpx.AsyncClient, body: dict[str, Any],
 
 
 class LiveServer:
+    """`python -m kiln serve` in its own process, as users run it (a server sharing this
+    process with the transformers baseline would share its torch thread pools)."""
+
     def __init__(self, loaded: LoadedModel) -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = int(s.getsockname()[1])
-        self.config = ServerConfig(port=port, log_level="warning")
-        # loads its own copy on the engine thread, as `kiln serve` does (all torch work on one
-        # thread); `loaded` stays the transformers reference's source of weights
-        self.backend = EngineBackend.from_config(self.config)
-        app = build_app(self.config, self.backend)
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
-                                                    log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.cmd = [sys.executable, "-m", "kiln", "serve", "--host", "127.0.0.1",
+                    "--port", str(port), "--log-level", "warning"]
+        self.proc: subprocess.Popen[bytes] | None = None
         self.url = f"http://127.0.0.1:{port}"
 
     def __enter__(self) -> LiveServer:
-        self.thread.start()
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             try:
@@ -140,19 +136,33 @@ class LiveServer:
             except httpx.HTTPError:
                 pass
             time.sleep(0.1)
+        self.__exit__()
         raise RuntimeError("server did not become healthy in 120 s")
 
     def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=60)
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
 
+    def rss_mb(self) -> float:
+        assert self.proc is not None
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+        return float("nan")
 
-def vm_rss_mb() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
+    def stats(self) -> dict[str, float]:
+        text = httpx.get(self.url + "/metrics", timeout=10).text
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            if line.startswith('kiln_engine{name="'):
+                name = line.split('"')[1]
+                out[name] = float(line.rsplit(" ", 1)[1])
+        return out
 
 
 def pct(xs: Sequence[float], q: float) -> float:
@@ -274,7 +284,7 @@ async def admission_itl(client: httpx.AsyncClient, loaded: LoadedModel, prompt_t
 
 
 async def rss_growth(client: httpx.AsyncClient, total: int, first: int,
-                     concurrency: int) -> dict[str, Any]:
+                     concurrency: int, rss: Callable[[], float]) -> dict[str, Any]:
     sem = asyncio.Semaphore(concurrency)
     done = 0
     marks: dict[int, float] = {}
@@ -293,9 +303,9 @@ async def rss_growth(client: httpx.AsyncClient, total: int, first: int,
 
     start = time.perf_counter()
     await asyncio.gather(*(one(i) for i in range(first)))
-    marks[first] = vm_rss_mb()
+    marks[first] = rss()
     await asyncio.gather(*(one(i) for i in range(first, total)))
-    marks[total] = vm_rss_mb()
+    marks[total] = rss()
     growth = (marks[total] - marks[first]) / marks[first]
     return {"requests": done, "rss_after_first_mb": marks[first], "rss_after_all_mb": marks[total],
             "first": first, "total": total, "growth_pct": 100 * growth,
@@ -315,8 +325,8 @@ async def serve_all(server: LiveServer, loaded: LoadedModel, args: argparse.Name
         print("admission ITL ...", flush=True)
         out["admission"] = await admission_itl(client, loaded, args.long_prompt_tokens)
         print(f"RSS over {args.rss_requests} requests ...", flush=True)
-        out["rss"] = await rss_growth(client, args.rss_requests, 50, 8)
-        out["engine_stats"] = server.backend.stats()
+        out["rss"] = await rss_growth(client, args.rss_requests, 50, 8, server.rss_mb)
+        out["engine_stats"] = server.stats()
         return out
 
 

@@ -14,7 +14,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 512
     # While sequences are decoding, a step computes at most this many prefill tokens, so a long
     # prompt being admitted delays running streams by one short chunk per step, not a long one.
-    max_prefill_tokens_while_decoding: int = 128
+    max_prefill_tokens_while_decoding: int = 64
     enable_prefix_caching: bool = True
     max_model_len: int | None = None  # None -> the model's max_position
     # Distinct LoRA adapters resident on the device at once (running requests together use at
