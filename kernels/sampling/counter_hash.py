@@ -80,6 +80,15 @@ def counter_hash(seeds: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch.
     return _fmix_t(h ^ _NUM_WORDS * 4)
 
 
+def counter_uniform_at(
+    seeds: torch.Tensor, steps: torch.Tensor, token_ids: torch.Tensor
+) -> torch.Tensor:
+    """The same numbers as ``counter_uniform`` for chosen (row seed, row step, token id) triples,
+    all 1-D of one length: float32 [N]. Lets a filtered row hash only its surviving tokens."""
+    h = _absorb_t(row_state(seeds, steps), token_ids.to(torch.int64))
+    return hash_to_uniform(_fmix_t(h ^ _NUM_WORDS * 4))
+
+
 def counter_uniform(seeds: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch.Tensor:
     """Uniform numbers in (0, 1), float32 [B, V], a pure function of (seed, step, token id)."""
     return hash_to_uniform(counter_hash(seeds, steps, vocab))

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from .counter_hash import counter_uniform
+from .counter_hash import counter_uniform, counter_uniform_at
 from .params import SamplingTensors
 
 GREEDY_TEMPERATURE = 1e-5
@@ -113,6 +113,26 @@ def gumbel_noise(p: SamplingTensors, vocab: int) -> torch.Tensor:
     return -torch.log(-torch.log(u))
 
 
+# Below this fraction of surviving tokens, noise is hashed only for the survivors (top-k / top-p /
+# min-p rows keep a handful of the ~50k-150k ids); the numbers are the same either way.
+SPARSE_FRACTION = 0.125
+
+
+def gumbel_scores(
+    xs: torch.Tensor, keep: torch.Tensor, p: SamplingTensors, neg_inf: torch.Tensor
+) -> torch.Tensor:
+    """x + Gumbel noise where kept, -inf elsewhere (noise from the counter hash)."""
+    rows, vocab = xs.shape
+    kept = torch.nonzero(keep)
+    if kept.shape[0] > SPARSE_FRACTION * rows * vocab:
+        return torch.where(keep, xs + gumbel_noise(p, vocab), neg_inf)
+    r, t = kept[:, 0], kept[:, 1]
+    u = counter_uniform_at(p.seeds[r], p.steps[r], t)
+    scores = neg_inf.clone()
+    scores[r, t] = xs[r, t] - torch.log(-torch.log(u))
+    return scores
+
+
 def penalties_active(p: SamplingTensors) -> bool:
     """Whether any row has a penalty that can change its logits (a cheap host-side check)."""
     return bool(
@@ -131,7 +151,7 @@ def sample_reference(logits: torch.Tensor, p: SamplingTensors) -> tuple[torch.Te
     only on (seed, step, token id), so a row's token does not depend on its batch.
     """
     check_inputs(logits, p)
-    b, v = logits.shape
+    b = logits.shape[0]
     x = apply_penalties(logits, p) if penalties_active(p) else logits.to(torch.float32)
     greedy = greedy_rows(p)
     tokens = torch.argmax(x, dim=1)
@@ -144,7 +164,7 @@ def sample_reference(logits: torch.Tensor, p: SamplingTensors) -> tuple[torch.Te
     thr = filter_threshold(xs, sub)
     keep = xs >= thr[:, None]
     neg_inf = torch.full_like(xs, float("-inf"))
-    picked = torch.argmax(torch.where(keep, xs + gumbel_noise(sub, v), neg_inf), dim=1)
+    picked = torch.argmax(gumbel_scores(xs, keep, sub, neg_inf), dim=1)
     lse = torch.logsumexp(torch.where(keep, xs, neg_inf), dim=1)
     tokens[rows] = picked
     logprob[rows] = (xs.gather(1, picked[:, None]).squeeze(1) - lse).to(torch.float32)

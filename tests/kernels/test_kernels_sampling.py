@@ -280,3 +280,25 @@ def test_input_validation() -> None:
         sample_reference(torch.zeros(1, 11), p)
     with pytest.raises(ValueError, match="dtype"):
         sample_reference(torch.zeros(1, 10, dtype=torch.int32), p)
+
+
+def test_sparse_noise_path_equals_dense() -> None:
+    """Hashing only the surviving tokens gives the same tokens and logprobs as the dense path."""
+    from kiln_kernels.sampling import reference
+
+    gen = torch.Generator().manual_seed(7)
+    vocab = 3000
+    logits = torch.randn(6, vocab, generator=gen) * 3
+    rows = [{"temperature": 0.8, "top_k": k, "top_p": tp, "seed": 11 + i, "step": i}
+            for i, (k, tp) in enumerate([(20, 1.0), (0, 0.9), (5, 0.5), (40, 0.95), (1, 1.0),
+                                         (0, 1.0)])]
+    p = SamplingTensors.build(rows, vocab)
+    sparse = reference.sample_reference(logits, p)
+    saved = reference.SPARSE_FRACTION
+    try:
+        reference.SPARSE_FRACTION = 2.0  # force the dense path everywhere
+        dense = reference.sample_reference(logits, p)
+    finally:
+        reference.SPARSE_FRACTION = saved
+    assert torch.equal(sparse[0], dense[0])
+    torch.testing.assert_close(sparse[1], dense[1])
