@@ -29,10 +29,7 @@ import gc
 import json
 import platform
 import random
-import socket
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -43,6 +40,7 @@ import httpx
 import torch
 
 from bench._transformers_ref import build_reference, hf_generate
+from bench.live_server import Server, running_server, snapshot
 from kiln.model.loader import LoadedModel, load_model
 
 RESULTS = Path(__file__).parent / "results" / "serving.json"
@@ -110,59 +108,6 @@ async def stream_chat(client: httpx.AsyncClient, body: dict[str, Any],
             if stop is not None and stop.is_set():
                 break
     return res
-
-
-class LiveServer:
-    """`python -m kiln serve` in its own process, as users run it (a server sharing this
-    process with the transformers baseline would share its torch thread pools)."""
-
-    def __init__(self, loaded: LoadedModel) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        self.cmd = [sys.executable, "-m", "kiln", "serve", "--host", "127.0.0.1",
-                    "--port", str(port), "--log-level", "warning"]
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.url = f"http://127.0.0.1:{port}"
-
-    def __enter__(self) -> LiveServer:
-        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        self.__exit__()
-        raise RuntimeError("server did not become healthy in 120 s")
-
-    def __exit__(self, *exc: object) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-
-    def rss_mb(self) -> float:
-        assert self.proc is not None
-        with open(f"/proc/{self.proc.pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-        return float("nan")
-
-    def stats(self) -> dict[str, float]:
-        text = httpx.get(self.url + "/metrics", timeout=10).text
-        out: dict[str, float] = {}
-        for line in text.splitlines():
-            if line.startswith('kiln_engine{name="'):
-                name = line.split('"')[1]
-                out[name] = float(line.rsplit(" ", 1)[1])
-        return out
 
 
 def pct(xs: Sequence[float], q: float) -> float:
@@ -312,7 +257,7 @@ async def rss_growth(client: httpx.AsyncClient, total: int, first: int,
             "wall_s": time.perf_counter() - start}
 
 
-async def serve_all(server: LiveServer, loaded: LoadedModel, args: argparse.Namespace
+async def serve_all(server: Server, loaded: LoadedModel, args: argparse.Namespace
                     ) -> dict[str, Any]:
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
     async with httpx.AsyncClient(base_url=server.url, limits=limits) as client:
@@ -325,8 +270,9 @@ async def serve_all(server: LiveServer, loaded: LoadedModel, args: argparse.Name
         print("admission ITL ...", flush=True)
         out["admission"] = await admission_itl(client, loaded, args.long_prompt_tokens)
         print(f"RSS over {args.rss_requests} requests ...", flush=True)
-        out["rss"] = await rss_growth(client, args.rss_requests, 50, 8, server.rss_mb)
-        out["engine_stats"] = server.stats()
+        out["rss"] = await rss_growth(client, args.rss_requests, 50, 8,
+                                      lambda: snapshot(server)["rss_mib"])
+        out["engine_stats"] = snapshot(server)
         return out
 
 
@@ -348,7 +294,9 @@ def main() -> None:
     loaded = load_model(None)
     print("transformers baselines ...", flush=True)
     hf = hf_baselines(loaded, args.max_tokens, args.repeats)
-    with LiveServer(loaded) as server:
+    # `kiln serve` in its own process, as users run it (a server sharing this process with the
+    # transformers baseline would share its torch thread pools)
+    with running_server(log_path=RESULTS.parent / "bench_serving_server.log") as server:
         ours = asyncio.run(serve_all(server, loaded, args))
     single, conc = ours["single"]["tok_s"], ours["concurrent8"]["tok_s"]
     adm, rss = ours["admission"], ours["rss"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .common import PARALLEL_TOOL_CALLS, F, Schema, n_choices, obj
+from .common import PARALLEL_TOOL_CALLS, SAMPLING_FIELDS, F, Schema, n_choices, obj
 
 
 def batch_defs() -> dict[str, Schema]:
@@ -92,54 +92,7 @@ def batch_defs() -> dict[str, Schema]:
                 "One message array per prompt. prompts.length multiplied by n must not exceed 64 outputs.",
             ),
             n_choices("Completions per prompt. Missing or null means 1."),
-            F(
-                "temperature",
-                False,
-                {"$ref": "#/$defs/NullableSamplingNumber"},
-                "Sampling temperature. Null uses the selected preset or runtime default.",
-            ),
-            F(
-                "top_p",
-                False,
-                {"$ref": "#/$defs/NullableSamplingNumber"},
-                "Nucleus-sampling probability mass. Null uses the selected preset or runtime default.",
-            ),
-            F(
-                "top_k",
-                False,
-                {"$ref": "#/$defs/NullableUint32"},
-                "Maximum candidate count for top-k filtering. Null uses the selected preset or runtime default.",
-            ),
-            F(
-                "min_p",
-                False,
-                {"$ref": "#/$defs/NullableSamplingNumber"},
-                "Minimum probability relative to the most likely token. Null uses the selected preset or runtime default.",
-            ),
-            F(
-                "presence_penalty",
-                False,
-                {"$ref": "#/$defs/NullableSamplingNumber"},
-                "OpenAI-style presence penalty. Null uses the selected preset or runtime default.",
-            ),
-            F(
-                "frequency_penalty",
-                False,
-                {"$ref": "#/$defs/NullableSamplingNumber"},
-                "OpenAI-style frequency penalty. Null uses the selected preset or runtime default.",
-            ),
-            F(
-                "repetition_penalty",
-                False,
-                {"$ref": "#/$defs/NullableSamplingNumber"},
-                "Token repetition penalty. Null uses the selected preset or runtime default.",
-            ),
-            F(
-                "sampling_preset",
-                False,
-                {"$ref": "#/$defs/SamplingPreset"},
-                "Named group of sampling defaults; explicit sampling fields take precedence.",
-            ),
+            *SAMPLING_FIELDS,
             F(
                 "max_tokens",
                 False,

@@ -119,3 +119,56 @@ PARALLEL_TOOL_CALLS: Field = F(
     "OpenAI-compatible: false keeps only the first tool call of each choice; missing, null or "
     "true keeps every tool call.",
 )
+
+
+# Per-field sampling overrides shared, word for word, by chat and batch requests.
+SAMPLING_FIELDS: list[Field] = [
+    F(
+        "temperature",
+        False,
+        {"$ref": "#/$defs/NullableSamplingNumber"},
+        "Sampling temperature. Null uses the selected preset or runtime default.",
+    ),
+    F(
+        "top_p",
+        False,
+        {"$ref": "#/$defs/NullableSamplingNumber"},
+        "Nucleus-sampling probability mass. Null uses the selected preset or runtime default.",
+    ),
+    F(
+        "top_k",
+        False,
+        {"$ref": "#/$defs/NullableUint32"},
+        "Maximum candidate count for top-k filtering. Null uses the selected preset or runtime default.",
+    ),
+    F(
+        "min_p",
+        False,
+        {"$ref": "#/$defs/NullableSamplingNumber"},
+        "Minimum probability relative to the most likely token. Null uses the selected preset or runtime default.",
+    ),
+    F(
+        "presence_penalty",
+        False,
+        {"$ref": "#/$defs/NullableSamplingNumber"},
+        "OpenAI-style presence penalty. Null uses the selected preset or runtime default.",
+    ),
+    F(
+        "frequency_penalty",
+        False,
+        {"$ref": "#/$defs/NullableSamplingNumber"},
+        "OpenAI-style frequency penalty. Null uses the selected preset or runtime default.",
+    ),
+    F(
+        "repetition_penalty",
+        False,
+        {"$ref": "#/$defs/NullableSamplingNumber"},
+        "Token repetition penalty. Null uses the selected preset or runtime default.",
+    ),
+    F(
+        "sampling_preset",
+        False,
+        {"$ref": "#/$defs/SamplingPreset"},
+        "Named group of sampling defaults; explicit sampling fields take precedence.",
+    ),
+]

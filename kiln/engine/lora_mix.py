@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import math
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 from kiln.engine.block_pool import ROOT_HASH
@@ -56,6 +56,28 @@ def mix_root_hash(mix: Sequence[tuple[LoraAdapterLike, float]]) -> int:
 def adapter_keys(mix: Sequence[tuple[LoraAdapterLike, float]]) -> frozenset[str]:
     """The distinct adapters (content hashes) of a mix: the device slots it occupies."""
     return frozenset(a.content_sha256 for a, _ in mix)
+
+
+class AdapterAdmission:
+    """Device slots during one admission pass: the running requests' adapters stay resident; a
+    request that would need more than `max_slots` waits, and once one waits, later requests may
+    bring no new adapter (they must not take the slot it is waiting for)."""
+
+    def __init__(self, running: Iterable[Sequence[tuple[LoraAdapterLike, float]]],
+                 max_slots: int) -> None:
+        self.keys: set[str] = {k for mix in running for k in adapter_keys(mix)}
+        self.max_slots = max_slots
+        self.blocked = False
+
+    def admits(self, mix: Sequence[tuple[LoraAdapterLike, float]]) -> bool:
+        new = adapter_keys(mix) - self.keys
+        if new and (self.blocked or len(self.keys) + len(new) > self.max_slots):
+            self.blocked = True
+            return False
+        return True
+
+    def add(self, mix: Sequence[tuple[LoraAdapterLike, float]]) -> None:
+        self.keys |= adapter_keys(mix)
 
 
 def check_mix(mix: Sequence[tuple[LoraAdapterLike, float]], max_slots: int,

@@ -19,7 +19,7 @@ from collections.abc import Callable, Collection
 from kiln.engine.block_pool import BlockPool
 from kiln.engine.config import EngineConfig
 from kiln.engine.errors import EngineError
-from kiln.engine.lora_mix import adapter_keys, check_mix
+from kiln.engine.lora_mix import AdapterAdmission, check_mix
 from kiln.engine.metrics import PHASE_DECODE, PHASE_PREEMPTED, PHASE_PREFILL
 from kiln.engine.outputs import (
     ModelRunnerOutput,
@@ -161,23 +161,17 @@ class Scheduler:
             preempted_ids=preempted,
         )
 
-    def _admit(self, budget: int, seqs: list[ScheduledSeq], now: float) -> int:
+    def _admit(self, budget: int, seqs: list[ScheduledSeq], now: float) -> None:
         bs = self.block_size
         inflight: set[int] = set()
         for s in self._running:
             inflight.update(s.block_hashes[s.num_computed_tokens // bs:])
         deferred: list[RequestState] = []
-        # Adapters the running requests hold on the device: a request that would need more
-        # than max_lora_slots waits, and once one waits, later requests may bring no new
-        # adapter (they must not take the slot it is waiting for).
-        adapters: set[str] = {k for s in self._running for k in adapter_keys(s.request.lora)}
-        lora_blocked = False
+        slots = AdapterAdmission((s.request.lora for s in self._running),
+                                 self.config.max_lora_slots)
         while self._waiting and budget > 0 and len(self._running) < self.config.max_num_seqs:
             st = self._waiting.popleft()
-            new_keys = adapter_keys(st.request.lora) - adapters
-            if new_keys and (lora_blocked or
-                             len(adapters) + len(new_keys) > self.config.max_lora_slots):
-                lora_blocked = True
+            if not slots.admits(st.request.lora):
                 deferred.append(st)
                 continue
             max_hit = (st.num_tokens - 1) // bs  # always compute at least the last token
@@ -203,12 +197,11 @@ class Scheduler:
                 st.metrics.first_scheduled_time = now
             st.status = Status.RUNNING
             self._running.append(st)
-            adapters |= new_keys
+            slots.add(st.request.lora)
             inflight.update(st.block_hashes[len(hits):])
             seqs.append(self._scheduled_seq(st, n, is_new=True, now=now))
             budget -= n
         self._waiting.extendleft(reversed(deferred))
-        return budget
 
     def _grow(self, st: RequestState, total_tokens: int) -> bool:
         need = _cdiv(total_tokens, self.block_size) - len(st.block_ids)

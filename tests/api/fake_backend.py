@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import math
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -183,7 +182,7 @@ class FakeBackend:
                     logprob=-float(tid),
                     rank=tid + 1,
                     top_ids=top,
-                    top_logprobs=[-float(t) - math.log(2.0) * 0 for t in top],
+                    top_logprobs=[-float(t) for t in top],
                 )
             )
         return out

@@ -16,7 +16,13 @@ from msgspec import UNSET
 from starlette.requests import Request
 from starlette.responses import Response
 
-from kiln.adapters import AdapterActive, AdapterNotFound, AdapterStore, InvalidAdapterName
+from kiln.adapters import (
+    AdapterActive,
+    AdapterNotFound,
+    AdapterStore,
+    InvalidAdapterName,
+    validate_name,
+)
 from kiln.api._generated import wire
 from kiln.api.backend import Backend
 from kiln.api.body import read_json_body
@@ -50,8 +56,6 @@ def _not_found(name: str, param: str) -> ApiError:
 
 def _check_name(name: str, param: str) -> str:
     try:
-        from kiln.adapters import validate_name
-
         return validate_name(name)
     except InvalidAdapterName as exc:
         raise ApiError(400, "invalid_adapter_name", str(exc), param=param) from None
@@ -122,8 +126,6 @@ def adapter_named_by_model(backend: Backend, model: str | None) -> str | None:
     if model is None or store is None or model == backend.model_id:
         return None
     try:
-        from kiln.adapters import validate_name
-
         name = validate_name(model)
     except InvalidAdapterName:
         return None

@@ -24,6 +24,7 @@ from kiln.api.handlers.adapters import select
 from kiln.api.handlers.chat_prepare import (
     apply_budget,
     render_prompt,
+    template_kwargs,
     template_messages,
     tools_enabled,
 )
@@ -58,9 +59,7 @@ async def create(request: Request) -> Response:
     selection = select(state.backend, req.adapter, req.adapters, model_adapter, tri_state=False)
     n = int(opt(req.n) or 1)
     tools = opt(req.tools) or None
-    kwargs: dict[str, Any] = dict(opt(req.chat_template_kwargs) or {})
-    if "enable_thinking" not in kwargs and state.config.default_thinking_enabled is not None:
-        kwargs["enable_thinking"] = state.config.default_thinking_enabled
+    kwargs = template_kwargs(state, req.chat_template_kwargs)
     limit = state.backend.max_model_len
     prompts: list[tuple[list[int], bool]] = []
     for p, messages in enumerate(req.prompts):

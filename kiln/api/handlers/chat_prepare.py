@@ -152,6 +152,16 @@ def apply_budget(
     return ThinkingBudgetSpec(close_ids, budget.tokens.limit, budget.time_ms.limit)
 
 
+def template_kwargs(state: AppState, requested: Any) -> dict[str, Any]:
+    """`chat_template_kwargs` as top-level template variables, plus the server's default
+    `enable_thinking` when the request does not set it."""
+    kwargs: dict[str, Any] = dict(opt(requested) or {})
+    default = state.config.default_thinking_enabled
+    if "enable_thinking" not in kwargs and default is not None:
+        kwargs["enable_thinking"] = default
+    return kwargs
+
+
 def _thinking_source(kwargs: dict[str, Any], server_default: bool | None) -> str:
     if "enable_thinking" in kwargs:
         return "request" if isinstance(kwargs["enable_thinking"], bool) else "custom"
@@ -175,9 +185,7 @@ def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> PreparedCh
     model, model_adapter = resolve_model(backend, opt(req.model))
     selection = select(backend, req.adapter, req.adapters, model_adapter, tri_state=True)
     started = time.perf_counter()
-    kwargs: dict[str, Any] = dict(opt(req.chat_template_kwargs) or {})
-    if "enable_thinking" not in kwargs and cfg.default_thinking_enabled is not None:
-        kwargs["enable_thinking"] = cfg.default_thinking_enabled
+    kwargs = template_kwargs(state, req.chat_template_kwargs)
     tools = opt(req.tools) or None
     tool_choice = opt(req.tool_choice)
     if tool_choice is not None:

@@ -6,6 +6,7 @@ import base64
 import hashlib
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from msgspec import UNSET
@@ -80,13 +81,12 @@ async def create(request: Request) -> Response:
     logprobs: list[Any] = [None]
     for pos, s in enumerate(scores, start=1):
         entries: dict[str, Any] = {}
-        context = ids[:pos]
+        decode = _decoder(backend, ids[max(0, pos - 4):pos])
         for rank, (tid, lp) in enumerate(zip(s.top_ids, s.top_logprobs, strict=True), start=1):
-            entries[str(tid)] = {"logprob": lp, "rank": rank, "decoded_token": _decode(backend, context, tid)}
+            entries[str(tid)] = {"logprob": lp, "rank": rank, "decoded_token": decode(tid)}
         if str(s.token_id) not in entries:
             entries[str(s.token_id)] = {
-                "logprob": s.logprob, "rank": s.rank,
-                "decoded_token": _decode(backend, context, s.token_id),
+                "logprob": s.logprob, "rank": s.rank, "decoded_token": decode(s.token_id),
             }
         logprobs.append(entries)
     fingerprint = teacher_fingerprint(backend, selection)
@@ -127,9 +127,14 @@ def teacher_fingerprint(backend: Any, selection: Selection) -> str | None:
     return f"kiln-teacher-v1.{encoded}.{hashlib.sha256(raw).hexdigest()}"
 
 
-def _decode(backend: Any, context: list[int], token_id: int) -> str:
-    """The token's text in context: decode(context + token) minus decode(context)."""
-    tail = context[-4:]
-    before = backend.tokenizer.decode(tail)
-    after = backend.tokenizer.decode([*tail, token_id])
-    return str(after[len(before):]) if after.startswith(before) else str(backend.tokenizer.decode([token_id]))
+def _decoder(backend: Any, tail: list[int]) -> Callable[[int], str]:
+    """Decodes a candidate token in the context of the preceding tokens `tail` (completing a
+    split UTF-8 character): decode(tail + token) minus decode(tail), decoding `tail` once."""
+    tokenizer = backend.tokenizer
+    before = str(tokenizer.decode(tail))
+
+    def decode(token_id: int) -> str:
+        after = str(tokenizer.decode([*tail, token_id]))
+        return after[len(before):] if after.startswith(before) else str(tokenizer.decode([token_id]))
+
+    return decode

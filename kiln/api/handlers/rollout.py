@@ -43,7 +43,6 @@ def check(state: AppState, prepared: PreparedChat) -> None:
             "least one action is sampled", param="max_tokens",
         )
     _range("temperature", params.temperature, 0.0, math.inf)
-    _range("top_p", min(params.top_p, 1.0) if params.top_p > 0 else 0.0, 0.0, 1.0)
     _range("min_p", params.min_p, 0.0, 1.0)
     _range("presence_penalty", params.presence_penalty, -2.0, 2.0)
     _range("frequency_penalty", params.frequency_penalty, -2.0, 2.0)
