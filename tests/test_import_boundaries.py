@@ -18,6 +18,8 @@ CASES = [
     ("kiln_kernels.attention", ("kiln",)),
     ("kiln_kernels.norm", ("kiln",)),
     ("kiln_kernels.lora", ("kiln",)),
+    ("kiln_kernels.quant", ("kiln",)),
+    ("kiln_kernels.quant.decode", ("kiln",)),
     ("codegen.__main__", ("kiln",)),
 ]
 

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
+from kiln_kernels.quant import PackedWeight
 from torch import nn
 
-from kiln.model.attention import plan_attention
+from kiln.model.attention import AttentionPlan, plan_attention
 from kiln.model.batch import ForwardBatch
 from kiln.model.config import ModelConfig
+from kiln.model.fused_decode import FusedDecoder, decode_sequences
 from kiln.model.kv_cache import KVCache
 from kiln.model.layers import DecoderLayer, LoraHook, RMSNorm, RotaryEmbedding
+from kiln.model.quantized import NO_ROUTE, RowRoute, project
 
 
 class DecoderStack(nn.Module):
@@ -40,6 +42,9 @@ class CausalLM(nn.Module):
             None if cfg.tie_word_embeddings
             else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False))
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta)
+        self.packed_head: PackedWeight | None = None  # kiln.model.quantized.attach_packed
+        self.has_packed = False  # any packed weights attached (then decode rows use them)
+        self.fused: FusedDecoder | None = None  # the C decode step, when every weight is packed
 
     def output_weight(self) -> torch.Tensor:
         """The ``[vocab, hidden]`` output projection (the embedding when tied)."""
@@ -47,21 +52,44 @@ class CausalLM(nn.Module):
 
     def hidden_states(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
         """Last-layer hidden states ``[T, hidden]`` (before the final norm) of every row."""
+        return self._hidden(batch, kv)[0]
+
+    def _decode_rows(self, batch: ForwardBatch, plan: AttentionPlan) -> torch.Tensor | None:
+        """bool [T]: the rows that are a sequence's single decode token (None: no packed path)."""
+        if not self.has_packed or plan.decode is None:
+            return None
+        mask = torch.zeros(batch.input_ids.shape[0], dtype=torch.bool)
+        mask[plan.decode.rows] = True
+        return mask
+
+    def _hidden(self, batch: ForwardBatch, kv: KVCache
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
         if len(kv.k) != self.config.num_layers:
             raise ValueError("KV cache has a different number of layers than the model")
         lora = batch.lora
         if lora is not None and not isinstance(lora, LoraHook):
             raise TypeError(f"ForwardBatch.lora must be a LoraHook, got {type(lora).__name__}")
         plan = plan_attention(batch, kv.block_size)
+        decode = self._decode_rows(batch, plan)
+        route = NO_ROUTE if decode is None else RowRoute.from_mask(decode)
         x = self.model.embed_tokens(batch.input_ids)
         cos, sin = self.rotary.cos_sin(batch.positions, x.dtype)
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, kv.k[i], kv.v[i], plan, lora)
-        out: torch.Tensor = x
-        return out
+            x = layer(x, cos, sin, kv.k[i], kv.v[i], plan, lora, route)
+        return x, decode
 
     def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
         with torch.inference_mode():
-            x = self.hidden_states(batch, kv).index_select(0, batch.logits_indices)
-            x = self.model.norm(x)
-            return F.linear(x, self.output_weight()).to(torch.float32)
+            if self.fused is not None and batch.lora is None and kv.dtype == torch.float32:
+                seqs = decode_sequences(batch)
+                if seqs:
+                    return self.fused.forward(self, batch, kv, seqs, self._torch_forward)
+            return self._torch_forward(batch, kv)
+
+    def _torch_forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
+        with torch.inference_mode():
+            hidden, decode = self._hidden(batch, kv)
+            x = self.model.norm(hidden.index_select(0, batch.logits_indices))
+            route = (NO_ROUTE if decode is None
+                     else RowRoute.from_mask(decode.index_select(0, batch.logits_indices)))
+            return project(x, self.output_weight(), self.packed_head, route).to(torch.float32)

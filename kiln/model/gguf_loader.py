@@ -10,10 +10,12 @@ from typing import Any
 import gguf
 import numpy as np
 import torch
+from kiln_kernels.quant import GGML_BLOCK_BYTES, PackedWeight, pack_ggml
 
 from kiln.model.base import CausalLM
 from kiln.model.config import ModelConfig, UnsupportedModelError, config_from_gguf
 from kiln.model.gguf_tokenizer import tokenizer_from_gguf
+from kiln.model.quantized import attach_packed, enabled
 from kiln.model.weights import WeightLoadError, WeightSink, empty_model, progress
 from kiln.text.tokenizer import Tokenizer
 
@@ -81,6 +83,26 @@ def _dequantize(tensor: Any) -> np.ndarray:
     return arr.reshape(shape)
 
 
+def _row_permutation(cfg: ModelConfig, name: str) -> int | None:
+    """The head count whose llama.cpp q/k row order this tensor needs undone (llama only)."""
+    if cfg.arch != "llama":
+        return None
+    if name.endswith("attn_q.weight"):
+        return cfg.num_heads
+    if name.endswith("attn_k.weight"):
+        return cfg.num_kv_heads
+    return None
+
+
+def _pack(tensor: Any, heads: int | None) -> PackedWeight:
+    """A 2-D quantized tensor's raw blocks, rows in HF order, packed for the CPU kernels."""
+    rows = int(tensor.shape[-1]) if len(tensor.shape) > 1 else 1
+    raw = np.asarray(tensor.data, dtype=np.uint8).reshape(rows, -1)
+    if heads is not None:
+        raw = unpermute_qk(raw, heads)
+    return pack_ggml(torch.from_numpy(np.array(raw, copy=True)), tensor.tensor_type.name)
+
+
 def load_gguf(path: str | Path, dtype: torch.dtype, device: torch.device) -> GGUFContents:
     try:
         reader = gguf.GGUFReader(str(path))
@@ -96,16 +118,19 @@ def load_gguf(path: str | Path, dtype: torch.dtype, device: torch.device) -> GGU
         has_qkv_bias="blk.0.attn_q.bias" in names, has_qk_norm="blk.0.attn_q_norm.weight" in names)
     model = empty_model(cfg, dtype, device)
     sink = WeightSink(model)
+    packed: dict[str, PackedWeight] | None = {} if enabled(dtype, device) else None
     for tensor in progress(reader.tensors, len(reader.tensors), "loading GGUF"):
+        heads = _row_permutation(cfg, tensor.name)
         arr = _dequantize(tensor)
-        if cfg.arch == "llama":
-            if tensor.name.endswith("attn_q.weight"):
-                arr = unpermute_qk(arr, cfg.num_heads)
-            elif tensor.name.endswith("attn_k.weight"):
-                arr = unpermute_qk(arr, cfg.num_kv_heads)
+        if heads is not None:
+            arr = unpermute_qk(arr, heads)
         sink.put(hf_name(tensor.name), torch.from_numpy(arr))
         del arr
+        if packed is not None and tensor.tensor_type.name in GGML_BLOCK_BYTES:
+            packed[hf_name(tensor.name)] = _pack(tensor, heads)
     sink.finish()
+    if packed:
+        attach_packed(model, packed)
     template = meta.get("tokenizer.chat_template")
     return GGUFContents(model=model, config=cfg, tokenizer=tokenizer_from_gguf(meta),
                         chat_template=template if isinstance(template, str) else None,

@@ -10,10 +10,12 @@ from typing import Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
+from kiln_kernels.quant import PackedWeight
 from torch import nn
 
 from kiln.model.attention import AttentionPlan, paged_attention
 from kiln.model.config import ModelConfig
+from kiln.model.quantized import NO_ROUTE, RowRoute, project, project_many
 
 
 @runtime_checkable
@@ -81,15 +83,20 @@ class SwiGLUMLP(nn.Module):
         self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.packed_gate_up: PackedWeight | None = None  # kiln.model.quantized.attach_packed
+        self.packed_down: PackedWeight | None = None
 
-    def forward(self, x: torch.Tensor, lora: LoraHook | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, lora: LoraHook | None = None,
+                route: RowRoute = NO_ROUTE) -> torch.Tensor:
+        gate, up = project_many(x, [self.gate_proj.weight, self.up_proj.weight],
+                                self.packed_gate_up, route)
         if lora is None:
-            out: torch.Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-            return out
+            return project(F.silu(gate).mul_(up), self.down_proj.weight, self.packed_down, route)
         i = self.layer_idx
-        gate = lora.apply(i, "gate_proj", x, self.gate_proj(x))
-        h = F.silu(gate) * lora.apply(i, "up_proj", x, self.up_proj(x))
-        return lora.apply(i, "down_proj", h, self.down_proj(h))
+        gate = lora.apply(i, "gate_proj", x, gate)
+        h = F.silu(gate) * lora.apply(i, "up_proj", x, up)
+        return lora.apply(i, "down_proj", h, project(h, self.down_proj.weight, self.packed_down,
+                                                     route))
 
 
 class PagedSelfAttention(nn.Module):
@@ -109,19 +116,26 @@ class PagedSelfAttention(nn.Module):
         self.o_proj = nn.Linear(cfg.num_heads * hd, cfg.hidden_size, bias=False)
         self.q_norm: RMSNorm | None = RMSNorm(hd, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm: RMSNorm | None = RMSNorm(hd, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.packed_qkv: PackedWeight | None = None  # kiln.model.quantized.attach_packed
+        self.packed_o: PackedWeight | None = None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 k_cache: torch.Tensor, v_cache: torch.Tensor, plan: AttentionPlan,
-                lora: LoraHook | None = None) -> torch.Tensor:
+                lora: LoraHook | None = None, route: RowRoute = NO_ROUTE) -> torch.Tensor:
         t = x.shape[0]
-        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q, k, v = project_many(x, [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight],
+                               self.packed_qkv, route)
+        if self.q_proj.bias is not None:  # Qwen2: q/k/v biases
+            q = q + self.q_proj.bias
+            k = k + self.k_proj.bias
+            v = v + self.v_proj.bias
         if lora is not None:
             q = lora.apply(self.layer_idx, "q_proj", x, q)
             k = lora.apply(self.layer_idx, "k_proj", x, k)
             v = lora.apply(self.layer_idx, "v_proj", x, v)
-        q = q.view(t, self.num_heads, self.head_dim)
-        k = k.view(t, self.num_kv_heads, self.head_dim)
-        v = v.view(t, self.num_kv_heads, self.head_dim)
+        q = q.reshape(t, self.num_heads, self.head_dim)
+        k = k.reshape(t, self.num_kv_heads, self.head_dim)
+        v = v.reshape(t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q = self.q_norm(q)
             k = self.k_norm(k)
@@ -129,7 +143,7 @@ class PagedSelfAttention(nn.Module):
         k = apply_rotary(k, cos, sin)
         out = paged_attention(q, k, v, k_cache, v_cache, plan, self.scale)
         flat = out.reshape(t, self.num_heads * self.head_dim)
-        projected: torch.Tensor = self.o_proj(flat)
+        projected = project(flat, self.o_proj.weight, self.packed_o, route)
         if lora is not None:
             projected = lora.apply(self.layer_idx, "o_proj", flat, projected)
         return projected
@@ -147,7 +161,8 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 k_cache: torch.Tensor, v_cache: torch.Tensor, plan: AttentionPlan,
-                lora: LoraHook | None = None) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_cache, v_cache, plan, lora)
-        out: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x), lora)
+                lora: LoraHook | None = None, route: RowRoute = NO_ROUTE) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_cache, v_cache, plan, lora,
+                               route)
+        out: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x), lora, route)
         return out

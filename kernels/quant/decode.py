@@ -1,0 +1,154 @@
+"""Launcher of ``decode.c``: one whole decode step (every layer, the LM head) in one call.
+
+:class:`DecodeWeights` holds the model side (dimensions, per-layer packed weights and norms);
+:meth:`DecodeWeights.bind` pairs it with one KV cache, giving a :class:`DecodeProgram` whose
+:meth:`~DecodeProgram.step` runs M single-token decodes. The structures mirror ``decode.c``;
+the layer table is an int64 array of addresses, so the tensors it points at are kept alive here.
+The torch path of ``kiln.model`` is the reference (``tests/model/test_fused_decode.py``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import torch
+
+from . import NATIVE_FLAGS, PackedWeight, _library
+
+LAYER_FIELDS = ("qkv", "qkv_q8", "o", "o_q8", "gate_up", "gate_up_q8", "down", "down_q8",
+                "in_norm", "post_norm", "q_norm", "k_norm", "q_bias", "k_bias", "v_bias",
+                "k_cache", "v_cache")
+
+
+class _Model(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_int64) for n in ("layers", "hidden", "inter", "heads", "kv_heads",
+                                               "head_dim", "vocab", "block_size", "fields")] + [
+        ("eps", ctypes.c_float), ("scale", ctypes.c_float), ("table", ctypes.c_void_p),
+        ("final_norm", ctypes.c_void_p), ("head", ctypes.c_void_p), ("head_q8", ctypes.c_int64)]
+
+
+class _Step(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_int64) for n in ("M", "max_blocks", "max_ctx")] + [
+        (n, ctypes.c_void_p) for n in ("x", "cos", "sin", "seq_lens", "block_tables", "slots",
+                                       "logits", "scratch")]
+
+
+@dataclass(frozen=True)
+class DecodeLayer:
+    qkv: PackedWeight  # rows: q heads, then k heads, then v heads
+    o: PackedWeight
+    gate_up: PackedWeight  # rows: gate, then up
+    down: PackedWeight
+    in_norm: torch.Tensor
+    post_norm: torch.Tensor
+    q_norm: torch.Tensor | None = None  # qwen3
+    k_norm: torch.Tensor | None = None
+    q_bias: torch.Tensor | None = None  # qwen2
+    k_bias: torch.Tensor | None = None
+    v_bias: torch.Tensor | None = None
+
+
+def _f32(t: torch.Tensor | None) -> torch.Tensor | None:
+    if t is None:
+        return None
+    if t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous():
+        raise ValueError("decode tensors must be contiguous float32 CPU tensors")
+    return t
+
+
+@dataclass(frozen=True)
+class DecodeWeights:
+    hidden: int
+    inter: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    eps: float
+    layers: tuple[DecodeLayer, ...]
+    final_norm: torch.Tensor
+    head: PackedWeight  # [vocab, hidden]
+
+    def bind(self, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor]) -> DecodeProgram:
+        """The program for these KV caches (per layer ``[blocks, block_size, kv_heads, dim]``)."""
+        return DecodeProgram(self, k_caches, v_caches)
+
+
+class DecodeProgram:
+    def __init__(self, w: DecodeWeights, k_caches: list[torch.Tensor],
+                 v_caches: list[torch.Tensor]) -> None:
+        lib = _library(NATIVE_FLAGS)
+        if lib.kiln_decode_layout_version() != len(LAYER_FIELDS):
+            raise RuntimeError("decode.c and decode.py disagree on the layer table")
+        if len(k_caches) != len(w.layers) or len(v_caches) != len(w.layers):
+            raise ValueError("one K and one V cache per layer")
+        self.lib, self.weights = lib, w
+        self._keep: list[torch.Tensor] = []
+        rows = [self._layer_row(layer, k, v) for layer, k, v in
+                zip(w.layers, k_caches, v_caches, strict=True)]
+        self.table = torch.tensor(rows, dtype=torch.int64)
+        self.block_size = int(k_caches[0].shape[1])
+        self.vocab = w.head.out_features
+        self.model = _Model(
+            layers=len(w.layers), hidden=w.hidden, inter=w.inter, heads=w.heads,
+            kv_heads=w.kv_heads, head_dim=w.head_dim, vocab=self.vocab,
+            block_size=self.block_size, fields=len(LAYER_FIELDS), eps=w.eps,
+            scale=w.head_dim ** -0.5, table=self.table.data_ptr(),
+            final_norm=_addr(self._hold(_f32(w.final_norm))), head=w.head.tiles.data_ptr(),
+            head_q8=int(w.head.fmt == "q8"))
+
+    def _hold(self, t: torch.Tensor | None) -> torch.Tensor | None:
+        if t is not None:
+            self._keep.append(t)
+        return t
+
+    def _layer_row(self, layer: DecodeLayer, k: torch.Tensor, v: torch.Tensor) -> list[int]:
+        w = self.weights
+        dims = {"qkv": ((w.heads + 2 * w.kv_heads) * w.head_dim, w.hidden),
+                "o": (w.hidden, w.heads * w.head_dim), "gate_up": (2 * w.inter, w.hidden),
+                "down": (w.hidden, w.inter)}
+        row: dict[str, int] = {}
+        for name, (n, kk) in dims.items():
+            pw: PackedWeight = getattr(layer, name)
+            if (pw.out_features, pw.in_features) != (n, kk):
+                raise ValueError(f"{name} is {pw.out_features}x{pw.in_features}, not {n}x{kk}")
+            self._keep.append(pw.tiles)
+            row[name], row[f"{name}_q8"] = pw.tiles.data_ptr(), int(pw.fmt == "q8")
+        for name in ("in_norm", "post_norm", "q_norm", "k_norm", "q_bias", "k_bias", "v_bias"):
+            row[name] = _addr(self._hold(_f32(getattr(layer, name))))
+        for name, cache in (("k_cache", k), ("v_cache", v)):
+            _f32(cache)
+            if tuple(cache.shape[2:]) != (w.kv_heads, w.head_dim):
+                raise ValueError("KV cache heads/dim do not match the model")
+            row[name] = self._hold(cache).data_ptr()  # type: ignore[union-attr]
+        return [row[f] for f in LAYER_FIELDS]
+
+    def step(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+             seq_lens: torch.Tensor, block_tables: torch.Tensor, slots: torch.Tensor
+             ) -> torch.Tensor:
+        """M single-token decodes: ``x [M, hidden]`` embeddings (clobbered), ``cos``/``sin``
+        ``[M, head_dim]``, ``seq_lens`` int64 [M] (context incl. the new token), ``block_tables``
+        int32 [M, B], ``slots`` int64 [M] -> float32 logits ``[M, vocab]``."""
+        m = x.shape[0]
+        max_ctx = int(seq_lens.max())
+        if int(block_tables.shape[1]) * self.block_size < max_ctx:
+            raise ValueError("block tables do not cover the context")
+        args = [_f32(x), _f32(cos.contiguous()), _f32(sin.contiguous())]
+        lens = seq_lens.to(torch.int64).contiguous()
+        tables = block_tables.to(torch.int32).contiguous()
+        slot = slots.to(torch.int64).contiguous()
+        logits = torch.empty((m, self.vocab), dtype=torch.float32)
+        need = self.lib.kiln_decode_scratch_floats(ctypes.byref(self.model), m, max_ctx)
+        scratch = torch.empty(need, dtype=torch.float32)
+        st = _Step(M=m, max_blocks=int(tables.shape[1]), max_ctx=max_ctx,
+                   x=args[0].data_ptr(), cos=args[1].data_ptr(),  # type: ignore[union-attr]
+                   sin=args[2].data_ptr(), seq_lens=lens.data_ptr(),  # type: ignore[union-attr]
+                   block_tables=tables.data_ptr(), slots=slot.data_ptr(),
+                   logits=logits.data_ptr(), scratch=scratch.data_ptr())
+        self.lib.kiln_decode_step(ctypes.byref(self.model), ctypes.byref(st),
+                                  torch.get_num_threads())
+        return logits
+
+
+def _addr(t: torch.Tensor | None) -> int:
+    return 0 if t is None else int(t.data_ptr())

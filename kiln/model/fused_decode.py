@@ -1,0 +1,136 @@
+"""The CPU fast path for decode rows: the whole step in one C call (``kiln_kernels.quant.decode``).
+
+Used when every projection of the model and its LM head hold packed GGUF weights (see
+:mod:`kiln.model.quantized`) and the step carries no LoRA. The decode sequences of a step (one new
+token that sees its whole context) run through the C program; any other sequences of the same
+step (prefill chunks) run through the torch path as a sub-batch. Each sequence is computed alone
+either way, so where a sequence lands never depends on what else is in the step.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
+
+import torch
+from kiln_kernels.quant import PackedWeight
+from kiln_kernels.quant.decode import DecodeLayer, DecodeProgram, DecodeWeights
+
+from kiln.model.batch import ForwardBatch
+from kiln.model.kv_cache import KVCache
+
+if TYPE_CHECKING:
+    from kiln.model.base import CausalLM
+    from kiln.model.layers import DecoderLayer
+
+
+def decode_weights(model: CausalLM) -> DecodeWeights | None:
+    """The C program's view of ``model``, or None when some projection is not packed."""
+    cfg = model.config
+    head: PackedWeight | None = model.packed_head
+    if head is None:
+        return None
+    layers: list[DecodeLayer] = []
+    for module in model.model.layers:
+        layer = cast("DecoderLayer", module)
+        attn, mlp = layer.self_attn, layer.mlp
+        packed = (attn.packed_qkv, attn.packed_o, mlp.packed_gate_up, mlp.packed_down)
+        qkv, o, gate_up, down = packed
+        if qkv is None or o is None or gate_up is None or down is None:
+            return None
+        layers.append(DecodeLayer(
+            qkv, o, gate_up, down, in_norm=layer.input_layernorm.weight.detach(),
+            post_norm=layer.post_attention_layernorm.weight.detach(),
+            q_norm=None if attn.q_norm is None else attn.q_norm.weight.detach(),
+            k_norm=None if attn.k_norm is None else attn.k_norm.weight.detach(),
+            q_bias=None if attn.q_proj.bias is None else attn.q_proj.bias.detach(),
+            k_bias=None if attn.k_proj.bias is None else attn.k_proj.bias.detach(),
+            v_bias=None if attn.v_proj.bias is None else attn.v_proj.bias.detach()))
+    return DecodeWeights(hidden=cfg.hidden_size, inter=cfg.intermediate_size,
+                         heads=cfg.num_heads, kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+                         eps=cfg.rms_norm_eps, layers=tuple(layers),
+                         final_norm=model.model.norm.weight.detach(), head=head)
+
+
+def decode_sequences(batch: ForwardBatch) -> list[int]:
+    """Indices of the sequences that decode one token seeing their whole context."""
+    qsl = batch.query_start_loc.tolist()
+    lens = batch.seq_lens.tolist()
+    positions = batch.positions.tolist()
+    return [i for i, n in enumerate(lens)
+            if qsl[i + 1] - qsl[i] == 1 and positions[qsl[i]] == n - 1]
+
+
+def sub_batch(batch: ForwardBatch, seqs: list[int]) -> tuple[ForwardBatch, list[int]]:
+    """The batch of only ``seqs`` (logits at their rows among ``batch.logits_indices``), and
+    the positions in ``batch.logits_indices`` those logits belong to."""
+    qsl = batch.query_start_loc.tolist()
+    rows: list[int] = []
+    new_qsl = [0]
+    renumber: dict[int, int] = {}
+    for i in seqs:
+        for r in range(qsl[i], qsl[i + 1]):
+            renumber[r] = len(rows)
+            rows.append(r)
+        new_qsl.append(len(rows))
+    picked = [(j, renumber[r]) for j, r in enumerate(batch.logits_indices.tolist())
+              if r in renumber]
+    index = torch.tensor(rows, dtype=torch.int64)
+    seq_index = torch.tensor(seqs, dtype=torch.int64)
+    sub = ForwardBatch(
+        input_ids=batch.input_ids.index_select(0, index),
+        positions=batch.positions.index_select(0, index),
+        query_start_loc=torch.tensor(new_qsl, dtype=torch.int32),
+        seq_lens=batch.seq_lens.index_select(0, seq_index),
+        block_tables=batch.block_tables.index_select(0, seq_index),
+        slot_mapping=batch.slot_mapping.index_select(0, index),
+        logits_indices=torch.tensor([r for _, r in picked] or [0], dtype=torch.int64),
+        lora=batch.lora)
+    return sub, [j for j, _ in picked]
+
+
+class FusedDecoder:
+    """Runs decode sequences through the C program (one bound program per KV cache)."""
+
+    def __init__(self, weights: DecodeWeights) -> None:
+        self.weights = weights
+        self._programs: weakref.WeakKeyDictionary[KVCache, DecodeProgram] = (
+            weakref.WeakKeyDictionary())
+
+    def program(self, kv: KVCache) -> DecodeProgram:
+        prog = self._programs.get(kv)
+        if prog is None:
+            prog = self.weights.bind(kv.k, kv.v)
+            self._programs[kv] = prog
+        return prog
+
+    def forward(self, model: CausalLM, batch: ForwardBatch, kv: KVCache,
+                seqs: list[int], rest: Callable[[ForwardBatch, KVCache], torch.Tensor]
+                ) -> torch.Tensor:
+        """Logits ``[len(batch.logits_indices), vocab]``: ``seqs`` (decode sequences) by the C
+        program, every other sequence by ``rest`` (the torch path) on its sub-batch."""
+        qsl = batch.query_start_loc.tolist()
+        rows = torch.tensor([qsl[i] for i in seqs], dtype=torch.int64)
+        seq_index = torch.tensor(seqs, dtype=torch.int64)
+        positions = batch.positions.index_select(0, rows)
+        x = model.model.embed_tokens(batch.input_ids.index_select(0, rows))
+        cos, sin = model.rotary.cos_sin(positions, x.dtype)
+        decoded: torch.Tensor = self.program(kv).step(
+            x, cos, sin, batch.seq_lens.index_select(0, seq_index),
+            batch.block_tables.index_select(0, seq_index),
+            batch.slot_mapping.index_select(0, rows))
+        wanted = batch.logits_indices.tolist()
+        if len(seqs) == len(qsl) - 1 and wanted == [qsl[i] for i in seqs]:
+            return decoded  # every sequence decodes, logits of every row in order
+        out = torch.empty((len(wanted), decoded.shape[1]), dtype=torch.float32)
+        by_row = {qsl[i]: k for k, i in enumerate(seqs)}
+        for j, r in enumerate(wanted):
+            if r in by_row:
+                out[j] = decoded[by_row[r]]
+        others = [i for i in range(len(qsl) - 1) if i not in set(seqs)]
+        if others:
+            sub, places = sub_batch(batch, others)
+            if places:
+                out[places] = rest(sub, kv)
+        return out

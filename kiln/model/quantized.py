@@ -1,0 +1,142 @@
+"""Block-quantized GGUF weights on the CPU decode path.
+
+A GGUF model's Q4_0 / Q4_1 / Q8_0 tensors are kept, besides their float32 copies, as
+:class:`~kiln_kernels.quant.PackedWeight` blocks (q/k/v and gate/up fused row-wise). Decode rows
+(a sequence's one new token) are multiplied by the packed blocks, reading ~1/6 of the bytes;
+prefill rows use the float32 weights (a GEMM over many rows is compute-bound, where MKL wins).
+Both hold the same weights bit for bit; the two products differ only in summation order
+(~1e-6 relative). Which product a row gets depends on that row alone (decode or not), never on
+the rest of the batch, so batching does not change a sequence's numbers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
+
+import torch
+import torch.nn.functional as F
+from kiln_kernels.quant import PackedWeight, kernels_available
+
+if TYPE_CHECKING:
+    from kiln.model.base import CausalLM
+    from kiln.model.layers import DecoderLayer
+
+log = logging.getLogger("kiln.model")
+
+ENV_SWITCH = "KILN_QUANT_KERNELS"  # "0" turns the packed decode path off
+
+
+@dataclass(frozen=True)
+class RowRoute:
+    """The rows of one forward pass that use packed weights."""
+
+    rows: torch.Tensor | None = None  # int64 row indices; None when no row does
+    every: bool = False  # every row does (no gather/scatter needed)
+
+    @staticmethod
+    def from_mask(mask: torch.Tensor) -> RowRoute:
+        count = int(mask.sum())
+        if count == 0:
+            return NO_ROUTE
+        if count == mask.numel():
+            return RowRoute(rows=torch.arange(count), every=True)
+        return RowRoute(rows=mask.nonzero().flatten())
+
+
+NO_ROUTE = RowRoute()
+
+
+def project(x: torch.Tensor, weight: torch.Tensor, packed: PackedWeight | None,
+            route: RowRoute) -> torch.Tensor:
+    """``F.linear(x, weight)``, with the routed rows taken from the packed weight."""
+    if packed is None or route.rows is None:
+        return F.linear(x, weight)
+    if route.every:
+        out: torch.Tensor = packed.matmul(x)
+        return out
+    y: torch.Tensor = F.linear(x, weight)
+    y.index_copy_(0, route.rows, packed.matmul(x.index_select(0, route.rows)))
+    return y
+
+
+def project_many(x: torch.Tensor, weights: list[torch.Tensor], packed: PackedWeight | None,
+                 route: RowRoute) -> list[torch.Tensor]:
+    """Several projections of one input (q/k/v, gate/up); ``packed`` is their row-wise fusion."""
+    if packed is None or route.rows is None:
+        return [F.linear(x, w) for w in weights]
+    sizes = [int(w.shape[0]) for w in weights]
+    if route.every:
+        return list(packed.matmul(x).split(sizes, dim=1))
+    outs = [F.linear(x, w) for w in weights]
+    fused = packed.matmul(x.index_select(0, route.rows)).split(sizes, dim=1)
+    for out, part in zip(outs, fused, strict=True):
+        out.index_copy_(0, route.rows, part)
+    return outs
+
+
+def enabled(dtype: torch.dtype, device: torch.device) -> bool:
+    """Packed decode applies to float32 models on the CPU when the C kernels build here."""
+    if os.environ.get(ENV_SWITCH, "1") == "0":
+        return False
+    if device.type != "cpu" or dtype != torch.float32:
+        return False
+    if not kernels_available():
+        log.warning("quantized CPU kernels unavailable (no C compiler?): decoding with float32 "
+                    "weights")
+        return False
+    return True
+
+
+def _fuse(packed: dict[str, PackedWeight], names: list[str]) -> PackedWeight | None:
+    parts = [packed.get(n) for n in names]
+    if any(p is None for p in parts):
+        return None
+    try:
+        return PackedWeight.cat([p for p in parts if p is not None])
+    except ValueError:  # mixed formats: leave these projections on float32
+        return None
+
+
+def attach_packed(model: CausalLM, packed: dict[str, PackedWeight]) -> int:
+    """Give ``model``'s projections their packed weights (keyed by HF parameter names; the
+    head is ``lm_head.weight``, or ``model.embed_tokens.weight`` when tied). Returns the bytes
+    attached. Projections whose weights are not all packed stay on float32."""
+    total = 0
+    for i, module in enumerate(model.model.layers):
+        layer = cast("DecoderLayer", module)
+        pre = f"model.layers.{i}."
+        attn, mlp = layer.self_attn, layer.mlp
+        attn.packed_qkv = _fuse(packed, [f"{pre}self_attn.{p}_proj.weight" for p in "qkv"])
+        attn.packed_o = packed.get(f"{pre}self_attn.o_proj.weight")
+        mlp.packed_gate_up = _fuse(packed, [f"{pre}mlp.gate_proj.weight",
+                                            f"{pre}mlp.up_proj.weight"])
+        mlp.packed_down = packed.get(f"{pre}mlp.down_proj.weight")
+        total += sum(p.nbytes for p in (attn.packed_qkv, attn.packed_o, mlp.packed_gate_up,
+                                         mlp.packed_down) if p is not None)
+    head_name = "model.embed_tokens.weight" if model.lm_head is None else "lm_head.weight"
+    model.packed_head = packed.get(head_name)
+    if model.packed_head is not None:
+        total += model.packed_head.nbytes
+    model.has_packed = total > 0
+    from kiln.model.fused_decode import FusedDecoder, decode_weights
+
+    weights = decode_weights(model)
+    model.fused = None if weights is None else FusedDecoder(weights)
+    return total
+
+
+@contextlib.contextmanager
+def packed_disabled(model: CausalLM) -> Iterator[None]:
+    """Run ``model`` on its float32 weights only (e.g. after editing them in place, which the
+    packed copies do not see)."""
+    saved = (model.has_packed, model.fused)
+    model.has_packed, model.fused = False, None
+    try:
+        yield
+    finally:
+        model.has_packed, model.fused = saved

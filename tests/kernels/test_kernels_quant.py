@@ -1,0 +1,119 @@
+"""The CPU quantized-weight kernels (kiln_kernels.quant) against their torch references and
+gguf-py: packing is exact, products match the dequantized GEMM, rows never depend on the batch."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from kiln_kernels.quant import (
+    GGML_BLOCK_BYTES,
+    PackedWeight,
+    gemm_ref,
+    kernels_available,
+    pack_ggml,
+    quant_gemm,
+    tile_rows,
+    untile,
+)
+from kiln_kernels.quant.build import PORTABLE_FLAGS
+
+pytestmark = pytest.mark.skipif(not kernels_available(), reason="no C compiler for the kernels")
+
+
+def random_blocks(ggml_type: str, rows: int, k: int, seed: int = 0) -> torch.Tensor:
+    """Raw GGML blocks with random values and sane fp16 scales (uint8 [rows, k/32 * size])."""
+    gen = torch.Generator().manual_seed(seed)
+    size = GGML_BLOCK_BYTES[ggml_type]
+    raw = torch.randint(0, 256, (rows, k // 32, size), dtype=torch.uint8, generator=gen)
+    d = (torch.rand(rows, k // 32, generator=gen) * 0.02 + 1e-3).to(torch.float16)
+    raw[:, :, 0:2] = d.view(torch.uint8).reshape(rows, k // 32, 2)
+    if ggml_type == "Q4_1":
+        m = (-torch.rand(rows, k // 32, generator=gen) * 0.1).to(torch.float16)
+        raw[:, :, 2:4] = m.view(torch.uint8).reshape(rows, k // 32, 2)
+    return raw.reshape(rows, -1)
+
+
+def gguf_dequantize(raw: torch.Tensor, ggml_type: str) -> torch.Tensor:
+    qtype = getattr(gguf.GGMLQuantizationType, ggml_type)
+    out = gguf.quants.dequantize(raw.numpy(), qtype)
+    return torch.from_numpy(np.asarray(out, dtype=np.float32)).reshape(raw.shape[0], -1)
+
+
+@pytest.mark.parametrize("ggml_type", sorted(GGML_BLOCK_BYTES))
+def test_packing_gives_gguf_weights_bit_for_bit(ggml_type: str) -> None:
+    raw = random_blocks(ggml_type, 12, 96)
+    pw = pack_ggml(raw, ggml_type)
+    assert (pw.out_features, pw.in_features) == (12, 96)
+    assert torch.equal(pw.dequantize(), gguf_dequantize(raw, ggml_type))
+
+
+@pytest.mark.parametrize("fmt_type", ["Q4_1", "Q8_0"])
+def test_tiles_round_trip(fmt_type: str) -> None:
+    pw = pack_ggml(random_blocks(fmt_type, 8, 64), fmt_type)
+    qs, sc = untile(pw.fmt, pw.tiles)
+    assert torch.equal(tile_rows(pw.fmt, qs, sc), pw.tiles)
+
+
+@pytest.mark.parametrize("ggml_type", sorted(GGML_BLOCK_BYTES))
+@pytest.mark.parametrize("k", [32, 576, 1088])  # one block; the model's width; > one chunk
+@pytest.mark.parametrize("m", [1, 2, 3, 8, 33])  # odd counts and more than one row group
+def test_gemm_matches_reference(ggml_type: str, k: int, m: int) -> None:
+    pw = pack_ggml(random_blocks(ggml_type, 20, k, seed=k + m), ggml_type)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
+    got = pw.matmul(x)
+    want = gemm_ref(pw.fmt, x, pw.tiles)
+    assert got.shape == (m, 20)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * k ** 0.5 / 8)
+
+
+@pytest.mark.parametrize("ggml_type", ["Q4_1", "Q8_0"])
+def test_a_row_never_depends_on_the_batch(ggml_type: str) -> None:
+    pw = pack_ggml(random_blocks(ggml_type, 16, 1088), ggml_type)
+    x = torch.randn(37, 1088, generator=torch.Generator().manual_seed(1))
+    full = pw.matmul(x)
+    for i in (0, 5, 32, 36):
+        assert torch.equal(full[i], pw.matmul(x[i:i + 1].clone())[0])
+    assert torch.equal(full[3:11], pw.matmul(x[3:11].clone()))
+
+
+def test_portable_build_matches_reference() -> None:
+    pw = pack_ggml(random_blocks("Q4_1", 8, 64), "Q4_1")
+    x = torch.randn(3, 64)
+    got = quant_gemm("q4", x, pw.tiles, flags=PORTABLE_FLAGS)
+    torch.testing.assert_close(got, gemm_ref("q4", x, pw.tiles), rtol=1e-5, atol=1e-5)
+
+
+def test_fused_projection_is_the_concatenation() -> None:
+    a = pack_ggml(random_blocks("Q4_1", 8, 64, seed=1), "Q4_1")
+    b = pack_ggml(random_blocks("Q4_1", 4, 64, seed=2), "Q4_1")
+    both = PackedWeight.cat([a, b])
+    x = torch.randn(2, 64)
+    assert torch.equal(both.matmul(x), torch.cat([a.matmul(x), b.matmul(x)], dim=1))
+    with pytest.raises(ValueError):
+        PackedWeight.cat([a, pack_ggml(random_blocks("Q8_0", 4, 64), "Q8_0")])
+
+
+def test_bad_inputs_are_refused() -> None:
+    pw = pack_ggml(random_blocks("Q8_0", 4, 64), "Q8_0")
+    with pytest.raises(ValueError):
+        pw.matmul(torch.randn(2, 32))  # wrong width
+    with pytest.raises(ValueError):
+        pw.matmul(torch.randn(2, 64, dtype=torch.float64))
+    with pytest.raises(ValueError):
+        pack_ggml(torch.zeros(4, 30, dtype=torch.uint8), "Q4_1")  # not whole blocks
+    with pytest.raises(ValueError):
+        pack_ggml(torch.zeros(4, 20, dtype=torch.uint8), "Q5_K")
+    with pytest.raises(ValueError):
+        tile_rows("q4", torch.zeros(6, 16, dtype=torch.uint8), torch.zeros(6, 1, 2))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
+def test_kernels_share_torchs_openmp_runtime() -> None:
+    maps = Path("/proc/self/maps").read_text().splitlines()
+    runtimes = {line.split()[-1] for line in maps if "libgomp" in line or "libiomp" in line}
+    assert len(runtimes) <= 1, runtimes

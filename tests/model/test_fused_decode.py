@@ -1,0 +1,177 @@
+"""The C decode step (kiln.model.fused_decode) against the torch path of the same model.
+
+Tiny llama / qwen2 (q/k/v bias) / qwen3 (q/k norm) models get quantized weights (Q4_1 layers,
+Q8_0 head, written as GGML blocks here) so both paths hold the very same weights; the default
+model is the real GGUF. Mixed steps (prefill chunks beside decodes) split the batch, and a
+decoding sequence gets the same numbers whatever else is in its step.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kiln_kernels.quant import PackedWeight, kernels_available, pack_ggml
+
+from kiln.model import CausalLM, LoadedModel
+from kiln.model.batch import build_forward_batch
+from kiln.model.kv_cache import KVCache
+from kiln.model.quantized import attach_packed
+from tests.tiny_models import model_from_tensors, random_tensors, tiny_config
+
+pytestmark = pytest.mark.skipif(not kernels_available(), reason="no C compiler for the kernels")
+BLOCK = 16
+
+
+def quantize_q8_0(w: torch.Tensor) -> torch.Tensor:
+    """GGML Q8_0 blocks of a float32 [N, K] matrix (uint8 [N, K/32 * 34])."""
+    n, k = w.shape
+    blocks = w.reshape(n, k // 32, 32)
+    d = (blocks.abs().amax(-1) / 127).clamp_min(1e-8).to(torch.float16)
+    q = torch.round(blocks / d.to(torch.float32)[..., None]).clamp(-127, 127).to(torch.int8)
+    return torch.cat((d.view(torch.uint8).reshape(n, k // 32, 2), q.view(torch.uint8)),
+                     dim=2).reshape(n, -1)
+
+
+def quantize_q4_1(w: torch.Tensor) -> torch.Tensor:
+    """GGML Q4_1 blocks of a float32 [N, K] matrix (uint8 [N, K/32 * 20])."""
+    n, k = w.shape
+    blocks = w.reshape(n, k // 32, 32)
+    lo, hi = blocks.amin(-1), blocks.amax(-1)
+    d = ((hi - lo) / 15).clamp_min(1e-8).to(torch.float16)
+    m = lo.to(torch.float16)
+    q = torch.round((blocks - m.to(torch.float32)[..., None]) / d.to(torch.float32)[..., None])
+    q = q.clamp(0, 15).to(torch.uint8)
+    packed = q[..., :16] | (q[..., 16:] << 4)
+    return torch.cat((d.view(torch.uint8).reshape(n, k // 32, 2),
+                      m.view(torch.uint8).reshape(n, k // 32, 2), packed), dim=2).reshape(n, -1)
+
+
+def quantized_tiny(arch: str, tie: bool = False) -> CausalLM:
+    """A tiny model whose projections and head are quantized (the float32 weights are set to
+    the dequantized values, so the torch path and the C path hold the same weights)."""
+    cfg = tiny_config(arch, tie=tie)
+    tensors = random_tensors(cfg, seed=3)
+    packed: dict[str, PackedWeight] = {}
+    head = "model.embed_tokens.weight" if tie else "lm_head.weight"
+    for name, w in tensors.items():
+        if name.endswith("_proj.weight"):
+            packed[name] = pack_ggml(quantize_q4_1(w), "Q4_1")
+        elif name == head:
+            packed[name] = pack_ggml(quantize_q8_0(w), "Q8_0")
+        else:
+            continue
+        tensors[name] = packed[name].dequantize()
+    model = model_from_tensors(cfg, tensors)
+    attach_packed(model, packed)
+    assert model.fused is not None
+    return model
+
+
+def new_cache(model: CausalLM) -> KVCache:
+    return KVCache(model.config, 32, BLOCK, torch.float32, torch.device("cpu"))
+
+
+def tables(n: int) -> list[list[int]]:
+    return [[s * 8 + b for b in range(8)] for s in range(n)]
+
+
+def greedy_run(model: CausalLM, forward: str, prompts: list[list[int]], steps: int
+               ) -> tuple[list[list[int]], torch.Tensor]:
+    """Prefill every prompt, then ``steps`` decode steps of all of them together."""
+    kv = new_cache(model)
+    fn = model.forward if forward == "fused" else model._torch_forward
+    tbl = tables(len(prompts))
+    first = [(p, 0, t) for p, t in zip(prompts, tbl, strict=True)]
+    logits = fn(build_forward_batch(first, BLOCK), kv)
+    out = [logits]
+    cur = logits.argmax(-1).tolist()
+    tokens = [cur]
+    lens = [len(p) for p in prompts]
+    for _ in range(steps):
+        step = [([c], n, t) for c, n, t in zip(cur, lens, tbl, strict=True)]
+        batch = build_forward_batch(step, BLOCK)
+        logits = fn(batch, kv)
+        out.append(logits)
+        cur = logits.argmax(-1).tolist()
+        tokens.append(cur)
+        lens = [n + 1 for n in lens]
+    return tokens, torch.stack(out)
+
+
+@pytest.mark.parametrize(("arch", "tie"), [("llama", False), ("llama", True), ("qwen2", False),
+                                           ("qwen3", False)])
+def test_fused_decode_matches_torch_path(arch: str, tie: bool) -> None:
+    model = quantized_tiny(arch, tie)
+    prompts = [[5, 9, 33, 7], [100, 3], [42] * 19]  # the last spans two KV blocks
+    fused_tokens, fused = greedy_run(model, "fused", prompts, steps=12)
+    torch_tokens, ref = greedy_run(model, "torch", prompts, steps=12)
+    torch.testing.assert_close(fused, ref, rtol=1e-4, atol=1e-4)
+    assert fused_tokens == torch_tokens
+
+
+def test_mixed_step_splits_decodes_from_prefill() -> None:
+    model = quantized_tiny("qwen3")
+    kv, alone_kv = new_cache(model), new_cache(model)
+    tbl = tables(3)
+    prompts = [[7, 8, 9], [11, 12]]
+    first = [(p, 0, t) for p, t in zip(prompts, tbl[:2], strict=True)]
+    for cache in (kv, alone_kv):
+        model.forward(build_forward_batch(first, BLOCK), cache)
+    # One step: sequences 0 and 1 decode, sequence 2 prefills a 5-token chunk.
+    step = [([3], 3, tbl[0]), ([4], 2, tbl[1]), ([20, 21, 22, 23, 24], 0, tbl[2])]
+    mixed = model.forward(build_forward_batch(step, BLOCK), kv)
+    decodes_alone = model.forward(build_forward_batch(step[:2], BLOCK), alone_kv)
+    prefill_alone = model._torch_forward(build_forward_batch(step[2:], BLOCK), alone_kv)
+    assert torch.equal(mixed[:2], decodes_alone)  # a decode row does not see its neighbours
+    torch.testing.assert_close(mixed[2:], prefill_alone, rtol=1e-5, atol=1e-5)
+
+
+def test_logits_of_chosen_rows_only() -> None:
+    model = quantized_tiny("llama")
+    kv = new_cache(model)
+    tbl = tables(2)
+    model.forward(build_forward_batch([([1, 2, 3], 0, tbl[0]), ([4, 5], 0, tbl[1])], BLOCK), kv)
+    batch = build_forward_batch([([6], 3, tbl[0]), ([7], 2, tbl[1])], BLOCK)
+    batch.logits_indices = batch.logits_indices[[1]]
+    ref_kv = new_cache(model)
+    model.forward(build_forward_batch([([1, 2, 3], 0, tbl[0]), ([4, 5], 0, tbl[1])], BLOCK),
+                  ref_kv)
+    full = model.forward(build_forward_batch([([6], 3, tbl[0]), ([7], 2, tbl[1])], BLOCK), ref_kv)
+    assert torch.equal(model.forward(batch, kv), full[1:])
+
+
+def test_default_model_decodes_through_the_c_step(smollm: LoadedModel) -> None:
+    model = smollm.model
+    assert model.fused is not None, "the default GGUF should get the C decode step"
+    prompt = smollm.tokenizer.encode("The capital of France is")
+    fused_tokens, fused = greedy_run(model, "fused", [prompt, prompt[:3]], steps=8)
+    torch_tokens, ref = greedy_run(model, "torch", [prompt, prompt[:3]], steps=8)
+    assert fused_tokens == torch_tokens
+    assert (fused - ref).abs().max().item() < 1e-3
+
+
+class _NoDelta:
+    """A LoraHook that adds nothing (a LoRA step whose adapters are all zero)."""
+
+    def apply(self, layer: int, module: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return y
+
+
+def test_lora_steps_take_the_torch_path() -> None:
+    model = quantized_tiny("llama")
+    calls: list[int] = []
+    original = model.fused.forward  # type: ignore[union-attr]
+
+    def spy(*args: object) -> torch.Tensor:
+        calls.append(1)
+        return original(*args)  # type: ignore[arg-type]
+
+    model.fused.forward = spy  # type: ignore[union-attr,method-assign]
+    kv = new_cache(model)
+    plain = model.forward(build_forward_batch([([1], 0, tables(1)[0])], BLOCK), kv)
+    assert calls == [1]  # a one-token prompt is a decode: the C step
+    batch = build_forward_batch([([1], 0, tables(1)[0])], BLOCK)
+    batch.lora = _NoDelta()
+    with_lora = model.forward(batch, new_cache(model))
+    assert calls == [1]
+    torch.testing.assert_close(with_lora, plain, rtol=1e-4, atol=1e-4)
