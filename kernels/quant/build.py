@@ -25,7 +25,8 @@ from pathlib import Path
 HERE = Path(__file__).parent
 SOURCES = (HERE / "gemm.c", HERE / "decode.c")
 HEADERS = (HERE / "quant.h",)
-NATIVE_FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
+NATIVE_FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-shared",
+                "-fPIC")
 PORTABLE_FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC")  # no AVX-512: the scalar path
 
 _lock = threading.Lock()

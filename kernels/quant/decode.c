@@ -1,5 +1,7 @@
-/* One decode step of a llama / qwen2 / qwen3 decoder over the paged KV cache, whole, in ONE
- * OpenMP parallel region: every projection is a tiled quantized product (gemm.c), everything
+/* One forward step of a llama / qwen2 / qwen3 decoder over the paged KV cache, whole, in ONE
+ * OpenMP parallel region, for M token rows (single-token decodes, or the rows of short prefill
+ * chunks: a row attends to its own sequence's positions 0..pos, and every row's K/V is stored
+ * before any row attends): every projection is a tiled quantized product (gemm.c), everything
  * between them (RMSNorm, q/k bias and norm, NEOX rotary, the KV store, attention over the
  * cached context, SiLU gate, residuals, final norm, the LM head) is done here in float32.
  *
@@ -31,13 +33,14 @@ typedef struct {
 } KilnDecodeModel;
 
 typedef struct {
-    int64_t M, max_blocks, max_ctx;
+    int64_t M, max_blocks, max_ctx, L;
     float *x;                    /* [M][hidden]: the token embeddings in, clobbered */
     const float *cos, *sin;      /* [M][head_dim] */
-    const int64_t *seq_lens;     /* [M]: context length including the new token */
-    const int32_t *block_tables; /* [M][max_blocks] */
-    const int64_t *slots;        /* [M]: cache slot of the new token */
-    float *logits;               /* [M][vocab] */
+    const int64_t *ctx_lens;     /* [M]: positions this token attends to (its position + 1) */
+    const int32_t *block_tables; /* [M][max_blocks]: the block table of the token's sequence */
+    const int64_t *slots;        /* [M]: cache slot of the token */
+    const int64_t *logit_rows;   /* [L]: rows whose logits are wanted */
+    float *logits;               /* [L][vocab] */
     float *scratch;              /* kiln_decode_scratch_floats(model, M, max_ctx) floats */
 } KilnDecodeStep;
 
@@ -46,7 +49,56 @@ int64_t kiln_decode_layout_version(void) { return F_COUNT; }
 int64_t kiln_decode_scratch_floats(const KilnDecodeModel *md, int64_t M, int64_t max_ctx) {
     const int64_t nqkv = (md->heads + 2 * md->kv_heads) * md->head_dim;
     return M * (2 * md->hidden + nqkv + md->heads * md->head_dim + 3 * md->inter) +
-           M * md->heads * max_ctx;
+           M * md->heads * max_ctx + M * md->hidden;
+}
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+/* e^x for 16 lanes: x = n ln2 + r (|r| <= ln2 / 2), e^r by a degree-6 polynomial, times 2^n
+ * (scalef). Relative error ~2e-7 over the softmax range (x <= 0); -inf gives 0. */
+static inline __m512 exp16(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 720);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+#endif
+
+/* scores[p] = exp(scores[p] - top) for p < len; returns their sum. */
+static float exp_shift_sum(float *scores, int64_t len, float top) {
+    int64_t p = 0;
+    float sum = 0.0f;
+#if defined(__AVX512F__)
+    __m512 acc = _mm512_setzero_ps();
+    const __m512 vt = _mm512_set1_ps(top);
+    for (; p + 16 <= len; p += 16) {
+        const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(scores + p), vt));
+        _mm512_storeu_ps(scores + p, e);
+        acc = _mm512_add_ps(acc, e);
+    }
+    if (p < len) {
+        const __mmask16 k = (__mmask16)((1u << (len - p)) - 1);
+        const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, scores + p), vt));
+        _mm512_mask_storeu_ps(scores + p, k, e);
+        acc = _mm512_add_ps(acc, _mm512_maskz_mov_ps(k, e));
+        p = len;
+    }
+    sum = _mm512_reduce_add_ps(acc);
+#endif
+    for (; p < len; p++) {
+        scores[p] = expf(scores[p] - top);
+        sum += scores[p];
+    }
+    return sum;
 }
 
 static const float *fptr(const int64_t *row, int f) { return (const float *)(intptr_t)row[f]; }
@@ -82,36 +134,123 @@ static void prepare_head(float *v, const float *bias, const float *norm, const f
     rotary(v, cos, sin, hd);
 }
 
-static int64_t slot_of(const KilnDecodeModel *md, const KilnDecodeStep *st, int64_t m,
-                       int64_t pos) {
+/* Softmax attention of the G query heads that share KV head `kvh` over positions
+ * 0..ctx_lens[m]-1 of row m's sequence: each cached K/V row is read once for the group. */
+static void attend_group_scalar(const KilnDecodeModel *md, const KilnDecodeStep *st, int64_t m,
+                                int64_t kvh, const float *q, int64_t G, const float *kc,
+                                const float *vc, float *scores, float *out) {
+    const int64_t hd = md->head_dim, nkv = md->kv_heads, bs = md->block_size;
+    const int64_t len = st->ctx_lens[m], stride = st->max_ctx;
     const int32_t *bt = st->block_tables + m * st->max_blocks;
-    return (int64_t)bt[pos / md->block_size] * md->block_size + pos % md->block_size;
+    float mx[16], total[16];
+    for (int64_t g = 0; g < G; g++) mx[g] = -INFINITY, total[g] = 0.0f;
+    for (int64_t p0 = 0, b = 0; p0 < len; p0 += bs, b++) {
+        const int64_t n = (len - p0 < bs) ? len - p0 : bs, base = (int64_t)bt[b] * bs;
+        for (int64_t o = 0; o < n; o++) {
+            const float *k = kc + ((base + o) * nkv + kvh) * hd;
+            for (int64_t g = 0; g < G; g++) {
+                const float sc = dot(q + g * hd, k, hd) * md->scale;
+                scores[g * stride + p0 + o] = sc;
+                if (sc > mx[g]) mx[g] = sc;
+            }
+        }
+    }
+    for (int64_t g = 0; g < G; g++) {
+        float *sg = scores + g * stride;
+        const float sum = exp_shift_sum(sg, len, mx[g]);
+#pragma omp simd
+        for (int64_t p = 0; p < len; p++) sg[p] /= sum;
+        total[g] = sum;
+        for (int64_t i = 0; i < hd; i++) out[g * hd + i] = 0.0f;
+    }
+    for (int64_t p0 = 0, b = 0; p0 < len; p0 += bs, b++) {
+        const int64_t n = (len - p0 < bs) ? len - p0 : bs, base = (int64_t)bt[b] * bs;
+        for (int64_t o = 0; o < n; o++) {
+            const float *v = vc + ((base + o) * nkv + kvh) * hd;
+            for (int64_t g = 0; g < G; g++) {
+                const float w = scores[g * stride + p0 + o];
+                float *og = out + g * hd;
+#pragma omp simd
+                for (int64_t i = 0; i < hd; i++) og[i] += w * v[i];
+            }
+        }
+    }
 }
 
-/* Softmax attention of one query head over the sequence's cached context. */
-static void attend(const KilnDecodeModel *md, const KilnDecodeStep *st, int64_t m,
-                   const float *q, const float *kc, const float *vc, int64_t kvh, float *scores,
-                   float *out) {
-    const int64_t hd = md->head_dim, nkv = md->kv_heads, len = st->seq_lens[m];
-    float mx = -INFINITY;
-    for (int64_t p = 0; p < len; p++) {
-        const float *k = kc + (slot_of(md, st, m, p) * nkv + kvh) * hd;
-        scores[p] = dot(q, k, hd) * md->scale;
-        if (scores[p] > mx) mx = scores[p];
+#if defined(__AVX512F__)
+/* The 16 horizontal sums of v[0..15], in order (a transpose-and-add tree: 45 ops). */
+static inline __m512 hsum16(const __m512 *v) {
+    __m512 a[8], b[4];
+    for (int i = 0; i < 8; i++)
+        a[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                             _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 4; i++) {
+        const __m512d x = _mm512_castps_pd(a[2 * i]), y = _mm512_castps_pd(a[2 * i + 1]);
+        b[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                             _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
     }
-    float total = 0.0f;
-    for (int64_t p = 0; p < len; p++) {
-        scores[p] = expf(scores[p] - mx);
-        total += scores[p];
+    /* b[i] holds, per 128-bit lane L, the lane-L partial sums of v[4i..4i+3]. */
+    const __m512 c0 = _mm512_add_ps(_mm512_shuffle_f32x4(b[0], b[1], 0x88),
+                                    _mm512_shuffle_f32x4(b[0], b[1], 0xDD));
+    const __m512 c1 = _mm512_add_ps(_mm512_shuffle_f32x4(b[2], b[3], 0x88),
+                                    _mm512_shuffle_f32x4(b[2], b[3], 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(c0, c1, 0x88), _mm512_shuffle_f32x4(c0, c1, 0xDD));
+}
+
+/* attend_group for head_dim a multiple of 16 (<= 256): scores 16 positions at a time with one
+ * reduction tree, softmax with exp16, then V accumulated in registers per query head. */
+static void attend_group(const KilnDecodeModel *md, const KilnDecodeStep *st, int64_t m,
+                         int64_t kvh, const float *q, int64_t G, const float *kc,
+                         const float *vc, float *scores, float *out) {
+    const int64_t hd = md->head_dim, nkv = md->kv_heads, bs = md->block_size;
+    const int64_t len = st->ctx_lens[m], stride = st->max_ctx, nc = hd / 16;
+    if (hd % 16 || hd > 256) {
+        attend_group_scalar(md, st, m, kvh, q, G, kc, vc, scores, out);
+        return;
     }
-    for (int64_t i = 0; i < hd; i++) out[i] = 0.0f;
-    for (int64_t p = 0; p < len; p++) {
-        const float *v = vc + (slot_of(md, st, m, p) * nkv + kvh) * hd;
-        const float w = scores[p] / total;
-#pragma omp simd
-        for (int64_t i = 0; i < hd; i++) out[i] += w * v[i];
+    const int32_t *bt = st->block_tables + m * st->max_blocks;
+    const __m512 scale = _mm512_set1_ps(md->scale);
+    for (int64_t p0 = 0; p0 < len; p0 += 16) {
+        const int64_t n = (len - p0 < 16) ? len - p0 : 16;
+        const float *rows[16];
+        for (int64_t o = 0; o < 16; o++) {
+            const int64_t p = p0 + (o < n ? o : 0);
+            rows[o] = kc + (((int64_t)bt[p / bs] * bs + p % bs) * nkv + kvh) * hd;
+        }
+        for (int64_t g = 0; g < G; g++) {
+            const float *qg = q + g * hd;
+            __m512 acc[16];
+            for (int o = 0; o < 16; o++) {
+                __m512 a = _mm512_mul_ps(_mm512_loadu_ps(qg), _mm512_loadu_ps(rows[o]));
+                for (int64_t c = 1; c < nc; c++)
+                    a = _mm512_fmadd_ps(_mm512_loadu_ps(qg + 16 * c),
+                                        _mm512_loadu_ps(rows[o] + 16 * c), a);
+                acc[o] = a;
+            }
+            const __mmask16 k = (__mmask16)(n == 16 ? 0xFFFF : (1u << n) - 1);
+            _mm512_mask_storeu_ps(scores + g * stride + p0, k,
+                                  _mm512_mul_ps(hsum16(acc), scale));
+        }
+    }
+    for (int64_t g = 0; g < G; g++) {
+        float *sg = scores + g * stride;
+        float mx = -INFINITY;
+        for (int64_t p = 0; p < len; p++) mx = sg[p] > mx ? sg[p] : mx;
+        const float inv = 1.0f / exp_shift_sum(sg, len, mx);
+        __m512 acc[16];
+        for (int64_t c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
+        for (int64_t p = 0; p < len; p++) {
+            const float *v = vc + (((int64_t)bt[p / bs] * bs + p % bs) * nkv + kvh) * hd;
+            const __m512 w = _mm512_set1_ps(sg[p] * inv);
+            for (int64_t c = 0; c < nc; c++)
+                acc[c] = _mm512_fmadd_ps(w, _mm512_loadu_ps(v + 16 * c), acc[c]);
+        }
+        for (int64_t c = 0; c < nc; c++) _mm512_storeu_ps(out + g * hd + 16 * c, acc[c]);
     }
 }
+#else
+#define attend_group attend_group_scalar
+#endif
 
 static void attention_block(const KilnDecodeModel *md, const KilnDecodeStep *st,
                             const int64_t *row, float *qkv, float *attn, float *scores) {
@@ -132,15 +271,19 @@ static void attention_block(const KilnDecodeModel *md, const KilnDecodeStep *st,
         memcpy(kc + (slot * nkv + h) * hd, k, (size_t)hd * sizeof(float));
         memcpy(vc + (slot * nkv + h) * hd, v, (size_t)hd * sizeof(float));
     }
-    /* Each query head over its context (GQA: head h reads KV head h / (nh / nkv)). */
+    /* Query heads, by KV-head group (GQA: head h reads KV head h / (nh / nkv)). */
+    const int64_t G = nh / nkv;
 #pragma omp for schedule(static)
-    for (int64_t t = 0; t < M * nh; t++) {
-        const int64_t m = t / nh, h = t % nh;
-        float *q = qkv + m * nqkv + h * hd;
-        prepare_head(q, qb ? qb + h * hd : 0, fptr(row, F_Q_NORM), st->cos + m * hd,
-                     st->sin + m * hd, hd, md->eps);
-        attend(md, st, m, q, kc, vc, h / (nh / nkv), scores + t * st->max_ctx,
-               attn + m * nh * hd + h * hd);
+    for (int64_t t = 0; t < M * nkv; t++) {
+        const int64_t m = t / nkv, kvh = t % nkv;
+        float *q = qkv + m * nqkv + kvh * G * hd;
+        for (int64_t g = 0; g < G; g++) {
+            const int64_t h = kvh * G + g;
+            prepare_head(q + g * hd, qb ? qb + h * hd : 0, fptr(row, F_Q_NORM),
+                         st->cos + m * hd, st->sin + m * hd, hd, md->eps);
+        }
+        attend_group(md, st, m, kvh, q, G, kc, vc, scores + t * G * st->max_ctx,
+                     attn + m * nh * hd + kvh * G * hd);
     }
 }
 
@@ -149,6 +292,7 @@ void kiln_decode_step(const KilnDecodeModel *md, const KilnDecodeStep *st, int n
     const int64_t nqkv = (md->heads + 2 * md->kv_heads) * hd, nattn = md->heads * hd;
     float *h = st->scratch, *tmp = h + M * H, *qkv = tmp + M * H, *attn = qkv + M * nqkv;
     float *gu = attn + M * nattn, *act = gu + M * 2 * I, *scores = act + M * I;
+    float *picked = scores + M * md->heads * st->max_ctx; /* [L][hidden] */
     float *x = st->x;
 #pragma omp parallel num_threads(nthreads)
     {
@@ -181,7 +325,8 @@ void kiln_decode_step(const KilnDecodeModel *md, const KilnDecodeStep *st, int n
             for (int64_t t = 0; t < M * H; t++) x[t] += tmp[t];
         }
 #pragma omp for schedule(static)
-        for (int64_t m = 0; m < M; m++) rms_norm(x + m * H, md->final_norm, h + m * H, H, md->eps);
-        kiln_gemm_tiles((int)md->head_q8, h, M, H, md->head, md->vocab, st->logits);
+        for (int64_t j = 0; j < st->L; j++)
+            rms_norm(x + st->logit_rows[j] * H, md->final_norm, picked + j * H, H, md->eps);
+        kiln_gemm_tiles((int)md->head_q8, picked, st->L, H, md->head, md->vocab, st->logits);
     }
 }

@@ -1,8 +1,8 @@
-"""Launcher of ``decode.c``: one whole decode step (every layer, the LM head) in one call.
+"""Launcher of ``decode.c``: one whole forward step (every layer, the LM head) in one call.
 
 :class:`DecodeWeights` holds the model side (dimensions, per-layer packed weights and norms);
 :meth:`DecodeWeights.bind` pairs it with one KV cache, giving a :class:`DecodeProgram` whose
-:meth:`~DecodeProgram.step` runs M single-token decodes. The structures mirror ``decode.c``;
+:meth:`~DecodeProgram.step` runs M token rows (decodes, or rows of short prefill chunks). The structures mirror ``decode.c``;
 the layer table is an int64 array of addresses, so the tensors it points at are kept alive here.
 The torch path of ``kiln.model`` is the reference (``tests/model/test_fused_decode.py``).
 """
@@ -29,9 +29,11 @@ class _Model(ctypes.Structure):
 
 
 class _Step(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_int64) for n in ("M", "max_blocks", "max_ctx")] + [
-        (n, ctypes.c_void_p) for n in ("x", "cos", "sin", "seq_lens", "block_tables", "slots",
-                                       "logits", "scratch")]
+    _fields_ = [(n, ctypes.c_int64) for n in ("M", "max_blocks", "max_ctx", "L")] + [
+        (n, ctypes.c_void_p) for n in ("x", "cos", "sin", "ctx_lens", "block_tables", "slots",
+                                       "logit_rows", "logits", "scratch")]
+
+MAX_GROUP = 16  # query heads per KV head that decode.c handles
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,8 @@ class DecodeProgram:
         lib = _library(NATIVE_FLAGS)
         if lib.kiln_decode_layout_version() != len(LAYER_FIELDS):
             raise RuntimeError("decode.c and decode.py disagree on the layer table")
+        if w.heads % w.kv_heads or w.heads // w.kv_heads > MAX_GROUP:
+            raise ValueError(f"{w.heads} query heads over {w.kv_heads} KV heads: unsupported")
         if len(k_caches) != len(w.layers) or len(v_caches) != len(w.layers):
             raise ValueError("one K and one V cache per layer")
         self.lib, self.weights = lib, w
@@ -124,27 +128,29 @@ class DecodeProgram:
         return [row[f] for f in LAYER_FIELDS]
 
     def step(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-             seq_lens: torch.Tensor, block_tables: torch.Tensor, slots: torch.Tensor
-             ) -> torch.Tensor:
-        """M single-token decodes: ``x [M, hidden]`` embeddings (clobbered), ``cos``/``sin``
-        ``[M, head_dim]``, ``seq_lens`` int64 [M] (context incl. the new token), ``block_tables``
-        int32 [M, B], ``slots`` int64 [M] -> float32 logits ``[M, vocab]``."""
+             ctx_lens: torch.Tensor, block_tables: torch.Tensor, slots: torch.Tensor,
+             logit_rows: torch.Tensor) -> torch.Tensor:
+        """M token rows: ``x [M, hidden]`` embeddings (clobbered), ``cos``/``sin``
+        ``[M, head_dim]``, ``ctx_lens`` [M] (the row's position + 1), ``block_tables`` [M, B]
+        (its sequence's table), ``slots`` [M] -> float32 logits ``[len(logit_rows), vocab]``."""
         m = x.shape[0]
-        max_ctx = int(seq_lens.max())
-        if int(block_tables.shape[1]) * self.block_size < max_ctx:
-            raise ValueError("block tables do not cover the context")
-        args = [_f32(x), _f32(cos.contiguous()), _f32(sin.contiguous())]
-        lens = seq_lens.to(torch.int64).contiguous()
+        lens = ctx_lens.to(torch.int64).contiguous()
+        max_ctx = int(lens.max())
         tables = block_tables.to(torch.int32).contiguous()
+        if int(tables.shape[1]) * self.block_size < max_ctx:
+            raise ValueError("block tables do not cover the context")
+        xs, c, s = _f32(x), _f32(cos.contiguous()), _f32(sin.contiguous())
+        assert xs is not None and c is not None and s is not None
         slot = slots.to(torch.int64).contiguous()
-        logits = torch.empty((m, self.vocab), dtype=torch.float32)
+        rows = logit_rows.to(torch.int64).contiguous()
+        logits = torch.empty((rows.numel(), self.vocab), dtype=torch.float32)
         need = self.lib.kiln_decode_scratch_floats(ctypes.byref(self.model), m, max_ctx)
         scratch = torch.empty(need, dtype=torch.float32)
-        st = _Step(M=m, max_blocks=int(tables.shape[1]), max_ctx=max_ctx,
-                   x=args[0].data_ptr(), cos=args[1].data_ptr(),  # type: ignore[union-attr]
-                   sin=args[2].data_ptr(), seq_lens=lens.data_ptr(),  # type: ignore[union-attr]
+        st = _Step(M=m, max_blocks=int(tables.shape[1]), max_ctx=max_ctx, L=rows.numel(),
+                   x=xs.data_ptr(), cos=c.data_ptr(), sin=s.data_ptr(), ctx_lens=lens.data_ptr(),
                    block_tables=tables.data_ptr(), slots=slot.data_ptr(),
-                   logits=logits.data_ptr(), scratch=scratch.data_ptr())
+                   logit_rows=rows.data_ptr(), logits=logits.data_ptr(),
+                   scratch=scratch.data_ptr())
         self.lib.kiln_decode_step(ctypes.byref(self.model), ctypes.byref(st),
                                   torch.get_num_threads())
         return logits

@@ -9,7 +9,7 @@ from torch import nn
 from kiln.model.attention import AttentionPlan, plan_attention
 from kiln.model.batch import ForwardBatch
 from kiln.model.config import ModelConfig
-from kiln.model.fused_decode import FusedDecoder, decode_sequences
+from kiln.model.fused_decode import FusedDecoder, c_sequences
 from kiln.model.kv_cache import KVCache
 from kiln.model.layers import DecoderLayer, LoraHook, RMSNorm, RotaryEmbedding
 from kiln.model.quantized import NO_ROUTE, RowRoute, project
@@ -81,7 +81,7 @@ class CausalLM(nn.Module):
     def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
         with torch.inference_mode():
             if self.fused is not None and batch.lora is None and kv.dtype == torch.float32:
-                seqs = decode_sequences(batch)
+                seqs = c_sequences(batch)
                 if seqs:
                     return self.fused.forward(self, batch, kv, seqs, self._torch_forward)
             return self._torch_forward(batch, kv)

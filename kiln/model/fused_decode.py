@@ -1,10 +1,10 @@
-"""The CPU fast path for decode rows: the whole step in one C call (``kiln_kernels.quant.decode``).
+"""The CPU fast path: a whole forward step in one C call (``kiln_kernels.quant.decode``).
 
 Used when every projection of the model and its LM head hold packed GGUF weights (see
-:mod:`kiln.model.quantized`) and the step carries no LoRA. The decode sequences of a step (one new
-token that sees its whole context) run through the C program; any other sequences of the same
-step (prefill chunks) run through the torch path as a sub-batch. Each sequence is computed alone
-either way, so where a sequence lands never depends on what else is in the step.
+:mod:`kiln.model.quantized`) and the step carries no LoRA. Decode sequences (one new token that
+sees its whole context) always run through the C program, so a decoding sequence's numbers never
+depend on what else is in its step; short prefill chunks join them while the step stays within
+``C_MAX_ROWS`` rows, longer ones run through the torch path (MKL) as a sub-batch.
 """
 
 from __future__ import annotations
@@ -53,6 +53,11 @@ def decode_weights(model: CausalLM) -> DecodeWeights | None:
                          final_norm=model.model.norm.weight.detach(), head=head)
 
 
+# Rows a step may send through the C program. Beyond it the step's prefill chunks go to the
+# torch path (float32 MKL GEMMs beat the quantized kernels once many rows share the weights).
+C_MAX_ROWS = 64
+
+
 def decode_sequences(batch: ForwardBatch) -> list[int]:
     """Indices of the sequences that decode one token seeing their whole context."""
     qsl = batch.query_start_loc.tolist()
@@ -60,6 +65,15 @@ def decode_sequences(batch: ForwardBatch) -> list[int]:
     positions = batch.positions.tolist()
     return [i for i, n in enumerate(lens)
             if qsl[i + 1] - qsl[i] == 1 and positions[qsl[i]] == n - 1]
+
+
+def c_sequences(batch: ForwardBatch) -> list[int]:
+    """The sequences of a step that go through the C program: all of them when the step has at
+    most C_MAX_ROWS rows, else its decodes."""
+    n_seqs = int(batch.query_start_loc.numel()) - 1
+    if int(batch.input_ids.numel()) <= C_MAX_ROWS:
+        return list(range(n_seqs))
+    return decode_sequences(batch)
 
 
 def sub_batch(batch: ForwardBatch, seqs: list[int]) -> tuple[ForwardBatch, list[int]]:
@@ -108,27 +122,33 @@ class FusedDecoder:
     def forward(self, model: CausalLM, batch: ForwardBatch, kv: KVCache,
                 seqs: list[int], rest: Callable[[ForwardBatch, KVCache], torch.Tensor]
                 ) -> torch.Tensor:
-        """Logits ``[len(batch.logits_indices), vocab]``: ``seqs`` (decode sequences) by the C
-        program, every other sequence by ``rest`` (the torch path) on its sub-batch."""
+        """Logits ``[len(batch.logits_indices), vocab]``: the rows of ``seqs`` by the C program,
+        every other sequence by ``rest`` (the torch path) on its sub-batch."""
         qsl = batch.query_start_loc.tolist()
-        rows = torch.tensor([qsl[i] for i in seqs], dtype=torch.int64)
-        seq_index = torch.tensor(seqs, dtype=torch.int64)
-        positions = batch.positions.index_select(0, rows)
-        x = model.model.embed_tokens(batch.input_ids.index_select(0, rows))
+        rows: list[int] = []
+        owner: list[int] = []
+        for i in seqs:
+            rows.extend(range(qsl[i], qsl[i + 1]))
+            owner.extend([i] * (qsl[i + 1] - qsl[i]))
+        index = torch.tensor(rows, dtype=torch.int64)
+        positions = batch.positions.index_select(0, index)
+        wanted = batch.logits_indices.tolist()
+        c_row = {r: k for k, r in enumerate(rows)}
+        picked = [(j, c_row[r]) for j, r in enumerate(wanted) if r in c_row]
+        x = model.model.embed_tokens(batch.input_ids.index_select(0, index))
         cos, sin = model.rotary.cos_sin(positions, x.dtype)
         decoded: torch.Tensor = self.program(kv).step(
-            x, cos, sin, batch.seq_lens.index_select(0, seq_index),
-            batch.block_tables.index_select(0, seq_index),
-            batch.slot_mapping.index_select(0, rows))
-        wanted = batch.logits_indices.tolist()
-        if len(seqs) == len(qsl) - 1 and wanted == [qsl[i] for i in seqs]:
-            return decoded  # every sequence decodes, logits of every row in order
+            x, cos, sin, positions + 1,
+            batch.block_tables.index_select(0, torch.tensor(owner, dtype=torch.int64)),
+            batch.slot_mapping.index_select(0, index),
+            torch.tensor([k for _, k in picked] or [0], dtype=torch.int64))
+        if len(picked) == len(wanted) and len(seqs) == len(qsl) - 1:
+            return decoded  # every sequence ran here, logits in the order asked
         out = torch.empty((len(wanted), decoded.shape[1]), dtype=torch.float32)
-        by_row = {qsl[i]: k for k, i in enumerate(seqs)}
-        for j, r in enumerate(wanted):
-            if r in by_row:
-                out[j] = decoded[by_row[r]]
-        others = [i for i in range(len(qsl) - 1) if i not in set(seqs)]
+        if picked:
+            out[[j for j, _ in picked]] = decoded[:len(picked)]
+        chosen = set(seqs)
+        others = [i for i in range(len(qsl) - 1) if i not in chosen]
         if others:
             sub, places = sub_batch(batch, others)
             if places:

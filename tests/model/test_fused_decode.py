@@ -14,6 +14,7 @@ from kiln_kernels.quant import PackedWeight, kernels_available, pack_ggml
 
 from kiln.model import CausalLM, LoadedModel
 from kiln.model.batch import build_forward_batch
+from kiln.model.fused_decode import C_MAX_ROWS
 from kiln.model.kv_cache import KVCache
 from kiln.model.quantized import attach_packed
 from tests.tiny_models import model_from_tensors, random_tensors, tiny_config
@@ -109,21 +110,39 @@ def test_fused_decode_matches_torch_path(arch: str, tie: bool) -> None:
     assert fused_tokens == torch_tokens
 
 
-def test_mixed_step_splits_decodes_from_prefill() -> None:
-    model = quantized_tiny("qwen3")
+def _two_decoding(model: CausalLM) -> tuple[KVCache, KVCache, list[list[int]]]:
     kv, alone_kv = new_cache(model), new_cache(model)
     tbl = tables(3)
-    prompts = [[7, 8, 9], [11, 12]]
-    first = [(p, 0, t) for p, t in zip(prompts, tbl[:2], strict=True)]
+    first = [(p, 0, t) for p, t in zip([[7, 8, 9], [11, 12]], tbl[:2], strict=True)]
     for cache in (kv, alone_kv):
         model.forward(build_forward_batch(first, BLOCK), cache)
-    # One step: sequences 0 and 1 decode, sequence 2 prefills a 5-token chunk.
-    step = [([3], 3, tbl[0]), ([4], 2, tbl[1]), ([20, 21, 22, 23, 24], 0, tbl[2])]
+    return kv, alone_kv, tbl
+
+
+@pytest.mark.parametrize("chunk", [5, C_MAX_ROWS + 3])  # joins the C step / splits off to torch
+def test_decodes_beside_a_prefill_chunk(chunk: int) -> None:
+    model = quantized_tiny("qwen3")
+    kv, alone_kv, tbl = _two_decoding(model)
+    # One step: sequences 0 and 1 decode, sequence 2 prefills a chunk.
+    step = [([3], 3, tbl[0]), ([4], 2, tbl[1]), (list(range(20, 20 + chunk)), 0, tbl[2])]
     mixed = model.forward(build_forward_batch(step, BLOCK), kv)
     decodes_alone = model.forward(build_forward_batch(step[:2], BLOCK), alone_kv)
-    prefill_alone = model._torch_forward(build_forward_batch(step[2:], BLOCK), alone_kv)
+    prefill_ref = model._torch_forward(build_forward_batch(step[2:], BLOCK), alone_kv)
     assert torch.equal(mixed[:2], decodes_alone)  # a decode row does not see its neighbours
-    torch.testing.assert_close(mixed[2:], prefill_alone, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(mixed[2:], prefill_ref, rtol=1e-4, atol=1e-4)
+
+
+def test_prefill_chunks_through_the_c_step_match_torch() -> None:
+    model = quantized_tiny("qwen2")
+    kv, ref_kv = new_cache(model), new_cache(model)
+    tbl = tables(2)
+    chunks = [[(list(range(1, 11)), 0, tbl[0]), (list(range(30, 37)), 0, tbl[1])],
+              [(list(range(11, 30)), 10, tbl[0]), ([37], 7, tbl[1])]]  # spans blocks
+    for step in chunks:
+        batch = build_forward_batch(step, BLOCK, "all")
+        got = model.forward(batch, kv)
+        want = model._torch_forward(build_forward_batch(step, BLOCK, "all"), ref_kv)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
 def test_logits_of_chosen_rows_only() -> None:
