@@ -32,6 +32,21 @@ typedef struct {
     int64_t head_q8;
 } KilnDecodeModel;
 
+/* LoRA for the rows of a step (kiln.model.lora_slots layout): per module (q, k, v, o, gate,
+ * up, down) an A stack [layers][nslots][rank][in] and a B^T stack [layers][nslots][rank][out]
+ * (NULL: no adapter targets the module); each row has up to K (slot, scale) pairs, slot -1 for
+ * none. y += sum_k scale_k * B_k (A_k x). */
+enum { LORA_MODULES = 7 };
+
+typedef struct {
+    int64_t K, nslots, rank;
+    const int32_t *slot_idx; /* [K][M] */
+    const float *scales;     /* [K][M] */
+    const float *a[LORA_MODULES];
+    const float *bt[LORA_MODULES];
+    float *t; /* scratch [M][K][rank] */
+} KilnLora;
+
 typedef struct {
     int64_t M, max_blocks, max_ctx, L;
     float *x;                    /* [M][hidden]: the token embeddings in, clobbered */
@@ -42,6 +57,7 @@ typedef struct {
     const int64_t *logit_rows;   /* [L]: rows whose logits are wanted */
     float *logits;               /* [L][vocab] */
     float *scratch;              /* kiln_decode_scratch_floats(model, M, max_ctx) floats */
+    const KilnLora *lora;        /* NULL: base model only */
 } KilnDecodeStep;
 
 int64_t kiln_decode_layout_version(void) { return F_COUNT; }
@@ -287,6 +303,37 @@ static void attention_block(const KilnDecodeModel *md, const KilnDecodeStep *st,
     }
 }
 
+/* y[m][0:out] += LoRA delta of module `mod` for input rows x[m][0:in] (strides ldx, ldy). */
+static void lora_apply(const KilnDecodeStep *st, int64_t l, int mod, const float *x, int64_t ldx,
+                       int64_t in, float *y, int64_t ldy, int64_t out) {
+    const KilnLora *lo = st->lora;
+    if (!lo || !lo->a[mod]) return; /* the same answer on every thread: barriers stay paired */
+    const int64_t M = st->M, K = lo->K, R = lo->rank, S = lo->nslots;
+    const float *A = lo->a[mod] + l * S * R * in, *Bt = lo->bt[mod] + l * S * R * out;
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < M * K; t++) {
+        const int64_t m = t / K, k = t % K;
+        const int32_t slot = lo->slot_idx[k * M + m];
+        float *tv = lo->t + t * R;
+        for (int64_t i = 0; i < R; i++)
+            tv[i] = slot < 0 ? 0.0f
+                             : dot(A + (slot * R + i) * in, x + m * ldx, in) * lo->scales[k * M + m];
+    }
+#pragma omp for schedule(static)
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t k = 0; k < K; k++) {
+            const int32_t slot = lo->slot_idx[k * M + m];
+            if (slot < 0) continue;
+            const float *tv = lo->t + (m * K + k) * R;
+            float *ym = y + m * ldy;
+            for (int64_t i = 0; i < R; i++) {
+                const float c = tv[i], *b = Bt + (slot * R + i) * out;
+#pragma omp simd
+                for (int64_t o = 0; o < out; o++) ym[o] += c * b[o];
+            }
+        }
+}
+
 void kiln_decode_step(const KilnDecodeModel *md, const KilnDecodeStep *st, int nthreads) {
     const int64_t M = st->M, H = md->hidden, I = md->inter, hd = md->head_dim;
     const int64_t nqkv = (md->heads + 2 * md->kv_heads) * hd, nattn = md->heads * hd;
@@ -303,9 +350,14 @@ void kiln_decode_step(const KilnDecodeModel *md, const KilnDecodeStep *st, int n
                 rms_norm(x + m * H, fptr(row, F_IN_NORM), h + m * H, H, md->eps);
             kiln_gemm_tiles((int)row[F_QKV_Q8], h, M, H, (const uint8_t *)(intptr_t)row[F_QKV],
                             nqkv, qkv);
+            const int64_t nq = md->heads * hd, nk = md->kv_heads * hd;
+            lora_apply(st, l, 0, h, H, H, qkv, nqkv, nq);
+            lora_apply(st, l, 1, h, H, H, qkv + nq, nqkv, nk);
+            lora_apply(st, l, 2, h, H, H, qkv + nq + nk, nqkv, nk);
             attention_block(md, st, row, qkv, attn, scores);
             kiln_gemm_tiles((int)row[F_O_Q8], attn, M, nattn, (const uint8_t *)(intptr_t)row[F_O],
                             H, tmp);
+            lora_apply(st, l, 3, attn, nattn, nattn, tmp, H, H);
 #pragma omp for schedule(static)
             for (int64_t m = 0; m < M; m++) {
                 for (int64_t i = 0; i < H; i++) x[m * H + i] += tmp[m * H + i];
@@ -313,6 +365,8 @@ void kiln_decode_step(const KilnDecodeModel *md, const KilnDecodeStep *st, int n
             }
             kiln_gemm_tiles((int)row[F_GU_Q8], h, M, H, (const uint8_t *)(intptr_t)row[F_GU],
                             2 * I, gu);
+            lora_apply(st, l, 4, h, H, H, gu, 2 * I, I);
+            lora_apply(st, l, 5, h, H, H, gu + I, 2 * I, I);
 #pragma omp for schedule(static)
             for (int64_t t = 0; t < M * I; t++) {
                 const int64_t m = t / I, i = t % I;
@@ -321,6 +375,7 @@ void kiln_decode_step(const KilnDecodeModel *md, const KilnDecodeStep *st, int n
             }
             kiln_gemm_tiles((int)row[F_DOWN_Q8], act, M, I,
                             (const uint8_t *)(intptr_t)row[F_DOWN], H, tmp);
+            lora_apply(st, l, 6, act, I, I, tmp, H, H);
 #pragma omp for schedule(static)
             for (int64_t t = 0; t < M * H; t++) x[t] += tmp[t];
         }

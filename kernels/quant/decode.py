@@ -28,10 +28,51 @@ class _Model(ctypes.Structure):
         ("final_norm", ctypes.c_void_p), ("head", ctypes.c_void_p), ("head_q8", ctypes.c_int64)]
 
 
+LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class _Lora(ctypes.Structure):
+    _fields_ = [("K", ctypes.c_int64), ("nslots", ctypes.c_int64), ("rank", ctypes.c_int64),
+                ("slot_idx", ctypes.c_void_p), ("scales", ctypes.c_void_p),
+                ("a", ctypes.c_void_p * 7), ("bt", ctypes.c_void_p * 7), ("t", ctypes.c_void_p)]
+
+
 class _Step(ctypes.Structure):
     _fields_ = [(n, ctypes.c_int64) for n in ("M", "max_blocks", "max_ctx", "L")] + [
         (n, ctypes.c_void_p) for n in ("x", "cos", "sin", "ctx_lens", "block_tables", "slots",
-                                       "logit_rows", "logits", "scratch")]
+                                       "logit_rows", "logits", "scratch", "lora")]
+
+
+@dataclass(frozen=True)
+class LoraRows:
+    """LoRA of a step's rows: ``slot_idx`` int32 [K, M] (-1: none), ``scales`` float32 [K, M];
+    per module in LORA_MODULES order, the A stack ``[layers, slots, rank, in]`` and the B^T
+    stack ``[layers, slots, rank, out]`` (None: no adapter targets it)."""
+
+    slot_idx: torch.Tensor
+    scales: torch.Tensor
+    a: tuple[torch.Tensor | None, ...]
+    bt: tuple[torch.Tensor | None, ...]
+
+    def struct(self, rows: int, keep: list[torch.Tensor]) -> _Lora:
+        k = int(self.slot_idx.shape[0])
+        stacks = [t for t in (*self.a, *self.bt) if t is not None]
+        if not stacks:
+            raise ValueError("LoraRows without any stack")
+        nslots, rank = int(stacks[0].shape[1]), int(stacks[0].shape[2])
+        for t in stacks:
+            if (t.dtype != torch.float32 or not t.is_contiguous()
+                    or tuple(t.shape[1:3]) != (nslots, rank)):
+                raise ValueError("LoRA stacks must be contiguous float32 [L, slots, rank, n]")
+        idx = self.slot_idx.to(torch.int32).contiguous()
+        scales = self.scales.to(torch.float32).contiguous()
+        if tuple(idx.shape) != (k, rows) or tuple(scales.shape) != (k, rows):
+            raise ValueError("LoRA slot_idx/scales must be [K, M]")
+        t = torch.empty(max(1, rows * k * rank), dtype=torch.float32)
+        keep.extend([idx, scales, t])
+        return _Lora(K=k, nslots=nslots, rank=rank, slot_idx=idx.data_ptr(),
+                     scales=scales.data_ptr(), a=(ctypes.c_void_p * 7)(*map(_addr, self.a)),
+                     bt=(ctypes.c_void_p * 7)(*map(_addr, self.bt)), t=t.data_ptr())
 
 MAX_GROUP = 16  # query heads per KV head that decode.c handles
 
@@ -129,7 +170,7 @@ class DecodeProgram:
 
     def step(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
              ctx_lens: torch.Tensor, block_tables: torch.Tensor, slots: torch.Tensor,
-             logit_rows: torch.Tensor) -> torch.Tensor:
+             logit_rows: torch.Tensor, lora: LoraRows | None = None) -> torch.Tensor:
         """M token rows: ``x [M, hidden]`` embeddings (clobbered), ``cos``/``sin``
         ``[M, head_dim]``, ``ctx_lens`` [M] (the row's position + 1), ``block_tables`` [M, B]
         (its sequence's table), ``slots`` [M] -> float32 logits ``[len(logit_rows), vocab]``."""
@@ -146,11 +187,14 @@ class DecodeProgram:
         logits = torch.empty((rows.numel(), self.vocab), dtype=torch.float32)
         need = self.lib.kiln_decode_scratch_floats(ctypes.byref(self.model), m, max_ctx)
         scratch = torch.empty(need, dtype=torch.float32)
+        keep: list[torch.Tensor] = []
+        lora_struct = None if lora is None else lora.struct(m, keep)
         st = _Step(M=m, max_blocks=int(tables.shape[1]), max_ctx=max_ctx, L=rows.numel(),
                    x=xs.data_ptr(), cos=c.data_ptr(), sin=s.data_ptr(), ctx_lens=lens.data_ptr(),
                    block_tables=tables.data_ptr(), slots=slot.data_ptr(),
                    logit_rows=rows.data_ptr(), logits=logits.data_ptr(),
-                   scratch=scratch.data_ptr())
+                   scratch=scratch.data_ptr(),
+                   lora=None if lora_struct is None else ctypes.addressof(lora_struct))
         self.lib.kiln_decode_step(ctypes.byref(self.model), ctypes.byref(st),
                                   torch.get_num_threads())
         return logits

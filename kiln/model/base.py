@@ -9,7 +9,7 @@ from torch import nn
 from kiln.model.attention import AttentionPlan, plan_attention
 from kiln.model.batch import ForwardBatch
 from kiln.model.config import ModelConfig
-from kiln.model.fused_decode import FusedDecoder, c_sequences
+from kiln.model.fused_decode import FusedDecoder
 from kiln.model.kv_cache import KVCache
 from kiln.model.layers import DecoderLayer, LoraHook, RMSNorm, RotaryEmbedding
 from kiln.model.quantized import NO_ROUTE, RowRoute, project
@@ -80,10 +80,10 @@ class CausalLM(nn.Module):
 
     def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
         with torch.inference_mode():
-            if self.fused is not None and batch.lora is None and kv.dtype == torch.float32:
-                seqs = c_sequences(batch)
-                if seqs:
-                    return self.fused.forward(self, batch, kv, seqs, self._torch_forward)
+            if self.fused is not None and kv.dtype == torch.float32:
+                logits = self.fused.try_forward(self, batch, kv, self._torch_forward)
+                if logits is not None:
+                    return logits
             return self._torch_forward(batch, kv)
 
     def _torch_forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """The CPU fast path: a whole forward step in one C call (``kiln_kernels.quant.decode``).
 
 Used when every projection of the model and its LM head hold packed GGUF weights (see
-:mod:`kiln.model.quantized`) and the step carries no LoRA. Decode sequences (one new token that
+:mod:`kiln.model.quantized`); LoRA runs here too (CPU stacks of ``kiln.model.lora_slots``) when
+the whole step fits. Decode sequences (one new token that
 sees its whole context) always run through the C program, so a decoding sequence's numbers never
 depend on what else is in its step; short prefill chunks join them while the step stays within
 ``C_MAX_ROWS`` rows, longer ones run through the torch path (MKL) as a sub-batch.
@@ -15,10 +16,17 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 from kiln_kernels.quant import PackedWeight
-from kiln_kernels.quant.decode import DecodeLayer, DecodeProgram, DecodeWeights
+from kiln_kernels.quant.decode import (
+    LORA_MODULES,
+    DecodeLayer,
+    DecodeProgram,
+    DecodeWeights,
+    LoraRows,
+)
 
 from kiln.model.batch import ForwardBatch
 from kiln.model.kv_cache import KVCache
+from kiln.model.lora_slots import LoraBatch
 
 if TYPE_CHECKING:
     from kiln.model.base import CausalLM
@@ -76,6 +84,36 @@ def c_sequences(batch: ForwardBatch) -> list[int]:
     return decode_sequences(batch)
 
 
+class _Unsupported(Exception):
+    """This step's LoRA cannot run in the C program (not CPU float32 stacks)."""
+
+
+def lora_rows(lora: object, rows: torch.Tensor) -> LoraRows | None:
+    """The C program's view of a step's LoRA for ``rows`` (None: no adapter in the step)."""
+    if lora is None:
+        return None
+    if not isinstance(lora, LoraBatch) or lora.slots.device.type != "cpu" or (
+            lora.slots.dtype != torch.float32):
+        raise _Unsupported
+    if lora.strategy == "none":
+        return None
+    a: list[torch.Tensor | None] = []
+    bt: list[torch.Tensor | None] = []
+    for module in LORA_MODULES:
+        pair = lora.slots.stacks(module)
+        if pair is None:
+            a.append(None)
+            bt.append(None)
+            continue
+        b_t = pair[1].transpose(2, 3)  # the CPU stacks store B^T contiguously
+        if not (pair[0].is_contiguous() and b_t.is_contiguous()):
+            raise _Unsupported
+        a.append(pair[0])
+        bt.append(b_t)
+    return LoraRows(slot_idx=lora.slot_idx.index_select(1, rows),
+                    scales=lora.scales.index_select(1, rows), a=tuple(a), bt=tuple(bt))
+
+
 def sub_batch(batch: ForwardBatch, seqs: list[int]) -> tuple[ForwardBatch, list[int]]:
     """The batch of only ``seqs`` (logits at their rows among ``batch.logits_indices``), and
     the positions in ``batch.logits_indices`` those logits belong to."""
@@ -119,6 +157,21 @@ class FusedDecoder:
             self._programs[kv] = prog
         return prog
 
+    def try_forward(self, model: CausalLM, batch: ForwardBatch, kv: KVCache,
+                    rest: Callable[[ForwardBatch, KVCache], torch.Tensor]
+                    ) -> torch.Tensor | None:
+        """Logits of the step through the C program (with ``rest`` for the sequences it does
+        not take), or None when the step is the torch path's: nothing to take, or LoRA on a
+        step too long to run whole here (its rows plan covers the whole batch)."""
+        seqs = c_sequences(batch)
+        n_seqs = int(batch.query_start_loc.numel()) - 1
+        if not seqs or (batch.lora is not None and len(seqs) != n_seqs):
+            return None
+        try:
+            return self.forward(model, batch, kv, seqs, rest)
+        except _Unsupported:
+            return None
+
     def forward(self, model: CausalLM, batch: ForwardBatch, kv: KVCache,
                 seqs: list[int], rest: Callable[[ForwardBatch, KVCache], torch.Tensor]
                 ) -> torch.Tensor:
@@ -131,6 +184,7 @@ class FusedDecoder:
             rows.extend(range(qsl[i], qsl[i + 1]))
             owner.extend([i] * (qsl[i + 1] - qsl[i]))
         index = torch.tensor(rows, dtype=torch.int64)
+        lora = lora_rows(batch.lora, index)
         positions = batch.positions.index_select(0, index)
         wanted = batch.logits_indices.tolist()
         c_row = {r: k for k, r in enumerate(rows)}
@@ -141,7 +195,7 @@ class FusedDecoder:
             x, cos, sin, positions + 1,
             batch.block_tables.index_select(0, torch.tensor(owner, dtype=torch.int64)),
             batch.slot_mapping.index_select(0, index),
-            torch.tensor([k for _, k in picked] or [0], dtype=torch.int64))
+            torch.tensor([k for _, k in picked] or [0], dtype=torch.int64), lora)
         if len(picked) == len(wanted) and len(seqs) == len(qsl) - 1:
             return decoded  # every sequence ran here, logits in the order asked
         out = torch.empty((len(wanted), decoded.shape[1]), dtype=torch.float32)

@@ -8,15 +8,22 @@ decoding sequence gets the same numbers whatever else is in its step.
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pytest
 import torch
 from kiln_kernels.quant import PackedWeight, kernels_available, pack_ggml
+from kiln_kernels.quant.decode import DecodeProgram
 
 from kiln.model import CausalLM, LoadedModel
 from kiln.model.batch import build_forward_batch
 from kiln.model.fused_decode import C_MAX_ROWS
 from kiln.model.kv_cache import KVCache
+from kiln.model.lora import LORA_MODULES, LoraAdapter, load_adapter
+from kiln.model.lora_slots import AdapterSlots, LoraBatch
 from kiln.model.quantized import attach_packed
+from tests.model.test_lora import write_peft
 from tests.tiny_models import model_from_tensors, random_tensors, tiny_config
 
 pytestmark = pytest.mark.skipif(not kernels_available(), reason="no C compiler for the kernels")
@@ -170,27 +177,60 @@ def test_default_model_decodes_through_the_c_step(smollm: LoadedModel) -> None:
 
 
 class _NoDelta:
-    """A LoraHook that adds nothing (a LoRA step whose adapters are all zero)."""
+    """A LoraHook that is not a LoraBatch (the C step cannot read it: torch path)."""
 
     def apply(self, layer: int, module: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return y
 
 
-def test_lora_steps_take_the_torch_path() -> None:
+def test_foreign_lora_hooks_take_the_torch_path() -> None:
     model = quantized_tiny("llama")
-    calls: list[int] = []
-    original = model.fused.forward  # type: ignore[union-attr]
-
-    def spy(*args: object) -> torch.Tensor:
-        calls.append(1)
-        return original(*args)  # type: ignore[arg-type]
-
-    model.fused.forward = spy  # type: ignore[union-attr,method-assign]
-    kv = new_cache(model)
-    plain = model.forward(build_forward_batch([([1], 0, tables(1)[0])], BLOCK), kv)
-    assert calls == [1]  # a one-token prompt is a decode: the C step
+    plain = model.forward(build_forward_batch([([1], 0, tables(1)[0])], BLOCK), new_cache(model))
     batch = build_forward_batch([([1], 0, tables(1)[0])], BLOCK)
     batch.lora = _NoDelta()
-    with_lora = model.forward(batch, new_cache(model))
-    assert calls == [1]
-    torch.testing.assert_close(with_lora, plain, rtol=1e-4, atol=1e-4)
+    with_hook = model.forward(batch, new_cache(model))
+    ref = model._torch_forward(build_forward_batch([([1], 0, tables(1)[0])], BLOCK),
+                               new_cache(model))
+    assert torch.equal(with_hook, ref)
+    torch.testing.assert_close(with_hook, plain, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_lora_in_the_c_step_matches_torch(arch: str, tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    model = quantized_tiny(arch)
+    cfg = model.config
+    full = load_adapter(write_peft(tmp_path / "a", cfg, r=4, alpha=8, targets=LORA_MODULES,
+                                   seed=1), cfg)
+    some = load_adapter(write_peft(tmp_path / "b", cfg, r=8, alpha=8,
+                                   targets=("q_proj", "v_proj", "down_proj"), seed=2), cfg)
+    mixes: list[list[tuple[LoraAdapter | str, float]]] = [
+        [(full, 1.0)], [], [(full, 0.5), (some, 2.0)]]
+    prompts = [[5, 9, 33, 7], [100, 3], [42] * 19]
+    results = []
+    seen: list[bool] = []
+    step_fn = DecodeProgram.step
+
+    def spy(self: DecodeProgram, *args: Any) -> torch.Tensor:
+        seen.append(args[-1] is not None)
+        return step_fn(self, *args)
+
+    monkeypatch.setattr(DecodeProgram, "step", spy)
+    for path in ("fused", "torch"):
+        slots = AdapterSlots(cfg, max_slots=4)
+        kv = new_cache(model)
+        fn = model.forward if path == "fused" else model._torch_forward
+        tbl = tables(3)
+        steps = [[(p, 0, t) for p, t in zip(prompts, tbl, strict=True)]]
+        lens = [len(p) for p in prompts]
+        for d in range(4):
+            steps.append([([60 + d], n + d, t) for n, t in zip(lens, tbl, strict=True)])
+        outs = []
+        for step in steps:
+            batch = build_forward_batch(step, BLOCK, "all")
+            with LoraBatch.build(mixes, [len(new) for new, _, _ in step], slots) as lb:
+                batch.lora = lb
+                outs.append(fn(batch, kv))
+        results.append(torch.cat(outs))
+    assert seen == [True] * 5  # every step ran in C, with its LoRA
+    torch.testing.assert_close(results[0], results[1], rtol=1e-4, atol=1e-4)
