@@ -37,6 +37,7 @@ class ServerConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
     max_prefill_tokens_while_decoding: int = 8
+    prefill_cap_context: int = 1024
     enable_prefix_caching: bool = True
     default_thinking_enabled: bool | None = None
     default_thinking_budget_tokens: int | None = None
@@ -63,7 +64,8 @@ class ServerConfig:
         if self.max_body_bytes < 1024:
             raise ConfigError(f"max_body_bytes must be at least 1024, got {self.max_body_bytes}")
         for name in ("kv_memory_mb", "block_size", "max_num_seqs", "max_num_batched_tokens",
-                     "max_prefill_tokens_while_decoding", "max_lora_slots"):
+                     "max_prefill_tokens_while_decoding", "prefill_cap_context",
+                     "max_lora_slots"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         if self.max_model_len is not None and self.max_model_len <= 0:
@@ -123,6 +125,7 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "KILN_MAX_NUM_SEQS": ("max_num_seqs", "int"),
     "KILN_MAX_NUM_BATCHED_TOKENS": ("max_num_batched_tokens", "int"),
     "KILN_MAX_PREFILL_TOKENS_WHILE_DECODING": ("max_prefill_tokens_while_decoding", "int"),
+    "KILN_PREFILL_CAP_CONTEXT": ("prefill_cap_context", "int"),
     "KILN_ENABLE_PREFIX_CACHING": ("enable_prefix_caching", "bool"),
     "KILN_DEFAULT_THINKING_ENABLED": ("default_thinking_enabled", "bool"),
     "KILN_DEFAULT_THINKING_BUDGET_TOKENS": ("default_thinking_budget_tokens", "int"),

@@ -56,6 +56,7 @@ def engine_config(config: ServerConfig) -> EngineConfig:
         max_num_seqs=config.max_num_seqs,
         max_num_batched_tokens=config.max_num_batched_tokens,
         max_prefill_tokens_while_decoding=config.max_prefill_tokens_while_decoding,
+        prefill_cap_context=config.prefill_cap_context,
         enable_prefix_caching=config.enable_prefix_caching,
         max_model_len=config.max_model_len,
         max_lora_slots=config.max_lora_slots,

@@ -17,6 +17,10 @@ class EngineConfig:
     # 8: on the 2-core CPU a step of 4 decodes + 8 prefill rows takes ~1.9x a decode-only step
     # (16 rows: ~2.9x), measured with the C step (kiln.model.fused_decode).
     max_prefill_tokens_while_decoding: int = 8
+    # ... and a chunk after c computed tokens gets at most that cap * S / (S + c), S this many
+    # tokens: its attention grows with c (measured on the CPU C step: a prefill row costs
+    # ~2.1 ms + ~2.4 us per context token, so S ~ 900 keeps a chunk's cost about flat).
+    prefill_cap_context: int = 1024
     enable_prefix_caching: bool = True
     max_model_len: int | None = None  # None -> the model's max_position
     # Distinct LoRA adapters resident on the device at once (running requests together use at
@@ -26,7 +30,8 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         for name in ("block_size", "kv_memory_mb", "max_num_seqs", "max_num_batched_tokens",
-                     "max_prefill_tokens_while_decoding", "max_lora_slots", "max_lora_rank"):
+                     "max_prefill_tokens_while_decoding", "prefill_cap_context", "max_lora_slots",
+                     "max_lora_rank"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"EngineConfig.{name} must be a positive int, got {value!r}")

@@ -132,14 +132,15 @@ class Scheduler:
         preempted: list[str] = []
         decodes = [s for s in self._running if s.num_remaining == 1]
         prefills = [s for s in self._running if s.num_remaining != 1]
+        capped = False
         for i, st in enumerate(decodes + prefills):
             if i == len(decodes) and seqs:  # decodes run this step: keep prefill chunks short
-                budget = min(budget, self.config.max_prefill_tokens_while_decoding)
+                budget, capped = min(budget, self.config.max_prefill_tokens_while_decoding), True
             if budget == 0:
                 break
             if st.status is not Status.RUNNING:
                 continue  # preempted earlier in this loop
-            n = min(st.num_remaining, budget)
+            n = min(st.num_remaining, budget, self._chunk_cap(st.num_computed_tokens, capped))
             while not self._grow(st, st.num_computed_tokens + n):
                 victim = self._pick_victim(scheduled | {st.request_id})
                 self._preempt(victim or st)
@@ -152,8 +153,8 @@ class Scheduler:
                 budget -= n
         if not preempted:
             if seqs and not prefills:  # only decodes so far: admissions get the short budget
-                budget = min(budget, self.config.max_prefill_tokens_while_decoding)
-            self._admit(budget, seqs, now)
+                budget, capped = min(budget, self.config.max_prefill_tokens_while_decoding), True
+            self._admit(budget, seqs, now, capped)
         return SchedulerOutput(
             seqs=seqs,
             block_size=self.block_size,
@@ -161,7 +162,15 @@ class Scheduler:
             preempted_ids=preempted,
         )
 
-    def _admit(self, budget: int, seqs: list[ScheduledSeq], now: float) -> None:
+    def _chunk_cap(self, computed: int, capped: bool) -> int:
+        """While decodes run, a chunk's attention cost grows with the context before it: cap it
+        at max_prefill_tokens_while_decoding * S / (S + computed), S = prefill_cap_context."""
+        if not capped:
+            return self.config.max_num_batched_tokens
+        scale = self.config.prefill_cap_context
+        return max(1, self.config.max_prefill_tokens_while_decoding * scale // (scale + computed))
+
+    def _admit(self, budget: int, seqs: list[ScheduledSeq], now: float, capped: bool) -> None:
         bs = self.block_size
         inflight: set[int] = set()
         for s in self._running:
@@ -180,7 +189,7 @@ class Scheduler:
                 deferred.append(st)  # another request is computing this prefix right now
                 continue
             cached = len(hits) * bs
-            n = min(st.num_tokens - cached, budget)
+            n = min(st.num_tokens - cached, budget, self._chunk_cap(cached, capped))
             need = _cdiv(cached + n, bs) - len(hits)
             if self.pool.num_free_blocks < need + self.pool.num_unreferenced(hits):
                 self._waiting.appendleft(st)

@@ -56,3 +56,25 @@ def test_capped_chunks_give_the_same_tokens() -> None:
         return token_ids(outs["a"]) + token_ids(outs["b"])
 
     assert run(4) == run(96)
+
+
+def test_chunks_shrink_as_their_context_grows() -> None:
+    cfg = EngineConfig(block_size=4, num_blocks=400, max_num_batched_tokens=96,
+                       max_prefill_tokens_while_decoding=8, prefill_cap_context=64)
+    sched, runner = Scheduler(cfg, 400, max_model_len=1024), FakeRunner(400, 4)
+    sched.add_request(Request("s", [1, 2, 3], SamplingParams(max_tokens=400, ignore_eos=True)))
+    for _ in range(2):
+        so = sched.schedule()
+        sched.update_from_output(so, runner.execute(so))
+    sched.add_request(Request("long", list(range(5, 300)), SamplingParams(max_tokens=1)))
+    chunks: list[tuple[int, int]] = []  # (context before the chunk, chunk tokens)
+    while len(chunks) < 200:
+        so = sched.schedule()
+        chunks += [(s.start_pos, s.num_tokens) for s in so.seqs if s.request_id == "long"]
+        sched.update_from_output(so, runner.execute(so))
+        if any(s.request_id == "long" and s.sample for s in so.seqs):
+            break
+    assert chunks[0] == (0, 8)
+    for context, size in chunks:
+        assert size <= max(1, 8 * 64 // (64 + context)), (context, size)
+    assert sum(size for _, size in chunks) == 295  # the whole prompt, in shrinking chunks
