@@ -10,6 +10,7 @@ BENCHES = {
     "validate": "bench.bench_validate",
     "engine": "bench.bench_engine",
     "kernels": "bench.kernels.bench_kernels",
+    "quant": "bench.bench_quant",
     "model": "bench.bench_model",
     "serving": "bench.bench_serving",
     "scoring": "bench.bench_scoring",

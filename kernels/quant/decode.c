@@ -54,6 +54,8 @@ typedef struct {
     const int64_t *ctx_lens;     /* [M]: positions this token attends to (its position + 1) */
     const int32_t *block_tables; /* [M][max_blocks]: the block table of the token's sequence */
     const int64_t *slots;        /* [M]: cache slot of the token */
+    const int64_t *seq_first;    /* [M]: first row of the token's sequence in this step (rows
+                                  * of one sequence are consecutive, positions increasing) */
     const int64_t *logit_rows;   /* [L]: rows whose logits are wanted */
     float *logits;               /* [L][vocab] */
     float *scratch;              /* kiln_decode_scratch_floats(model, M, max_ctx) floats */
@@ -213,59 +215,82 @@ static inline __m512 hsum16(const __m512 *v) {
     return _mm512_add_ps(_mm512_shuffle_f32x4(c0, c1, 0x88), _mm512_shuffle_f32x4(c0, c1, 0xDD));
 }
 
-/* attend_group for head_dim a multiple of 16 (<= 256): scores 16 positions at a time with one
- * reduction tree, softmax with exp16, then V accumulated in registers per query head. */
-static void attend_group(const KilnDecodeModel *md, const KilnDecodeStep *st, int64_t m,
-                         int64_t kvh, const float *q, int64_t G, const float *kc,
-                         const float *vc, float *scores, float *out) {
+/* Attention of R consecutive rows of one sequence (query heads kvh*G.. of each; row r's
+ * queries at q + r*ldq, outputs at out + r*ldo), for head_dim a multiple of 16 (<= 256):
+ * scores 16 positions at a time with one reduction tree, each cached K row read once for the
+ * R*G queries, softmax with exp16, V accumulated in registers per query. */
+static void attend_seq(const KilnDecodeModel *md, const KilnDecodeStep *st, int64_t m0,
+                       int64_t R, int64_t kvh, const float *q, int64_t ldq, int64_t G,
+                       const float *kc, const float *vc, float *scores, float *out,
+                       int64_t ldo) {
     const int64_t hd = md->head_dim, nkv = md->kv_heads, bs = md->block_size;
-    const int64_t len = st->ctx_lens[m], stride = st->max_ctx, nc = hd / 16;
+    const int64_t stride = st->max_ctx, nc = hd / 16;
     if (hd % 16 || hd > 256) {
-        attend_group_scalar(md, st, m, kvh, q, G, kc, vc, scores, out);
+        for (int64_t r = 0; r < R; r++)
+            attend_group_scalar(md, st, m0 + r, kvh, q + r * ldq, G, kc, vc,
+                                scores + r * G * stride, out + r * ldo);
         return;
     }
-    const int32_t *bt = st->block_tables + m * st->max_blocks;
+    const int32_t *bt = st->block_tables + m0 * st->max_blocks;
+    int64_t longest = 0;
+    for (int64_t r = 0; r < R; r++)
+        longest = st->ctx_lens[m0 + r] > longest ? st->ctx_lens[m0 + r] : longest;
     const __m512 scale = _mm512_set1_ps(md->scale);
-    for (int64_t p0 = 0; p0 < len; p0 += 16) {
-        const int64_t n = (len - p0 < 16) ? len - p0 : 16;
+    for (int64_t p0 = 0; p0 < longest; p0 += 16) {
         const float *rows[16];
         for (int64_t o = 0; o < 16; o++) {
-            const int64_t p = p0 + (o < n ? o : 0);
+            const int64_t p = p0 + o < longest ? p0 + o : p0;
             rows[o] = kc + (((int64_t)bt[p / bs] * bs + p % bs) * nkv + kvh) * hd;
         }
-        for (int64_t g = 0; g < G; g++) {
-            const float *qg = q + g * hd;
-            __m512 acc[16];
-            for (int o = 0; o < 16; o++) {
-                __m512 a = _mm512_mul_ps(_mm512_loadu_ps(qg), _mm512_loadu_ps(rows[o]));
-                for (int64_t c = 1; c < nc; c++)
-                    a = _mm512_fmadd_ps(_mm512_loadu_ps(qg + 16 * c),
-                                        _mm512_loadu_ps(rows[o] + 16 * c), a);
-                acc[o] = a;
-            }
+        for (int64_t r = 0; r < R; r++) {
+            const int64_t len = st->ctx_lens[m0 + r];
+            if (p0 >= len) continue;
+            const int64_t n = (len - p0 < 16) ? len - p0 : 16;
             const __mmask16 k = (__mmask16)(n == 16 ? 0xFFFF : (1u << n) - 1);
-            _mm512_mask_storeu_ps(scores + g * stride + p0, k,
-                                  _mm512_mul_ps(hsum16(acc), scale));
+            for (int64_t g = 0; g < G; g++) {
+                const float *qg = q + r * ldq + g * hd;
+                __m512 acc[16];
+                for (int o = 0; o < 16; o++) {
+                    __m512 a = _mm512_mul_ps(_mm512_loadu_ps(qg), _mm512_loadu_ps(rows[o]));
+                    for (int64_t c = 1; c < nc; c++)
+                        a = _mm512_fmadd_ps(_mm512_loadu_ps(qg + 16 * c),
+                                            _mm512_loadu_ps(rows[o] + 16 * c), a);
+                    acc[o] = a;
+                }
+                _mm512_mask_storeu_ps(scores + (r * G + g) * stride + p0, k,
+                                      _mm512_mul_ps(hsum16(acc), scale));
+            }
         }
     }
-    for (int64_t g = 0; g < G; g++) {
-        float *sg = scores + g * stride;
-        float mx = -INFINITY;
-        for (int64_t p = 0; p < len; p++) mx = sg[p] > mx ? sg[p] : mx;
-        const float inv = 1.0f / exp_shift_sum(sg, len, mx);
-        __m512 acc[16];
-        for (int64_t c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
-        for (int64_t p = 0; p < len; p++) {
-            const float *v = vc + (((int64_t)bt[p / bs] * bs + p % bs) * nkv + kvh) * hd;
-            const __m512 w = _mm512_set1_ps(sg[p] * inv);
+    for (int64_t r = 0; r < R; r++) {
+        const int64_t len = st->ctx_lens[m0 + r];
+        for (int64_t g = 0; g < G; g++) {
+            float *sg = scores + (r * G + g) * stride;
+            float mx = -INFINITY;
+            for (int64_t p = 0; p < len; p++) mx = sg[p] > mx ? sg[p] : mx;
+            const float inv = 1.0f / exp_shift_sum(sg, len, mx);
+            __m512 acc[16];
+            for (int64_t c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
+            for (int64_t p = 0; p < len; p++) {
+                const float *v = vc + (((int64_t)bt[p / bs] * bs + p % bs) * nkv + kvh) * hd;
+                const __m512 w = _mm512_set1_ps(sg[p] * inv);
+                for (int64_t c = 0; c < nc; c++)
+                    acc[c] = _mm512_fmadd_ps(w, _mm512_loadu_ps(v + 16 * c), acc[c]);
+            }
             for (int64_t c = 0; c < nc; c++)
-                acc[c] = _mm512_fmadd_ps(w, _mm512_loadu_ps(v + 16 * c), acc[c]);
+                _mm512_storeu_ps(out + r * ldo + g * hd + 16 * c, acc[c]);
         }
-        for (int64_t c = 0; c < nc; c++) _mm512_storeu_ps(out + g * hd + 16 * c, acc[c]);
     }
 }
 #else
-#define attend_group attend_group_scalar
+static void attend_seq(const KilnDecodeModel *md, const KilnDecodeStep *st, int64_t m0,
+                       int64_t R, int64_t kvh, const float *q, int64_t ldq, int64_t G,
+                       const float *kc, const float *vc, float *scores, float *out,
+                       int64_t ldo) {
+    for (int64_t r = 0; r < R; r++)
+        attend_group_scalar(md, st, m0 + r, kvh, q + r * ldq, G, kc, vc,
+                            scores + r * G * st->max_ctx, out + r * ldo);
+}
 #endif
 
 static void attention_block(const KilnDecodeModel *md, const KilnDecodeStep *st,
@@ -287,19 +312,25 @@ static void attention_block(const KilnDecodeModel *md, const KilnDecodeStep *st,
         memcpy(kc + (slot * nkv + h) * hd, k, (size_t)hd * sizeof(float));
         memcpy(vc + (slot * nkv + h) * hd, v, (size_t)hd * sizeof(float));
     }
-    /* Query heads, by KV-head group (GQA: head h reads KV head h / (nh / nkv)). */
+    /* Query heads by (sequence, KV head): the rows of one sequence read its cache once
+     * (GQA: head h reads KV head h / (nh / nkv)). */
     const int64_t G = nh / nkv;
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < M * nkv; t++) {
         const int64_t m = t / nkv, kvh = t % nkv;
-        float *q = qkv + m * nqkv + kvh * G * hd;
-        for (int64_t g = 0; g < G; g++) {
-            const int64_t h = kvh * G + g;
-            prepare_head(q + g * hd, qb ? qb + h * hd : 0, fptr(row, F_Q_NORM),
-                         st->cos + m * hd, st->sin + m * hd, hd, md->eps);
-        }
-        attend_group(md, st, m, kvh, q, G, kc, vc, scores + t * G * st->max_ctx,
-                     attn + m * nh * hd + kvh * G * hd);
+        if (st->seq_first[m] != m) continue;
+        int64_t R = 1;
+        while (m + R < M && st->seq_first[m + R] == m) R++;
+        for (int64_t r = m; r < m + R; r++)
+            for (int64_t g = 0; g < G; g++) {
+                const int64_t h = kvh * G + g;
+                prepare_head(qkv + r * nqkv + h * hd, qb ? qb + h * hd : 0,
+                             fptr(row, F_Q_NORM), st->cos + r * hd, st->sin + r * hd, hd,
+                             md->eps);
+            }
+        attend_seq(md, st, m, R, kvh, qkv + m * nqkv + kvh * G * hd, nqkv, G, kc, vc,
+                   scores + (m * nkv + kvh * R) * G * st->max_ctx,
+                   attn + m * nh * hd + kvh * G * hd, nh * hd);
     }
 }
 

@@ -40,7 +40,7 @@ class _Lora(ctypes.Structure):
 class _Step(ctypes.Structure):
     _fields_ = [(n, ctypes.c_int64) for n in ("M", "max_blocks", "max_ctx", "L")] + [
         (n, ctypes.c_void_p) for n in ("x", "cos", "sin", "ctx_lens", "block_tables", "slots",
-                                       "logit_rows", "logits", "scratch", "lora")]
+                                       "seq_first", "logit_rows", "logits", "scratch", "lora")]
 
 
 @dataclass(frozen=True)
@@ -170,10 +170,13 @@ class DecodeProgram:
 
     def step(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
              ctx_lens: torch.Tensor, block_tables: torch.Tensor, slots: torch.Tensor,
-             logit_rows: torch.Tensor, lora: LoraRows | None = None) -> torch.Tensor:
+             logit_rows: torch.Tensor, lora: LoraRows | None = None,
+             seq_first: torch.Tensor | None = None) -> torch.Tensor:
         """M token rows: ``x [M, hidden]`` embeddings (clobbered), ``cos``/``sin``
         ``[M, head_dim]``, ``ctx_lens`` [M] (the row's position + 1), ``block_tables`` [M, B]
-        (its sequence's table), ``slots`` [M] -> float32 logits ``[len(logit_rows), vocab]``."""
+        (its sequence's table), ``slots`` [M], ``seq_first`` [M] (the first row of the row's
+        sequence; rows of a sequence consecutive; default: every row its own) -> float32 logits
+        ``[len(logit_rows), vocab]``."""
         m = x.shape[0]
         lens = ctx_lens.to(torch.int64).contiguous()
         max_ctx = int(lens.max())
@@ -184,6 +187,7 @@ class DecodeProgram:
         assert xs is not None and c is not None and s is not None
         slot = slots.to(torch.int64).contiguous()
         rows = logit_rows.to(torch.int64).contiguous()
+        first = (torch.arange(m) if seq_first is None else seq_first).to(torch.int64).contiguous()
         logits = torch.empty((rows.numel(), self.vocab), dtype=torch.float32)
         need = self.lib.kiln_decode_scratch_floats(ctypes.byref(self.model), m, max_ctx)
         scratch = torch.empty(need, dtype=torch.float32)
@@ -192,6 +196,7 @@ class DecodeProgram:
         st = _Step(M=m, max_blocks=int(tables.shape[1]), max_ctx=max_ctx, L=rows.numel(),
                    x=xs.data_ptr(), cos=c.data_ptr(), sin=s.data_ptr(), ctx_lens=lens.data_ptr(),
                    block_tables=tables.data_ptr(), slots=slot.data_ptr(),
+                   seq_first=first.data_ptr(),
                    logit_rows=rows.data_ptr(), logits=logits.data_ptr(),
                    scratch=scratch.data_ptr(),
                    lora=None if lora_struct is None else ctypes.addressof(lora_struct))

@@ -180,7 +180,9 @@ class FusedDecoder:
         qsl = batch.query_start_loc.tolist()
         rows: list[int] = []
         owner: list[int] = []
+        first: list[int] = []
         for i in seqs:
+            first.extend([len(rows)] * (qsl[i + 1] - qsl[i]))
             rows.extend(range(qsl[i], qsl[i + 1]))
             owner.extend([i] * (qsl[i + 1] - qsl[i]))
         index = torch.tensor(rows, dtype=torch.int64)
@@ -195,7 +197,8 @@ class FusedDecoder:
             x, cos, sin, positions + 1,
             batch.block_tables.index_select(0, torch.tensor(owner, dtype=torch.int64)),
             batch.slot_mapping.index_select(0, index),
-            torch.tensor([k for _, k in picked] or [0], dtype=torch.int64), lora)
+            torch.tensor([k for _, k in picked] or [0], dtype=torch.int64), lora,
+            torch.tensor(first, dtype=torch.int64))
         if len(picked) == len(wanted) and len(seqs) == len(qsl) - 1:
             return decoded  # every sequence ran here, logits in the order asked
         out = torch.empty((len(wanted), decoded.shape[1]), dtype=torch.float32)
