@@ -15,11 +15,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kiln.engine.config import EngineConfig
+from kiln.config import ServerConfig
 from kiln.engine.loop import AsyncEngine
 from kiln.engine.outputs import RequestOutput
 from kiln.engine.request import Request, SamplingParams
-from kiln.model import load_model
+from kiln.serving import EngineBackend, engine_config
 
 RESULTS = Path(__file__).parent / "results" / "engine.json"
 PROMPTS = ["Tell me about the ocean.", "Write a poem about autumn.", "Explain gravity simply.",
@@ -63,10 +63,14 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
 
-    loaded = load_model(None, device=args.device, dtype=args.dtype)
-    config = EngineConfig(max_num_seqs=max(64, max(args.streams)))
-    eng = AsyncEngine(loaded, config)
-    eng.start()
+    # As `kiln serve` runs it: the model is loaded and the engine stepped on one thread (the
+    # OpenMP team belongs to the calling thread; a second team on 2 cores halves the speed).
+    server_config = ServerConfig(device=args.device, dtype=args.dtype,
+                                 max_num_seqs=max(64, max(args.streams)))
+    backend = EngineBackend.from_config(server_config)
+    backend.start()
+    loaded, eng = backend.loaded, backend.engine
+    config = engine_config(server_config)
     rows: list[dict[str, Any]] = []
     try:
         tok = loaded.tokenizer
