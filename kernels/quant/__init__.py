@@ -33,6 +33,7 @@ from .reference import (
 
 __all__ = [
     "GGML_BLOCK_BYTES",
+    "NATIVE_FLAGS",
     "KernelBuildError",
     "PackedWeight",
     "dequantize_q4",

@@ -1,4 +1,4 @@
-"""Compile the C kernels (``gemm.c``, ``decode.c``) once per machine into a cache folder and load it with ctypes.
+"""Compile the C kernels (``gemm.c``, ``decode.c``, ``attention.c``) once per machine into a cache folder and load it with ctypes.
 
 The library is built with the system C compiler (``$CC``, else ``cc``/``gcc``) for the CPU it runs
 on (``-march=native``) and linked against the OpenMP runtime that torch has already loaded (the
@@ -23,8 +23,8 @@ import threading
 from pathlib import Path
 
 HERE = Path(__file__).parent
-SOURCES = (HERE / "gemm.c", HERE / "decode.c")
-HEADERS = (HERE / "quant.h",)
+SOURCES = (HERE / "gemm.c", HERE / "decode.c", HERE / "attention.c")
+HEADERS = (HERE / "quant.h", HERE / "decode.h")
 NATIVE_FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-shared",
                 "-fPIC")
 PORTABLE_FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC")  # no AVX-512: the scalar path

@@ -112,15 +112,17 @@ class DecodeWeights:
     final_norm: torch.Tensor
     head: PackedWeight  # [vocab, hidden]
 
-    def bind(self, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor]) -> DecodeProgram:
-        """The program for these KV caches (per layer ``[blocks, block_size, kv_heads, dim]``)."""
-        return DecodeProgram(self, k_caches, v_caches)
+    def bind(self, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor],
+             flags: tuple[str, ...] = NATIVE_FLAGS) -> DecodeProgram:
+        """The program for these KV caches (per layer ``[blocks, block_size, kv_heads, dim]``),
+        on the library built with ``flags`` (``build.PORTABLE_FLAGS``: the scalar paths)."""
+        return DecodeProgram(self, k_caches, v_caches, flags)
 
 
 class DecodeProgram:
     def __init__(self, w: DecodeWeights, k_caches: list[torch.Tensor],
-                 v_caches: list[torch.Tensor]) -> None:
-        lib = _library(NATIVE_FLAGS)
+                 v_caches: list[torch.Tensor], flags: tuple[str, ...] = NATIVE_FLAGS) -> None:
+        lib = _library(flags)
         if lib.kiln_decode_layout_version() != len(LAYER_FIELDS):
             raise RuntimeError("decode.c and decode.py disagree on the layer table")
         if w.heads % w.kv_heads or w.heads // w.kv_heads > MAX_GROUP:

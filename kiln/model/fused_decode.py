@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
 import torch
-from kiln_kernels.quant import PackedWeight
+from kiln_kernels.quant import NATIVE_FLAGS, PackedWeight
 from kiln_kernels.quant.decode import (
     LORA_MODULES,
     DecodeLayer,
@@ -145,15 +145,16 @@ def sub_batch(batch: ForwardBatch, seqs: list[int]) -> tuple[ForwardBatch, list[
 class FusedDecoder:
     """Runs decode sequences through the C program (one bound program per KV cache)."""
 
-    def __init__(self, weights: DecodeWeights) -> None:
+    def __init__(self, weights: DecodeWeights, flags: tuple[str, ...] = NATIVE_FLAGS) -> None:
         self.weights = weights
+        self.flags = flags  # compiler flags of the library (tests: the portable build)
         self._programs: weakref.WeakKeyDictionary[KVCache, DecodeProgram] = (
             weakref.WeakKeyDictionary())
 
     def program(self, kv: KVCache) -> DecodeProgram:
         prog = self._programs.get(kv)
         if prog is None:
-            prog = self.weights.bind(kv.k, kv.v)
+            prog = self.weights.bind(kv.k, kv.v, self.flags)
             self._programs[kv] = prog
         return prog
 

@@ -14,11 +14,12 @@ from typing import Any
 import pytest
 import torch
 from kiln_kernels.quant import PackedWeight, kernels_available, pack_ggml
+from kiln_kernels.quant.build import PORTABLE_FLAGS
 from kiln_kernels.quant.decode import DecodeProgram
 
 from kiln.model import CausalLM, LoadedModel
 from kiln.model.batch import build_forward_batch
-from kiln.model.fused_decode import C_MAX_ROWS
+from kiln.model.fused_decode import C_MAX_ROWS, FusedDecoder
 from kiln.model.kv_cache import KVCache
 from kiln.model.lora import LORA_MODULES, LoraAdapter, load_adapter
 from kiln.model.lora_slots import AdapterSlots, LoraBatch
@@ -124,6 +125,18 @@ def _two_decoding(model: CausalLM) -> tuple[KVCache, KVCache, list[list[int]]]:
     for cache in (kv, alone_kv):
         model.forward(build_forward_batch(first, BLOCK), cache)
     return kv, alone_kv, tbl
+
+
+def test_portable_build_matches_torch_path() -> None:
+    """The scalar C paths (no AVX-512): GEMM, attention, exp, LoRA-free step."""
+    model = quantized_tiny("qwen3")
+    assert model.fused is not None
+    model.fused = FusedDecoder(model.fused.weights, flags=PORTABLE_FLAGS)
+    prompts = [[5, 9, 33, 7], [42] * 19]
+    fused_tokens, fused = greedy_run(model, "fused", prompts, steps=6)
+    torch_tokens, ref = greedy_run(model, "torch", prompts, steps=6)
+    torch.testing.assert_close(fused, ref, rtol=1e-4, atol=1e-4)
+    assert fused_tokens == torch_tokens
 
 
 @pytest.mark.parametrize("chunk", [5, C_MAX_ROWS + 3])  # joins the C step / splits off to torch

@@ -1,0 +1,202 @@
+/* Attention over the paged KV cache for the C step (decode.c): per (sequence, KV head), the
+ * sequence's rows in this step read each cached K/V row once. Scores 16 positions at a time with
+ * one reduction tree (AVX-512), a vector exp, V accumulated in registers; a scalar path for
+ * other CPUs and head sizes. Every query's numbers depend only on its own row and context. */
+#include <math.h>
+#include <stdint.h>
+
+#include "decode.h"
+
+float kiln_dot(const float *a, const float *b, int64_t n) {
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+/* e^x for 16 lanes: x = n ln2 + r (|r| <= ln2 / 2), e^r by a degree-6 polynomial, times 2^n
+ * (scalef). Relative error ~2e-7 over the softmax range (x <= 0); -inf gives 0. */
+static inline __m512 exp16(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 720);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+#endif
+
+/* scores[p] = exp(scores[p] - top) for p < len; returns their sum. */
+static float exp_shift_sum(float *scores, int64_t len, float top) {
+    int64_t p = 0;
+    float sum = 0.0f;
+#if defined(__AVX512F__)
+    __m512 acc = _mm512_setzero_ps();
+    const __m512 vt = _mm512_set1_ps(top);
+    for (; p + 16 <= len; p += 16) {
+        const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(scores + p), vt));
+        _mm512_storeu_ps(scores + p, e);
+        acc = _mm512_add_ps(acc, e);
+    }
+    if (p < len) {
+        const __mmask16 k = (__mmask16)((1u << (len - p)) - 1);
+        const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, scores + p), vt));
+        _mm512_mask_storeu_ps(scores + p, k, e);
+        acc = _mm512_add_ps(acc, _mm512_maskz_mov_ps(k, e));
+        p = len;
+    }
+    sum = _mm512_reduce_add_ps(acc);
+#endif
+    for (; p < len; p++) {
+        scores[p] = expf(scores[p] - top);
+        sum += scores[p];
+    }
+    return sum;
+}
+
+/* Softmax attention of the G query heads that share KV head `kvh` over positions
+ * 0..ctx_lens[m]-1 of row m's sequence: each cached K/V row is read once for the group. */
+static void attend_rows_scalar(const KilnDecodeModel *md, const KilnDecodeStep *st, int64_t m,
+                               int64_t kvh, const float *q, int64_t G, const float *kc,
+                                const float *vc, float *scores, float *out) {
+    const int64_t hd = md->head_dim, nkv = md->kv_heads, bs = md->block_size;
+    const int64_t len = st->ctx_lens[m], stride = st->max_ctx;
+    const int32_t *bt = st->block_tables + m * st->max_blocks;
+    float mx[16];
+    for (int64_t g = 0; g < G; g++) mx[g] = -INFINITY;
+    for (int64_t p0 = 0, b = 0; p0 < len; p0 += bs, b++) {
+        const int64_t n = (len - p0 < bs) ? len - p0 : bs, base = (int64_t)bt[b] * bs;
+        for (int64_t o = 0; o < n; o++) {
+            const float *k = kc + ((base + o) * nkv + kvh) * hd;
+            for (int64_t g = 0; g < G; g++) {
+                const float sc = kiln_dot(q + g * hd, k, hd) * md->scale;
+                scores[g * stride + p0 + o] = sc;
+                if (sc > mx[g]) mx[g] = sc;
+            }
+        }
+    }
+    for (int64_t g = 0; g < G; g++) {
+        float *sg = scores + g * stride;
+        const float sum = exp_shift_sum(sg, len, mx[g]);
+#pragma omp simd
+        for (int64_t p = 0; p < len; p++) sg[p] /= sum;
+        for (int64_t i = 0; i < hd; i++) out[g * hd + i] = 0.0f;
+    }
+    for (int64_t p0 = 0, b = 0; p0 < len; p0 += bs, b++) {
+        const int64_t n = (len - p0 < bs) ? len - p0 : bs, base = (int64_t)bt[b] * bs;
+        for (int64_t o = 0; o < n; o++) {
+            const float *v = vc + ((base + o) * nkv + kvh) * hd;
+            for (int64_t g = 0; g < G; g++) {
+                const float w = scores[g * stride + p0 + o];
+                float *og = out + g * hd;
+#pragma omp simd
+                for (int64_t i = 0; i < hd; i++) og[i] += w * v[i];
+            }
+        }
+    }
+}
+
+#if defined(__AVX512F__)
+/* The 16 horizontal sums of v[0..15], in order (a transpose-and-add tree: 45 ops). */
+static inline __m512 hsum16(const __m512 *v) {
+    __m512 a[8], b[4];
+    for (int i = 0; i < 8; i++)
+        a[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                             _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 4; i++) {
+        const __m512d x = _mm512_castps_pd(a[2 * i]), y = _mm512_castps_pd(a[2 * i + 1]);
+        b[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                             _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+    }
+    /* b[i] holds, per 128-bit lane L, the lane-L partial sums of v[4i..4i+3]. */
+    const __m512 c0 = _mm512_add_ps(_mm512_shuffle_f32x4(b[0], b[1], 0x88),
+                                    _mm512_shuffle_f32x4(b[0], b[1], 0xDD));
+    const __m512 c1 = _mm512_add_ps(_mm512_shuffle_f32x4(b[2], b[3], 0x88),
+                                    _mm512_shuffle_f32x4(b[2], b[3], 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(c0, c1, 0x88), _mm512_shuffle_f32x4(c0, c1, 0xDD));
+}
+
+/* Attention of R consecutive rows of one sequence (query heads kvh*G.. of each; row r's
+ * queries at q + r*ldq, outputs at out + r*ldo), for head_dim a multiple of 16 (<= 256):
+ * scores 16 positions at a time with one reduction tree, each cached K row read once for the
+ * R*G queries, softmax with exp16, V accumulated in registers per query. */
+void kiln_attend_seq(const KilnDecodeModel *md, const KilnDecodeStep *st, int64_t m0,
+                     int64_t R, int64_t kvh, const float *q, int64_t ldq, int64_t G,
+                     const float *kc, const float *vc, float *scores, float *out, int64_t ldo) {
+    const int64_t hd = md->head_dim, nkv = md->kv_heads, bs = md->block_size;
+    const int64_t stride = st->max_ctx, nc = hd / 16;
+    if (hd % 16 || hd > 256) {
+        for (int64_t r = 0; r < R; r++)
+            attend_rows_scalar(md, st, m0 + r, kvh, q + r * ldq, G, kc, vc,
+                               scores + r * G * stride, out + r * ldo);
+        return;
+    }
+    const int32_t *bt = st->block_tables + m0 * st->max_blocks;
+    int64_t longest = 0;
+    for (int64_t r = 0; r < R; r++)
+        longest = st->ctx_lens[m0 + r] > longest ? st->ctx_lens[m0 + r] : longest;
+    const __m512 scale = _mm512_set1_ps(md->scale);
+    for (int64_t p0 = 0; p0 < longest; p0 += 16) {
+        const float *rows[16];
+        for (int64_t o = 0; o < 16; o++) {
+            const int64_t p = p0 + o < longest ? p0 + o : p0;
+            rows[o] = kc + (((int64_t)bt[p / bs] * bs + p % bs) * nkv + kvh) * hd;
+        }
+        for (int64_t r = 0; r < R; r++) {
+            const int64_t len = st->ctx_lens[m0 + r];
+            if (p0 >= len) continue;
+            const int64_t n = (len - p0 < 16) ? len - p0 : 16;
+            const __mmask16 k = (__mmask16)(n == 16 ? 0xFFFF : (1u << n) - 1);
+            for (int64_t g = 0; g < G; g++) {
+                const float *qg = q + r * ldq + g * hd;
+                __m512 acc[16];
+                for (int o = 0; o < 16; o++) {
+                    __m512 a = _mm512_mul_ps(_mm512_loadu_ps(qg), _mm512_loadu_ps(rows[o]));
+                    for (int64_t c = 1; c < nc; c++)
+                        a = _mm512_fmadd_ps(_mm512_loadu_ps(qg + 16 * c),
+                                            _mm512_loadu_ps(rows[o] + 16 * c), a);
+                    acc[o] = a;
+                }
+                _mm512_mask_storeu_ps(scores + (r * G + g) * stride + p0, k,
+                                      _mm512_mul_ps(hsum16(acc), scale));
+            }
+        }
+    }
+    for (int64_t r = 0; r < R; r++) {
+        const int64_t len = st->ctx_lens[m0 + r];
+        for (int64_t g = 0; g < G; g++) {
+            float *sg = scores + (r * G + g) * stride;
+            float mx = -INFINITY;
+            for (int64_t p = 0; p < len; p++) mx = sg[p] > mx ? sg[p] : mx;
+            const float inv = 1.0f / exp_shift_sum(sg, len, mx);
+            __m512 acc[16];
+            for (int64_t c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
+            for (int64_t p = 0; p < len; p++) {
+                const float *v = vc + (((int64_t)bt[p / bs] * bs + p % bs) * nkv + kvh) * hd;
+                const __m512 w = _mm512_set1_ps(sg[p] * inv);
+                for (int64_t c = 0; c < nc; c++)
+                    acc[c] = _mm512_fmadd_ps(w, _mm512_loadu_ps(v + 16 * c), acc[c]);
+            }
+            for (int64_t c = 0; c < nc; c++)
+                _mm512_storeu_ps(out + r * ldo + g * hd + 16 * c, acc[c]);
+        }
+    }
+}
+#else
+void kiln_attend_seq(const KilnDecodeModel *md, const KilnDecodeStep *st, int64_t m0,
+                     int64_t R, int64_t kvh, const float *q, int64_t ldq, int64_t G,
+                     const float *kc, const float *vc, float *scores, float *out, int64_t ldo) {
+    for (int64_t r = 0; r < R; r++)
+        attend_rows_scalar(md, st, m0 + r, kvh, q + r * ldq, G, kc, vc,
+                           scores + r * G * st->max_ctx, out + r * ldo);
+}
+#endif

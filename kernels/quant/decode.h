@@ -1,0 +1,63 @@
+/* The records decode.c and attention.c share: the model and step descriptions (mirrored by
+ * ctypes structures in decode.py) and the attention entry point. */
+#ifndef KILN_DECODE_H
+#define KILN_DECODE_H
+#include <stdint.h>
+
+/* Fields of one layer in the layer table (int64: addresses, format flags). */
+enum {
+    F_QKV, F_QKV_Q8, F_O, F_O_Q8, F_GU, F_GU_Q8, F_DOWN, F_DOWN_Q8,
+    F_IN_NORM, F_POST_NORM, F_Q_NORM, F_K_NORM, F_Q_BIAS, F_K_BIAS, F_V_BIAS,
+    F_K_CACHE, F_V_CACHE, F_COUNT
+};
+
+typedef struct {
+    int64_t layers, hidden, inter, heads, kv_heads, head_dim, vocab, block_size, fields;
+    float eps, scale;
+    const int64_t *table; /* [layers][F_COUNT] */
+    const float *final_norm;
+    const uint8_t *head;
+    int64_t head_q8;
+} KilnDecodeModel;
+
+/* LoRA for the rows of a step (kiln.model.lora_slots layout): per module (q, k, v, o, gate,
+ * up, down) an A stack [layers][nslots][rank][in] and a B^T stack [layers][nslots][rank][out]
+ * (NULL: no adapter targets the module); each row has up to K (slot, scale) pairs, slot -1 for
+ * none. y += sum_k scale_k * B_k (A_k x). */
+enum { LORA_MODULES = 7 };
+
+typedef struct {
+    int64_t K, nslots, rank;
+    const int32_t *slot_idx; /* [K][M] */
+    const float *scales;     /* [K][M] */
+    const float *a[LORA_MODULES];
+    const float *bt[LORA_MODULES];
+    float *t; /* scratch [M][K][rank] */
+} KilnLora;
+
+typedef struct {
+    int64_t M, max_blocks, max_ctx, L;
+    float *x;                    /* [M][hidden]: the token embeddings in, clobbered */
+    const float *cos, *sin;      /* [M][head_dim] */
+    const int64_t *ctx_lens;     /* [M]: positions this token attends to (its position + 1) */
+    const int32_t *block_tables; /* [M][max_blocks]: the block table of the token's sequence */
+    const int64_t *slots;        /* [M]: cache slot of the token */
+    const int64_t *seq_first;    /* [M]: first row of the token's sequence in this step (rows
+                                  * of one sequence are consecutive, positions increasing) */
+    const int64_t *logit_rows;   /* [L]: rows whose logits are wanted */
+    float *logits;               /* [L][vocab] */
+    float *scratch;              /* kiln_decode_scratch_floats(model, M, max_ctx) floats */
+    const KilnLora *lora;        /* NULL: base model only */
+} KilnDecodeStep;
+
+/* Softmax attention of R consecutive rows of one sequence (m0..m0+R-1) for the G query heads
+ * that share KV head kvh: row r's queries at q + r*ldq (prepared: bias, norm, rotary), its
+ * outputs at out + r*ldo; `scores` holds R*G*max_ctx floats. (attention.c) */
+void kiln_attend_seq(const KilnDecodeModel *md, const KilnDecodeStep *st, int64_t m0, int64_t R,
+                     int64_t kvh, const float *q, int64_t ldq, int64_t G, const float *kc,
+                     const float *vc, float *scores, float *out, int64_t ldo);
+
+/* sum a[i] * b[i] (vectorized; one fixed order per n). (attention.c) */
+float kiln_dot(const float *a, const float *b, int64_t n);
+
+#endif
