@@ -21,12 +21,7 @@ from kiln.engine.config import EngineConfig
 from kiln.engine.errors import EngineError
 from kiln.engine.lora_mix import AdapterAdmission, check_mix
 from kiln.engine.metrics import PHASE_DECODE, PHASE_PREEMPTED, PHASE_PREFILL
-from kiln.engine.outputs import (
-    ModelRunnerOutput,
-    RequestOutput,
-    ScheduledSeq,
-    SchedulerOutput,
-)
+from kiln.engine.outputs import ModelRunnerOutput, RequestOutput, ScheduledSeq, SchedulerOutput
 from kiln.engine.request import Request
 from kiln.engine.state import RequestState, Status
 from kiln.engine.stop import StopChecker
