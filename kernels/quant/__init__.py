@@ -51,23 +51,18 @@ Format = Literal["q4", "q8"]
 # GGML block sizes in bytes (32 weights each): fp16 scale(s) + packed values.
 GGML_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
 
-_lib: ctypes.CDLL | None = None
-_build_error: str | None = None
+_build_errors: dict[tuple[str, ...], str] = {}  # flags -> why that build failed (not retried)
 
 
 def _library(flags: tuple[str, ...]) -> ctypes.CDLL:
-    global _lib, _build_error
-    if flags != NATIVE_FLAGS:
+    """The loaded library for ``flags`` (``build.load`` caches successes)."""
+    if flags in _build_errors:
+        raise KernelBuildError(_build_errors[flags])
+    try:
         return load(flags)
-    if _lib is None:
-        if _build_error is not None:
-            raise KernelBuildError(_build_error)
-        try:
-            _lib = load(flags)
-        except (KernelBuildError, OSError, AttributeError) as exc:
-            _build_error = str(exc)
-            raise KernelBuildError(_build_error) from exc
-    return _lib
+    except (KernelBuildError, OSError, AttributeError) as exc:
+        _build_errors[flags] = str(exc)
+        raise KernelBuildError(str(exc)) from exc
 
 
 def kernels_available() -> bool:

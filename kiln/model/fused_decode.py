@@ -26,6 +26,7 @@ from kiln_kernels.quant.decode import (
 
 from kiln.model.batch import ForwardBatch
 from kiln.model.kv_cache import KVCache
+from kiln.model.lora import LORA_MODULES as MODEL_LORA_MODULES
 from kiln.model.lora_slots import LoraBatch
 
 if TYPE_CHECKING:
@@ -60,6 +61,9 @@ def decode_weights(model: CausalLM) -> DecodeWeights | None:
                          eps=cfg.rms_norm_eps, layers=tuple(layers),
                          final_norm=model.model.norm.weight.detach(), head=head)
 
+
+if MODEL_LORA_MODULES != LORA_MODULES:  # decode.c indexes the stacks in this order
+    raise ImportError("kiln.model.lora and kiln_kernels.quant.decode disagree on LoRA modules")
 
 # Rows a step may send through the C program. Beyond it the step's prefill chunks go to the
 # torch path (float32 MKL GEMMs beat the quantized kernels once many rows share the weights).
@@ -114,20 +118,25 @@ def lora_rows(lora: object, rows: torch.Tensor) -> LoraRows | None:
                     scales=lora.scales.index_select(1, rows), a=tuple(a), bt=tuple(bt))
 
 
+def select_rows(qsl: list[int], seqs: list[int], wanted: list[int]
+                ) -> tuple[list[int], list[int], list[tuple[int, int]]]:
+    """The rows of ``seqs`` in order; for each, the local index of its sequence's first row; and
+    ``(j, local row)`` for every wanted logits row ``wanted[j]`` among them."""
+    rows: list[int] = []
+    first: list[int] = []
+    for i in seqs:
+        first.extend([len(rows)] * (qsl[i + 1] - qsl[i]))
+        rows.extend(range(qsl[i], qsl[i + 1]))
+    local = {r: k for k, r in enumerate(rows)}
+    return rows, first, [(j, local[r]) for j, r in enumerate(wanted) if r in local]
+
+
 def sub_batch(batch: ForwardBatch, seqs: list[int]) -> tuple[ForwardBatch, list[int]]:
     """The batch of only ``seqs`` (logits at their rows among ``batch.logits_indices``), and
     the positions in ``batch.logits_indices`` those logits belong to."""
-    qsl = batch.query_start_loc.tolist()
-    rows: list[int] = []
-    new_qsl = [0]
-    renumber: dict[int, int] = {}
-    for i in seqs:
-        for r in range(qsl[i], qsl[i + 1]):
-            renumber[r] = len(rows)
-            rows.append(r)
-        new_qsl.append(len(rows))
-    picked = [(j, renumber[r]) for j, r in enumerate(batch.logits_indices.tolist())
-              if r in renumber]
+    rows, first, picked = select_rows(batch.query_start_loc.tolist(), seqs,
+                                      batch.logits_indices.tolist())
+    new_qsl = [*sorted(set(first)), len(rows)]
     index = torch.tensor(rows, dtype=torch.int64)
     seq_index = torch.tensor(seqs, dtype=torch.int64)
     sub = ForwardBatch(
@@ -179,19 +188,12 @@ class FusedDecoder:
         """Logits ``[len(batch.logits_indices), vocab]``: the rows of ``seqs`` by the C program,
         every other sequence by ``rest`` (the torch path) on its sub-batch."""
         qsl = batch.query_start_loc.tolist()
-        rows: list[int] = []
-        owner: list[int] = []
-        first: list[int] = []
-        for i in seqs:
-            first.extend([len(rows)] * (qsl[i + 1] - qsl[i]))
-            rows.extend(range(qsl[i], qsl[i + 1]))
-            owner.extend([i] * (qsl[i + 1] - qsl[i]))
+        wanted = batch.logits_indices.tolist()
+        rows, first, picked = select_rows(qsl, seqs, wanted)
+        owner = [i for i in seqs for _ in range(qsl[i], qsl[i + 1])]
         index = torch.tensor(rows, dtype=torch.int64)
         lora = lora_rows(batch.lora, index)
         positions = batch.positions.index_select(0, index)
-        wanted = batch.logits_indices.tolist()
-        c_row = {r: k for k, r in enumerate(rows)}
-        picked = [(j, c_row[r]) for j, r in enumerate(wanted) if r in c_row]
         x = model.model.embed_tokens(batch.input_ids.index_select(0, index))
         cos, sin = model.rotary.cos_sin(positions, x.dtype)
         decoded: torch.Tensor = self.program(kv).step(
