@@ -57,6 +57,9 @@ void kiln_attend_seq(const KilnDecodeModel *md, const KilnDecodeStep *st, int64_
                      int64_t kvh, const float *q, int64_t ldq, int64_t G, const float *kc,
                      const float *vc, float *scores, float *out, int64_t ldo);
 
+/* out[i] = silu(g[i]) * u[i] (vectorized exp). (attention.c) */
+void kiln_silu_mul(const float *g, const float *u, float *out, int64_t n);
+
 /* sum a[i] * b[i] (vectorized; one fixed order per n). (attention.c) */
 float kiln_dot(const float *a, const float *b, int64_t n);
 

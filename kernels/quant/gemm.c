@@ -14,8 +14,12 @@
  *   q8 tile block (144 bytes): float d[4], then int8 qs[4][32].
  *
  * Every (m, n) output is accumulated in the same order whatever M is and however tiles are split
- * across threads (acc0 += w[0:16] * x[0:16], acc1 += w[16:32] * x[16:32], block by block, then
- * reduce(acc0 + acc1)), so a row's result never depends on the rest of the batch.
+ * across threads (one vector accumulator: acc += w[0:16] * x[0:16], then acc += w[16:32] *
+ * x[16:32], block by block, then one fixed reduction tree, reduce4), so a row's result never
+ * depends on the rest of the batch.
+ * Register blocking (block_pass): up to 8 activation rows x 2 or 4 tile rows per pass, so every
+ * dequantized weight vector feeds up to 8 FMAs from registers (measured here, 8 rows in L2: 4.0
+ * zmm FMA/ns per core against 3.1 for the previous one-buffer scheme; peak 7.2).
  * Threads: OpenMP over tiles (the process's runtime: torch's, loaded before this library).
  */
 #include <stdint.h>
@@ -25,7 +29,6 @@
 #define Q4_TILE 96
 #define Q8_TILE 144
 #define PREFETCH 3072 /* bytes ahead in the tile stream (measured: 2-4 KiB is best here) */
-#define MC 2          /* activation rows per pass over a tile (4 x MC x 2 accumulators) */
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -56,110 +59,89 @@ static inline __attribute__((always_inline)) void unpack(int q8, const uint8_t *
     }
 }
 
-/* One tile (4 weight rows) against activation rows [m0, m0 + mc), mc <= MC (constant after
- * inlining, so the accumulators stay in registers). */
-static inline __attribute__((always_inline)) void tile_pass(
-        int q8, const float *x, int64_t K, int64_t m0, int mc, const uint8_t *tile,
-        int64_t tile_bytes, float *y, int64_t N, int64_t n0) {
-    __m512 a0[MC][4], a1[MC][4];
-    for (int i = 0; i < mc; i++)
-        for (int r = 0; r < 4; r++) a0[i][r] = a1[i][r] = _mm512_setzero_ps();
+/* The sums of four vectors, each by the same tree whatever its neighbours: lane j + lane j+8,
+ * then + (j+4), + (j+2), + (j+1). Returns [sum a, sum b, sum c, sum d]. */
+static inline __attribute__((always_inline)) __m128 reduce4(__m512 a, __m512 b, __m512 c,
+                                                           __m512 d) {
+    /* ab = [a j+(j+8) for j < 8 | b likewise] */
+    const __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44),
+                                    _mm512_shuffle_f32x4(a, b, 0xEE));
+    const __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, 0x44),
+                                    _mm512_shuffle_f32x4(c, d, 0xEE));
+    /* v = [a, b, c, d] 4 lanes each: + (j+4) */
+    __m512 v = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88),
+                             _mm512_shuffle_f32x4(ab, cd, 0xDD));
+    v = _mm512_add_ps(v, _mm512_permute_ps(v, 0x4E));
+    v = _mm512_add_ps(v, _mm512_permute_ps(v, 0xB1));
+    const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+    return _mm512_castps512_ps128(_mm512_permutexvar_ps(idx, v));
+}
+/* A (MR x RR) register block: activation rows [m0, m0 + MR) against tile rows [r0, r0 + RR),
+ * over all K. Every output (m, n) is one accumulator: acc += lo * x[0:16]; acc += hi * x[16:32],
+ * block by block, then one reduction, whatever MR/RR/M are. */
+static inline __attribute__((always_inline)) void block_pass(
+        int q8, int MR, int RR, const float *x, int64_t K, int64_t m0, int r0,
+        const uint8_t *tile, int64_t tile_bytes, float *y, int64_t N, int64_t n0) {
+    __m512 acc[8][4];
+    for (int i = 0; i < MR; i++)
+        for (int r = 0; r < RR; r++) acc[i][r] = _mm512_setzero_ps();
     const int64_t nb = K / 32;
+    const float *xb = x + m0 * K;
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = tile + b * tile_bytes;
         _mm_prefetch((const char *)(blk + PREFETCH), _MM_HINT_T0);
         _mm_prefetch((const char *)(blk + PREFETCH + 64), _MM_HINT_T0);
         if (q8) _mm_prefetch((const char *)(blk + PREFETCH + 128), _MM_HINT_T0);
-        __m512 x0[MC], x1[MC];
-        for (int i = 0; i < mc; i++) {
-            x0[i] = _mm512_loadu_ps(x + (m0 + i) * K + b * 32);
-            x1[i] = _mm512_loadu_ps(x + (m0 + i) * K + b * 32 + 16);
+        __m512 lo[4], hi[4];
+        for (int r = 0; r < RR; r++) unpack(q8, blk, r0 + r, &lo[r], &hi[r]);
+        for (int i = 0; i < MR; i++) {
+            const __m512 x0 = _mm512_loadu_ps(xb + i * K + b * 32);
+            for (int r = 0; r < RR; r++) acc[i][r] = _mm512_fmadd_ps(lo[r], x0, acc[i][r]);
         }
-        for (int r = 0; r < 4; r++) {
-            __m512 lo, hi;
-            unpack(q8, blk, r, &lo, &hi);
-            for (int i = 0; i < mc; i++) {
-                a0[i][r] = _mm512_fmadd_ps(lo, x0[i], a0[i][r]);
-                a1[i][r] = _mm512_fmadd_ps(hi, x1[i], a1[i][r]);
-            }
+        for (int i = 0; i < MR; i++) {
+            const __m512 x1 = _mm512_loadu_ps(xb + i * K + b * 32 + 16);
+            for (int r = 0; r < RR; r++) acc[i][r] = _mm512_fmadd_ps(hi[r], x1, acc[i][r]);
         }
     }
-    for (int i = 0; i < mc; i++)
-        for (int r = 0; r < 4; r++)
-            y[(m0 + i) * N + n0 + r] = _mm512_reduce_add_ps(_mm512_add_ps(a0[i][r], a1[i][r]));
-}
-
-/* Several activation rows: each block chunk of the tile is dequantized ONCE into an L1 buffer
- * (the same float32 values unpack() gives), then every row runs over it; accumulators persist
- * in `acc` between chunks, so each output is still summed block by block, in order. */
-#define CHUNK 32   /* blocks per dequantized chunk: 32 x 4 rows x 32 floats = 16 KiB */
-#define MAXM 32    /* activation rows per group (the accumulator buffer: 32 x 8 vectors) */
-
-static inline __attribute__((always_inline)) void tile_many(
-        int q8, const float *x, int64_t M, int64_t K, const uint8_t *tile, int64_t tile_bytes,
-        float *y, int64_t N, int64_t n0) {
-    __m512 buf[CHUNK][4][2];
-    __m512 acc[MAXM][4][2];
-    const int64_t nb = K / 32;
-    for (int64_t g0 = 0; g0 < M; g0 += MAXM) {
-        const int64_t gm = (M - g0 < MAXM) ? M - g0 : MAXM;
-        for (int64_t i = 0; i < gm; i++)
-            for (int r = 0; r < 4; r++) acc[i][r][0] = acc[i][r][1] = _mm512_setzero_ps();
-        for (int64_t c0 = 0; c0 < nb; c0 += CHUNK) {
-            const int64_t cn = (nb - c0 < CHUNK) ? nb - c0 : CHUNK;
-            for (int64_t b = 0; b < cn; b++) {
-                const uint8_t *blk = tile + (c0 + b) * tile_bytes;
-                _mm_prefetch((const char *)(blk + PREFETCH), _MM_HINT_T0);
-                _mm_prefetch((const char *)(blk + PREFETCH + 64), _MM_HINT_T0);
-                if (q8) _mm_prefetch((const char *)(blk + PREFETCH + 128), _MM_HINT_T0);
-                for (int r = 0; r < 4; r++) unpack(q8, blk, r, &buf[b][r][0], &buf[b][r][1]);
-            }
-            int64_t i = 0;
-            for (; i + MC <= gm; i += MC) {
-                __m512 a[MC][4][2];
-                for (int j = 0; j < MC; j++)
-                    for (int r = 0; r < 4; r++)
-                        a[j][r][0] = acc[i + j][r][0], a[j][r][1] = acc[i + j][r][1];
-                for (int64_t b = 0; b < cn; b++) {
-                    for (int j = 0; j < MC; j++) {
-                        const float *xr = x + (g0 + i + j) * K + (c0 + b) * 32;
-                        const __m512 x0 = _mm512_loadu_ps(xr), x1 = _mm512_loadu_ps(xr + 16);
-                        for (int r = 0; r < 4; r++) {
-                            a[j][r][0] = _mm512_fmadd_ps(buf[b][r][0], x0, a[j][r][0]);
-                            a[j][r][1] = _mm512_fmadd_ps(buf[b][r][1], x1, a[j][r][1]);
-                        }
-                    }
-                }
-                for (int j = 0; j < MC; j++)
-                    for (int r = 0; r < 4; r++)
-                        acc[i + j][r][0] = a[j][r][0], acc[i + j][r][1] = a[j][r][1];
-            }
-            for (; i < gm; i++) {
-                for (int64_t b = 0; b < cn; b++) {
-                    const float *xr = x + (g0 + i) * K + (c0 + b) * 32;
-                    const __m512 x0 = _mm512_loadu_ps(xr), x1 = _mm512_loadu_ps(xr + 16);
-                    for (int r = 0; r < 4; r++) {
-                        acc[i][r][0] = _mm512_fmadd_ps(buf[b][r][0], x0, acc[i][r][0]);
-                        acc[i][r][1] = _mm512_fmadd_ps(buf[b][r][1], x1, acc[i][r][1]);
-                    }
-                }
-            }
+    if (RR == 4) {
+        for (int i = 0; i < MR; i++)
+            _mm_storeu_ps(y + (m0 + i) * N + n0 + r0,
+                          reduce4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));
+    } else {
+        int i = 0;
+        for (; i + 2 <= MR; i += 2) {
+            const __m128 s = reduce4(acc[i][0], acc[i][1], acc[i + 1][0], acc[i + 1][1]);
+            _mm_storel_pi((__m64 *)(y + (m0 + i) * N + n0 + r0), s);
+            _mm_storeh_pi((__m64 *)(y + (m0 + i + 1) * N + n0 + r0), s);
         }
-        for (int64_t i = 0; i < gm; i++)
-            for (int r = 0; r < 4; r++)
-                y[(g0 + i) * N + n0 + r] =
-                    _mm512_reduce_add_ps(_mm512_add_ps(acc[i][r][0], acc[i][r][1]));
+        if (i < MR) {
+            const __m512 z = _mm512_setzero_ps();
+            _mm_storel_pi((__m64 *)(y + (m0 + i) * N + n0 + r0),
+                          reduce4(acc[i][0], acc[i][1], z, z));
+        }
     }
 }
+
+#define PASS(MR, RR)                                                                        \
+    for (int r0 = 0; r0 < 4; r0 += RR)                                                      \
+        block_pass(q8, MR, RR, x, K, m0, r0, tile, tile_bytes, y, N, n0)
 
 static inline __attribute__((always_inline)) void tile_all(int q8, const float *x, int64_t M,
                                                           int64_t K, const uint8_t *tile,
                                                           int64_t tile_bytes, float *y,
                                                           int64_t N, int64_t n0) {
-    if (M == 1)
-        tile_pass(q8, x, K, 0, 1, tile, tile_bytes, y, N, n0);
-    else
-        tile_many(q8, x, M, K, tile, tile_bytes, y, N, n0);
+    int64_t m0 = 0;
+    for (; m0 + 8 <= M; m0 += 8) PASS(8, 2);
+    switch (M - m0) {
+    case 7: PASS(7, 2); break;
+    case 6: PASS(6, 2); break;
+    case 5: PASS(5, 2); break;
+    case 4: PASS(4, 4); break;
+    case 3: PASS(3, 4); break;
+    case 2: PASS(2, 4); break;
+    case 1: PASS(1, 4); break;
+    default: break;
+    }
 }
 
 int kiln_quant_simd(void) { return 512; }

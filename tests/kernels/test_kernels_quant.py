@@ -61,7 +61,7 @@ def test_tiles_round_trip(fmt_type: str) -> None:
 
 @pytest.mark.parametrize("ggml_type", sorted(GGML_BLOCK_BYTES))
 @pytest.mark.parametrize("k", [32, 576, 1088])  # one block; the model's width; > one chunk
-@pytest.mark.parametrize("m", [1, 2, 3, 8, 33])  # odd counts and more than one row group
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 8, 33])  # every register block; > 8 rows
 def test_gemm_matches_reference(ggml_type: str, k: int, m: int) -> None:
     pw = pack_ggml(random_blocks(ggml_type, 20, k, seed=k + m), ggml_type)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
@@ -76,9 +76,10 @@ def test_a_row_never_depends_on_the_batch(ggml_type: str) -> None:
     pw = pack_ggml(random_blocks(ggml_type, 16, 1088), ggml_type)
     x = torch.randn(37, 1088, generator=torch.Generator().manual_seed(1))
     full = pw.matmul(x)
-    for i in (0, 5, 32, 36):
+    for i in range(37):
         assert torch.equal(full[i], pw.matmul(x[i:i + 1].clone())[0])
-    assert torch.equal(full[3:11], pw.matmul(x[3:11].clone()))
+    for n in range(2, 9):  # every register block shape
+        assert torch.equal(full[3:3 + n], pw.matmul(x[3:3 + n].clone()))
 
 
 def test_portable_build_matches_reference() -> None:

@@ -8,6 +8,7 @@ decoding sequence gets the same numbers whatever else is in its step.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from kiln_kernels.quant.decode import DecodeProgram
 
 from kiln.model import CausalLM, LoadedModel
 from kiln.model.batch import build_forward_batch
+from kiln.model.config import ModelConfig
 from kiln.model.fused_decode import C_MAX_ROWS, FusedDecoder
 from kiln.model.kv_cache import KVCache
 from kiln.model.lora import LORA_MODULES, LoraAdapter, load_adapter
@@ -58,7 +60,11 @@ def quantize_q4_1(w: torch.Tensor) -> torch.Tensor:
 def quantized_tiny(arch: str, tie: bool = False) -> CausalLM:
     """A tiny model whose projections and head are quantized (the float32 weights are set to
     the dequantized values, so the torch path and the C path hold the same weights)."""
-    cfg = tiny_config(arch, tie=tie)
+    return quantized_from(tiny_config(arch, tie=tie))
+
+
+def quantized_from(cfg: ModelConfig) -> CausalLM:
+    tie = cfg.tie_word_embeddings
     tensors = random_tensors(cfg, seed=3)
     packed: dict[str, PackedWeight] = {}
     head = "model.embed_tokens.weight" if tie else "lm_head.weight"
@@ -114,6 +120,20 @@ def test_fused_decode_matches_torch_path(arch: str, tie: bool) -> None:
     prompts = [[5, 9, 33, 7], [100, 3], [42] * 19]  # the last spans two KV blocks
     fused_tokens, fused = greedy_run(model, "fused", prompts, steps=12)
     torch_tokens, ref = greedy_run(model, "torch", prompts, steps=12)
+    torch.testing.assert_close(fused, ref, rtol=1e-4, atol=1e-4)
+    assert fused_tokens == torch_tokens
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])  # the register-blocked V paths (4 and 8 chunks)
+def test_attention_head_sizes_match_torch_path(head_dim: int) -> None:
+    """GQA groups of 3, prefill chunks of 40 and 23 rows (tasks of 8 rows, query groups with
+    tails), contexts across KV blocks, then decodes; the C step against the torch path."""
+    cfg = dataclasses.replace(tiny_config("llama"), num_heads=6, num_kv_heads=2,
+                              head_dim=head_dim)
+    model = quantized_from(cfg)
+    prompts = [[(7 * i) % 200 + 1 for i in range(40)], [(5 * i) % 150 + 3 for i in range(23)]]
+    fused_tokens, fused = greedy_run(model, "fused", prompts, steps=5)
+    torch_tokens, ref = greedy_run(model, "torch", prompts, steps=5)
     torch.testing.assert_close(fused, ref, rtol=1e-4, atol=1e-4)
     assert fused_tokens == torch_tokens
 
