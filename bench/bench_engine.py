@@ -1,6 +1,6 @@
 """Engine decode throughput on the default model: aggregate tok/s for 1, 8 and 32 streams.
 
-Usage: python -m bench.bench_engine [--streams 1 8 32] [--max-tokens 64] [--device cpu]
+Usage: python -m bench.bench_engine [--streams 1 8 32] [--max-tokens 64] [--temperature 0.8]
 Writes bench/results/engine.json (figures, no asserts).
 """
 
@@ -27,9 +27,9 @@ PROMPTS = ["Tell me about the ocean.", "Write a poem about autumn.", "Explain gr
 
 
 async def run_streams(eng: AsyncEngine, prompts: list[list[int]], max_tokens: int,
-                      tag: str) -> dict[str, Any]:
+                      tag: str, temperature: float = 0.8) -> dict[str, Any]:
     async def one(i: int) -> list[RequestOutput]:
-        sp = SamplingParams(temperature=0.8, top_p=0.95, max_tokens=max_tokens,
+        sp = SamplingParams(temperature=temperature, top_p=0.95, max_tokens=max_tokens,
                             ignore_eos=True, seed=i)
         return [o async for o in eng.generate(Request(f"{tag}-{i}", prompts[i], sp))]
 
@@ -60,6 +60,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--device", default=None)
     ap.add_argument("--dtype", default=None)
+    ap.add_argument("--temperature", type=float, default=0.8, help="0: greedy (top_p unused)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
 
@@ -82,7 +83,7 @@ def main() -> None:
         asyncio.run(run_streams(eng, [prompt(0)], 4, "warmup"))
         for n in args.streams:
             row = asyncio.run(run_streams(eng, [prompt(i) for i in range(n)], args.max_tokens,
-                                          f"s{n}"))
+                                          f"s{n}", args.temperature))
             rows.append(row)
             print(json.dumps(row))
     finally:
@@ -94,6 +95,7 @@ def main() -> None:
         "dtype": str(loaded.dtype),
         "machine": platform.machine(),
         "max_tokens": args.max_tokens,
+        "temperature": args.temperature,
         "engine_config": {"block_size": config.block_size,
                           "max_num_batched_tokens": config.max_num_batched_tokens,
                           "max_num_seqs": config.max_num_seqs},

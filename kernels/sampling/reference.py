@@ -51,14 +51,25 @@ def repetition_factor(p: SamplingTensors) -> torch.Tensor:
 
 
 def apply_penalties(logits: torch.Tensor, p: SamplingTensors) -> torch.Tensor:
-    """Repetition, frequency and presence penalties; returns a new float32 [B, V] tensor."""
-    x = logits.to(torch.float32)
+    """Repetition, frequency and presence penalties; returns a new float32 [B, V] tensor.
+
+    Only seen tokens (in the prompt mask or generated) change, so the arithmetic runs on those
+    entries alone: per entry, x -> x / r (x > 0) or x * r, then - frequency * count, then
+    - presence * (count > 0), in float32. An unseen entry would get x - f*0 - p*0 = x (the
+    penalties are finite), so this equals the dense formula entry for entry.
+    """
+    x = logits.to(torch.float32, copy=True)
     counts = p.output_counts
-    r = repetition_factor(p)[:, None]
-    seen = p.prompt_mask | (counts > 0)
-    x = torch.where(seen, torch.where(x > 0, x / r, x * r), x)
-    x = x - p.frequency_penalty[:, None] * counts.to(torch.float32)
-    x = x - p.presence_penalty[:, None] * (counts > 0).to(torch.float32)
+    rows, ids = torch.nonzero(p.prompt_mask | (counts > 0), as_tuple=True)
+    if rows.numel() == 0:
+        return x
+    v = x[rows, ids]
+    r = repetition_factor(p)[rows]
+    c = counts[rows, ids].to(torch.float32)
+    v = torch.where(v > 0, v / r, v * r)
+    v = v - p.frequency_penalty[rows] * c
+    v = v - p.presence_penalty[rows] * (c > 0).to(torch.float32)
+    x[rows, ids] = v
     return x
 
 

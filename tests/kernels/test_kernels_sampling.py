@@ -134,6 +134,28 @@ def test_penalties_by_hand() -> None:
     torch.testing.assert_close(got, want)
 
 
+def test_penalties_on_seen_entries_equal_the_dense_formula() -> None:
+    gen = torch.Generator().manual_seed(7)
+    b, v = 6, 300
+    logits = torch.randn(b, v, generator=gen) * 4
+    rows = [{"temperature": 0.0, "repetition_penalty": 1.3, "presence_penalty": 1.5,
+             "frequency_penalty": -0.4,
+             "output_tokens": torch.randint(0, v, (40,), generator=gen).tolist(),
+             "prompt_tokens": list(range(i * 10, i * 10 + 50))}
+            for i in range(b - 1)] + [{"temperature": 0.0}]
+    p = SamplingTensors.build(rows, v)
+    logits_before = logits.clone()
+    got = apply_penalties(logits, p)
+    assert torch.equal(logits, logits_before)  # the input is not modified
+    r = p.repetition_penalty[:, None]
+    seen = p.prompt_mask | (p.output_counts > 0)
+    dense = torch.where(seen, torch.where(logits > 0, logits / r, logits * r), logits)
+    dense = dense - p.frequency_penalty[:, None] * p.output_counts.to(torch.float32)
+    dense = dense - p.presence_penalty[:, None] * (p.output_counts > 0).to(torch.float32)
+    assert torch.equal(got, dense)
+    assert torch.equal(got[-1], logits[-1])  # no history, no change
+
+
 def test_greedy_applies_penalties_and_breaks_ties_low() -> None:
     logits = torch.tensor([[5.0, 1.0, 3.0, 3.0], [1.0, 2.0, 2.0, 0.0]])
     p = SamplingTensors.build(
