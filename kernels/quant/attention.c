@@ -229,16 +229,32 @@ static void pv_queries(int64_t nc, int64_t n, CacheWalk w, int64_t len, float *c
     }
 }
 
+static inline CacheWalk walk_from(const float *base, const int32_t *bt, int64_t bs,
+                                  int64_t row, int64_t p) {
+    const CacheWalk w = {base, bt, bs, row, p / bs, p % bs};
+    return w;
+}
+
+int64_t kiln_attend_part(const KilnDecodeModel *md) {
+    return (md->head_dim % 16 || md->head_dim > 256) ? INT64_MAX : ATTEND_PART;
+}
+
 /* Attention of R consecutive rows of one sequence (query heads kvh*G.. of each; row r's
- * queries at q + r*ldq, outputs at out + r*ldo), for head_dim a multiple of 16 (<= 256):
- * scores 16 positions at a time with one reduction tree, each cached K row read once for the
- * R*G queries, softmax with exp16, then V read once per group of up to 4 queries. */
+ * queries at q + r*ldq), positions [p0, p1) of their contexts, for head_dim a multiple of 16
+ * (<= 256): scores 16 positions at a time with one reduction tree, each cached K row read once
+ * for the R*G queries, softmax with exp16, then V read once per group of up to 4 queries.
+ * A row whose context fits one part (ctx <= ATTEND_PART; then p0 = 0) gets its normalized
+ * output at out + r*ldo; a longer row gets, per query, the part's record at
+ * part + r*part_row + g*part_head: [max score, sum of exp(score - max), sum of exp * V]. */
 void kiln_attend_seq(const KilnDecodeModel *md, const KilnDecodeStep *st, int64_t m0,
                      int64_t R, int64_t kvh, const float *q, int64_t ldq, int64_t G,
-                     const float *kc, const float *vc, float *scores, float *out, int64_t ldo) {
+                     const float *kc, const float *vc, float *scores, float *out, int64_t ldo,
+                     int64_t p0, int64_t p1, float *part, int64_t part_row,
+                     int64_t part_head) {
     const int64_t hd = md->head_dim, nkv = md->kv_heads, bs = md->block_size;
     const int64_t stride = st->max_ctx, nc = hd / 16;
     if (hd % 16 || hd > 256) {
+        if (p0 > 0) return; /* one part: kiln_attend_part() */
         for (int64_t r = 0; r < R; r++)
             attend_rows_scalar(md, st, m0 + r, kvh, q + r * ldq, G, kc, vc,
                                scores + r * G * stride, out + r * ldo);
@@ -248,31 +264,33 @@ void kiln_attend_seq(const KilnDecodeModel *md, const KilnDecodeStep *st, int64_
     int64_t longest = 0;
     for (int64_t r = 0; r < R; r++)
         longest = st->ctx_lens[m0 + r] > longest ? st->ctx_lens[m0 + r] : longest;
+    const int64_t end = longest < p1 ? longest : p1;
+    if (end <= p0) return;
     const __m512 scale = _mm512_set1_ps(md->scale);
-    CacheWalk kw = {kc + kvh * hd, bt, bs, nkv * hd, 0, 0};
-    CacheWalk vpf = {vc + kvh * hd, bt, bs, nkv * hd, 0, 0};
+    CacheWalk kw = walk_from(kc + kvh * hd, bt, bs, nkv * hd, p0);
+    CacheWalk vpf = walk_from(vc + kvh * hd, bt, bs, nkv * hd, p0);
     {
         CacheWalk first = kw;
-        for (int64_t o = 0; o < 16 && o < longest; o++) {
+        for (int64_t o = 0; o < 16 && p0 + o < end; o++) {
             walk_prefetch(&first, nc);
             walk_next(&first);
         }
     }
-    for (int64_t p0 = 0; p0 < longest; p0 += 16) {
+    for (int64_t c0 = p0; c0 < end; c0 += 16) {
         /* In flight while this chunk is scored: the next chunk's K rows, this chunk's V rows. */
         CacheWalk ahead = kw;
-        for (int64_t o = 0; o < 16 && p0 + o < longest; o++) walk_next(&ahead);
-        for (int64_t o = 16; o < 32 && p0 + o < longest; o++) {
+        for (int64_t o = 0; o < 16 && c0 + o < end; o++) walk_next(&ahead);
+        for (int64_t o = 16; o < 32 && c0 + o < end; o++) {
             walk_prefetch(&ahead, nc);
             walk_next(&ahead);
         }
-        for (int64_t o = 0; o < 16 && p0 + o < longest; o++) {
+        for (int64_t o = 0; o < 16 && c0 + o < end; o++) {
             walk_prefetch(&vpf, nc);
             walk_next(&vpf);
         }
         const float *rows[16];
         for (int64_t o = 0; o < 16; o++) {
-            if (p0 + o < longest) {
+            if (c0 + o < end) {
                 rows[o] = walk_at(&kw);
                 walk_next(&kw);
             } else {
@@ -280,9 +298,9 @@ void kiln_attend_seq(const KilnDecodeModel *md, const KilnDecodeStep *st, int64_
             }
         }
         for (int64_t r = 0; r < R; r++) {
-            const int64_t len = st->ctx_lens[m0 + r];
-            if (p0 >= len) continue;
-            const int64_t n = (len - p0 < 16) ? len - p0 : 16;
+            const int64_t len = st->ctx_lens[m0 + r] < end ? st->ctx_lens[m0 + r] : end;
+            if (c0 >= len) continue;
+            const int64_t n = (len - c0 < 16) ? len - c0 : 16; /* never past the part */
             const __mmask16 k = (__mmask16)(n == 16 ? 0xFFFF : (1u << n) - 1);
             for (int64_t g = 0; g < G; g++) {
                 const float *qg = q + r * ldq + g * hd;
@@ -294,45 +312,92 @@ void kiln_attend_seq(const KilnDecodeModel *md, const KilnDecodeStep *st, int64_
                                             _mm512_loadu_ps(rows[o] + 16 * c), a);
                     acc[o] = a;
                 }
-                _mm512_mask_storeu_ps(scores + (r * G + g) * stride + p0, k,
+                _mm512_mask_storeu_ps(scores + (r * G + g) * stride + c0, k,
                                       _mm512_mul_ps(hsum16(acc), scale));
             }
         }
     }
-    /* Softmax of each query over its own context; zero weights up to `longest`. */
+    /* Softmax of each query over its positions in [p0, end); zero weights up to `end`. */
     for (int64_t r = 0; r < R; r++) {
-        const int64_t len = st->ctx_lens[m0 + r];
+        const int64_t len = st->ctx_lens[m0 + r], e = len < end ? len : end;
+        const int whole = len <= ATTEND_PART;
         for (int64_t g = 0; g < G; g++) {
             float *sg = scores + (r * G + g) * stride;
+            float *rec = part + r * part_row + g * part_head;
+            if (e <= p0) { /* nothing of this row in the part */
+                for (int64_t p = p0; p < end; p++) sg[p] = 0.0f;
+                rec[0] = -INFINITY, rec[1] = 0.0f;
+                continue;
+            }
             __m512 vm = _mm512_set1_ps(-INFINITY);
-            for (int64_t p = 0; p < len; p += 16) {
-                const __mmask16 k = (__mmask16)(len - p >= 16 ? 0xFFFF : (1u << (len - p)) - 1);
+            for (int64_t p = p0; p < e; p += 16) {
+                const __mmask16 k = (__mmask16)(e - p >= 16 ? 0xFFFF : (1u << (e - p)) - 1);
                 vm = _mm512_max_ps(vm, _mm512_mask_loadu_ps(vm, k, sg + p));
             }
-            const float inv = 1.0f / exp_shift_sum(sg, len, _mm512_reduce_max_ps(vm));
-            for (int64_t p = 0; p < len; p++) sg[p] *= inv;
-            for (int64_t p = len; p < longest; p++) sg[p] = 0.0f;
+            const float mx = _mm512_reduce_max_ps(vm);
+            const float sum = exp_shift_sum(sg + p0, e - p0, mx);
+            if (whole) {
+                const float inv = 1.0f / sum;
+                for (int64_t p = p0; p < e; p++) sg[p] *= inv;
+            } else {
+                rec[0] = mx, rec[1] = sum;
+            }
+            for (int64_t p = e; p < end; p++) sg[p] = 0.0f;
         }
     }
-    /* V: groups of up to 4 queries. */
-    const CacheWalk vw = {vc + kvh * hd, bt, bs, nkv * hd, 0, 0};
+    /* V: groups of up to 4 queries; a long row's sums go to its part record. */
+    const CacheWalk vw = walk_from(vc + kvh * hd, bt, bs, nkv * hd, p0);
     for (int64_t q0 = 0; q0 < R * G; q0 += 4) {
         const int64_t n = R * G - q0 < 4 ? R * G - q0 : 4;
         float *wq[4], *oq[4];
         for (int64_t j = 0; j < n; j++) {
             const int64_t r = (q0 + j) / G, g = (q0 + j) % G;
-            wq[j] = scores + (q0 + j) * stride;
-            oq[j] = out + r * ldo + g * hd;
+            wq[j] = scores + (q0 + j) * stride + p0;
+            const int whole = st->ctx_lens[m0 + r] <= ATTEND_PART;
+            oq[j] = whole && p0 == 0 ? out + r * ldo + g * hd /* (a later part: unused) */
+                                     : part + r * part_row + g * part_head + 2;
         }
-        pv_queries(nc, n, vw, longest, wq, oq);
+        pv_queries(nc, n, vw, end - p0, wq, oq);
     }
 }
+
+/* Out = the merged parts of a long row's query: sum_j e^(m_j - M) o_j / sum_j e^(m_j - M) s_j
+ * (M = max_j m_j), parts in order. */
+void kiln_attend_merge(const float *part, int64_t nparts, int64_t hd, float *out) {
+    const int64_t rec = hd + 2;
+    float top = -INFINITY;
+    for (int64_t j = 0; j < nparts; j++) top = part[j * rec] > top ? part[j * rec] : top;
+    float denom = 0.0f;
+    for (int64_t i = 0; i < hd; i++) out[i] = 0.0f;
+    for (int64_t j = 0; j < nparts; j++) {
+        const float *r = part + j * rec;
+        if (r[1] == 0.0f) continue;
+        const float w = expf(r[0] - top);
+        denom += w * r[1];
+        for (int64_t i = 0; i < hd; i++) out[i] += w * r[2 + i];
+    }
+    const float inv = 1.0f / denom;
+    for (int64_t i = 0; i < hd; i++) out[i] *= inv;
+}
 #else
+int64_t kiln_attend_part(const KilnDecodeModel *md) {
+    (void)md;
+    return INT64_MAX;
+}
+
 void kiln_attend_seq(const KilnDecodeModel *md, const KilnDecodeStep *st, int64_t m0,
                      int64_t R, int64_t kvh, const float *q, int64_t ldq, int64_t G,
-                     const float *kc, const float *vc, float *scores, float *out, int64_t ldo) {
+                     const float *kc, const float *vc, float *scores, float *out, int64_t ldo,
+                     int64_t p0, int64_t p1, float *part, int64_t part_row,
+                     int64_t part_head) {
+    (void)p1, (void)part, (void)part_row, (void)part_head;
+    if (p0 > 0) return; /* one part: kiln_attend_part() */
     for (int64_t r = 0; r < R; r++)
         attend_rows_scalar(md, st, m0 + r, kvh, q + r * ldq, G, kc, vc,
                            scores + r * G * st->max_ctx, out + r * ldo);
+}
+
+void kiln_attend_merge(const float *part, int64_t nparts, int64_t hd, float *out) {
+    (void)part, (void)nparts, (void)hd, (void)out; /* never called: one part */
 }
 #endif

@@ -23,10 +23,17 @@
 
 int64_t kiln_decode_layout_version(void) { return F_COUNT; }
 
+/* Attention parts per query for a step whose longest context is max_ctx. */
+static int64_t attend_parts(const KilnDecodeModel *md, int64_t max_ctx) {
+    const int64_t part = kiln_attend_part(md);
+    return part == INT64_MAX ? 1 : (max_ctx + part - 1) / part;
+}
+
 int64_t kiln_decode_scratch_floats(const KilnDecodeModel *md, int64_t M, int64_t max_ctx) {
     const int64_t nqkv = (md->heads + 2 * md->kv_heads) * md->head_dim;
     return M * (2 * md->hidden + nqkv + md->heads * md->head_dim + 3 * md->inter) +
-           M * md->heads * max_ctx + M * md->hidden;
+           M * md->heads * max_ctx + M * md->hidden +
+           M * md->heads * attend_parts(md, max_ctx) * (md->head_dim + 2);
 }
 
 /* Rows of one sequence (a prefill chunk) per attention task: a chunk of up to 8 rows (the
@@ -61,43 +68,53 @@ static void prepare_head(float *v, const float *bias, const float *norm, const f
 }
 
 static void attention_block(const KilnDecodeModel *md, const KilnDecodeStep *st,
-                            const int64_t *row, float *qkv, float *attn, float *scores) {
+                            const int64_t *row, float *qkv, float *attn, float *scores,
+                            float *parts) {
     const int64_t M = st->M, hd = md->head_dim, nh = md->heads, nkv = md->kv_heads;
-    const int64_t nqkv = (nh + 2 * nkv) * hd;
+    const int64_t nqkv = (nh + 2 * nkv) * hd, G = nh / nkv;
     float *kc = (float *)(intptr_t)row[F_K_CACHE], *vc = (float *)(intptr_t)row[F_V_CACHE];
     const float *kb = fptr(row, F_K_BIAS), *vb = fptr(row, F_V_BIAS), *qb = fptr(row, F_Q_BIAS);
-    /* K and V of the new tokens into the cache. */
+    /* K and V of the new tokens into the cache; the G query heads of each KV head prepared. */
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < M * nkv; t++) {
         const int64_t m = t / nkv, h = t % nkv;
+        const float *cos = st->cos + m * hd, *sin = st->sin + m * hd;
         float *k = qkv + m * nqkv + (nh + h) * hd, *v = k + nkv * hd;
-        prepare_head(k, kb ? kb + h * hd : 0, fptr(row, F_K_NORM), st->cos + m * hd,
-                     st->sin + m * hd, hd, md->eps);
+        prepare_head(k, kb ? kb + h * hd : 0, fptr(row, F_K_NORM), cos, sin, hd, md->eps);
         if (vb)
             for (int64_t i = 0; i < hd; i++) v[i] += vb[h * hd + i];
         const int64_t slot = st->slots[m];
         memcpy(kc + (slot * nkv + h) * hd, k, (size_t)hd * sizeof(float));
         memcpy(vc + (slot * nkv + h) * hd, v, (size_t)hd * sizeof(float));
+        for (int64_t qh = h * G; qh < (h + 1) * G; qh++)
+            prepare_head(qkv + m * nqkv + qh * hd, qb ? qb + qh * hd : 0, fptr(row, F_Q_NORM),
+                         cos, sin, hd, md->eps);
     }
-    /* Query heads by (up to ROWS_PER_TASK rows of one sequence, KV head): those rows read
-     * the cache once (GQA: head h reads KV head h / (nh / nkv)). */
-    const int64_t G = nh / nkv;
+    /* Tasks: (up to ROWS_PER_TASK rows of one sequence, KV head, part of the context); the
+     * rows read each cached K/V row of the part once (GQA: head h reads KV head h / G). */
+    const int64_t np = attend_parts(md, st->max_ctx), psz = kiln_attend_part(md);
+    const int64_t rec = hd + 2, prow = nh * np * rec;
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t t = 0; t < M * nkv; t++) {
-        const int64_t m = t / nkv, kvh = t % nkv, first = st->seq_first[m];
+    for (int64_t t = 0; t < M * nkv * np; t++) {
+        const int64_t j = t % np, m = t / np / nkv, kvh = t / np % nkv;
+        const int64_t first = st->seq_first[m];
         if ((m - first) % ROWS_PER_TASK) continue;
         int64_t R = 1;
         while (R < ROWS_PER_TASK && m + R < M && st->seq_first[m + R] == first) R++;
-        for (int64_t r = m; r < m + R; r++)
-            for (int64_t g = 0; g < G; g++) {
-                const int64_t h = kvh * G + g;
-                prepare_head(qkv + r * nqkv + h * hd, qb ? qb + h * hd : 0,
-                             fptr(row, F_Q_NORM), st->cos + r * hd, st->sin + r * hd, hd,
-                             md->eps);
-            }
         kiln_attend_seq(md, st, m, R, kvh, qkv + m * nqkv + kvh * G * hd, nqkv, G, kc, vc,
-                   scores + (m * nkv + kvh * R) * G * st->max_ctx,
-                   attn + m * nh * hd + kvh * G * hd, nh * hd);
+                        scores + (m * nkv + kvh * R) * G * st->max_ctx,
+                        attn + m * nh * hd + kvh * G * hd, nh * hd, j * psz,
+                        j == np - 1 ? INT64_MAX : (j + 1) * psz,
+                        parts + m * prow + (kvh * G * np + j) * rec, prow, np * rec);
+    }
+    if (np == 1) return;
+    /* Rows longer than one part: merge their parts. */
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < M * nh; t++) {
+        const int64_t m = t / nh, h = t % nh, len = st->ctx_lens[m];
+        if (len > psz)
+            kiln_attend_merge(parts + m * prow + h * np * rec, (len + psz - 1) / psz, hd,
+                              attn + m * nh * hd + h * hd);
     }
 }
 
@@ -138,6 +155,7 @@ void kiln_decode_step(const KilnDecodeModel *md, const KilnDecodeStep *st, int n
     float *h = st->scratch, *tmp = h + M * H, *qkv = tmp + M * H, *attn = qkv + M * nqkv;
     float *gu = attn + M * nattn, *act = gu + M * 2 * I, *scores = act + M * I;
     float *picked = scores + M * md->heads * st->max_ctx; /* [L][hidden] */
+    float *parts = picked + M * H; /* [M][heads][parts][head_dim + 2] */
     float *x = st->x;
 #pragma omp parallel num_threads(nthreads)
     {
@@ -160,7 +178,7 @@ void kiln_decode_step(const KilnDecodeModel *md, const KilnDecodeStep *st, int n
             lora_apply(st, l, 0, h, H, H, qkv, nqkv, nq);
             lora_apply(st, l, 1, h, H, H, qkv + nq, nqkv, nk);
             lora_apply(st, l, 2, h, H, H, qkv + nq + nk, nqkv, nk);
-            attention_block(md, st, row, qkv, attn, scores);
+            attention_block(md, st, row, qkv, attn, scores, parts);
             kiln_gemm_tiles((int)row[F_O_Q8], attn, M, nattn, (const uint8_t *)(intptr_t)row[F_O],
                             H, tmp);
             lora_apply(st, l, 3, attn, nattn, nattn, tmp, H, H);

@@ -50,12 +50,26 @@ typedef struct {
     const KilnLora *lora;        /* NULL: base model only */
 } KilnDecodeStep;
 
+/* Positions per attention task of a long context: a row whose context is longer is attended in
+ * parts of this many positions (spread over the threads, then merged); a shorter one in one
+ * pass. Fixed, so a row's numbers depend only on its own context length. */
+#define ATTEND_PART 512
+
+/* ATTEND_PART, or INT64_MAX where the attention runs in one pass (the scalar path). */
+int64_t kiln_attend_part(const KilnDecodeModel *md);
+
 /* Softmax attention of R consecutive rows of one sequence (m0..m0+R-1) for the G query heads
- * that share KV head kvh: row r's queries at q + r*ldq (prepared: bias, norm, rotary), its
- * outputs at out + r*ldo; `scores` holds R*G*max_ctx floats. (attention.c) */
+ * that share KV head kvh, over positions [p0, p1): row r's queries at q + r*ldq (prepared:
+ * bias, norm, rotary); a row with ctx <= ATTEND_PART gets its output at out + r*ldo (from the
+ * p0 = 0 call), a longer one a record [max, sum, hd sums] per query at part + r*part_row +
+ * g*part_head for kiln_attend_merge. `scores` holds R*G*max_ctx floats. (attention.c) */
 void kiln_attend_seq(const KilnDecodeModel *md, const KilnDecodeStep *st, int64_t m0, int64_t R,
                      int64_t kvh, const float *q, int64_t ldq, int64_t G, const float *kc,
-                     const float *vc, float *scores, float *out, int64_t ldo);
+                     const float *vc, float *scores, float *out, int64_t ldo, int64_t p0,
+                     int64_t p1, float *part, int64_t part_row, int64_t part_head);
+
+/* One query's output from its nparts consecutive records of hd + 2 floats. (attention.c) */
+void kiln_attend_merge(const float *part, int64_t nparts, int64_t hd, float *out);
 
 /* out[i] = silu(g[i]) * u[i] (vectorized exp). (attention.c) */
 void kiln_silu_mul(const float *g, const float *u, float *out, int64_t n);

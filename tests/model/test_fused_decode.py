@@ -138,6 +138,33 @@ def test_attention_head_sizes_match_torch_path(head_dim: int) -> None:
     assert fused_tokens == torch_tokens
 
 
+def test_long_contexts_attend_in_parts() -> None:
+    """Contexts over ATTEND_PART (512) positions are attended in parts and merged: a prefill
+    chunk across the 1024 boundary and a decode at 600 positions match the torch path, and the
+    decode row is bitwise the same alone or beside the chunk."""
+    cfg = dataclasses.replace(tiny_config("llama"), num_heads=6, num_kv_heads=2, head_dim=64)
+    model = quantized_from(cfg)
+    caches = [KVCache(model.config, 2 * 72, BLOCK, torch.float32, torch.device("cpu"))
+              for _ in range(3)]
+    a_tbl, b_tbl = list(range(72)), list(range(72, 144))
+    a_ids = [(11 * i) % 250 + 1 for i in range(1040)]
+    b_ids = [(13 * i) % 240 + 2 for i in range(600)]
+    for kv in caches:  # identical contents: the torch path fills all three
+        model._torch_forward(build_forward_batch([(a_ids[:1020], 0, a_tbl),
+                                                  (b_ids[:599], 0, b_tbl)], BLOCK), kv)
+    step = [(a_ids[1020:1028], 1020, a_tbl), (b_ids[599:600], 599, b_tbl)]
+    got = model.forward(build_forward_batch(step, BLOCK, "all"), caches[0])
+    want = model._torch_forward(build_forward_batch(step, BLOCK, "all"), caches[1])
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    alone = model.forward(build_forward_batch(step[1:], BLOCK, "all"), caches[2])
+    assert torch.equal(got[-1], alone[0])
+    for n in range(3):  # decodes at 1029.. and 601.. positions
+        dec = [([a_ids[1028 + n]], 1028 + n, a_tbl), ([b_ids[n]], 600 + n, b_tbl)]
+        got = model.forward(build_forward_batch(dec, BLOCK), caches[0])
+        want = model._torch_forward(build_forward_batch(dec, BLOCK), caches[1])
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
 def _two_decoding(model: CausalLM) -> tuple[KVCache, KVCache, list[list[int]]]:
     kv, alone_kv = new_cache(model), new_cache(model)
     tbl = tables(3)
