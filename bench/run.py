@@ -11,6 +11,7 @@ BENCHES = {
     "engine": "bench.bench_engine",
     "kernels": "bench.kernels.bench_kernels",
     "quant": "bench.bench_quant",
+    "sampling": "bench.bench_sampling",
     "model": "bench.bench_model",
     "serving": "bench.bench_serving",
     "scoring": "bench.bench_scoring",

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import torch
 
+from .candidates import sample_topk_rows
 from .counter_hash import counter_uniform, counter_uniform_at
 from .params import SamplingTensors
 
@@ -106,17 +107,38 @@ def filter_threshold(x: torch.Tensor, p: SamplingTensors) -> torch.Tensor:
         thr = torch.where(mp_on, torch.maximum(thr, m + torch.log(safe)), thr)
     if bool(tp_on.any()):
         rows = torch.nonzero(tp_on).squeeze(1)
-        xr = x[rows]
-        kept = torch.where(xr >= thr[rows, None], xr, torch.full_like(xr, float("-inf")))
-        srt = torch.sort(kept, dim=1, descending=True).values
-        probs = torch.softmax(srt, dim=1)
-        csum = torch.cumsum(probs, dim=1)
-        n_kept = (xr >= thr[rows, None]).sum(dim=1)
-        cut = (csum < tp[rows, None]).sum(dim=1)
-        cut = torch.minimum(cut, n_kept - 1).clamp(min=0)
-        thr_p = srt.gather(1, cut[:, None]).squeeze(1)
-        thr[rows] = torch.maximum(thr[rows], thr_p)
+        thr[rows] = torch.maximum(thr[rows], top_p_threshold(x[rows], thr[rows], tp[rows]))
     return thr
+
+
+# Top-p sorts only what it needs: the kept tokens when top-k / min-p left few (the rest of a
+# sorted row is -inf, probability 0), else the largest TOP_P_PREFIX, which suffice whenever they
+# reach top_p; a full sort only when they do not.
+TOP_P_PREFIX = 1024
+
+
+def top_p_threshold(xr: torch.Tensor, thr: torch.Tensor, tp: torch.Tensor) -> torch.Tensor:
+    """float32 [R]: per row, over the tokens with x >= thr sorted by descending x, the x of the
+    first token at which the cumulative probability reaches tp (the last kept token if none)."""
+    v = xr.shape[1]
+    keep = xr >= thr[:, None]
+    n_kept = keep.sum(dim=1)
+    neg_inf = torch.tensor(float("-inf"), dtype=xr.dtype, device=xr.device)
+    kept = torch.where(keep, xr, neg_inf)
+    n = int(n_kept.max())
+    if n <= TOP_P_PREFIX:  # every kept token is in the prefix: the old formula, minus zeros
+        srt = torch.topk(kept, max(n, 1), dim=1).values
+        csum = torch.cumsum(torch.softmax(srt, dim=1), dim=1)
+    else:
+        srt = torch.topk(kept, min(TOP_P_PREFIX, v), dim=1).values
+        lse = torch.logsumexp(kept, dim=1, keepdim=True)
+        csum = torch.cumsum(torch.exp(srt - lse), dim=1)
+        if not bool((csum[:, -1] >= tp).all()):
+            srt = torch.sort(kept, dim=1, descending=True).values
+            csum = torch.cumsum(torch.exp(srt - lse), dim=1)
+    cut = (csum < tp[:, None]).sum(dim=1)
+    cut = torch.minimum(cut, torch.minimum(n_kept, torch.tensor(srt.shape[1])) - 1).clamp(min=0)
+    return srt.gather(1, cut[:, None]).squeeze(1)
 
 
 def gumbel_noise(p: SamplingTensors, vocab: int) -> torch.Tensor:
@@ -165,13 +187,22 @@ def sample_reference(logits: torch.Tensor, p: SamplingTensors) -> tuple[torch.Te
     b = logits.shape[0]
     x = apply_penalties(logits, p) if penalties_active(p) else logits.to(torch.float32)
     greedy = greedy_rows(p)
-    tokens = torch.argmax(x, dim=1)
     logprob = torch.zeros(b, dtype=torch.float32, device=logits.device)
     if bool(greedy.all()):
-        return tokens.to(torch.int64), logprob
+        return torch.argmax(x, dim=1).to(torch.int64), logprob
+    tokens = torch.zeros(b, dtype=torch.int64, device=logits.device)
+    if bool(greedy.any()):
+        g = torch.nonzero(greedy).squeeze(1)
+        tokens[g] = torch.argmax(x[g], dim=1)
     rows = torch.nonzero(~greedy).squeeze(1)
     sub = p.select(rows)
     xs = scale_temperature(x[rows], sub)
+    k = sub.top_k
+    if bool(((k > 0) & (k < xs.shape[1])).all()):
+        fast = sample_topk_rows(xs, sub)
+        if fast is not None:
+            tokens[rows], logprob[rows] = fast
+            return tokens.to(torch.int64), logprob
     thr = filter_threshold(xs, sub)
     keep = xs >= thr[:, None]
     neg_inf = torch.full_like(xs, float("-inf"))

@@ -324,3 +324,36 @@ def test_sparse_noise_path_equals_dense() -> None:
         reference.SPARSE_FRACTION = saved
     assert torch.equal(sparse[0], dense[0])
     torch.testing.assert_close(sparse[1], dense[1])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_top_k_candidate_path_equals_the_dense_path(seed: int,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows with top-k on are sampled over their k candidates: the same tokens as the dense
+    path (min-p, top-p, mixed k, greedy rows beside), logprobs to rounding."""
+    from kiln_kernels.sampling import reference
+
+    gen = torch.Generator().manual_seed(seed)
+    b, v = 9, 4000
+    logits = torch.randn(b, v, generator=gen) * (1 + seed)
+    rows = [{"temperature": 0.5 + 0.2 * i, "top_k": [20, 5, 40, 1, 64, 3, 20, 7, 33][i],
+             "top_p": [1.0, 0.9, 0.5, 1.0, 0.95, 0.8, 0.3, 1.0, 0.99][i],
+             "min_p": [0.0, 0.0, 0.05, 0.0, 0.0, 0.2, 0.0, 0.01, 0.0][i],
+             "seed": seed * 100 + i, "step": i} for i in range(b)]
+    rows[4]["temperature"] = 0.0  # a greedy row in the batch
+    p = SamplingTensors.build(rows, v)
+    fast = reference.sample_reference(logits, p)
+    monkeypatch.setattr(reference, "sample_topk_rows", lambda xs, sub: None)
+    dense = reference.sample_reference(logits, p)
+    assert torch.equal(fast[0], dense[0])
+    torch.testing.assert_close(fast[1], dense[1], rtol=1e-5, atol=1e-5)
+
+
+def test_ties_at_the_kth_value_fall_back_to_the_dense_path() -> None:
+    from kiln_kernels.sampling.candidates import sample_topk_rows
+
+    xs = torch.tensor([[3.0, 2.0, 2.0, 2.0, 1.0]])
+    p = SamplingTensors.build([{"temperature": 1.0, "top_k": 2, "seed": 1}], 5)
+    assert sample_topk_rows(xs, p) is None  # three tokens tie at the 2nd value: all are kept
+    tok, _ = sample_reference(xs, p)
+    assert int(tok[0]) in (0, 1, 2, 3)

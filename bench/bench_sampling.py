@@ -1,0 +1,70 @@
+"""The CPU sampler (kiln_kernels.sampling.sample_reference) per step, over the default model's
+vocabulary size (49,152), for the sampling settings requests bring.
+
+Rows: 1 and 8. Settings: greedy; Kiln's default preset (temperature 1.0, top-p 0.95, top-k 20,
+presence penalty 1.5, with 50 generated tokens of history); temperature only (top-k off: every
+token is a candidate and hashed); top-p only; min-p. Logits are random normal x 3, so the top-p
+rows keep thousands of tokens (real model logits are more peaked).
+
+Usage: python -m bench.bench_sampling [--repeats 30]
+Writes bench/results/sampling.json (figures, no asserts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from kiln_kernels.sampling import SamplingTensors, sample_reference
+
+RESULTS = Path(__file__).parent / "results" / "sampling.json"
+VOCAB = 49152
+SETTINGS: dict[str, dict[str, Any]] = {
+    "greedy": {"temperature": 0.0},
+    "default preset": {"temperature": 1.0, "top_p": 0.95, "top_k": 20, "presence_penalty": 1.5,
+                       "output_tokens": list(range(50))},
+    "temperature only": {"temperature": 0.8, "top_k": 0},
+    "top-p only": {"temperature": 0.8, "top_p": 0.95, "top_k": 0},
+    "min-p": {"temperature": 0.8, "min_p": 0.05, "top_k": 0},
+}
+
+
+def time_ms(rows: int, setting: dict[str, Any], repeats: int) -> float:
+    p = SamplingTensors.build([dict(setting, seed=i, step=3) for i in range(rows)], VOCAB)
+    logits = torch.randn(rows, VOCAB, generator=torch.Generator().manual_seed(rows)) * 3
+    sample_reference(logits, p)  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        sample_reference(logits, p)
+        times.append(time.perf_counter() - start)
+    return 1000 * statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    args = ap.parse_args()
+    results = []
+    print(f"{'setting':18} {'rows':>4} {'ms/step':>8}")
+    for name, setting in SETTINGS.items():
+        for rows in (1, 8):
+            ms = time_ms(rows, setting, args.repeats)
+            results.append({"setting": name, "rows": rows, "ms_per_step_median": round(ms, 3)})
+            print(f"{name:18} {rows:>4} {ms:8.2f}")
+    report = {"benchmark": "sampling", "vocab": VOCAB, "machine": platform.machine(),
+              "torch_threads": torch.get_num_threads(), "results": results}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
