@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="prefill tokens per step while streams decode (default 8)")
     serve.add_argument("--prefill-cap-context", type=int,
                        help="while streams decode, a prefill chunk after c context tokens is "
-                            "capped at cap * S / (S + c) (default S = 384)")
+                            "capped at cap * S / (S + c) (default S = 1024)")
     _bool_flag(serve, "enable-prefix-caching", "reuse KV blocks of shared prompt prefixes")
     _bool_flag(serve, "default-thinking-enabled", "enable thinking unless a request says no")
     serve.add_argument("--default-thinking-budget-tokens", type=int)

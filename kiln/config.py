@@ -37,7 +37,7 @@ class ServerConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
     max_prefill_tokens_while_decoding: int = 8
-    prefill_cap_context: int = 384
+    prefill_cap_context: int = 1024
     enable_prefix_caching: bool = True
     default_thinking_enabled: bool | None = None
     default_thinking_budget_tokens: int | None = None

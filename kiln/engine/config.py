@@ -20,7 +20,7 @@ class EngineConfig:
     # ... and a chunk after c computed tokens gets at most that cap * S / (S + c), S this many
     # tokens: its attention grows with c (measured on the CPU C step: a prefill row costs
     # ~2.1 ms + ~2.4 us per context token, so S ~ 900 keeps a chunk's cost about flat).
-    prefill_cap_context: int = 384
+    prefill_cap_context: int = 1024
     enable_prefix_caching: bool = True
     max_model_len: int | None = None  # None -> the model's max_position
     # Distinct LoRA adapters resident on the device at once (running requests together use at
