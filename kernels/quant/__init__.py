@@ -74,6 +74,21 @@ def kernels_available() -> bool:
     return True
 
 
+def counter_uniform_native(seeds: torch.Tensor, steps: torch.Tensor, vocab: int
+                           ) -> torch.Tensor | None:
+    """The sampler's ``counter_uniform`` (float32 [B, vocab], the same bits) from the C library
+    (``counter.c``), or None where the library cannot be built."""
+    try:
+        lib = _library(NATIVE_FLAGS)
+    except KernelBuildError:
+        return None
+    s = seeds.to(device="cpu", dtype=torch.int64).contiguous()
+    t = steps.to(device="cpu", dtype=torch.int64).contiguous()
+    out = torch.empty((s.shape[0], vocab), dtype=torch.float32)
+    lib.kiln_counter_uniform(s.data_ptr(), t.data_ptr(), s.shape[0], vocab, out.data_ptr())
+    return out
+
+
 def quant_gemm(fmt: Format, x: torch.Tensor, tiles: torch.Tensor,
                flags: tuple[str, ...] = NATIVE_FLAGS) -> torch.Tensor:
     """``x [M, K] @ w.T`` for the tiled weight ``tiles [N/4, K/32, tile]`` -> float32 [M, N]."""

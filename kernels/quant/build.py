@@ -1,4 +1,5 @@
-"""Compile the C kernels (``gemm.c``, ``decode.c``, ``attention.c``) once per machine into a cache folder and load it with ctypes.
+"""Compile the C kernels (``gemm.c``, ``decode.c``, ``attention.c``, and the sampler's
+``counter.c``) once per machine into a cache folder and load it with ctypes.
 
 The library is built with the system C compiler (``$CC``, else ``cc``/``gcc``) for the CPU it runs
 on (``-march=native``) and linked against the OpenMP runtime that torch has already loaded (the
@@ -23,7 +24,7 @@ import threading
 from pathlib import Path
 
 HERE = Path(__file__).parent
-SOURCES = (HERE / "gemm.c", HERE / "decode.c", HERE / "attention.c")
+SOURCES = (HERE / "gemm.c", HERE / "decode.c", HERE / "attention.c", HERE / "counter.c")
 HEADERS = (HERE / "quant.h", HERE / "decode.h")
 NATIVE_FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-shared",
                 "-fPIC")
@@ -112,5 +113,7 @@ def load(flags: tuple[str, ...] = NATIVE_FLAGS) -> ctypes.CDLL:
             lib.kiln_decode_layout_version.restype = i64
             lib.kiln_quant_simd.argtypes = []
             lib.kiln_quant_simd.restype = i32
+            lib.kiln_counter_uniform.argtypes = [p, p, i64, i64, p]
+            lib.kiln_counter_uniform.restype = None
             _loaded[flags] = lib
         return lib

@@ -90,7 +90,22 @@ def counter_uniform_at(
 
 
 def counter_uniform(seeds: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch.Tensor:
-    """Uniform numbers in (0, 1), float32 [B, V], a pure function of (seed, step, token id)."""
+    """Uniform numbers in (0, 1), float32 [B, V], a pure function of (seed, step, token id).
+
+    On the CPU the C library computes them (the same bits, ~40 tensor passes fewer); the torch
+    lanes below are the reference and the fallback."""
+    if seeds.device.type == "cpu" and steps.device.type == "cpu" and seeds.dim() == 1 \
+            and seeds.shape == steps.shape:
+        from kiln_kernels.quant import counter_uniform_native
+
+        native = counter_uniform_native(seeds, steps, vocab)
+        if native is not None:
+            return native
+    return counter_uniform_torch(seeds, steps, vocab)
+
+
+def counter_uniform_torch(seeds: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch.Tensor:
+    """``counter_uniform`` in torch int64 lanes (any device)."""
     return hash_to_uniform(counter_hash(seeds, steps, vocab))
 
 

@@ -357,3 +357,16 @@ def test_ties_at_the_kth_value_fall_back_to_the_dense_path() -> None:
     assert sample_topk_rows(xs, p) is None  # three tokens tie at the 2nd value: all are kept
     tok, _ = sample_reference(xs, p)
     assert int(tok[0]) in (0, 1, 2, 3)
+
+
+def test_native_counter_uniform_is_bitwise_the_torch_lanes() -> None:
+    from kiln_kernels.quant import counter_uniform_native, kernels_available
+    from kiln_kernels.sampling.counter_hash import counter_uniform_torch
+
+    if not kernels_available():
+        pytest.skip("no C compiler for the kernels")
+    seeds = torch.tensor([0, 1, -1, 2**62 + 12345, -(2**63), 987654321], dtype=torch.int64)
+    steps = torch.tensor([0, 7, 2**40 + 3, 1, -5, 123456], dtype=torch.int64)
+    got = counter_uniform_native(seeds, steps, 5003)
+    assert got is not None
+    assert torch.equal(got, counter_uniform_torch(seeds, steps, 5003))
