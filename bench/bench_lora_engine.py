@@ -17,7 +17,9 @@ import argparse
 import asyncio
 import json
 import platform
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +33,7 @@ from kiln.engine.request import Request, SamplingParams
 from kiln.engine.runner import ModelRunner
 from kiln.engine.scheduler import Scheduler
 from kiln.model import ModelConfig
-from kiln.model.lora import LORA_MODULES
+from kiln.model.lora import LORA_MODULES, LoraAdapter
 
 RESULTS = Path(__file__).parent / "results" / "lora_engine.json"
 BLOCK = 16
@@ -52,6 +54,42 @@ def build_engine(model_name: str, device: torch.device, config: EngineConfig
     runner = ModelRunner(model, cfg, config, torch.float32, device)
     scheduler = Scheduler(config, runner.num_blocks, cfg.max_position)
     return AsyncEngine.from_components(scheduler, runner), cfg, _bytes(model)
+
+
+def build_all(model_name: str, device: torch.device, config: EngineConfig, rank: int,
+              streams: int) -> tuple[AsyncEngine, ModelConfig, int, list[LoraAdapter]]:
+    eng, cfg, base_bytes = build_engine(model_name, device, config)
+    return eng, cfg, base_bytes, [random_adapter(cfg, rank, seed=i) for i in range(streams)]
+
+
+def engine_on_its_thread(build: Callable[[], tuple[AsyncEngine, ModelConfig, int,
+                                                   list[LoraAdapter]]]
+                         ) -> tuple[AsyncEngine, ModelConfig, int, list[LoraAdapter]]:
+    """Build everything and step the engine on one thread, as `kiln serve` does (the OpenMP team
+    belongs to the calling thread: a second team on 2 cores throttles the C step's barriers);
+    this thread only submits requests and reads outputs."""
+    built: dict[str, Any] = {}
+    ready = threading.Event()
+
+    def run() -> None:
+        try:
+            built["value"] = build()
+        except BaseException as exc:  # reported below
+            built["error"] = exc
+            return
+        finally:
+            ready.set()
+        built["value"][0].run_in_current_thread()
+
+    threading.Thread(target=run, name="kiln-engine", daemon=True).start()
+    ready.wait()
+    if "error" in built:
+        raise built["error"]
+    value: tuple[AsyncEngine, ModelConfig, int, list[LoraAdapter]] = built["value"]
+    deadline = time.monotonic() + 10
+    while not value[0].is_running and time.monotonic() < deadline:
+        time.sleep(0.001)
+    return value
 
 
 def _bytes(model: torch.nn.Module) -> int:
@@ -98,9 +136,9 @@ def main() -> None:
     config = EngineConfig(block_size=BLOCK, num_blocks=4 * args.streams * per_seq,
                           max_num_seqs=args.streams, max_lora_slots=args.streams,
                           max_num_batched_tokens=max(512, args.streams * PROMPT_LEN))
-    eng, cfg, base_bytes = build_engine(args.model, device, config)
+    eng, cfg, base_bytes, adapters = engine_on_its_thread(
+        lambda: build_all(args.model, device, config, args.rank, args.streams))
     gen = torch.Generator().manual_seed(1)
-    adapters = [random_adapter(cfg, args.rank, seed=i) for i in range(args.streams)]
     cases: dict[str, list[LoraMix]] = {
         "base": [() for _ in adapters],
         "distinct_adapters": [((a, 1.0),) for a in adapters],
@@ -120,7 +158,6 @@ def main() -> None:
                     tok_counts[name].append(n)
                     times[name].append(secs)
 
-    eng.start()
     try:
         asyncio.run(bench())
     finally:
