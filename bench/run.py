@@ -12,6 +12,7 @@ BENCHES = {
     "kernels": "bench.kernels.bench_kernels",
     "quant": "bench.bench_quant",
     "sampling": "bench.bench_sampling",
+    "step": "bench.bench_step",
     "model": "bench.bench_model",
     "serving": "bench.bench_serving",
     "scoring": "bench.bench_scoring",
