@@ -3,8 +3,10 @@ vocabulary size (49,152), for the sampling settings requests bring.
 
 Rows: 1 and 8. Settings: greedy; Kiln's default preset (temperature 1.0, top-p 0.95, top-k 20,
 presence penalty 1.5, with 50 generated tokens of history); temperature only (top-k off: every
-token is a candidate and hashed); top-p only; min-p. Logits are random normal x 3, so the top-p
-rows keep thousands of tokens (real model logits are more peaked).
+token is a candidate and hashed); top-p only; min-p. Two kinds of logits: random normal x 3
+(flat: top-p 0.95 keeps thousands of tokens, past the 1,024-token prefix) and the default
+model's next-token logits for 8 chat prompts (peaked: at temperature 0.8, top-p 0.95 kept 1 to 76
+tokens when this was written).
 
 Usage: python -m bench.bench_sampling [--repeats 30]
 Writes bench/results/sampling.json (figures, no asserts).
@@ -35,9 +37,31 @@ SETTINGS: dict[str, dict[str, Any]] = {
 }
 
 
-def time_ms(rows: int, setting: dict[str, Any], repeats: int) -> float:
-    p = SamplingTensors.build([dict(setting, seed=i, step=3) for i in range(rows)], VOCAB)
-    logits = torch.randn(rows, VOCAB, generator=torch.Generator().manual_seed(rows)) * 3
+PROMPTS = ["Write a story about a dragon.", "What is the capital of France?", "List five fruits.",
+           "Explain gravity.", "Tell me a joke.", "Describe the ocean.", "How do computers work?",
+           "Write a poem about rain."]
+
+
+def model_logits() -> torch.Tensor:
+    """float32 [8, vocab]: the default model's next-token logits after each chat prompt."""
+    from kiln.model.batch import build_forward_batch
+    from kiln.model.kv_cache import KVCache
+    from kiln.model.loader import load_model
+
+    m = load_model(None)
+    kv = KVCache(m.config, 8 * 8, 16, m.dtype, m.device)
+    rows = []
+    for i, text in enumerate(PROMPTS):
+        ids = m.tokenizer.encode(m.chat_template.render([{"role": "user", "content": text}],
+                                                        add_generation_prompt=True))
+        batch = build_forward_batch([(ids, 0, list(range(i * 8, i * 8 + 8)))], 16, "last")
+        rows.append(m.model.forward(batch, kv)[0])
+    return torch.stack(rows)
+
+
+def time_ms(logits: torch.Tensor, setting: dict[str, Any], repeats: int) -> float:
+    rows, vocab = logits.shape
+    p = SamplingTensors.build([dict(setting, seed=i, step=3) for i in range(rows)], vocab)
     sample_reference(logits, p)  # warm-up
     times = []
     for _ in range(repeats):
@@ -53,12 +77,17 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
     results = []
-    print(f"{'setting':18} {'rows':>4} {'ms/step':>8}")
-    for name, setting in SETTINGS.items():
-        for rows in (1, 8):
-            ms = time_ms(rows, setting, args.repeats)
-            results.append({"setting": name, "rows": rows, "ms_per_step_median": round(ms, 3)})
-            print(f"{name:18} {rows:>4} {ms:8.2f}")
+    real = model_logits()
+    print(f"{'logits':7} {'setting':18} {'rows':>4} {'ms/step':>8}")
+    for kind in ("random", "model"):
+        for name, setting in SETTINGS.items():
+            for rows in (1, 8):
+                logits = (real[:rows] if kind == "model" else
+                          torch.randn(rows, VOCAB, generator=torch.Generator().manual_seed(rows)) * 3)
+                ms = time_ms(logits, setting, args.repeats)
+                results.append({"logits": kind, "setting": name, "rows": rows,
+                                "ms_per_step_median": round(ms, 3)})
+                print(f"{kind:7} {name:18} {rows:>4} {ms:8.2f}")
     report = {"benchmark": "sampling", "vocab": VOCAB, "machine": platform.machine(),
               "torch_threads": torch.get_num_threads(), "results": results}
     args.out.parent.mkdir(parents=True, exist_ok=True)
