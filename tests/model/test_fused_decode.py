@@ -165,6 +165,16 @@ def test_long_contexts_attend_in_parts() -> None:
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
+def test_the_step_leaves_denormals_on() -> None:
+    """The C step flushes denormals on its threads and restores them: torch arithmetic after a
+    step (on the calling thread and on the pool's threads) still produces denormal floats."""
+    model = quantized_tiny("llama")
+    greedy_run(model, "fused", [[5, 9, 33, 7]], steps=2)
+    tiny = torch.full((1 << 20,), 1e-39, dtype=torch.float32)  # large: the thread pool runs it
+    assert bool((tiny * 1.0 != 0).all())
+    assert float(torch.tensor(2e-39) * 0.5) != 0.0
+
+
 def _two_decoding(model: CausalLM) -> tuple[KVCache, KVCache, list[list[int]]]:
     kv, alone_kv = new_cache(model), new_cache(model)
     tbl = tables(3)
