@@ -1,83 +1,17 @@
-/* Attention over the paged KV cache for the C step (decode.c): per (sequence, KV head), the
- * sequence's rows in this step read each cached K/V row once. Scores 16 positions at a time with
- * one reduction tree (AVX-512), a vector exp, V accumulated in registers; a scalar path for
- * other CPUs and head sizes. Every query's numbers depend only on its own row and context. */
+/* Attention over the paged KV cache for the C step (decode.c): per (rows of one sequence, KV
+ * head, part of the context), the rows read each cached K/V row once. Scores 16 positions at a
+ * time with one reduction tree (AVX-512), a vector exp (vmath.h), V accumulated in registers;
+ * parts of a long context merged by kiln_attend_merge; a scalar path for other CPUs and head
+ * sizes. Every query's numbers depend only on its own row and context. */
 #include <math.h>
 #include <stdint.h>
 
 #include "decode.h"
-
-float kiln_dot(const float *a, const float *b, int64_t n) {
-    float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-    for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
-    return s;
-}
+#include "vmath.h"
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
-/* e^x for 16 lanes: x = n ln2 + r (|r| <= ln2 / 2), e^r by a degree-6 polynomial, times 2^n
- * (scalef). Relative error ~2e-7 for x <= 88 (the softmax range x <= 0 included); -inf gives 0,
- * x > 88.7 gives +inf. */
-static inline __m512 exp16(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);
-    __m512 p = _mm512_set1_ps(1.0f / 720);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
-}
 #endif
-
-/* out[i] = silu(g[i]) * u[i] = g[i] / (1 + e^-g[i]) * u[i]. */
-void kiln_silu_mul(const float *g, const float *u, float *out, int64_t n) {
-    int64_t i = 0;
-#if defined(__AVX512F__)
-    const __m512 one = _mm512_set1_ps(1.0f);
-    for (; i + 16 <= n; i += 16) {
-        const __m512 x = _mm512_loadu_ps(g + i);
-        const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), x));
-        _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_div_ps(x, _mm512_add_ps(one, e)),
-                                                _mm512_loadu_ps(u + i)));
-    }
-#endif
-    for (; i < n; i++) out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
-}
-
-/* scores[p] = exp(scores[p] - top) for p < len; returns their sum. */
-static float exp_shift_sum(float *scores, int64_t len, float top) {
-    int64_t p = 0;
-    float sum = 0.0f;
-#if defined(__AVX512F__)
-    __m512 acc = _mm512_setzero_ps();
-    const __m512 vt = _mm512_set1_ps(top);
-    for (; p + 16 <= len; p += 16) {
-        const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(scores + p), vt));
-        _mm512_storeu_ps(scores + p, e);
-        acc = _mm512_add_ps(acc, e);
-    }
-    if (p < len) {
-        const __mmask16 k = (__mmask16)((1u << (len - p)) - 1);
-        const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, scores + p), vt));
-        _mm512_mask_storeu_ps(scores + p, k, e);
-        acc = _mm512_add_ps(acc, _mm512_maskz_mov_ps(k, e));
-        p = len;
-    }
-    sum = _mm512_reduce_add_ps(acc);
-#endif
-    for (; p < len; p++) {
-        scores[p] = expf(scores[p] - top);
-        sum += scores[p];
-    }
-    return sum;
-}
 
 /* Softmax attention of the G query heads that share KV head `kvh` over positions
  * 0..ctx_lens[m]-1 of row m's sequence: each cached K/V row is read once for the group. */
@@ -102,7 +36,7 @@ static void attend_rows_scalar(const KilnDecodeModel *md, const KilnDecodeStep *
     }
     for (int64_t g = 0; g < G; g++) {
         float *sg = scores + g * stride;
-        const float sum = exp_shift_sum(sg, len, mx[g]);
+        const float sum = kiln_exp_shift_sum(sg, len, mx[g]);
 #pragma omp simd
         for (int64_t p = 0; p < len; p++) sg[p] /= sum;
         for (int64_t i = 0; i < hd; i++) out[g * hd + i] = 0.0f;
@@ -335,7 +269,7 @@ void kiln_attend_seq(const KilnDecodeModel *md, const KilnDecodeStep *st, int64_
                 vm = _mm512_max_ps(vm, _mm512_mask_loadu_ps(vm, k, sg + p));
             }
             const float mx = _mm512_reduce_max_ps(vm);
-            const float sum = exp_shift_sum(sg + p0, e - p0, mx);
+            const float sum = kiln_exp_shift_sum(sg + p0, e - p0, mx);
             if (whole) {
                 const float inv = 1.0f / sum;
                 for (int64_t p = p0; p < e; p++) sg[p] *= inv;

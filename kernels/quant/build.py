@@ -1,4 +1,4 @@
-"""Compile the C kernels (``gemm.c``, ``decode.c``, ``attention.c``, and the sampler's
+"""Compile the C kernels (``gemm.c``, ``decode.c``, ``attention.c``, ``vmath.c``, and the sampler's
 ``counter.c``) once per machine into a cache folder and load it with ctypes.
 
 The library is built with the system C compiler (``$CC``, else ``cc``/``gcc``) for the CPU it runs
@@ -24,8 +24,9 @@ import threading
 from pathlib import Path
 
 HERE = Path(__file__).parent
-SOURCES = (HERE / "gemm.c", HERE / "decode.c", HERE / "attention.c", HERE / "counter.c")
-HEADERS = (HERE / "quant.h", HERE / "decode.h")
+SOURCES = (HERE / "gemm.c", HERE / "decode.c", HERE / "attention.c", HERE / "vmath.c",
+           HERE / "counter.c")
+HEADERS = (HERE / "quant.h", HERE / "decode.h", HERE / "vmath.h")
 NATIVE_FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-shared",
                 "-fPIC")
 PORTABLE_FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC")  # no AVX-512: the scalar path

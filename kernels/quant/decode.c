@@ -20,6 +20,7 @@
 
 #include "decode.h"
 #include "quant.h"
+#include "vmath.h"
 
 int64_t kiln_decode_layout_version(void) { return F_COUNT; }
 

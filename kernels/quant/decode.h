@@ -71,10 +71,4 @@ void kiln_attend_seq(const KilnDecodeModel *md, const KilnDecodeStep *st, int64_
 /* One query's output from its nparts consecutive records of hd + 2 floats. (attention.c) */
 void kiln_attend_merge(const float *part, int64_t nparts, int64_t hd, float *out);
 
-/* out[i] = silu(g[i]) * u[i] (vectorized exp). (attention.c) */
-void kiln_silu_mul(const float *g, const float *u, float *out, int64_t n);
-
-/* sum a[i] * b[i] (vectorized; one fixed order per n). (attention.c) */
-float kiln_dot(const float *a, const float *b, int64_t n);
-
 #endif
