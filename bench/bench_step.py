@@ -9,8 +9,8 @@
 Each figure is the median of ``--repeats`` steps of ``model.forward`` (no scheduler, no
 sampling), on the loading thread, with a private KV cache.
 
-Usage: python -m bench.bench_step [--repeats 15]
-Writes bench/results/step.json (figures, no asserts).
+Usage: python -m bench.bench_step [--repeats 15] [--kv-cache-dtype auto|float16]
+Writes bench/results/step.json (step_float16kv.json with a float16 cache; figures, no asserts).
 """
 
 from __future__ import annotations
@@ -36,10 +36,10 @@ PER_SEQ_BLOCKS = 80  # 1,280 positions for each decoding sequence
 
 
 class Bench:
-    def __init__(self, loaded: LoadedModel, repeats: int) -> None:
+    def __init__(self, loaded: LoadedModel, repeats: int, kv_dtype: torch.dtype) -> None:
         self.m, self.repeats = loaded, repeats
         n_long = LONG // BLOCK + 4
-        self.kv = KVCache(loaded.config, n_long + 8 * PER_SEQ_BLOCKS, BLOCK, loaded.dtype,
+        self.kv = KVCache(loaded.config, n_long + 8 * PER_SEQ_BLOCKS, BLOCK, kv_dtype,
                           loaded.device)
         self.long_table = list(range(n_long))
         self.tables = [list(range(n_long + i * PER_SEQ_BLOCKS, n_long + (i + 1) * PER_SEQ_BLOCKS))
@@ -74,9 +74,15 @@ class Bench:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--repeats", type=int, default=15)
-    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--kv-cache-dtype", choices=["auto", "float16"], default="auto",
+                    help="auto: the model's float32 (exact); float16: half K/V")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="default bench/results/step.json (step_float16kv.json for float16)")
     args = ap.parse_args()
-    b = Bench(load_model(None), args.repeats)
+    loaded = load_model(None)
+    half = args.kv_cache_dtype == "float16"
+    out = args.out or (RESULTS.with_name("step_float16kv.json") if half else RESULTS)
+    b = Bench(loaded, args.repeats, torch.float16 if half else loaded.dtype)
     for table in b.tables:
         b.fill(table, 1000)
     b.fill(b.long_table, LONG - 64)
@@ -94,12 +100,13 @@ def main() -> None:
               f"({a['ms'] / four:.2f}x the 4 decodes)")
     report: dict[str, Any] = {
         "benchmark": "forward_step", "machine": platform.machine(),
+        "kv_cache_dtype": args.kv_cache_dtype,
         "torch_threads": torch.get_num_threads(), "repeats": args.repeats,
         "decode": decode, "four_decodes_ms": four, "admission": admission,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -35,6 +35,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-body-bytes", type=int, help="request body limit (default 8 MiB)")
     serve.add_argument("--max-model-len", type=int, help="context window cap")
     serve.add_argument("--kv-memory-mb", type=int, help="KV cache size in MiB (default 512)")
+    serve.add_argument("--kv-cache-dtype", choices=["auto", "float16"],
+                       help="K/V element type: auto (the model's dtype, exact; default) or "
+                            "float16 (CPU only: half the memory and bytes per step, K/V "
+                            "rounded to half precision)")
     serve.add_argument("--block-size", type=int, help="KV block size in tokens (default 16)")
     serve.add_argument("--max-num-seqs", type=int, help="max running sequences (default 64)")
     serve.add_argument("--max-num-batched-tokens", type=int,

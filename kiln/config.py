@@ -20,6 +20,11 @@ class ConfigError(ValueError):
     """A configuration value is invalid."""
 
 
+# "auto": the model's dtype (exact); "float16": K/V stored as IEEE half (CPU only), half the
+# memory and bytes read per step, at the cost of rounding K and V to 11 significant bits.
+KV_CACHE_DTYPES = ("auto", "float16")
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     host: str = DEFAULT_HOST
@@ -33,6 +38,7 @@ class ServerConfig:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_model_len: int | None = None
     kv_memory_mb: int = 512
+    kv_cache_dtype: str = "auto"
     block_size: int = 16
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
@@ -76,6 +82,9 @@ class ServerConfig:
                 raise ConfigError(f"{name} must be in 0..4294967295, got {value}")
         if self.dtype not in (None, "float32", "bfloat16", "float16", "auto"):
             raise ConfigError(f"dtype must be float32, bfloat16, float16 or auto, got {self.dtype}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ConfigError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                              f"got {self.kv_cache_dtype}")
         if self.max_waiting_requests < 0:
             raise ConfigError("max_waiting_requests must be >= 0")
         if not self.request_timeout_s > 0 or not self.drain_timeout_s >= 0:
@@ -121,6 +130,7 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "KILN_MAX_BODY_BYTES": ("max_body_bytes", "int"),
     "KILN_MAX_MODEL_LEN": ("max_model_len", "int"),
     "KILN_KV_MEMORY_MB": ("kv_memory_mb", "int"),
+    "KILN_KV_CACHE_DTYPE": ("kv_cache_dtype", "str"),
     "KILN_BLOCK_SIZE": ("block_size", "int"),
     "KILN_MAX_NUM_SEQS": ("max_num_seqs", "int"),
     "KILN_MAX_NUM_BATCHED_TOKENS": ("max_num_batched_tokens", "int"),

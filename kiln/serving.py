@@ -53,6 +53,7 @@ def engine_config(config: ServerConfig) -> EngineConfig:
     return EngineConfig(
         block_size=config.block_size,
         kv_memory_mb=config.kv_memory_mb,
+        kv_cache_dtype=config.kv_cache_dtype,
         max_num_seqs=config.max_num_seqs,
         max_num_batched_tokens=config.max_num_batched_tokens,
         max_prefill_tokens_while_decoding=config.max_prefill_tokens_while_decoding,

@@ -61,3 +61,20 @@ def test_flags_override_env(monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = config_from_args(args)
     assert (cfg.port, cfg.api_keys, cfg.max_waiting_requests) == (9100, ("a", "b"), 3)
     assert json.dumps(repr(cfg)).count("a,b") == 0
+
+
+def test_kv_cache_dtype_from_flag_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kiln.config import ConfigError, ServerConfig, from_env
+    from kiln.serving import engine_config
+
+    assert ServerConfig().kv_cache_dtype == "auto"
+    assert from_env({"KILN_KV_CACHE_DTYPE": "float16"}).kv_cache_dtype == "float16"
+    with pytest.raises(ConfigError, match="kv_cache_dtype"):
+        from_env({"KILN_KV_CACHE_DTYPE": "fp8"})
+    monkeypatch.delenv("KILN_KV_CACHE_DTYPE", raising=False)
+    args = build_parser().parse_args(["serve", "--kv-cache-dtype", "float16"])
+    config = config_from_args(args)
+    assert config.kv_cache_dtype == "float16"
+    assert engine_config(config).kv_cache_dtype == "float16"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--kv-cache-dtype", "int8"])

@@ -15,10 +15,21 @@
 
 /* Softmax attention of the G query heads that share KV head `kvh` over positions
  * 0..ctx_lens[m]-1 of row m's sequence: each cached K/V row is read once for the group. */
+/* Cache row `slot` of KV head kvh as float32: in place, or converted into buf (hd floats). */
+static const float *kv_row(const KilnDecodeModel *md, const void *cache, int64_t slot,
+                           int64_t kvh, float *buf) {
+    const int64_t hd = md->head_dim, at = (slot * md->kv_heads + kvh) * hd;
+    if (!md->kv_f16) return (const float *)cache + at;
+    const uint16_t *h = (const uint16_t *)cache + at;
+    for (int64_t i = 0; i < hd; i++) buf[i] = kiln_half_to_float(h[i]);
+    return buf;
+}
+
 static void attend_rows_scalar(const KilnDecodeModel *md, const KilnDecodeStep *st, int64_t m,
-                               int64_t kvh, const float *q, int64_t G, const float *kc,
-                                const float *vc, float *scores, float *out) {
-    const int64_t hd = md->head_dim, nkv = md->kv_heads, bs = md->block_size;
+                               int64_t kvh, const float *q, int64_t G, const void *kc,
+                               const void *vc, float *scores, float *out) {
+    const int64_t hd = md->head_dim, bs = md->block_size;
+    float buf[1024];
     const int64_t len = st->ctx_lens[m], stride = st->max_ctx;
     const int32_t *bt = st->block_tables + m * st->max_blocks;
     float mx[16];
@@ -26,7 +37,7 @@ static void attend_rows_scalar(const KilnDecodeModel *md, const KilnDecodeStep *
     for (int64_t p0 = 0, b = 0; p0 < len; p0 += bs, b++) {
         const int64_t n = (len - p0 < bs) ? len - p0 : bs, base = (int64_t)bt[b] * bs;
         for (int64_t o = 0; o < n; o++) {
-            const float *k = kc + ((base + o) * nkv + kvh) * hd;
+            const float *k = kv_row(md, kc, base + o, kvh, buf);
             for (int64_t g = 0; g < G; g++) {
                 const float sc = kiln_dot(q + g * hd, k, hd) * md->scale;
                 scores[g * stride + p0 + o] = sc;
@@ -44,7 +55,7 @@ static void attend_rows_scalar(const KilnDecodeModel *md, const KilnDecodeStep *
     for (int64_t p0 = 0, b = 0; p0 < len; p0 += bs, b++) {
         const int64_t n = (len - p0 < bs) ? len - p0 : bs, base = (int64_t)bt[b] * bs;
         for (int64_t o = 0; o < n; o++) {
-            const float *v = vc + ((base + o) * nkv + kvh) * hd;
+            const float *v = kv_row(md, vc, base + o, kvh, buf);
             for (int64_t g = 0; g < G; g++) {
                 const float w = scores[g * stride + p0 + o];
                 float *og = out + g * hd;
@@ -75,15 +86,24 @@ static inline __m512 hsum16(const __m512 *v) {
     return _mm512_add_ps(_mm512_shuffle_f32x4(c0, c1, 0x88), _mm512_shuffle_f32x4(c0, c1, 0xDD));
 }
 
-/* The cache row of position p: walk (block, offset) without a division per position. */
+/* The cache row of position p: walk (block, offset) without a division per position. `row`:
+ * bytes per cache slot (all KV heads). */
 typedef struct {
-    const float *base;
+    const char *base;
     const int32_t *bt;
     int64_t bs, row, b, off;
 } CacheWalk;
 
-static inline const float *walk_at(const CacheWalk *w) {
+static inline const char *walk_at(const CacheWalk *w) {
     return w->base + ((int64_t)w->bt[w->b] * w->bs + w->off) * w->row;
+}
+
+/* 16 cache values from chunk c of a row: float32, or IEEE half (F16, a constant after
+ * inlining) widened exactly. */
+static inline __attribute__((always_inline)) __m512 kv_load(const char *row, int64_t c,
+                                                           int F16) {
+    if (F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(row + 32 * c)));
+    return _mm512_loadu_ps((const float *)row + 16 * c);
 }
 
 static inline void walk_next(CacheWalk *w) {
@@ -93,7 +113,7 @@ static inline void walk_next(CacheWalk *w) {
 /* Prefetch the `lines` cache lines of the row at w (the cache rows of a head are strided and
  * split at block ends; measured ~15% faster attention at 400 positions, 8 rows). */
 static inline void walk_prefetch(const CacheWalk *w, int64_t lines) {
-    const char *r = (const char *)walk_at(w);
+    const char *r = walk_at(w);
     for (int64_t i = 0; i < lines; i++) _mm_prefetch(r + 64 * i, _MM_HINT_T0);
 }
 
@@ -102,8 +122,9 @@ static inline void walk_prefetch(const CacheWalk *w, int64_t lines) {
 /* out[q] = sum_p wq[q][p] * V[p] for QG queries over positions 0..len-1 (weights past a
  * query's own context are 0), NC 16-float chunks per head: each V row is loaded once for all
  * QG queries, the QG x NC accumulators stay in registers. */
-static inline __attribute__((always_inline)) void pv_group(int NC, int QG, CacheWalk w,
-                                                           int64_t len, float *const *wq,
+static inline __attribute__((always_inline)) void pv_group(int NC, int QG, int F16,
+                                                           CacheWalk w, int64_t len,
+                                                           float *const *wq,
                                                            float *const *out) {
     __m512 acc[16][16];
     for (int q = 0; q < QG; q++)
@@ -112,13 +133,13 @@ static inline __attribute__((always_inline)) void pv_group(int NC, int QG, Cache
     for (int64_t p = 0; p < len && p < PF_AHEAD; p++) walk_next(&ahead);
     for (int64_t p = 0; p < len; p++) {
         if (p + PF_AHEAD < len) {
-            walk_prefetch(&ahead, NC);
+            walk_prefetch(&ahead, F16 ? (NC + 1) / 2 : NC);
             walk_next(&ahead);
         }
-        const float *v = walk_at(&w);
+        const char *v = walk_at(&w);
         walk_next(&w);
         __m512 vv[16];
-        for (int c = 0; c < NC; c++) vv[c] = _mm512_loadu_ps(v + 16 * c);
+        for (int c = 0; c < NC; c++) vv[c] = kv_load(v, c, F16);
         for (int q = 0; q < QG; q++) {
             const __m512 s = _mm512_set1_ps(wq[q][p]);
             for (int c = 0; c < NC; c++) acc[q][c] = _mm512_fmadd_ps(s, vv[c], acc[q][c]);
@@ -129,41 +150,45 @@ static inline __attribute__((always_inline)) void pv_group(int NC, int QG, Cache
 }
 
 /* Any head size that is a multiple of 16: one query at a time, accumulators in memory. */
-static void pv_one(int64_t nc, CacheWalk w, int64_t len, const float *wq, float *out) {
+static void pv_one(int64_t nc, int f16, CacheWalk w, int64_t len, const float *wq,
+                   float *out) {
     for (int64_t c = 0; c < nc; c++) _mm512_storeu_ps(out + 16 * c, _mm512_setzero_ps());
     for (int64_t p = 0; p < len; p++) {
-        const float *v = walk_at(&w);
+        const char *v = walk_at(&w);
         walk_next(&w);
         const __m512 s = _mm512_set1_ps(wq[p]);
         for (int64_t c = 0; c < nc; c++)
-            _mm512_storeu_ps(out + 16 * c, _mm512_fmadd_ps(s, _mm512_loadu_ps(v + 16 * c),
-                                                           _mm512_loadu_ps(out + 16 * c)));
+            _mm512_storeu_ps(out + 16 * c,
+                             _mm512_fmadd_ps(s, f16 ? kv_load(v, c, 1) : kv_load(v, c, 0),
+                                             _mm512_loadu_ps(out + 16 * c)));
     }
 }
 
 #define PV_CASES(NC)                                                                        \
     switch (n) {                                                                            \
-    case 4: pv_group(NC, 4, w, len, wq, out); break;                                       \
-    case 3: pv_group(NC, 3, w, len, wq, out); break;                                       \
-    case 2: pv_group(NC, 2, w, len, wq, out); break;                                       \
-    default: pv_group(NC, 1, w, len, wq, out); break;                                      \
+    case 4: pv_group(NC, 4, F16, w, len, wq, out); break;                                  \
+    case 3: pv_group(NC, 3, F16, w, len, wq, out); break;                                  \
+    case 2: pv_group(NC, 2, F16, w, len, wq, out); break;                                  \
+    default: pv_group(NC, 1, F16, w, len, wq, out); break;                                 \
     }
 
 /* Up to 4 queries at once (QG x NC <= 16 accumulators). */
-static void pv_queries(int64_t nc, int64_t n, CacheWalk w, int64_t len, float *const *wq,
-                       float *const *out) {
+static inline __attribute__((always_inline)) void pv_queries(int64_t nc, int64_t n, int F16,
+                                                             CacheWalk w, int64_t len,
+                                                             float *const *wq,
+                                                             float *const *out) {
     if (nc == 4) {
         PV_CASES(4)
     } else if (nc == 8) {
         int64_t q = 0;
-        for (; q + 2 <= n; q += 2) pv_group(8, 2, w, len, wq + q, out + q);
-        if (q < n) pv_group(8, 1, w, len, wq + q, out + q);
+        for (; q + 2 <= n; q += 2) pv_group(8, 2, F16, w, len, wq + q, out + q);
+        if (q < n) pv_group(8, 1, F16, w, len, wq + q, out + q);
     } else {
-        for (int64_t q = 0; q < n; q++) pv_one(nc, w, len, wq[q], out[q]);
+        for (int64_t q = 0; q < n; q++) pv_one(nc, F16, w, len, wq[q], out[q]);
     }
 }
 
-static inline CacheWalk walk_from(const float *base, const int32_t *bt, int64_t bs,
+static inline CacheWalk walk_from(const char *base, const int32_t *bt, int64_t bs,
                                   int64_t row, int64_t p) {
     const CacheWalk w = {base, bt, bs, row, p / bs, p % bs};
     return w;
@@ -180,20 +205,14 @@ int64_t kiln_attend_part(const KilnDecodeModel *md) {
  * A row whose context fits one part (ctx <= ATTEND_PART; then p0 = 0) gets its normalized
  * output at out + r*ldo; a longer row gets, per query, the part's record at
  * part + r*part_row + g*part_head: [max score, sum of exp(score - max), sum of exp * V]. */
-void kiln_attend_seq(const KilnDecodeModel *md, const KilnDecodeStep *st, int64_t m0,
-                     int64_t R, int64_t kvh, const float *q, int64_t ldq, int64_t G,
-                     const float *kc, const float *vc, float *scores, float *out, int64_t ldo,
-                     int64_t p0, int64_t p1, float *part, int64_t part_row,
-                     int64_t part_head) {
+static inline __attribute__((always_inline)) void attend_impl(
+        const KilnDecodeModel *md, const KilnDecodeStep *st, int64_t m0, int64_t R, int64_t kvh,
+        const float *q, int64_t ldq, int64_t G, const char *kc, const char *vc, float *scores,
+        float *out, int64_t ldo, int64_t p0, int64_t p1, float *part, int64_t part_row,
+        int64_t part_head, int F16) {
     const int64_t hd = md->head_dim, nkv = md->kv_heads, bs = md->block_size;
-    const int64_t stride = st->max_ctx, nc = hd / 16;
-    if (hd % 16 || hd > 256) {
-        if (p0 > 0) return; /* one part: kiln_attend_part() */
-        for (int64_t r = 0; r < R; r++)
-            attend_rows_scalar(md, st, m0 + r, kvh, q + r * ldq, G, kc, vc,
-                               scores + r * G * stride, out + r * ldo);
-        return;
-    }
+    const int64_t stride = st->max_ctx, nc = hd / 16, esize = F16 ? 2 : 4;
+    const int64_t lines = (hd * esize + 63) / 64, row_bytes = nkv * hd * esize;
     const int32_t *bt = st->block_tables + m0 * st->max_blocks;
     int64_t longest = 0;
     for (int64_t r = 0; r < R; r++)
@@ -201,12 +220,12 @@ void kiln_attend_seq(const KilnDecodeModel *md, const KilnDecodeStep *st, int64_
     const int64_t end = longest < p1 ? longest : p1;
     if (end <= p0) return;
     const __m512 scale = _mm512_set1_ps(md->scale);
-    CacheWalk kw = walk_from(kc + kvh * hd, bt, bs, nkv * hd, p0);
-    CacheWalk vpf = walk_from(vc + kvh * hd, bt, bs, nkv * hd, p0);
+    CacheWalk kw = walk_from(kc + kvh * hd * esize, bt, bs, row_bytes, p0);
+    CacheWalk vpf = walk_from(vc + kvh * hd * esize, bt, bs, row_bytes, p0);
     {
         CacheWalk first = kw;
         for (int64_t o = 0; o < 16 && p0 + o < end; o++) {
-            walk_prefetch(&first, nc);
+            walk_prefetch(&first, lines);
             walk_next(&first);
         }
     }
@@ -215,14 +234,14 @@ void kiln_attend_seq(const KilnDecodeModel *md, const KilnDecodeStep *st, int64_
         CacheWalk ahead = kw;
         for (int64_t o = 0; o < 16 && c0 + o < end; o++) walk_next(&ahead);
         for (int64_t o = 16; o < 32 && c0 + o < end; o++) {
-            walk_prefetch(&ahead, nc);
+            walk_prefetch(&ahead, lines);
             walk_next(&ahead);
         }
         for (int64_t o = 0; o < 16 && c0 + o < end; o++) {
-            walk_prefetch(&vpf, nc);
+            walk_prefetch(&vpf, lines);
             walk_next(&vpf);
         }
-        const float *rows[16];
+        const char *rows[16];
         for (int64_t o = 0; o < 16; o++) {
             if (c0 + o < end) {
                 rows[o] = walk_at(&kw);
@@ -240,10 +259,10 @@ void kiln_attend_seq(const KilnDecodeModel *md, const KilnDecodeStep *st, int64_
                 const float *qg = q + r * ldq + g * hd;
                 __m512 acc[16];
                 for (int o = 0; o < 16; o++) {
-                    __m512 a = _mm512_mul_ps(_mm512_loadu_ps(qg), _mm512_loadu_ps(rows[o]));
+                    __m512 a = _mm512_mul_ps(_mm512_loadu_ps(qg), kv_load(rows[o], 0, F16));
                     for (int64_t c = 1; c < nc; c++)
                         a = _mm512_fmadd_ps(_mm512_loadu_ps(qg + 16 * c),
-                                            _mm512_loadu_ps(rows[o] + 16 * c), a);
+                                            kv_load(rows[o], c, F16), a);
                     acc[o] = a;
                 }
                 _mm512_mask_storeu_ps(scores + (r * G + g) * stride + c0, k,
@@ -280,7 +299,7 @@ void kiln_attend_seq(const KilnDecodeModel *md, const KilnDecodeStep *st, int64_
         }
     }
     /* V: groups of up to 4 queries; a long row's sums go to its part record. */
-    const CacheWalk vw = walk_from(vc + kvh * hd, bt, bs, nkv * hd, p0);
+    const CacheWalk vw = walk_from(vc + kvh * hd * esize, bt, bs, row_bytes, p0);
     for (int64_t q0 = 0; q0 < R * G; q0 += 4) {
         const int64_t n = R * G - q0 < 4 ? R * G - q0 : 4;
         float *wq[4], *oq[4];
@@ -291,8 +310,29 @@ void kiln_attend_seq(const KilnDecodeModel *md, const KilnDecodeStep *st, int64_
             oq[j] = whole && p0 == 0 ? out + r * ldo + g * hd /* (a later part: unused) */
                                      : part + r * part_row + g * part_head + 2;
         }
-        pv_queries(nc, n, vw, end - p0, wq, oq);
+        pv_queries(nc, n, F16, vw, end - p0, wq, oq);
     }
+}
+
+void kiln_attend_seq(const KilnDecodeModel *md, const KilnDecodeStep *st, int64_t m0,
+                     int64_t R, int64_t kvh, const float *q, int64_t ldq, int64_t G,
+                     const void *kc, const void *vc, float *scores, float *out, int64_t ldo,
+                     int64_t p0, int64_t p1, float *part, int64_t part_row,
+                     int64_t part_head) {
+    const int64_t hd = md->head_dim;
+    if (hd % 16 || hd > 256) {
+        if (p0 > 0) return; /* one part: kiln_attend_part() */
+        for (int64_t r = 0; r < R; r++)
+            attend_rows_scalar(md, st, m0 + r, kvh, q + r * ldq, G, kc, vc,
+                               scores + r * G * st->max_ctx, out + r * ldo);
+        return;
+    }
+    if (md->kv_f16)
+        attend_impl(md, st, m0, R, kvh, q, ldq, G, (const char *)kc, (const char *)vc, scores,
+                    out, ldo, p0, p1, part, part_row, part_head, 1);
+    else
+        attend_impl(md, st, m0, R, kvh, q, ldq, G, (const char *)kc, (const char *)vc, scores,
+                    out, ldo, p0, p1, part, part_row, part_head, 0);
 }
 
 /* Out = the merged parts of a long row's query: sum_j e^(m_j - M) o_j / sum_j e^(m_j - M) s_j
@@ -321,7 +361,7 @@ int64_t kiln_attend_part(const KilnDecodeModel *md) {
 
 void kiln_attend_seq(const KilnDecodeModel *md, const KilnDecodeStep *st, int64_t m0,
                      int64_t R, int64_t kvh, const float *q, int64_t ldq, int64_t G,
-                     const float *kc, const float *vc, float *scores, float *out, int64_t ldo,
+                     const void *kc, const void *vc, float *scores, float *out, int64_t ldo,
                      int64_t p0, int64_t p1, float *part, int64_t part_row,
                      int64_t part_head) {
     (void)p1, (void)part, (void)part_row, (void)part_head;

@@ -73,7 +73,9 @@ static void attention_block(const KilnDecodeModel *md, const KilnDecodeStep *st,
                             float *parts) {
     const int64_t M = st->M, hd = md->head_dim, nh = md->heads, nkv = md->kv_heads;
     const int64_t nqkv = (nh + 2 * nkv) * hd, G = nh / nkv;
-    float *kc = (float *)(intptr_t)row[F_K_CACHE], *vc = (float *)(intptr_t)row[F_V_CACHE];
+    char *kc = (char *)(intptr_t)row[F_K_CACHE], *vc = (char *)(intptr_t)row[F_V_CACHE];
+    const int f16 = md->kv_f16 != 0;
+    const int64_t esize = f16 ? 2 : 4;
     const float *kb = fptr(row, F_K_BIAS), *vb = fptr(row, F_V_BIAS), *qb = fptr(row, F_Q_BIAS);
     /* K and V of the new tokens into the cache; the G query heads of each KV head prepared. */
 #pragma omp for schedule(static)
@@ -85,8 +87,8 @@ static void attention_block(const KilnDecodeModel *md, const KilnDecodeStep *st,
         if (vb)
             for (int64_t i = 0; i < hd; i++) v[i] += vb[h * hd + i];
         const int64_t slot = st->slots[m];
-        memcpy(kc + (slot * nkv + h) * hd, k, (size_t)hd * sizeof(float));
-        memcpy(vc + (slot * nkv + h) * hd, v, (size_t)hd * sizeof(float));
+        kiln_store_kv(kc + (slot * nkv + h) * hd * esize, k, hd, f16);
+        kiln_store_kv(vc + (slot * nkv + h) * hd * esize, v, hd, f16);
         for (int64_t qh = h * G; qh < (h + 1) * G; qh++)
             prepare_head(qkv + m * nqkv + qh * hd, qb ? qb + qh * hd : 0, fptr(row, F_Q_NORM),
                          cos, sin, hd, md->eps);

@@ -18,6 +18,7 @@ typedef struct {
     const float *final_norm;
     const uint8_t *head;
     int64_t head_q8;
+    int64_t kv_f16; /* the K/V caches hold IEEE half floats (else float32) */
 } KilnDecodeModel;
 
 /* LoRA for the rows of a step (kiln.model.lora_slots layout): per module (q, k, v, o, gate,
@@ -64,8 +65,8 @@ int64_t kiln_attend_part(const KilnDecodeModel *md);
  * p0 = 0 call), a longer one a record [max, sum, hd sums] per query at part + r*part_row +
  * g*part_head for kiln_attend_merge. `scores` holds R*G*max_ctx floats. (attention.c) */
 void kiln_attend_seq(const KilnDecodeModel *md, const KilnDecodeStep *st, int64_t m0, int64_t R,
-                     int64_t kvh, const float *q, int64_t ldq, int64_t G, const float *kc,
-                     const float *vc, float *scores, float *out, int64_t ldo, int64_t p0,
+                     int64_t kvh, const float *q, int64_t ldq, int64_t G, const void *kc,
+                     const void *vc, float *scores, float *out, int64_t ldo, int64_t p0,
                      int64_t p1, float *part, int64_t part_row, int64_t part_head);
 
 /* One query's output from its nparts consecutive records of hd + 2 floats. (attention.c) */

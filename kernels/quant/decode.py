@@ -16,6 +16,7 @@ import torch
 
 from . import NATIVE_FLAGS, PackedWeight, _library
 
+KV_DTYPES = (torch.float32, torch.float16)  # the cache element types decode.c reads
 LAYER_FIELDS = ("qkv", "qkv_q8", "o", "o_q8", "gate_up", "gate_up_q8", "down", "down_q8",
                 "in_norm", "post_norm", "q_norm", "k_norm", "q_bias", "k_bias", "v_bias",
                 "k_cache", "v_cache")
@@ -25,7 +26,8 @@ class _Model(ctypes.Structure):
     _fields_ = [(n, ctypes.c_int64) for n in ("layers", "hidden", "inter", "heads", "kv_heads",
                                                "head_dim", "vocab", "block_size", "fields")] + [
         ("eps", ctypes.c_float), ("scale", ctypes.c_float), ("table", ctypes.c_void_p),
-        ("final_norm", ctypes.c_void_p), ("head", ctypes.c_void_p), ("head_q8", ctypes.c_int64)]
+        ("final_norm", ctypes.c_void_p), ("head", ctypes.c_void_p), ("head_q8", ctypes.c_int64),
+        ("kv_f16", ctypes.c_int64)]
 
 
 LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -135,6 +137,7 @@ class DecodeProgram:
                 zip(w.layers, k_caches, v_caches, strict=True)]
         self.table = torch.tensor(rows, dtype=torch.int64)
         self.block_size = int(k_caches[0].shape[1])
+        self.kv_dtype = k_caches[0].dtype
         self.vocab = w.head.out_features
         self.model = _Model(
             layers=len(w.layers), hidden=w.hidden, inter=w.inter, heads=w.heads,
@@ -142,7 +145,7 @@ class DecodeProgram:
             block_size=self.block_size, fields=len(LAYER_FIELDS), eps=w.eps,
             scale=w.head_dim ** -0.5, table=self.table.data_ptr(),
             final_norm=_addr(self._hold(_f32(w.final_norm))), head=w.head.tiles.data_ptr(),
-            head_q8=int(w.head.fmt == "q8"))
+            head_q8=int(w.head.fmt == "q8"), kv_f16=int(self.kv_dtype == torch.float16))
 
     def _hold(self, t: torch.Tensor | None) -> torch.Tensor | None:
         if t is not None:
@@ -164,7 +167,9 @@ class DecodeProgram:
         for name in ("in_norm", "post_norm", "q_norm", "k_norm", "q_bias", "k_bias", "v_bias"):
             row[name] = _addr(self._hold(_f32(getattr(layer, name))))
         for name, cache in (("k_cache", k), ("v_cache", v)):
-            _f32(cache)
+            if cache.dtype not in KV_DTYPES or cache.dtype != k.dtype or \
+                    cache.device.type != "cpu" or not cache.is_contiguous():
+                raise ValueError("KV caches must be contiguous float32 or float16 CPU tensors")
             if tuple(cache.shape[2:]) != (w.kv_heads, w.head_dim):
                 raise ValueError("KV cache heads/dim do not match the model")
             row[name] = self._hold(cache).data_ptr()  # type: ignore[union-attr]

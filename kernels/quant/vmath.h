@@ -34,4 +34,11 @@ void kiln_silu_mul(const float *g, const float *u, float *out, int64_t n);
 /* scores[p] = exp(scores[p] - top) for p < len; returns their sum. */
 float kiln_exp_shift_sum(float *scores, int64_t len, float top);
 
+/* IEEE half <-> float32, round to nearest even (torch's .to(float16)); exact the other way. */
+float kiln_half_to_float(uint16_t h);
+uint16_t kiln_float_to_half(float f);
+
+/* n floats into a KV cache row: float32 (f16 = 0) or IEEE half (f16 = 1). */
+void kiln_store_kv(void *dst, const float *src, int64_t n, int f16);
+
 #endif

@@ -10,6 +10,7 @@ class EngineConfig:
     block_size: int = 16
     num_blocks: int | None = None  # None -> kv_memory_mb / bytes per block
     kv_memory_mb: int = 512
+    kv_cache_dtype: str = "auto"  # or "float16" (CPU only): see kiln.config.KV_CACHE_DTYPES
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
     # While sequences are decoding, a step computes at most this many prefill tokens, so a long
@@ -35,6 +36,9 @@ class EngineConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"EngineConfig.{name} must be a positive int, got {value!r}")
+        if self.kv_cache_dtype not in ("auto", "float16"):
+            raise ValueError(f"EngineConfig.kv_cache_dtype must be auto or float16, "
+                             f"got {self.kv_cache_dtype!r}")
         for name in ("num_blocks", "max_model_len"):
             value = getattr(self, name)
             if value is not None and (

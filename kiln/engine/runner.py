@@ -15,6 +15,16 @@ from kiln.model.lora import LoraAdapter
 from kiln.model.lora_slots import AdapterSlots, LoraBatch
 
 
+def kv_dtype(config: EngineConfig, dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The KV cache element type: the model's dtype, or float16 when asked (CPU only)."""
+    if config.kv_cache_dtype == "auto":
+        return dtype
+    if device.type != "cpu":
+        raise ValueError(f"kv_cache_dtype={config.kv_cache_dtype} is supported on the CPU only "
+                         f"(device {device.type})")
+    return torch.float16
+
+
 def kv_num_blocks(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype) -> int:
     """config.num_blocks, or as many blocks as kv_memory_mb holds."""
     if config.num_blocks is not None:
@@ -34,8 +44,9 @@ class ModelRunner:
         self.dtype = dtype
         self.block_size = config.block_size
         self.device = device
-        self.num_blocks = kv_num_blocks(cfg, config, dtype)
-        self.kv = KVCache(cfg, self.num_blocks, config.block_size, dtype, device)
+        cache_dtype = kv_dtype(config, dtype, device)
+        self.num_blocks = kv_num_blocks(cfg, config, cache_dtype)
+        self.kv = KVCache(cfg, self.num_blocks, config.block_size, cache_dtype, device)
         self.sampler = Sampler(device)
         self._lora_slots: AdapterSlots | None = None  # created on the first LoRA step
 

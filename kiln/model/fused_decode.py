@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, cast
 import torch
 from kiln_kernels.quant import NATIVE_FLAGS, PackedWeight
 from kiln_kernels.quant.decode import (
+    KV_DTYPES,
     LORA_MODULES,
     DecodeLayer,
     DecodeProgram,
@@ -176,6 +177,8 @@ class FusedDecoder:
         seqs = c_sequences(batch)
         n_seqs = int(batch.query_start_loc.numel()) - 1
         if not seqs or (batch.lora is not None and len(seqs) != n_seqs):
+            return None
+        if kv.dtype not in KV_DTYPES or kv.device.type != "cpu":
             return None
         try:
             return self.forward(model, batch, kv, seqs, rest)

@@ -100,3 +100,27 @@ def test_kv_blocks_from_memory_budget(tiny_llama: LoadedModel) -> None:
     n = kv_num_blocks(tiny_llama.config, EngineConfig(kv_memory_mb=1), tiny_llama.dtype)
     assert n == 1024 * 1024 // per
     assert kv_num_blocks(tiny_llama.config, EngineConfig(num_blocks=7), tiny_llama.dtype) == 7
+
+
+def test_half_kv_cache_doubles_the_blocks_and_serves(tiny_llama: LoadedModel) -> None:
+    """--kv-cache-dtype float16: twice the blocks in the same memory, K/V stored as half, and
+    the engine still generates (the model's own float32 cache is the exact default)."""
+    import torch
+
+    from kiln.engine.runner import kv_dtype
+
+    exact = EngineConfig(kv_memory_mb=1)
+    half = EngineConfig(kv_memory_mb=1, kv_cache_dtype="float16")
+    assert tiny_llama.dtype == torch.float32
+    assert kv_num_blocks(tiny_llama.config, half, kv_dtype(half, tiny_llama.dtype,
+                                                             torch.device("cpu"))) == \
+        2 * kv_num_blocks(tiny_llama.config, exact, tiny_llama.dtype)
+    with pytest.raises(ValueError, match="CPU only"):
+        kv_dtype(half, torch.float32, torch.device("cuda"))
+    with pytest.raises(ValueError, match="kv_cache_dtype"):
+        EngineConfig(kv_cache_dtype="bfloat16")
+    sched, runner = build_core(tiny_llama, EngineConfig(block_size=4, num_blocks=256,
+                                                        kv_cache_dtype="float16"))
+    assert runner.kv.dtype == torch.float16
+    outs = drive(sched, runner, [req(tiny_llama, "a", TEXT)])["a"]
+    assert len(token_ids(outs)) == 12

@@ -175,6 +175,41 @@ def test_the_step_leaves_denormals_on() -> None:
     assert float(torch.tensor(2e-39) * 0.5) != 0.0
 
 
+@pytest.mark.parametrize("flags", ["native", "portable"])
+def test_half_kv_cache_matches_the_torch_path(flags: str) -> None:
+    """A float16 KV cache (--kv-cache-dtype float16): the C step stores K/V rounded to half as
+    torch does and reads them widened; against the torch path on the same kind of cache, with
+    prefill chunks, decodes, a context over one 512-position part, and batch invariance."""
+    cfg = dataclasses.replace(tiny_config("qwen3"), num_heads=6, num_kv_heads=2, head_dim=64)
+    model = quantized_from(cfg)
+    assert model.fused is not None
+    if flags == "portable":
+        model.fused = FusedDecoder(model.fused.weights, flags=PORTABLE_FLAGS)
+    caches = [KVCache(model.config, 2 * 48, BLOCK, torch.float16, torch.device("cpu"))
+              for _ in range(3)]
+    a_tbl, b_tbl = list(range(48)), list(range(48, 96))
+    a_ids = [(11 * i) % 250 + 1 for i in range(700)]
+    b_ids = [(13 * i) % 240 + 2 for i in range(40)]
+    for kv in caches:
+        model._torch_forward(build_forward_batch([(a_ids[:600], 0, a_tbl)], BLOCK), kv)
+    steps = [[(a_ids[600:606], 600, a_tbl), (b_ids[:30], 0, b_tbl)],  # chunks through C
+             [(a_ids[606:607], 606, a_tbl), (b_ids[30:31], 30, b_tbl)]]  # decodes
+    for step in steps:
+        got = model.forward(build_forward_batch(step, BLOCK, "all"), caches[0])
+        want = model._torch_forward(build_forward_batch(step, BLOCK, "all"), caches[1])
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        for layer in range(cfg.num_layers):  # half values within one rounding of torch's
+            torch.testing.assert_close(caches[0].k[layer].float(), caches[1].k[layer].float(),
+                                       rtol=2e-3, atol=1e-4)
+            torch.testing.assert_close(caches[0].v[layer].float(), caches[1].v[layer].float(),
+                                       rtol=2e-3, atol=1e-4)
+    alone = model.forward(build_forward_batch(steps[0][:1], BLOCK, "all"), caches[2])
+    model.forward(build_forward_batch(steps[0][1:], BLOCK, "all"), caches[2])
+    last = model.forward(build_forward_batch(steps[1][:1], BLOCK, "all"), caches[2])
+    assert alone.shape[0] == 6
+    assert torch.equal(last[0], got[0])  # the decode row alone = beside another sequence
+
+
 def _two_decoding(model: CausalLM) -> tuple[KVCache, KVCache, list[list[int]]]:
     kv, alone_kv = new_cache(model), new_cache(model)
     tbl = tables(3)
