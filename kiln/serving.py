@@ -102,6 +102,7 @@ class EngineBackend:
         self.engine = AsyncEngine(loaded, engine_config(config))
         self.model_id = loaded.served_name
         self.aliases = config.model_aliases
+        self.kv_cache_dtype = config.kv_cache_dtype
         self.created = int(time.time())
         self.max_model_len = self.engine.max_model_len
         self.tokenizer = loaded.tokenizer
@@ -214,13 +215,14 @@ class EngineBackend:
                 return None
             backend = self.loaded.device.type
             runtime = f"torch-{torch.__version__}"
-            model_cfg = asdict(self.loaded.config)
+            model_cfg: dict[str, Any] = {**asdict(self.loaded.config),
+                                         "dtype": str(self.loaded.dtype)}
+            if self.kv_cache_dtype != "auto":  # it changes the numbers; auto keeps old hashes
+                model_cfg["kv_cache_dtype"] = self.kv_cache_dtype
             self._policy = PolicyIdentity(
                 served_model_id=self.model_id,
                 base_model_sha256=base_model_sha256(weight_files(source)),
-                inference_config_sha256=inference_config_sha256(
-                    {**model_cfg, "dtype": str(self.loaded.dtype)}, backend, runtime
-                ),
+                inference_config_sha256=inference_config_sha256(model_cfg, backend, runtime),
                 implementation=f"kiln-python/{_version()}/{backend}/{runtime}",
                 vocab_sha256=vocab_sha256(self.tokenizer.backend.get_vocab(with_added_tokens=True)),
                 tokenizer_config_sha256=_sha(self.tokenizer.backend.to_str()),

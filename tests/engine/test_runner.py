@@ -124,3 +124,19 @@ def test_half_kv_cache_doubles_the_blocks_and_serves(tiny_llama: LoadedModel) ->
     assert runner.kv.dtype == torch.float16
     outs = drive(sched, runner, [req(tiny_llama, "a", TEXT)])["a"]
     assert len(token_ids(outs)) == 12
+
+
+def test_half_kv_cache_changes_the_inference_config_hash(tiny_llama: LoadedModel) -> None:
+    """Provenance: a float16 KV cache changes the numbers, so it changes the policy's inference
+    config hash; the exact default keeps the hash it always had."""
+    from kiln.config import ServerConfig
+    from kiln.serving import EngineBackend
+
+    ids = []
+    for dtype in ("auto", "float16", "auto"):
+        backend = EngineBackend(tiny_llama, ServerConfig(kv_cache_dtype=dtype, kv_memory_mb=8))
+        identity = backend.policy_identity()
+        assert identity is not None
+        ids.append(identity.inference_config_sha256)
+        backend.shutdown()
+    assert ids[0] == ids[2] != ids[1]
