@@ -17,7 +17,7 @@ Decode rates are client-side: every token's arrival is a ``kiln.token_timing`` S
 (``include_performance``), and rate = (tokens - 1) / (last arrival - first arrival).
 Transformers' rate = rows * (n - 1) / (time(n tokens) - time(1 token)).
 
-Usage: python -m bench.bench_serving [--quick]
+Usage: python -m bench.bench_serving [--quick] [--kv-cache-dtype auto|float16]
 Writes bench/results/serving.json (figures, no asserts).
 """
 
@@ -281,7 +281,10 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="1 repeat, 150 RSS requests")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--long-prompt-tokens", type=int, default=1500)
-    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--kv-cache-dtype", choices=["auto", "float16"], default="auto",
+                    help="the server's KV cache (float16: see README; results go to "
+                         "serving_float16kv.json unless --out)")
+    ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--threads", type=int, default=None,
                     help="torch intra-op threads (default: torch's own choice)")
     args = ap.parse_args()
@@ -296,7 +299,11 @@ def main() -> None:
     hf = hf_baselines(loaded, args.max_tokens, args.repeats)
     # `kiln serve` in its own process, as users run it (a server sharing this process with the
     # transformers baseline would share its torch thread pools)
-    with running_server(log_path=RESULTS.parent / "bench_serving_server.log") as server:
+    if args.out is None:
+        args.out = (RESULTS.with_name("serving_float16kv.json")
+                    if args.kv_cache_dtype == "float16" else RESULTS)
+    with running_server(["--kv-cache-dtype", args.kv_cache_dtype],
+                        log_path=RESULTS.parent / "bench_serving_server.log") as server:
         ours = asyncio.run(serve_all(server, loaded, args))
     single, conc = ours["single"]["tok_s"], ours["concurrent8"]["tok_s"]
     adm, rss = ours["admission"], ours["rss"]
@@ -338,6 +345,7 @@ def main() -> None:
         "machine": platform.machine(),
         "torch_threads": torch.get_num_threads(),
         "quick": args.quick,
+        "kv_cache_dtype": args.kv_cache_dtype,
         "max_tokens": args.max_tokens,
         "transformers": hf,
         **ours,
