@@ -7,6 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from kiln.config import ConfigError, ServerConfig, from_env
+from kiln.engine.config import KV_CACHE_DTYPES
 
 
 def _bool_flag(parser: argparse.ArgumentParser, name: str, help_text: str) -> None:
@@ -35,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-body-bytes", type=int, help="request body limit (default 8 MiB)")
     serve.add_argument("--max-model-len", type=int, help="context window cap")
     serve.add_argument("--kv-memory-mb", type=int, help="KV cache size in MiB (default 512)")
-    serve.add_argument("--kv-cache-dtype", choices=["auto", "float16"],
+    serve.add_argument("--kv-cache-dtype", choices=list(KV_CACHE_DTYPES),
                        help="K/V element type: auto (the model's dtype, exact; default) or "
                             "float16 (CPU only: half the memory and bytes per step, K/V "
                             "rounded to half precision)")

@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from kiln.engine.config import KV_CACHE_DTYPES
+
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8420
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -18,11 +20,6 @@ DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 
 class ConfigError(ValueError):
     """A configuration value is invalid."""
-
-
-# "auto": the model's dtype (exact); "float16": K/V stored as IEEE half (CPU only), half the
-# memory and bytes read per step, at the cost of rounding K and V to 11 significant bits.
-KV_CACHE_DTYPES = ("auto", "float16")
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ import torch
 
 from .counter_hash import counter_uniform_at
 from .params import SamplingTensors
+from .top_p import top_p_cut
 
 
 def sample_topk_rows(xs: torch.Tensor, p: SamplingTensors
@@ -42,10 +43,8 @@ def sample_topk_rows(xs: torch.Tensor, p: SamplingTensors
     if bool(tp_on.any()):
         kept = torch.where(keep, vals, neg_inf)  # sorted: the kept ones first
         csum = torch.cumsum(torch.softmax(kept, dim=1), dim=1)
-        n_kept = keep.sum(dim=1)
-        cut = torch.minimum((csum < tp[:, None]).sum(dim=1), n_kept - 1).clamp(min=0)
-        thr_p = kept.gather(1, cut[:, None])
-        keep &= ~tp_on[:, None] | (vals >= thr_p)
+        thr_p = top_p_cut(kept, csum, tp, keep.sum(dim=1))
+        keep &= ~tp_on[:, None] | (vals >= thr_p[:, None])
     rows = torch.arange(xs.shape[0], device=xs.device)[:, None].expand_as(idx).reshape(-1)
     u = counter_uniform_at(p.seeds[rows], p.steps[rows], idx.reshape(-1)).view_as(idx)
     scores = torch.where(keep, vals - torch.log(-torch.log(u)), neg_inf)

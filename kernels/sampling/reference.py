@@ -25,6 +25,7 @@ import torch
 from .candidates import sample_topk_rows
 from .counter_hash import counter_uniform, counter_uniform_at
 from .params import SamplingTensors
+from .top_p import top_p_threshold
 
 GREEDY_TEMPERATURE = 1e-5
 
@@ -110,35 +111,6 @@ def filter_threshold(x: torch.Tensor, p: SamplingTensors) -> torch.Tensor:
         thr[rows] = torch.maximum(thr[rows], top_p_threshold(x[rows], thr[rows], tp[rows]))
     return thr
 
-
-# Top-p sorts only what it needs: the kept tokens when top-k / min-p left few (the rest of a
-# sorted row is -inf, probability 0), else the largest TOP_P_PREFIX, which suffice whenever they
-# reach top_p; a full sort only when they do not.
-TOP_P_PREFIX = 1024
-
-
-def top_p_threshold(xr: torch.Tensor, thr: torch.Tensor, tp: torch.Tensor) -> torch.Tensor:
-    """float32 [R]: per row, over the tokens with x >= thr sorted by descending x, the x of the
-    first token at which the cumulative probability reaches tp (the last kept token if none)."""
-    v = xr.shape[1]
-    keep = xr >= thr[:, None]
-    n_kept = keep.sum(dim=1)
-    neg_inf = torch.tensor(float("-inf"), dtype=xr.dtype, device=xr.device)
-    kept = torch.where(keep, xr, neg_inf)
-    n = int(n_kept.max())
-    if n <= TOP_P_PREFIX:  # every kept token is in the prefix: the old formula, minus zeros
-        srt = torch.topk(kept, max(n, 1), dim=1).values
-        csum = torch.cumsum(torch.softmax(srt, dim=1), dim=1)
-    else:
-        srt = torch.topk(kept, min(TOP_P_PREFIX, v), dim=1).values
-        lse = torch.logsumexp(kept, dim=1, keepdim=True)
-        csum = torch.cumsum(torch.exp(srt - lse), dim=1)
-        if not bool((csum[:, -1] >= tp).all()):
-            srt = torch.sort(kept, dim=1, descending=True).values
-            csum = torch.cumsum(torch.exp(srt - lse), dim=1)
-    cut = (csum < tp[:, None]).sum(dim=1)
-    cut = torch.minimum(cut, torch.minimum(n_kept, torch.tensor(srt.shape[1])) - 1).clamp(min=0)
-    return srt.gather(1, cut[:, None]).squeeze(1)
 
 
 def gumbel_noise(p: SamplingTensors, vocab: int) -> torch.Tensor:

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# "auto": the model's dtype (exact); "float16": K/V stored as IEEE half (CPU only), half the
+# memory and bytes read per step, at the cost of rounding K and V to 11 significant bits.
+KV_CACHE_DTYPES = ("auto", "float16")
+
 
 @dataclass(frozen=True)
 class EngineConfig:
     block_size: int = 16
     num_blocks: int | None = None  # None -> kv_memory_mb / bytes per block
     kv_memory_mb: int = 512
-    kv_cache_dtype: str = "auto"  # or "float16" (CPU only): see kiln.config.KV_CACHE_DTYPES
+    kv_cache_dtype: str = "auto"  # one of KV_CACHE_DTYPES
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
     # While sequences are decoding, a step computes at most this many prefill tokens, so a long
@@ -36,8 +40,8 @@ class EngineConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"EngineConfig.{name} must be a positive int, got {value!r}")
-        if self.kv_cache_dtype not in ("auto", "float16"):
-            raise ValueError(f"EngineConfig.kv_cache_dtype must be auto or float16, "
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"EngineConfig.kv_cache_dtype must be one of {KV_CACHE_DTYPES}, "
                              f"got {self.kv_cache_dtype!r}")
         for name in ("num_blocks", "max_model_len"):
             value = getattr(self, name)
