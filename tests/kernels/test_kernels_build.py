@@ -4,6 +4,8 @@ as skips. Fails with the compiler's message."""
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 from kiln_kernels.quant import build
 
@@ -22,3 +24,18 @@ def test_the_kernels_build_where_a_compiler_exists(flags: tuple[str, ...]) -> No
         pytest.skip("no C compiler on this machine: Kiln falls back to the torch path")
     lib = build.load(flags)  # raises KernelBuildError with the compiler output on failure
     assert lib.kiln_quant_simd() in (0, 512)
+
+
+def test_the_attention_kernel_keeps_its_prefetches() -> None:
+    """GCC deletes a loop of _mm_prefetch calls as dead code (it once dropped every prefetch of
+    attention.c unnoticed): the AVX-512 build's assembly must still hold them."""
+    cc = _compiler()
+    if cc is None:
+        pytest.skip("no C compiler on this machine")
+    if build.load(build.NATIVE_FLAGS).kiln_quant_simd() != 512:
+        pytest.skip("the AVX-512 attention path is not built on this CPU")
+    flags = [f for f in build.NATIVE_FLAGS if f not in ("-shared", "-fPIC")]
+    source = build.HERE / "attention.c"
+    proc = subprocess.run([cc, *flags, f"-I{build.HERE}", "-S", "-o", "-", str(source)],
+                          capture_output=True, text=True, timeout=120, check=True)
+    assert proc.stdout.count("prefetcht0") >= 4

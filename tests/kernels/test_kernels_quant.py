@@ -61,7 +61,8 @@ def test_tiles_round_trip(fmt_type: str) -> None:
 
 @pytest.mark.parametrize("ggml_type", sorted(GGML_BLOCK_BYTES))
 @pytest.mark.parametrize("k", [32, 576, 1088])  # one block; the model's width; > one chunk
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 8, 33])  # every register block; > 8 rows
+# every pass shape (1..12 rows), and 13, 24, 33 rows split into even passes
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 24, 33])
 def test_gemm_matches_reference(ggml_type: str, k: int, m: int) -> None:
     pw = pack_ggml(random_blocks(ggml_type, 20, k, seed=k + m), ggml_type)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
@@ -78,8 +79,9 @@ def test_a_row_never_depends_on_the_batch(ggml_type: str) -> None:
     full = pw.matmul(x)
     for i in range(37):
         assert torch.equal(full[i], pw.matmul(x[i:i + 1].clone())[0])
-    for n in range(2, 9):  # every register block shape
+    for n in range(2, 26):  # every pass shape, and splits into 2 and 3 passes
         assert torch.equal(full[3:3 + n], pw.matmul(x[3:3 + n].clone()))
+    assert torch.equal(full, torch.cat([pw.matmul(x[:13].clone()), pw.matmul(x[13:].clone())]))
 
 
 def test_portable_build_matches_reference() -> None:
