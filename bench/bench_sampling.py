@@ -1,5 +1,7 @@
-"""The CPU sampler (kiln_kernels.sampling.sample_reference) per step, over the default model's
-vocabulary size (49,152), for the sampling settings requests bring.
+"""The CPU samplers per step, over the default model's vocabulary size (49,152), for the sampling
+settings requests bring: the C sampler the engine runs on the CPU
+(kiln_kernels.sampling.native.sample_native, penalty history as sparse ids) beside the torch
+reference (sample_reference, dense [rows, vocab] history), on the same inputs.
 
 Rows: 1 and 8. Settings: greedy; Kiln's default preset (temperature 1.0, top-p 0.95, top-k 20,
 presence penalty 1.5, with 50 generated tokens of history); temperature only (top-k off: every
@@ -24,6 +26,7 @@ from typing import Any
 
 import torch
 from kiln_kernels.sampling import SamplingTensors, sample_reference
+from kiln_kernels.sampling.native import SeenTokens, native_available, sample_native
 
 RESULTS = Path(__file__).parent / "results" / "sampling.json"
 VOCAB = 49152
@@ -59,14 +62,23 @@ def model_logits() -> torch.Tensor:
     return torch.stack(rows)
 
 
-def time_ms(logits: torch.Tensor, setting: dict[str, Any], repeats: int) -> float:
+def time_ms(logits: torch.Tensor, setting: dict[str, Any], repeats: int,
+            native: bool) -> float:
     rows, vocab = logits.shape
     p = SamplingTensors.build([dict(setting, seed=i, step=3) for i in range(rows)], vocab)
-    sample_reference(logits, p)  # warm-up
+    hist = [list(setting.get("output_tokens", [])) for _ in range(rows)]
+
+    def run() -> None:
+        if native:  # as the engine calls it: the history as id lists
+            sample_native(logits, p, SeenTokens.from_lists(hist))
+        else:
+            sample_reference(logits, p)
+
+    run()  # warm-up
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        sample_reference(logits, p)
+        run()
         times.append(time.perf_counter() - start)
     return 1000 * statistics.median(times)
 
@@ -76,18 +88,22 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
+    if not native_available():
+        raise SystemExit("the C kernels do not build here (no C compiler?)")
     results = []
     real = model_logits()
-    print(f"{'logits':7} {'setting':18} {'rows':>4} {'ms/step':>8}")
+    print(f"{'logits':7} {'setting':18} {'rows':>4} {'C ms':>8} {'torch ms':>9}")
     for kind in ("random", "model"):
         for name, setting in SETTINGS.items():
             for rows in (1, 8):
                 logits = (real[:rows] if kind == "model" else
                           torch.randn(rows, VOCAB, generator=torch.Generator().manual_seed(rows)) * 3)
-                ms = time_ms(logits, setting, args.repeats)
+                ms = time_ms(logits, setting, args.repeats, native=True)
+                ref = time_ms(logits, setting, args.repeats, native=False)
                 results.append({"logits": kind, "setting": name, "rows": rows,
-                                "ms_per_step_median": round(ms, 3)})
-                print(f"{kind:7} {name:18} {rows:>4} {ms:8.2f}")
+                                "ms_per_step_median": round(ms, 3),
+                                "torch_reference_ms_median": round(ref, 3)})
+                print(f"{kind:7} {name:18} {rows:>4} {ms:8.2f} {ref:9.2f}")
     report = {"benchmark": "sampling", "vocab": VOCAB, "machine": platform.machine(),
               "torch_threads": torch.get_num_threads(), "results": results}
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -25,8 +25,8 @@ from pathlib import Path
 
 HERE = Path(__file__).parent
 SOURCES = (HERE / "gemm.c", HERE / "decode.c", HERE / "attention.c", HERE / "vmath.c",
-           HERE / "counter.c")
-HEADERS = (HERE / "quant.h", HERE / "decode.h", HERE / "vmath.h")
+           HERE / "counter.c", HERE / "sample.c")
+HEADERS = (HERE / "quant.h", HERE / "decode.h", HERE / "vmath.h", HERE / "counter.h")
 NATIVE_FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-shared",
                 "-fPIC")
 PORTABLE_FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC")  # no AVX-512: the scalar path
@@ -116,5 +116,9 @@ def load(flags: tuple[str, ...] = NATIVE_FLAGS) -> ctypes.CDLL:
             lib.kiln_quant_simd.restype = i32
             lib.kiln_counter_uniform.argtypes = [p, p, i64, i64, p]
             lib.kiln_counter_uniform.restype = None
+            lib.kiln_sample.argtypes = [p, i32]
+            lib.kiln_sample.restype = None
+            lib.kiln_sample_scratch_floats.argtypes = [i64, i64]
+            lib.kiln_sample_scratch_floats.restype = i64
             _loaded[flags] = lib
         return lib

@@ -1,7 +1,9 @@
-"""Batched sampling: the rows' SamplingParams and history -> kiln_kernels.sampling.sample.
+"""Batched sampling: the rows' SamplingParams and history -> kiln_kernels.sampling.
 
-The kernel is batch-invariant: a row's token depends only on its logits, its parameters and
-(seed, step), so a seeded request samples the same tokens alone or in any batch.
+On the CPU the C sampler (``sample_native``) takes the rows with their penalty history as sparse
+id lists; elsewhere (or without a C compiler) ``sample`` gets dense [rows, vocab] counts. Both are
+batch-invariant: a row's token depends only on its logits, its parameters and (seed, step), so a
+seeded request samples the same tokens alone or in any batch.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from collections.abc import Sequence
 
 import torch
 from kiln_kernels.sampling import SamplingTensors, sample
+from kiln_kernels.sampling.native import SeenTokens, sample_native
 from kiln_kernels.sampling.params import to_int64_bits
 
 from kiln.engine.outputs import ScheduledSeq
@@ -29,31 +32,37 @@ class Sampler:
             raise ValueError(f"sampler: {logits.shape[0]} logit rows for {len(seqs)} sequences")
         if not seqs:
             return [], []
-        tensors = self.build(seqs, int(logits.shape[1]))
-        tokens, logprobs = sample(logits, tensors)
+        native = None
+        if self.device.type == "cpu" and logits.dtype == torch.float32:
+            seen = SeenTokens.from_lists([s.output_token_ids if s.sampling.uses_penalties else []
+                                          for s in seqs])
+            native = sample_native(logits, None, seen, columns=self.columns(seqs))
+        tokens, logprobs = native or sample(logits, self.build(seqs, int(logits.shape[1])))
         return [int(t) for t in tokens.tolist()], [float(x) for x in logprobs.tolist()]
 
-    def build(self, seqs: Sequence[ScheduledSeq], vocab: int) -> SamplingTensors:
+    def columns(self, seqs: Sequence[ScheduledSeq]) -> dict[str, torch.Tensor]:
+        """The rows' sampling parameters, one [B] tensor each (SamplingTensors' names)."""
         dev = self.device
         sp = [s.sampling for s in seqs]
 
         def col(values: list[float] | list[int], dtype: torch.dtype) -> torch.Tensor:
             return torch.tensor(values, dtype=dtype, device=dev)
 
+        return {
+            "temperature": col([p.temperature for p in sp], torch.float32),
+            "top_k": col([p.top_k for p in sp], torch.int32),
+            "top_p": col([p.top_p for p in sp], torch.float32),
+            "min_p": col([p.min_p for p in sp], torch.float32),
+            "presence_penalty": col([p.presence_penalty for p in sp], torch.float32),
+            "frequency_penalty": col([p.frequency_penalty for p in sp], torch.float32),
+            "repetition_penalty": col([p.repetition_penalty for p in sp], torch.float32),
+            "seeds": col([to_int64_bits(s.seed) for s in seqs], torch.int64),
+            "steps": col([s.step for s in seqs], torch.int64),
+        }
+
+    def build(self, seqs: Sequence[ScheduledSeq], vocab: int) -> SamplingTensors:
         counts, mask = self._history(seqs, vocab)
-        return SamplingTensors(
-            temperature=col([p.temperature for p in sp], torch.float32),
-            top_k=col([p.top_k for p in sp], torch.int32),
-            top_p=col([p.top_p for p in sp], torch.float32),
-            min_p=col([p.min_p for p in sp], torch.float32),
-            presence_penalty=col([p.presence_penalty for p in sp], torch.float32),
-            frequency_penalty=col([p.frequency_penalty for p in sp], torch.float32),
-            repetition_penalty=col([p.repetition_penalty for p in sp], torch.float32),
-            output_counts=counts,
-            prompt_mask=mask,
-            seeds=col([to_int64_bits(s.seed) for s in seqs], torch.int64),
-            steps=col([s.step for s in seqs], torch.int64),
-        )
+        return SamplingTensors(**self.columns(seqs), output_counts=counts, prompt_mask=mask)
 
     def _history(self, seqs: Sequence[ScheduledSeq], vocab: int
                  ) -> tuple[torch.Tensor, torch.Tensor]:
