@@ -9,9 +9,10 @@
  *      else located by a histogram of their probability mass);
  *   4. Gumbel-max over the kept tokens with the counter hash of (seed, step, token id) (counter.c),
  *      ties to the lowest id; logprob = x[token] - logsumexp(kept x).
- * A row's result depends on nothing but its own inputs. Transcendentals are libm's (and exp16),
- * so probabilities may differ from torch's in the last bits: a token can differ only where a
- * top-p cumulative sum or two noisy scores tie to within that rounding. */
+ * A row's result depends on nothing but its own inputs. Transcendentals are libm's and vector
+ * ones (exp16, log16; libm without AVX-512), so values may differ from torch's in the last bits:
+ * a token can differ only where a top-p cumulative sum or two noisy scores tie to within that
+ * rounding. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -146,10 +147,56 @@ static float kept_exp_sum(const float *x, int64_t V, float thr, float m) {
     return sum;
 }
 
+/* e[i] = exp(x[i] - m) for i < w <= 16 (exp16 where there is AVX-512). */
+static inline void exp_shifted(const float *x, int64_t w, float m, float *e) {
+#if defined(__AVX512F__)
+    const __mmask16 k = (__mmask16)(w == 16 ? 0xFFFF : (1u << w) - 1);
+    _mm512_storeu_ps(e, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x), _mm512_set1_ps(m))));
+#else
+    for (int64_t i = 0; i < w; i++) e[i] = expf(x[i] - m);
+#endif
+}
+
+/* x[j] /= t for every j; returns the largest (NaN never wins, as in the reference's max). */
+static float scale_max(float *x, int64_t V, float t) {
+    int64_t j = 0;
+    float m = -INFINITY;
+#if defined(__AVX512F__)
+    const __m512 vt = _mm512_set1_ps(t);
+    __m512 vm = _mm512_set1_ps(-INFINITY);
+    for (; j + 16 <= V; j += 16) {
+        const __m512 v = _mm512_div_ps(_mm512_loadu_ps(x + j), vt);
+        _mm512_storeu_ps(x + j, v);
+        vm = _mm512_max_ps(v, vm);
+    }
+    m = _mm512_reduce_max_ps(vm);
+#endif
+    for (; j < V; j++) {
+        x[j] = x[j] / t;
+        m = x[j] > m ? x[j] : m;
+    }
+    return m;
+}
+
+/* The largest kept value below `prev` whose key >> 8 is at most `prefix`, and how many tokens
+ * hold it (0: none). */
+static float next_below(const float *x, int64_t V, float thr, float prev, uint32_t prefix,
+                        int64_t *count) {
+    float v = -INFINITY;
+    int64_t n = 0;
+    for (int64_t j = 0; j < V; j++) {
+        if (!(x[j] >= thr) || !(x[j] < prev) || (key_of(x[j]) >> 8) > prefix) continue;
+        if (x[j] > v) v = x[j], n = 1;
+        else if (x[j] == v) n++;
+    }
+    *count = n;
+    return v;
+}
+
 /* Top-p over the tokens with x >= thr: the x of the first token, in descending order, at which
  * the cumulative probability reaches tp (the last kept token if none does). */
 static float top_p_threshold(const float *x, int64_t V, float thr, float tp, float m,
-                             float *vals, uint32_t *hist_n, float *hist_mass) {
+                             float *vals) {
     int64_t n = 0;
     for (int64_t j = 0; j < V; j++)
         if (x[j] >= thr) {
@@ -175,38 +222,128 @@ static float top_p_threshold(const float *x, int64_t V, float thr, float tp, flo
     const float target = tp * kept_exp_sum(x, V, thr, m);
     float cum = 0.0f;
     uint32_t prefix = 0;
+    float *hist = vals; /* 4 interleaved histograms (no store-to-load chains), then merged */
     for (int level = 0; level < 2; level++) {
         const int shift = 32 - HIST_BITS * (level + 1);
-        memset(hist_n, 0, (size_t)NB * sizeof(uint32_t));
-        memset(hist_mass, 0, (size_t)NB * sizeof(float));
-        for (int64_t j = 0; j < V; j++) {
-            if (!(x[j] >= thr)) continue;
-            const uint32_t key = key_of(x[j]);
-            if (level && (key >> (shift + HIST_BITS)) != prefix) continue;
-            const uint32_t bk = (key >> shift) & (uint32_t)(NB - 1);
-            hist_n[bk]++, hist_mass[bk] += expf(x[j] - m);
+        memset(hist, 0, 4 * (size_t)NB * sizeof(float));
+        for (int64_t j0 = 0; j0 < V; j0 += 16) {
+            const int64_t w = V - j0 < 16 ? V - j0 : 16;
+            float e[16];
+            exp_shifted(x + j0, w, m, e);
+            for (int64_t i = 0; i < w; i++) {
+                const float v = x[j0 + i];
+                if (!(v >= thr)) continue;
+                const uint32_t key = key_of(v);
+                if (level && (key >> (shift + HIST_BITS)) != prefix) continue;
+                hist[(i & 3) * NB + ((key >> shift) & (uint32_t)(NB - 1))] += e[i];
+            }
         }
+        for (int64_t bk = 0; bk < NB; bk++)
+            hist[bk] = (hist[bk] + hist[NB + bk]) + (hist[2 * NB + bk] + hist[3 * NB + bk]);
         int64_t bk = NB - 1; /* cum: the mass of every kept token above bucket bk */
-        for (; bk > 0; bk--) {
-            if (hist_n[bk] && cum + hist_mass[bk] >= target) break;
-            cum += hist_mass[bk];
+        for (; bk > 0; bk--) { /* (exp16 >= e^-87 > 0: a bucket with tokens has mass) */
+            if (hist[bk] > 0.0f && cum + hist[bk] >= target) break;
+            cum += hist[bk];
         }
         prefix = (prefix << HIST_BITS) | (uint32_t)bk;
     }
     float prev = INFINITY, last = thr;
     for (;;) {
-        float v = -INFINITY;
         int64_t count = 0;
-        for (int64_t j = 0; j < V; j++) {
-            if (!(x[j] >= thr) || !(x[j] < prev) || (key_of(x[j]) >> 8) > prefix) continue;
-            if (x[j] > v) v = x[j], count = 1;
-            else if (x[j] == v) count++;
-        }
+        const float v = next_below(x, V, thr, prev, prefix, &count);
         if (count == 0) return last;
-        cum += (float)count * expf(v - m);
+        float ev;
+        exp_shifted(&v, 1, m, &ev);
+        cum += (float)count * ev;
         if (cum >= target) return v;
         prev = last = v;
     }
+}
+
+#if defined(__AVX512F__)
+/* 16 lanes of the counter hash (counter.h) for token ids `ids`. */
+static inline __m512 counter_u16(uint32_t row, __m512i ids) {
+    const __m512i c1 = _mm512_set1_epi32((int)0xCC9E2D51u), c2 = _mm512_set1_epi32(0x1B873593);
+    __m512i k = _mm512_rol_epi32(_mm512_mullo_epi32(ids, c1), 15);
+    k = _mm512_mullo_epi32(k, c2);
+    __m512i h = _mm512_rol_epi32(_mm512_xor_si512(_mm512_set1_epi32((int)row), k), 13);
+    h = _mm512_add_epi32(_mm512_add_epi32(_mm512_slli_epi32(h, 2), h),
+                         _mm512_set1_epi32((int)0xE6546B64u));
+    h = _mm512_xor_si512(h, _mm512_set1_epi32(20));
+    h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
+    h = _mm512_mullo_epi32(h, _mm512_set1_epi32((int)0x85EBCA6Bu));
+    h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 13));
+    h = _mm512_mullo_epi32(h, _mm512_set1_epi32((int)0xC2B2AE35u));
+    h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
+    const __m512 q = _mm512_cvtepi32_ps(_mm512_srli_epi32(h, 9)); /* < 2^23: exact */
+    return _mm512_mul_ps(_mm512_add_ps(q, _mm512_set1_ps(0.5f)), _mm512_set1_ps(1.0f / 8388608));
+}
+
+/* ln x for 16 positive normal lanes: x = 2^e m, m in [sqrt(1/2), sqrt(2)), ln m = 2 atanh(t),
+ * t = (m - 1) / (m + 1), |t| < 0.172, by its series to t^9 (relative error < 1e-9 + rounding). */
+static inline __m512 log16(__m512 x) {
+    __m512 e = _mm512_getexp_ps(x);
+    __m512 m = _mm512_getmant_ps(x, _MM_MANT_NORM_1_2, _MM_MANT_SIGN_src);
+    const __mmask16 hi = _mm512_cmp_ps_mask(m, _mm512_set1_ps(1.41421356f), _CMP_GT_OQ);
+    m = _mm512_mask_mul_ps(m, hi, m, _mm512_set1_ps(0.5f));
+    e = _mm512_mask_add_ps(e, hi, e, _mm512_set1_ps(1.0f));
+    const __m512 one = _mm512_set1_ps(1.0f);
+    const __m512 t = _mm512_div_ps(_mm512_sub_ps(m, one), _mm512_add_ps(m, one));
+    const __m512 t2 = _mm512_mul_ps(t, t);
+    __m512 p = _mm512_set1_ps(1.0f / 9);
+    p = _mm512_fmadd_ps(p, t2, _mm512_set1_ps(1.0f / 7));
+    p = _mm512_fmadd_ps(p, t2, _mm512_set1_ps(1.0f / 5));
+    p = _mm512_fmadd_ps(p, t2, _mm512_set1_ps(1.0f / 3));
+    p = _mm512_fmadd_ps(p, t2, one);
+    const __m512 lnm = _mm512_mul_ps(_mm512_add_ps(t, t), p);
+    return _mm512_fmadd_ps(e, _mm512_set1_ps(0.693147182f),
+                           _mm512_fmadd_ps(e, _mm512_set1_ps(-1.90465421e-9f), lnm));
+}
+#endif
+
+/* The kept token with the largest x + Gumbel noise -ln(-ln u), u from the counter hash of its
+ * id; ties to the lowest id. Kept ids are gathered first (into `ids`, V int32), so a row with a
+ * handful kept hashes only those, and every row uses the same arithmetic per token. */
+static int64_t gumbel_max(const float *x, int64_t V, float thr, uint32_t row, int32_t *ids) {
+    int64_t n = 0, j = 0;
+#if defined(__AVX512F__)
+    const __m512 vt = _mm512_set1_ps(thr);
+    const __m512i step = _mm512_set1_epi32(16);
+    __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    for (; j + 16 <= V; j += 16, iota = _mm512_add_epi32(iota, step)) {
+        const __mmask16 k = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + j), vt, _CMP_GE_OQ);
+        _mm512_mask_compressstoreu_epi32(ids + n, k, iota);
+        n += __builtin_popcount((unsigned)k);
+    }
+#endif
+    for (; j < V; j++)
+        if (x[j] >= thr) ids[n++] = (int32_t)j;
+    if (n == 0) return 0;
+    int64_t i = 0, best = ids[0];
+    float top = -INFINITY;
+#if defined(__AVX512F__)
+    __m512 vbest = _mm512_set1_ps(-INFINITY);
+    __m512i vidx = _mm512_set1_epi32(ids[0]);
+    for (; i < n; i += 16) {
+        const __mmask16 k = (__mmask16)(n - i >= 16 ? 0xFFFF : (1u << (n - i)) - 1);
+        const __m512i id = _mm512_maskz_loadu_epi32(k, ids + i);
+        const __m512 u = counter_u16(row, id);
+        const __m512 g = log16(_mm512_sub_ps(_mm512_setzero_ps(), log16(u)));
+        const __m512 sc = _mm512_sub_ps(_mm512_mask_i32gather_ps(vt, k, id, x, 4), g);
+        const __mmask16 up = _mm512_mask_cmp_ps_mask(k, sc, vbest, _CMP_GT_OQ);
+        vbest = _mm512_mask_mov_ps(vbest, up, sc);
+        vidx = _mm512_mask_mov_epi32(vidx, up, id);
+    }
+    top = _mm512_reduce_max_ps(vbest);
+    const __mmask16 at = _mm512_cmp_ps_mask(vbest, _mm512_set1_ps(top), _CMP_EQ_OQ);
+    best = _mm512_mask_reduce_min_epi32(at, vidx);
+#else
+    for (; i < n; i++) {
+        const float score = x[ids[i]] - logf(-logf(kiln_counter_u(row, ids[i])));
+        if (score > top) top = score, best = ids[i];
+    }
+#endif
+    return best;
 }
 
 static void sample_row(const KilnSampleBatch *s, int64_t b, float *x, float *tmp,
@@ -221,34 +358,23 @@ static void sample_row(const KilnSampleBatch *s, int64_t b, float *x, float *tmp
         s->logprobs[b] = 0.0f;
         return;
     }
-    float m = -INFINITY;
-    for (int64_t j = 0; j < V; j++) {
-        x[j] = x[j] / t;
-        m = x[j] > m ? x[j] : m;
-    }
+    const float m = scale_max(x, V, t);
     float thr = -INFINITY;
     if (k > 0 && k < V) thr = kth_largest(x, V, k, tmp);
     const float lmp = s->log_min_p[b];
     if (lmp > -INFINITY) thr = fmaxf(thr, m + lmp);
     const float tp = s->top_p[b];
     if (tp > 0.0f && tp < 1.0f)
-        thr = fmaxf(thr, top_p_threshold(x, V, thr, tp, m, tmp, (uint32_t *)(tmp + SORT_LIMIT),
-                                         tmp + SORT_LIMIT + NB));
-    /* Gumbel-max over the kept tokens, ascending ids, strict > so ties keep the lowest id. */
-    const uint32_t row = kiln_counter_row(s->seeds[b], s->steps[b]);
-    int64_t best = 0;
-    float top = -INFINITY;
-    for (int64_t j = 0; j < V; j++) {
-        if (!(x[j] >= thr)) continue;
-        const float u = kiln_counter_u(row, j);
-        const float score = x[j] - logf(-logf(u));
-        if (score > top) top = score, best = j;
-    }
+        thr = fmaxf(thr, top_p_threshold(x, V, thr, tp, m, tmp));
+    const int64_t best = gumbel_max(x, V, thr, kiln_counter_row(s->seeds[b], s->steps[b]),
+                                    (int32_t *)tmp);
     s->tokens[b] = best;
     s->logprobs[b] = x[best] - (m + logf(kept_exp_sum(x, V, thr, m)));
 }
 
-/* Per thread: the row [V], work space [V + SORT_LIMIT + 2 NB], the marks [V] (int32). */
+/* Per thread: the row [V], work space [V + SORT_LIMIT + 2 NB] (the top-k heap or quickselect
+ * copy, top-p's sorted values or 4 histograms when V > SORT_LIMIT, the kept ids), the marks [V]
+ * (int32). */
 int64_t kiln_sample_scratch_floats(int64_t V, int64_t nthreads) {
     return nthreads * (3 * V + SORT_LIMIT + 2 * NB);
 }
