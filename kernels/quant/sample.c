@@ -78,14 +78,28 @@ static void penalize(const KilnSampleBatch *s, int64_t b, float *x, int32_t *mar
 
 /* The first index of the largest value (NaN counts as the largest, as in torch.argmax). */
 static int64_t argmax(const float *x, int64_t V) {
-    int64_t best = 0;
-    float m = x[0];
-    if (m != m) return 0;
-    for (int64_t j = 1; j < V; j++) {
-        if (x[j] > m) m = x[j], best = j;
-        else if (x[j] != x[j]) return j;
+    int64_t j = 0;
+    float m = -INFINITY;
+#if defined(__AVX512F__)
+    __m512 vm = _mm512_set1_ps(-INFINITY);
+    __mmask16 nan = 0;
+    for (; j + 16 <= V && !nan; j += 16) {
+        const __m512 v = _mm512_loadu_ps(x + j);
+        nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+        vm = _mm512_max_ps(v, vm);
     }
-    return best;
+    if (nan) return j - 16 + __builtin_ctz((unsigned)nan);
+    m = _mm512_reduce_max_ps(vm);
+#endif
+    int64_t best = -1;
+    for (int64_t i = j; i < V; i++) {
+        if (x[i] != x[i]) return i; /* no NaN before the tail */
+        if (x[i] > m) m = x[i], best = i;
+    }
+    if (best >= j) return best; /* the tail holds the (first) largest */
+    for (int64_t i = 0; i < j; i++)
+        if (x[i] == m) return i;
+    return best < 0 ? 0 : best;
 }
 
 static void sift_down(float *h, int64_t n, int64_t i) {

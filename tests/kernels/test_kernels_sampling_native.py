@@ -143,3 +143,21 @@ def test_the_top_p_cut_over_many_kept_tokens_is_the_references(top_p: float) -> 
     logits = (torch.randn(1, v, generator=gen) * 0.7).expand(b, v).contiguous()
     p = SamplingTensors.build([{"top_p": top_p, "seed": 5 * i + 1} for i in range(b)], v)
     _assert_same(logits, p)
+
+
+@pytest.mark.parametrize("v", [5, 16, 37, 100])
+def test_greedy_argmax_edge_cases_match_torch(v: int) -> None:
+    """First of tied maxima, the maximum in the tail past the last 16-lane chunk, NaN first."""
+    gen = torch.Generator().manual_seed(v)
+    cases = [torch.randn(v, generator=gen), torch.zeros(v), torch.full((v,), float("-inf"))]
+    tied = torch.randn(v, generator=gen)
+    tied[[1, v - 1]] = 9.0
+    tail = torch.randn(v, generator=gen)
+    tail[-1] = 9.0
+    nan = torch.randn(v, generator=gen)
+    nan[[v // 2, v - 1]] = float("nan")
+    cases += [tied, tail, nan]
+    logits = torch.stack(cases)
+    p = SamplingTensors.build([{"temperature": 0.0}] * len(cases), v)
+    got, _ = _native(logits, p)
+    assert got.tolist() == torch.argmax(logits, dim=1).tolist()
