@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -22,33 +23,60 @@ def event(payload: Any) -> bytes:
 async def with_keepalive(
     source: AsyncIterator[bytes], interval: float = 15.0
 ) -> AsyncIterator[bytes]:
-    """Yield `source`'s frames, and a comment frame whenever it is quiet for `interval` s."""
-    iterator = source.__aiter__()
-    pending: asyncio.Task[bytes] | None = None
+    """Yield `source`'s frames, and a comment frame whenever it is quiet for `interval` s.
+
+    The source runs in one pump task that appends to a deque; this side waits on one future
+    (and one timer) only when the deque is empty, so a frame costs no task of its own.
+    """
+    loop = asyncio.get_running_loop()
+    items: deque[bytes] = deque()
+    waiter: asyncio.Future[None] | None = None
+    finished = False
+    failure: BaseException | None = None
+
+    def wake() -> None:
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def pump() -> None:
+        nonlocal finished, failure
+        try:
+            async for frame in source:
+                items.append(frame)
+                wake()
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # handed to the consumer, raised there
+            failure = e
+        finally:
+            finished = True
+            wake()
+
+    task = loop.create_task(pump())
     try:
         while True:
-            if pending is None:
-                pending = asyncio.ensure_future(iterator.__anext__())
-            done, _ = await asyncio.wait({pending}, timeout=interval)
-            if not done:
-                yield KEEPALIVE
+            if items:
+                yield items.popleft()
                 continue
-            try:
-                frame = pending.result()
-            except StopAsyncIteration:
+            if finished:
+                if failure is not None:
+                    raise failure
                 return
+            waiter = loop.create_future()
+            timer = loop.call_later(interval, wake)
+            try:
+                await waiter
             finally:
-                if done:
-                    pending = None
-            yield frame
+                timer.cancel()
+                waiter = None
+            if not items and not finished:
+                yield KEEPALIVE
     finally:
-        if pending is not None:
-            pending.cancel()
-            # let the cancelled __anext__ leave the generator before closing it
-            await asyncio.wait({pending})
-            if not pending.cancelled():
-                pending.exception()  # retrieve it, so it is never reported as unhandled
-        aclose = getattr(iterator, "aclose", None)
+        task.cancel()
+        await asyncio.wait({task})  # the pump leaves the source before it is closed
+        if not task.cancelled():
+            task.exception()  # retrieved, so it is never reported as unhandled
+        aclose = getattr(source, "aclose", None)
         if aclose is not None:
             await aclose()
 

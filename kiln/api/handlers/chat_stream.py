@@ -142,13 +142,15 @@ async def frames(
         async for out in outputs:
             received = time.monotonic()
             tally.add(out)
-            for frame in tools.frames(splitter.push(out.text_delta)):
-                yield frame
+            # one write per engine output: its deltas and token timings as one body chunk
+            batch = tools.frames(splitter.push(out.text_delta))
             if prepared.explicit_performance:
                 ready = out.ready_time if out.ready_time is not None else received
                 for token_id in out.new_token_ids:
-                    yield _timing(emitted, token_id, ready, received, start_mono)
+                    batch.append(_timing(emitted, token_id, ready, received, start_mono))
                     emitted += 1
+            if batch:
+                yield b"".join(batch)
             if out.finished:
                 final = out
                 break
