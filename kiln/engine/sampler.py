@@ -41,24 +41,21 @@ class Sampler:
         return [int(t) for t in tokens.tolist()], [float(x) for x in logprobs.tolist()]
 
     def columns(self, seqs: Sequence[ScheduledSeq]) -> dict[str, torch.Tensor]:
-        """The rows' sampling parameters, one [B] tensor each (SamplingTensors' names)."""
-        dev = self.device
-        sp = [s.sampling for s in seqs]
-
-        def col(values: list[float] | list[int], dtype: torch.dtype) -> torch.Tensor:
-            return torch.tensor(values, dtype=dtype, device=dev)
-
-        return {
-            "temperature": col([p.temperature for p in sp], torch.float32),
-            "top_k": col([p.top_k for p in sp], torch.int32),
-            "top_p": col([p.top_p for p in sp], torch.float32),
-            "min_p": col([p.min_p for p in sp], torch.float32),
-            "presence_penalty": col([p.presence_penalty for p in sp], torch.float32),
-            "frequency_penalty": col([p.frequency_penalty for p in sp], torch.float32),
-            "repetition_penalty": col([p.repetition_penalty for p in sp], torch.float32),
-            "seeds": col([to_int64_bits(s.seed) for s in seqs], torch.int64),
-            "steps": col([s.step for s in seqs], torch.int64),
-        }
+        """The rows' sampling parameters, one [B] tensor each (SamplingTensors' names): two
+        tensors built per step, the float and the integer parameters, viewed by column."""
+        floats = torch.tensor([(p.temperature, p.top_p, p.min_p, p.presence_penalty,
+                                p.frequency_penalty, p.repetition_penalty)
+                               for p in (s.sampling for s in seqs)], dtype=torch.float32)
+        ints = torch.tensor([(s.sampling.top_k, to_int64_bits(s.seed), s.step) for s in seqs],
+                            dtype=torch.int64)
+        if self.device.type != "cpu":
+            floats, ints = floats.to(self.device), ints.to(self.device)
+        names = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
+                 "repetition_penalty")
+        cols = {name: floats[:, i].contiguous() for i, name in enumerate(names)}
+        cols["top_k"] = ints[:, 0].to(torch.int32)
+        cols["seeds"], cols["steps"] = ints[:, 1].contiguous(), ints[:, 2].contiguous()
+        return cols
 
     def build(self, seqs: Sequence[ScheduledSeq], vocab: int) -> SamplingTensors:
         counts, mask = self._history(seqs, vocab)
