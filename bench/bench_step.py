@@ -4,7 +4,9 @@
   and 1,000): what continuous batching pays per step;
 - admission: 4 sequences decoding at context 60 beside a prefill chunk of R rows of one long
   sequence at context C (R = 1, 3, 8; C = 200, 800, 1,500): the step a long prompt adds while
-  streams run.
+  streams run;
+- jitter: 300 identical steps (4 decodes at context 60): p50, p99 and max. Identical work, so
+  their spread is the machine's (preemption, neighbours), the floor under any p99 latency figure.
 
 Each figure is the median of ``--repeats`` steps of ``model.forward`` (no scheduler, no
 sampling), on the loading thread, with a private KV cache.
@@ -91,6 +93,9 @@ def main() -> None:
     four = round(b.decode(4, 60), 2)
     admission = [{"chunk_rows": r, "context": c, "ms": round(b.admission(r, c), 2)}
                  for c in (200, 800, 1500) for r in (1, 3, 8)]
+    same = sorted(b.forward_ms([([7], 60, b.tables[i]) for i in range(4)]) for _ in range(300))
+    jitter = {"steps": len(same), "p50_ms": round(same[150], 2), "p99_ms": round(same[296], 2),
+              "max_ms": round(same[-1], 2), "p99_over_p50": round(same[296] / same[150], 2)}
     print(f"{'decode rows':>11} {'context':>7} {'ms/step':>8} {'tok/s':>7}")
     for d in decode:
         print(f"{d['rows']:>11} {d['context']:>7} {d['ms']:8.2f} {1000 * d['rows'] / d['ms']:7.1f}")
@@ -98,11 +103,13 @@ def main() -> None:
     for a in admission:
         print(f"  R={a['chunk_rows']} C={a['context']:>4}: {a['ms']:6.2f} ms "
               f"({a['ms'] / four:.2f}x the 4 decodes)")
+    print(f"300 identical steps (4 decodes at context 60): p50 {jitter['p50_ms']:.2f} ms, p99 "
+          f"{jitter['p99_ms']:.2f} ms ({jitter['p99_over_p50']:.2f}x), max {jitter['max_ms']:.2f} ms")
     report: dict[str, Any] = {
         "benchmark": "forward_step", "machine": platform.machine(),
         "kv_cache_dtype": args.kv_cache_dtype,
         "torch_threads": torch.get_num_threads(), "repeats": args.repeats,
-        "decode": decode, "four_decodes_ms": four, "admission": admission,
+        "decode": decode, "four_decodes_ms": four, "admission": admission, "jitter": jitter,
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")

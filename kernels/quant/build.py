@@ -1,5 +1,5 @@
 """Compile the C kernels (``gemm.c``, ``decode.c``, ``attention.c``, ``vmath.c``, and the sampler's
-``counter.c``) once per machine into a cache folder and load it with ctypes.
+``counter.c`` and ``sample.c``) once per machine into a cache folder and load it with ctypes.
 
 The library is built with the system C compiler (``$CC``, else ``cc``/``gcc``) for the CPU it runs
 on (``-march=native``) and linked against the OpenMP runtime that torch has already loaded (the
