@@ -6,8 +6,8 @@ uvicorn in a thread on 127.0.0.1 (random free port); clients are httpx in the ma
 Figures (each with its goal):
 - single-stream decode tok/s (stream, temperature 0, ignore_eos, 64 tokens) vs transformers'
   single-sequence ``generate``: goal >= 3x;
-- aggregate decode tok/s of 8 concurrent streams vs transformers' batch-8 ``generate`` (left-padded,
-  attention mask): goal >= 2x; and vs our own single stream: goal >= 4x;
+- aggregate decode tok/s of 8 concurrent streams (while all 8 decode) vs transformers' batch-8
+  ``generate`` (left-padded, attention mask): goal >= 2x; and vs our own single stream: goal >= 4x;
 - p99 inter-token latency of 4 running streams while a ~1,500-token prompt is admitted (from
   its send to its first token) vs the same streams' median ITL before it: goal p99 <= 3x p50
   (the p99/p50 inside the window alone is reported too);
@@ -153,16 +153,24 @@ async def single_stream(client: httpx.AsyncClient, n: int, repeats: int) -> dict
 
 async def concurrent_streams(client: httpx.AsyncClient, streams: int, n: int,
                              repeats: int) -> dict[str, Any]:
-    rates = []
+    """Aggregate decode rate while all the streams decode: tokens arriving after the last stream's
+    first token and up to the first stream's last one, over that span (the requests reach the
+    engine a few steps apart, so the run's start and end hold steps with fewer streams; like the
+    single-stream and transformers rates, this leaves prefill out). The whole run's rate (first
+    token of any stream to last of any) is reported beside it."""
+    rates, whole = [], []
     for r in range(repeats):
         results = await asyncio.gather(*(
             stream_chat(client, chat_body(user_prompt(200 + 10 * r + i), n))
             for i in range(streams)))
         first = min(x.arrivals[0] for x in results)
         last = max(x.arrivals[-1] for x in results)
-        tokens = sum(len(x.arrivals) - 1 for x in results)
-        rates.append(tokens / (last - first))
-    return {"tok_s": max(rates), "tok_s_all": rates}
+        whole.append(sum(len(x.arrivals) - 1 for x in results) / (last - first))
+        start = max(x.arrivals[0] for x in results)
+        end = min(x.arrivals[-1] for x in results)
+        tokens = sum(sum(1 for a in x.arrivals if start < a <= end) for x in results)
+        rates.append(tokens / (end - start))
+    return {"tok_s": max(rates), "tok_s_all": rates, "tok_s_whole_run_all": whole}
 
 
 def long_prompt(loaded: LoadedModel, target: int, seed: int) -> tuple[str, int]:
