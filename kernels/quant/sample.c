@@ -274,47 +274,6 @@ static float top_p_threshold(const float *x, int64_t V, float thr, float tp, flo
     }
 }
 
-#if defined(__AVX512F__)
-/* 16 lanes of the counter hash (counter.h) for token ids `ids`. */
-static inline __m512 counter_u16(uint32_t row, __m512i ids) {
-    const __m512i c1 = _mm512_set1_epi32((int)0xCC9E2D51u), c2 = _mm512_set1_epi32(0x1B873593);
-    __m512i k = _mm512_rol_epi32(_mm512_mullo_epi32(ids, c1), 15);
-    k = _mm512_mullo_epi32(k, c2);
-    __m512i h = _mm512_rol_epi32(_mm512_xor_si512(_mm512_set1_epi32((int)row), k), 13);
-    h = _mm512_add_epi32(_mm512_add_epi32(_mm512_slli_epi32(h, 2), h),
-                         _mm512_set1_epi32((int)0xE6546B64u));
-    h = _mm512_xor_si512(h, _mm512_set1_epi32(20));
-    h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
-    h = _mm512_mullo_epi32(h, _mm512_set1_epi32((int)0x85EBCA6Bu));
-    h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 13));
-    h = _mm512_mullo_epi32(h, _mm512_set1_epi32((int)0xC2B2AE35u));
-    h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
-    const __m512 q = _mm512_cvtepi32_ps(_mm512_srli_epi32(h, 9)); /* < 2^23: exact */
-    return _mm512_mul_ps(_mm512_add_ps(q, _mm512_set1_ps(0.5f)), _mm512_set1_ps(1.0f / 8388608));
-}
-
-/* ln x for 16 positive normal lanes: x = 2^e m, m in [sqrt(1/2), sqrt(2)), ln m = 2 atanh(t),
- * t = (m - 1) / (m + 1), |t| < 0.172, by its series to t^9 (relative error < 1e-9 + rounding). */
-static inline __m512 log16(__m512 x) {
-    __m512 e = _mm512_getexp_ps(x);
-    __m512 m = _mm512_getmant_ps(x, _MM_MANT_NORM_1_2, _MM_MANT_SIGN_src);
-    const __mmask16 hi = _mm512_cmp_ps_mask(m, _mm512_set1_ps(1.41421356f), _CMP_GT_OQ);
-    m = _mm512_mask_mul_ps(m, hi, m, _mm512_set1_ps(0.5f));
-    e = _mm512_mask_add_ps(e, hi, e, _mm512_set1_ps(1.0f));
-    const __m512 one = _mm512_set1_ps(1.0f);
-    const __m512 t = _mm512_div_ps(_mm512_sub_ps(m, one), _mm512_add_ps(m, one));
-    const __m512 t2 = _mm512_mul_ps(t, t);
-    __m512 p = _mm512_set1_ps(1.0f / 9);
-    p = _mm512_fmadd_ps(p, t2, _mm512_set1_ps(1.0f / 7));
-    p = _mm512_fmadd_ps(p, t2, _mm512_set1_ps(1.0f / 5));
-    p = _mm512_fmadd_ps(p, t2, _mm512_set1_ps(1.0f / 3));
-    p = _mm512_fmadd_ps(p, t2, one);
-    const __m512 lnm = _mm512_mul_ps(_mm512_add_ps(t, t), p);
-    return _mm512_fmadd_ps(e, _mm512_set1_ps(0.693147182f),
-                           _mm512_fmadd_ps(e, _mm512_set1_ps(-1.90465421e-9f), lnm));
-}
-#endif
-
 /* The kept token with the largest x + Gumbel noise -ln(-ln u), u from the counter hash of its
  * id; ties to the lowest id. Kept ids are gathered first (into `ids`, V int32), so a row with a
  * handful kept hashes only those, and every row uses the same arithmetic per token. */
@@ -341,7 +300,7 @@ static int64_t gumbel_max(const float *x, int64_t V, float thr, uint32_t row, in
     for (; i < n; i += 16) {
         const __mmask16 k = (__mmask16)(n - i >= 16 ? 0xFFFF : (1u << (n - i)) - 1);
         const __m512i id = _mm512_maskz_loadu_epi32(k, ids + i);
-        const __m512 u = counter_u16(row, id);
+        const __m512 u = kiln_counter_u16(row, id);
         const __m512 g = log16(_mm512_sub_ps(_mm512_setzero_ps(), log16(u)));
         const __m512 sc = _mm512_sub_ps(_mm512_mask_i32gather_ps(vt, k, id, x, 4), g);
         const __mmask16 up = _mm512_mask_cmp_ps_mask(k, sc, vbest, _CMP_GT_OQ);

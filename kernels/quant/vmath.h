@@ -1,4 +1,5 @@
-/* Vector math shared by the C step's files (vmath.c): dot products, e^x, SiLU, softmax sums. */
+/* Vector math shared by the C kernels (vmath.c): dot products, e^x and ln x in 16 lanes, SiLU,
+ * softmax sums. */
 #ifndef KILN_VMATH_H
 #define KILN_VMATH_H
 #include <stdint.h>
@@ -22,6 +23,27 @@ static inline __m512 exp16(__m512 x) {
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
     return _mm512_scalef_ps(p, n);
+}
+
+/* ln x for 16 positive normal lanes: x = 2^e m, m in [sqrt(1/2), sqrt(2)), ln m = 2 atanh(t),
+ * t = (m - 1) / (m + 1), |t| < 0.172, by its series to t^9 (relative error < 1e-9 + rounding). */
+static inline __m512 log16(__m512 x) {
+    __m512 e = _mm512_getexp_ps(x);
+    __m512 m = _mm512_getmant_ps(x, _MM_MANT_NORM_1_2, _MM_MANT_SIGN_src);
+    const __mmask16 hi = _mm512_cmp_ps_mask(m, _mm512_set1_ps(1.41421356f), _CMP_GT_OQ);
+    m = _mm512_mask_mul_ps(m, hi, m, _mm512_set1_ps(0.5f));
+    e = _mm512_mask_add_ps(e, hi, e, _mm512_set1_ps(1.0f));
+    const __m512 one = _mm512_set1_ps(1.0f);
+    const __m512 t = _mm512_div_ps(_mm512_sub_ps(m, one), _mm512_add_ps(m, one));
+    const __m512 t2 = _mm512_mul_ps(t, t);
+    __m512 p = _mm512_set1_ps(1.0f / 9);
+    p = _mm512_fmadd_ps(p, t2, _mm512_set1_ps(1.0f / 7));
+    p = _mm512_fmadd_ps(p, t2, _mm512_set1_ps(1.0f / 5));
+    p = _mm512_fmadd_ps(p, t2, _mm512_set1_ps(1.0f / 3));
+    p = _mm512_fmadd_ps(p, t2, one);
+    const __m512 lnm = _mm512_mul_ps(_mm512_add_ps(t, t), p);
+    return _mm512_fmadd_ps(e, _mm512_set1_ps(0.693147182f),
+                           _mm512_fmadd_ps(e, _mm512_set1_ps(-1.90465421e-9f), lnm));
 }
 #endif
 
