@@ -82,14 +82,16 @@ def native_available() -> bool:
 
 def sample_native(logits: torch.Tensor, p: SamplingTensors | None, seen: SeenTokens, *,
                   columns: dict[str, torch.Tensor] | None = None,
+                  flags: tuple[str, ...] = NATIVE_FLAGS,
                   ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """-> (token ids int64 [B], logprobs float32 [B]) like ``sample_reference``, or None where
     the C library is not available. ``logits``: float32 [B, V] on the CPU. The parameters come
-    from ``p`` (its dense counts unused) or ``columns`` (the same names, [B] each)."""
+    from ``p`` (its dense counts unused) or ``columns`` (the same names, [B] each). ``flags``
+    pick the library build (tests: the portable one, without AVX-512)."""
     if logits.device.type != "cpu" or logits.dtype != torch.float32 or logits.dim() != 2:
         raise ValueError("sample_native takes float32 [B, V] logits on the CPU")
     try:
-        lib = _quant_library(NATIVE_FLAGS)
+        lib = _quant_library(flags)
     except KernelBuildError:
         return None
     b, v = logits.shape

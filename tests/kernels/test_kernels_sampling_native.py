@@ -6,21 +6,24 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kiln_kernels.quant.build import NATIVE_FLAGS, PORTABLE_FLAGS
 from kiln_kernels.sampling import SamplingTensors, sample_reference
 from kiln_kernels.sampling.native import SeenTokens, native_available, sample_native
 
 pytestmark = pytest.mark.skipif(not native_available(), reason="no C compiler for the kernels")
 
 
-def _native(logits: torch.Tensor, p: SamplingTensors) -> tuple[torch.Tensor, torch.Tensor]:
-    got = sample_native(logits, p, SeenTokens.from_dense(p))
+def _native(logits: torch.Tensor, p: SamplingTensors,
+            flags: tuple[str, ...] = NATIVE_FLAGS) -> tuple[torch.Tensor, torch.Tensor]:
+    got = sample_native(logits, p, SeenTokens.from_dense(p), flags=flags)
     assert got is not None
     return got
 
 
-def _assert_same(logits: torch.Tensor, p: SamplingTensors) -> None:
+def _assert_same(logits: torch.Tensor, p: SamplingTensors,
+                 flags: tuple[str, ...] = NATIVE_FLAGS) -> None:
     want_t, want_lp = sample_reference(logits, p)
-    got_t, got_lp = _native(logits, p)
+    got_t, got_lp = _native(logits, p, flags)
     assert torch.equal(got_t, want_t)
     torch.testing.assert_close(got_lp, want_lp, rtol=1e-5, atol=1e-5)
 
@@ -161,3 +164,16 @@ def test_greedy_argmax_edge_cases_match_torch(v: int) -> None:
     p = SamplingTensors.build([{"temperature": 0.0}] * len(cases), v)
     got, _ = _native(logits, p)
     assert got.tolist() == torch.argmax(logits, dim=1).tolist()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_portable_build_matches_the_reference(seed: int) -> None:
+    """The scalar paths (CPUs without AVX-512): mixed rows, and a flat top-p row (histograms)."""
+    gen = torch.Generator().manual_seed(seed)
+    v = 5000
+    logits = torch.randn(10, v, generator=gen) * 2
+    _assert_same(logits, SamplingTensors.build(_rows(10, seed, v, gen), v), PORTABLE_FLAGS)
+    flat = torch.randn(2, 20_000, generator=gen) * 0.5
+    p = SamplingTensors.build([{"top_p": 0.8, "seed": seed}, {"top_p": 0.3, "seed": seed + 9}],
+                              20_000)
+    _assert_same(flat, p, PORTABLE_FLAGS)
