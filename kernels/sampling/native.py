@@ -17,7 +17,9 @@ import torch
 
 from ..quant import NATIVE_FLAGS, KernelBuildError
 from ..quant import _library as _quant_library
+from ..quant import kernels_available as native_available
 from .params import SamplingTensors
+from .reference import active_repetition
 
 
 class _Batch(ctypes.Structure):
@@ -72,14 +74,6 @@ def _scratch_for(lib: ctypes.CDLL, vocab: int, threads: int) -> torch.Tensor:
     return buf
 
 
-def native_available() -> bool:
-    try:
-        _quant_library(NATIVE_FLAGS)
-    except KernelBuildError:
-        return False
-    return True
-
-
 def sample_native(logits: torch.Tensor, p: SamplingTensors | None, seen: SeenTokens, *,
                   columns: dict[str, torch.Tensor] | None = None,
                   flags: tuple[str, ...] = NATIVE_FLAGS,
@@ -104,8 +98,7 @@ def sample_native(logits: torch.Tensor, p: SamplingTensors | None, seen: SeenTok
         "temperature": cols["temperature"].float().contiguous(),
         "top_p": cols["top_p"].float().contiguous(),
         "log_min_p": log_min_p.float().contiguous(),
-        "repetition": torch.where(torch.isfinite(rep) & (rep > 0), rep,
-                                  torch.ones_like(rep)).float().contiguous(),
+        "repetition": active_repetition(rep).contiguous(),
         "frequency": cols["frequency_penalty"].float().contiguous(),
         "presence": cols["presence_penalty"].float().contiguous(),
         "top_k": cols["top_k"].to(torch.int64).contiguous(),

@@ -48,7 +48,11 @@ def greedy_rows(p: SamplingTensors) -> torch.Tensor:
 
 def repetition_factor(p: SamplingTensors) -> torch.Tensor:
     """float32 [B]: the repetition penalty with inactive values (non-finite, <= 0) mapped to 1."""
-    r = p.repetition_penalty
+    return active_repetition(p.repetition_penalty)
+
+
+def active_repetition(r: torch.Tensor) -> torch.Tensor:
+    """``r`` with inactive repetition penalties (non-finite, <= 0) mapped to 1."""
     return torch.where(torch.isfinite(r) & (r > 0), r, torch.ones_like(r))
 
 
