@@ -207,8 +207,8 @@ static inline __attribute__((always_inline)) void tile_all(int q8, const float *
     for (; m0 + 8 <= M; m0 += 8) PASS(8, 2);
     switch (M - m0) {
     case 7: PASS(7, 2); break;
-    case 6: PASS(6, 2); break;
-    case 5: PASS(5, 2); break;
+    case 6: PASS(6, 4); break; /* (6, 4) / (5, 4): each weight row dequantized once per tile */
+    case 5: PASS(5, 4); break; /* (5 and 6 rows against (x, 2) passes: 0.86 / 0.90 the step) */
     case 4: PASS(4, 4); break;
     case 3: PASS(3, 4); break;
     case 2: PASS(2, 4); break;
