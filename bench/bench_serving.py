@@ -1,7 +1,7 @@
 """Serving figures through the real HTTP server (the `make bench` list of issue 4).
 
-The server is ``build_app(ServerConfig(...), EngineBackend.from_config(config))`` under
-uvicorn in a thread on 127.0.0.1 (random free port); clients are httpx in the main thread.
+The server is ``kiln serve`` in its own process on 127.0.0.1 (a free port), as users run it;
+the clients are httpx in this process (bench/serving_client.py).
 
 Figures (each with its goal):
 - single-stream decode tok/s (stream, temperature 0, ignore_eos, 64 tokens) vs transformers'
@@ -10,7 +10,8 @@ Figures (each with its goal):
   ``generate`` (left-padded, attention mask): goal >= 2x; and vs our own single stream: goal >= 4x;
 - p99 inter-token latency of 4 running streams while a ~1,500-token prompt is admitted (from
   its send to its first token) vs the same streams' median ITL before it: goal p99 <= 3x p50
-  (the p99/p50 inside the window alone is reported too);
+  (the p99/p50 inside the window alone is reported too, and the same streams' median at the
+  same contexts with no admission: bench/serving_admission.py);
 - server RSS (VmRSS) after N short requests vs after the first 50: goal within 5%.
 
 Decode rates are client-side: every token's arrival is a ``kiln.token_timing`` SSE event
@@ -28,11 +29,8 @@ import asyncio
 import gc
 import json
 import platform
-import random
-import statistics
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,85 +39,11 @@ import torch
 
 from bench._transformers_ref import build_reference, hf_generate
 from bench.live_server import Server, running_server, snapshot
+from bench.serving_admission import admission_itl, matched_control
+from bench.serving_client import STREAM_TIMEOUT_S, chat_body, stream_chat, user_prompt
 from kiln.model.loader import LoadedModel, load_model
 
 RESULTS = Path(__file__).parent / "results" / "serving.json"
-TOPICS = ["the ocean", "autumn leaves", "gravity", "a city at night", "neural networks",
-          "volcanoes", "the moon landing", "bread baking", "chess openings", "rainforests"]
-STREAM_TIMEOUT_S = 300.0
-
-
-@dataclass
-class StreamResult:
-    arrivals: list[float] = field(default_factory=list)  # one per token, perf_counter seconds
-    sent: float = 0.0
-    completion_tokens: int | None = None
-    finish_reason: str | None = None
-
-    def decode_rate(self) -> float:
-        n = len(self.arrivals)
-        if n < 2 or self.arrivals[-1] <= self.arrivals[0]:
-            return 0.0
-        return (n - 1) / (self.arrivals[-1] - self.arrivals[0])
-
-
-def user_prompt(i: int) -> str:
-    return f"Write a long, detailed essay about {TOPICS[i % len(TOPICS)]}. (#{i})"
-
-
-def chat_body(content: str, max_tokens: int, stream: bool = True) -> dict[str, Any]:
-    body: dict[str, Any] = {"messages": [{"role": "user", "content": content}],
-                            "temperature": 0, "max_tokens": max_tokens, "ignore_eos": True,
-                            "stream": stream}
-    if stream:
-        body["include_performance"] = True
-        body["stream_options"] = {"include_usage": True}
-    return body
-
-
-async def stream_chat(client: httpx.AsyncClient, body: dict[str, Any],
-                      result: StreamResult | None = None,
-                      stop: asyncio.Event | None = None) -> StreamResult:
-    """POST a streaming chat request; record each token's arrival. Returns early (closing the
-    connection, which aborts the request) once ``stop`` is set."""
-    res = result or StreamResult()
-    res.sent = time.perf_counter()
-    async with client.stream("POST", "/v1/chat/completions", json=body,
-                             timeout=STREAM_TIMEOUT_S) as r:
-        if r.status_code != 200:
-            raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread())[:500]!r}")
-        async for line in r.aiter_lines():
-            now = time.perf_counter()
-            if not line.startswith("data: "):
-                continue
-            data = line[6:]
-            if data == "[DONE]":
-                break
-            if '"kiln.token_timing"' in data:  # the measuring client parses no more than it needs
-                res.arrivals.append(now)
-                continue
-            obj = json.loads(data)
-            if "error" in obj:
-                raise RuntimeError(f"stream error: {obj['error']}")
-            if obj.get("usage"):
-                res.completion_tokens = int(obj["usage"]["completion_tokens"])
-            for choice in obj.get("choices") or []:
-                if choice.get("finish_reason"):
-                    res.finish_reason = choice["finish_reason"]
-            if stop is not None and stop.is_set():
-                break
-    return res
-
-
-def pct(xs: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100)."""
-    s = sorted(xs)
-    if not s:
-        return float("nan")
-    k = max(0, min(len(s) - 1, int(-(-q * len(s) // 100)) - 1))
-    return s[k]
-
-
 # -- transformers baselines --------------------------------------------------------------------
 def hf_baselines(loaded: LoadedModel, n: int, repeats: int) -> dict[str, Any]:
     ref = build_reference(loaded)
@@ -173,72 +97,6 @@ async def concurrent_streams(client: httpx.AsyncClient, streams: int, n: int,
     return {"tok_s": max(rates), "tok_s_all": rates, "tok_s_whole_run_all": whole}
 
 
-def long_prompt(loaded: LoadedModel, target: int, seed: int) -> tuple[str, int]:
-    """A user message whose rendered chat prompt is about ``target`` tokens (unique words, so the
-    prefix cache cannot help)."""
-    rng = random.Random(seed)
-    words = ["amber", "river", "stone", "lantern", "harbor", "meadow", "copper", "violet",
-             "thunder", "orchard", "glacier", "falcon", "cinder", "willow", "quartz", "ember"]
-    text = ""
-    count = 0
-    while count < target:
-        text += " ".join(rng.choice(words) for _ in range(50)) + f" {rng.randrange(10**6)}. "
-        rendered = loaded.chat_template.render([{"role": "user", "content": text}],
-                                               add_generation_prompt=True)
-        count = len(loaded.tokenizer.encode(rendered))
-    return text, count
-
-
-async def admission_itl(client: httpx.AsyncClient, loaded: LoadedModel, prompt_tokens: int,
-                        ) -> dict[str, Any]:
-    """ITLs of 4 decoding streams while one long prompt is admitted (until its first token)."""
-    text, n_prompt = long_prompt(loaded, prompt_tokens, seed=int(time.time()))
-    stop = asyncio.Event()
-    runs = [StreamResult() for _ in range(4)]
-    tasks = [asyncio.create_task(stream_chat(client, chat_body(user_prompt(300 + i), 1024),
-                                             runs[i], stop)) for i in range(4)]
-    deadline = time.perf_counter() + 120
-    while min(len(r.arrivals) for r in runs) < 8:  # all four are decoding
-        if time.perf_counter() > deadline or any(t.done() for t in tasks):
-            raise RuntimeError("the 4 background streams did not start decoding")
-        await asyncio.sleep(0.01)
-    await asyncio.sleep(0.5)
-    long_req = StreamResult()
-    t_send = time.perf_counter()
-    long_task = asyncio.create_task(stream_chat(client, chat_body(text, 1), long_req))
-    while not long_req.arrivals:
-        if time.perf_counter() - t_send > STREAM_TIMEOUT_S or long_task.done():
-            break
-        await asyncio.sleep(0.005)
-    t_first = long_req.arrivals[0] if long_req.arrivals else time.perf_counter()
-    await asyncio.sleep(0.5)
-    stop.set()
-    await asyncio.wait_for(long_task, STREAM_TIMEOUT_S)
-    await asyncio.wait_for(asyncio.gather(*tasks), STREAM_TIMEOUT_S)
-    during: list[float] = []
-    before: list[float] = []
-    for r in runs:
-        for a, b in zip(r.arrivals, r.arrivals[1:], strict=False):
-            if t_send <= b <= t_first:
-                during.append(b - a)
-            elif b < t_send:
-                before.append(b - a)
-    # an ITL interval that straddles the end of the window also belongs to the admission
-    for r in runs:
-        after = [b - a for a, b in zip(r.arrivals, r.arrivals[1:], strict=False)
-                 if a < t_first < b]
-        during.extend(after)
-    p50, p99 = statistics.median(during), pct(during, 99)
-    steady = statistics.median(before) if before else p50
-    return {"prompt_tokens": n_prompt, "window_s": t_first - t_send, "itl_count": len(during),
-            "itl_p50_ms": 1000 * p50, "itl_p99_ms": 1000 * p99, "itl_max_ms": 1000 * max(during),
-            "ratio_p99_p50_window": p99 / p50,
-            "itl_p50_before_ms": 1000 * steady, "itl_count_before": len(before),
-            # the same streams' own spread with no admission: this run's jitter floor
-            "ratio_p99_p50_before": (pct(before, 99) / steady) if before else None,
-            "ratio_p99_p50": p99 / steady}
-
-
 async def rss_growth(client: httpx.AsyncClient, total: int, first: int,
                      concurrency: int, rss: Callable[[], float]) -> dict[str, Any]:
     sem = asyncio.Semaphore(concurrency)
@@ -279,7 +137,11 @@ async def serve_all(server: Server, loaded: LoadedModel, args: argparse.Namespac
         print("8 concurrent streams ...", flush=True)
         out["concurrent8"] = await concurrent_streams(client, 8, args.max_tokens, args.repeats)
         print("admission ITL ...", flush=True)
-        out["admission"] = await admission_itl(client, loaded, args.long_prompt_tokens)
+        out["admission"] = adm = await admission_itl(client, loaded, args.long_prompt_tokens)
+        print("the same streams at the same contexts, no admission ...", flush=True)
+        control = await matched_control(client, adm["itl_count"] // 4)
+        adm["control"] = control
+        adm["ratio_p99_p50_same_context"] = adm["itl_p99_ms"] / control["itl_p50_ms"]
         print(f"RSS over {args.rss_requests} requests ...", flush=True)
         out["rss"] = await rss_growth(client, args.rss_requests, 50, 8,
                                       lambda: snapshot(server)["rss_mib"])
@@ -343,7 +205,10 @@ def main() -> None:
           f"{adm['itl_max_ms']:.1f} ms (p99/p50 within the window "
           f"{adm['ratio_p99_p50_window']:.2f}); the goal's p50 is the streams' steady decode ITL "
           f"before admission ({adm['itl_count_before']} ITLs, whose own p99/p50 is "
-          f"{adm['ratio_p99_p50_before'] or float('nan'):.2f}); "
+          f"{adm['ratio_p99_p50_before'] or float('nan'):.2f}); the same streams at the same "
+          f"contexts with no admission: p50 {adm['control']['itl_p50_ms']:.1f} ms, p99 "
+          f"{adm['control']['itl_p99_ms']:.1f} ms (window p99 / that p50 "
+          f"{adm['ratio_p99_p50_same_context']:.2f}); "
           f"RSS run {rss['requests']} requests in {rss['wall_s']:.1f} s")
     report = {
         "benchmark": "serving",
