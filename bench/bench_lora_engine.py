@@ -17,7 +17,6 @@ import argparse
 import asyncio
 import json
 import platform
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,7 +26,7 @@ import torch
 
 from bench.bench_lora import PRESETS, random_adapter, random_model
 from kiln.engine.config import EngineConfig
-from kiln.engine.loop import AsyncEngine
+from kiln.engine.loop import AsyncEngine, build_on_engine_thread
 from kiln.engine.lora_mix import LoraMix
 from kiln.engine.request import Request, SamplingParams
 from kiln.engine.runner import ModelRunner
@@ -65,30 +64,10 @@ def build_all(model_name: str, device: torch.device, config: EngineConfig, rank:
 def engine_on_its_thread(build: Callable[[], tuple[AsyncEngine, ModelConfig, int,
                                                    list[LoraAdapter]]]
                          ) -> tuple[AsyncEngine, ModelConfig, int, list[LoraAdapter]]:
-    """Build everything and step the engine on one thread, as `kiln serve` does (the OpenMP team
-    belongs to the calling thread: a second team on 2 cores throttles the C step's barriers);
-    this thread only submits requests and reads outputs."""
-    built: dict[str, Any] = {}
-    ready = threading.Event()
-
-    def run() -> None:
-        try:
-            built["value"] = build()
-        except BaseException as exc:  # reported below
-            built["error"] = exc
-            return
-        finally:
-            ready.set()
-        built["value"][0].run_in_current_thread()
-
-    threading.Thread(target=run, name="kiln-engine", daemon=True).start()
-    ready.wait()
-    if "error" in built:
-        raise built["error"]
-    value: tuple[AsyncEngine, ModelConfig, int, list[LoraAdapter]] = built["value"]
-    deadline = time.monotonic() + 10
-    while not value[0].is_running and time.monotonic() < deadline:
-        time.sleep(0.001)
+    """Build everything and step the engine on one thread, as `kiln serve` does; this thread
+    only submits requests and reads outputs."""
+    value, start = build_on_engine_thread(build, lambda v: v[0])
+    start()
     return value
 
 

@@ -6,9 +6,8 @@ import asyncio
 import hashlib
 import json
 import math
-import threading
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,7 +16,7 @@ from kiln.adapters import AdapterStore, validate_name
 from kiln.api.backend import PositionScore
 from kiln.config import ServerConfig
 from kiln.engine.config import EngineConfig
-from kiln.engine.loop import AsyncEngine
+from kiln.engine.loop import AsyncEngine, build_on_engine_thread
 from kiln.engine.outputs import RequestOutput
 from kiln.engine.request import Request
 from kiln.model.loader import LoadedModel, load_model
@@ -108,7 +107,7 @@ class EngineBackend:
         self.tokenizer = loaded.tokenizer
         self.chat_template = loaded.chat_template
         self._identity: dict[str, str] | None = None
-        self._go: threading.Event | None = None  # set when the engine thread already exists
+        self._start_engine: Callable[[], None] | None = None  # from_config: the engine's thread
         self._policy: PolicyIdentity | None = None
         self._started = False
         self.adapter_store = AdapterStore(_adapter_dir(config, loaded))
@@ -135,50 +134,28 @@ class EngineBackend:
 
     @classmethod
     def from_config(cls, config: ServerConfig) -> EngineBackend:
-        """Load the model and build the engine on the thread that will run the engine.
+        """Load the model and build the engine on the thread that will run the engine
+        (``build_on_engine_thread``: all torch work of the server on one thread)."""
 
-        All torch work of the server then happens on one thread: measured on the 2-core CPU,
-        decoding on a thread other than the one that loaded the model runs at about 2/3 of the
-        speed (the OpenMP thread team is per calling thread)."""
-        built: dict[str, Any] = {}
-        ready, go = threading.Event(), threading.Event()
+        def build() -> EngineBackend:
+            loaded = load_model(
+                config.model,
+                dtype=None if config.dtype == "auto" else config.dtype,
+                device=config.device,
+                chat_template_path=config.chat_template,
+                served_model_name=config.served_model_name,
+            )
+            return cls(loaded, config)
 
-        def engine_thread() -> None:
-            try:
-                loaded = load_model(
-                    config.model,
-                    dtype=None if config.dtype == "auto" else config.dtype,
-                    device=config.device,
-                    chat_template_path=config.chat_template,
-                    served_model_name=config.served_model_name,
-                )
-                built["backend"] = cls(loaded, config)
-            except BaseException as exc:  # reported to the caller below
-                built["error"] = exc
-                return
-            finally:
-                ready.set()
-            go.wait()
-            if not built.get("cancelled"):
-                built["backend"].engine.run_in_current_thread()
-
-        thread = threading.Thread(target=engine_thread, name="kiln-engine", daemon=True)
-        thread.start()
-        ready.wait()
-        if "error" in built:
-            raise built["error"]
-        backend: EngineBackend = built["backend"]
-        backend._go = go
+        backend, start = build_on_engine_thread(build, lambda b: b.engine)
+        backend._start_engine = start
         return backend
 
     def start(self) -> None:
-        if self._go is None:
+        if self._start_engine is None:
             self.engine.start()
         else:
-            self._go.set()
-            deadline = time.monotonic() + 10
-            while not self.engine.is_running and time.monotonic() < deadline:
-                time.sleep(0.001)
+            self._start_engine()
         self._started = True
 
     def shutdown(self) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
     from kiln.engine.runner import ModelRunner
     from kiln.model.loader import LoadedModel
 
-__all__ = ["AsyncEngine", "EngineError", "Executor", "build_core"]
+__all__ = ["AsyncEngine", "EngineError", "Executor", "build_core", "build_on_engine_thread"]
 
 _Sink = tuple[asyncio.AbstractEventLoop, "asyncio.Queue[RequestOutput]"]
 _T = TypeVar("_T")
@@ -297,3 +298,41 @@ def _error_output(req: Request, message: str) -> RequestOutput:
         finished=True, finish_reason="error", stop_reason=None,
         num_prompt_tokens=len(req.prompt_token_ids), num_output_tokens=0, num_cached_tokens=0,
         seed=req.sampling.seed or 0, metrics=None, error=message)
+
+
+def build_on_engine_thread(build: Callable[[], _T], engine_of: Callable[[_T], AsyncEngine]
+                           ) -> tuple[_T, Callable[[], None]]:
+    """Run ``build`` (model load included) on a new thread, which then runs the engine it built
+    (``run_in_current_thread``) once the returned ``start`` is called; ``start`` waits until the
+    engine runs. All torch work then happens on one thread: the OpenMP team belongs to the
+    calling thread, and on the 2-core CPU a second team throttles the C step's barriers (a
+    thread other than the loader decoded at about 2/3 of the speed). ``build``'s exception is
+    raised here."""
+    built: dict[str, Any] = {}
+    ready, go = threading.Event(), threading.Event()
+
+    def run() -> None:
+        try:
+            built["value"] = build()
+        except BaseException as exc:  # raised to the caller below
+            built["error"] = exc
+            return
+        finally:
+            ready.set()
+        go.wait()
+        engine_of(built["value"]).run_in_current_thread()
+
+    threading.Thread(target=run, name="kiln-engine", daemon=True).start()
+    ready.wait()
+    if "error" in built:
+        raise built["error"]
+    value: _T = built["value"]
+    engine = engine_of(value)
+
+    def start() -> None:
+        go.set()
+        deadline = time.monotonic() + 10
+        while not engine.is_running and time.monotonic() < deadline:
+            time.sleep(0.001)
+
+    return value, start
