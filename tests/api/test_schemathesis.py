@@ -3,6 +3,8 @@ testing on), against the app wired to the engine test double."""
 
 from __future__ import annotations
 
+import atexit
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -14,7 +16,10 @@ from kiln.api.app import build_app
 from kiln.config import ServerConfig
 from tests.api.fake_backend import VOCAB, FakeBackend
 
+# The schema is built when the module is imported, so the adapter folder outlives any fixture:
+# removed when the test process exits.
 _ADAPTERS = Path(tempfile.mkdtemp(prefix="kiln-st-adapters-"))
+atexit.register(shutil.rmtree, _ADAPTERS, ignore_errors=True)
 for _name in ("style", "math"):
     (_ADAPTERS / _name).mkdir()
     (_ADAPTERS / _name / "adapter_config.json").write_text('{"r": 4, "lora_alpha": 8}')
@@ -49,8 +54,8 @@ def semantically_valid(path: str, body: object, path_params: dict[str, object] |
             isinstance(a, dict) and not _valid_adapter_name(a.get("name", "")) for a in adapters
         ):
             return False
-    """Skip bodies that break x-kiln-semantic-constraints JSON Schema cannot express (the server
-    rejects them with 400, which schemathesis would count as a valid request refused)."""
+    # Skip bodies that break x-kiln-semantic-constraints JSON Schema cannot express (the server
+    # rejects them with 400, which schemathesis would count as a valid request refused).
     if not isinstance(body, dict):
         return True
     if path == "/v1/completions/batch":
