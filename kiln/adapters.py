@@ -185,6 +185,19 @@ class AdapterStore:
             return [v.name for v in victims]
 
     # -- loading -----------------------------------------------------------------------------
+    def cached(self, name: str) -> LoraAdapter | None:
+        """The adapter ``load`` would return, if it is loaded and its files are unchanged; else
+        None (no torch work: the caller may be any thread)."""
+        with self._lock:
+            hit = self._loaded.get(name)
+            if hit is None:
+                return None
+            try:
+                fp = _fingerprint(self.path(name))
+            except (AdapterNotFound, InvalidAdapterName):
+                return None
+            return hit[1] if hit[0] == fp else None
+
     def load(self, name: str, model_cfg: ModelConfig) -> LoraAdapter:
         """The adapter's weights as an immutable LoraAdapter (cached until its files change).
 

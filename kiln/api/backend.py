@@ -79,9 +79,10 @@ class Backend(Protocol):
         """The adapter directory, or None when the server has none."""
         ...
 
-    def prepare_lora(self, mix: list[tuple[str, float]]) -> tuple[tuple[Any, float], ...]:
+    async def prepare_lora(self, mix: list[tuple[str, float]]) -> tuple[tuple[Any, float], ...]:
         """Load the named adapters for one request (raises InvalidAdapterName, AdapterNotFound,
-        or ValueError for an adapter that does not fit the model)."""
+        ValueError for an adapter that does not fit the model, or EngineError). The loading runs
+        on the engine's thread: the server's torch work stays on one thread."""
         ...
 
     def submit(self, request: Request) -> AsyncIterator[RequestOutput]:

@@ -91,7 +91,7 @@ class FakeBackend:
         h = "sha256:" + hashlib.sha256(b"fake").hexdigest()
         return {"tokenizer_config_hash": h, "chat_template_hash": h, "model_config_hash": h}
 
-    def prepare_lora(self, mix: list[tuple[str, float]]) -> tuple[tuple[Any, float], ...]:
+    async def prepare_lora(self, mix: list[tuple[str, float]]) -> tuple[tuple[Any, float], ...]:
         """Adapters are just their names here; a folder named 'broken*' fails to load."""
         for name, _ in mix:
             if name.startswith("broken"):

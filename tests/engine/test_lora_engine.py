@@ -281,39 +281,80 @@ def test_request_keeps_its_weights_across_reload_and_delete(world: World,
         rest, _ = await collect(it)
         return first.new_token_ids + rest
 
+    def prepare(mix: list[tuple[str, float]]) -> tuple[tuple[LoraAdapter, float], ...]:
+        return asyncio.run(backend.prepare_lora(mix))
+
     try:
-        old = backend.prepare_lora([("x", 1.0)])
+        old = prepare([("x", 1.0)])
         got = asyncio.run(mid_flight(
             "reload", old, lambda: write_peft(adir / "x", cfg, r=8, alpha=4, targets=LORA_MODULES,
                                     seed=12)))
         assert got == _want(w, old[0][0], ids, n)
-        new = backend.prepare_lora([("x", 1.0)])
+        new = prepare([("x", 1.0)])
         assert new[0][0].content_sha256 != old[0][0].content_sha256
         got_new = asyncio.run(mid_flight("delete", new, lambda: backend.adapter_store.delete("x")))
         want_new = _want(w, new[0][0], ids, n)
         assert got_new == want_new and got_new != got
         with pytest.raises(AdapterNotFound):
-            backend.prepare_lora([("x", 1.0)])
+            prepare([("x", 1.0)])
     finally:
         backend.shutdown()
 
 
-def test_prepare_lora_rejects_bad_mixes(world: World, tmp_path: Path) -> None:
+def test_load_lora_rejects_bad_mixes(world: World, tmp_path: Path) -> None:
     w = world
     adir = tmp_path / "adapters"
     write_peft(adir / "ok", w.loaded.config, r=2, alpha=2, targets=("q_proj",), seed=1)
     write_peft(adir / "misfit", tiny_config("llama"), r=2, alpha=2, targets=("q_proj",), seed=1)
     backend = EngineBackend(w.loaded, ServerConfig(adapter_dir=str(adir), kv_memory_mb=8))
-    mix = backend.prepare_lora([("ok", 0.5), ("ok", 2)])
+    mix = backend.load_lora([("ok", 0.5), ("ok", 2)])
     assert [(a.name, s) for a, s in mix] == [("ok", 0.5), ("ok", 2.0)] and mix[0][0] is mix[1][0]
     for bad in ([], [("ok", 1.0)] * 17, [("ok", float("inf"))]):
         with pytest.raises(ValueError):
-            backend.prepare_lora(bad)
+            backend.load_lora(bad)
     with pytest.raises(InvalidAdapterName):
-        backend.prepare_lora([("../ok", 1.0)])
+        backend.load_lora([("../ok", 1.0)])
     with pytest.raises(AdapterNotFound):
-        backend.prepare_lora([("ok", 1.0), ("missing", 1.0)])
+        backend.load_lora([("ok", 1.0), ("missing", 1.0)])
     with pytest.raises(AdapterLoadError):
-        backend.prepare_lora([("misfit", 1.0)])
+        backend.load_lora([("misfit", 1.0)])
     default = EngineBackend(w.loaded, ServerConfig(kv_memory_mb=8))
     assert default.adapter_store.root == Path(w.loaded.source) / "adapters"
+
+
+def test_adapters_load_on_the_engine_thread(world: World, tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """prepare_lora (the API's path) reads an adapter on the engine thread, never on the event
+    loop's: torch work there would start a second OpenMP team, which throttles the C step's
+    barriers on a small CPU. A loaded, unchanged adapter comes from the cache without a hop;
+    a changed one is read again on the engine thread. With no engine running: EngineError."""
+    import threading
+
+    from kiln.adapters import AdapterStore
+
+    adir = tmp_path / "adapters"
+    write_peft(adir / "a", world.loaded.config, r=2, alpha=2, targets=("q_proj",), seed=1)
+    backend = EngineBackend(world.loaded, ServerConfig(adapter_dir=str(adir), kv_memory_mb=8))
+    with pytest.raises(EngineError):
+        asyncio.run(backend.prepare_lora([("a", 1.0)]))
+    loads: list[threading.Thread] = []
+    real_load = AdapterStore.load
+
+    def spy(self: AdapterStore, name: str, cfg: object) -> LoraAdapter:
+        loads.append(threading.current_thread())
+        return real_load(self, name, cfg)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(AdapterStore, "load", spy)
+    backend.start()
+    try:
+        first = asyncio.run(backend.prepare_lora([("a", 1.0)]))
+        engine_thread = backend.engine._thread
+        assert loads == [engine_thread] and engine_thread is not threading.current_thread()
+        again = asyncio.run(backend.prepare_lora([("a", 0.5)]))
+        assert again[0][0] is first[0][0] and again[0][1] == 0.5 and len(loads) == 1
+        write_peft(adir / "a", world.loaded.config, r=4, alpha=2, targets=("q_proj",), seed=2)
+        changed = asyncio.run(backend.prepare_lora([("a", 1.0)]))
+        assert changed[0][0].content_sha256 != first[0][0].content_sha256
+        assert loads == [engine_thread, engine_thread]
+    finally:
+        backend.shutdown()

@@ -28,7 +28,9 @@ from kiln.api.backend import Backend
 from kiln.api.body import read_json_body
 from kiln.api.encode import json_response
 from kiln.api.errors import ApiError
+from kiln.api.handlers.generation import engine_error
 from kiln.api.state import app_state
+from kiln.engine.errors import EngineError
 
 MAX_COMPOSED = 16
 
@@ -61,14 +63,14 @@ def _check_name(name: str, param: str) -> str:
         raise ApiError(400, "invalid_adapter_name", str(exc), param=param) from None
 
 
-def load_mix(backend: Backend, mix: list[tuple[str, float]], param: str) -> Selection:
+async def load_mix(backend: Backend, mix: list[tuple[str, float]], param: str) -> Selection:
     names = [_check_name(name, param) for name, _ in mix]
     store = _store(backend)
     for name in names:
         if store is None or not store.exists(name):
             raise _not_found(name, param)
     try:
-        lora = backend.prepare_lora([(n, s) for n, (_, s) in zip(names, mix, strict=True)])
+        lora = await backend.prepare_lora([(n, s) for n, (_, s) in zip(names, mix, strict=True)])
     except InvalidAdapterName as exc:
         raise ApiError(400, "invalid_adapter_name", str(exc), param=param) from None
     except AdapterNotFound as exc:
@@ -77,6 +79,8 @@ def load_mix(backend: Backend, mix: list[tuple[str, float]], param: str) -> Sele
         raise ApiError(
             400, "adapter_load_failed", f"adapter cannot be used: {exc}", param=param
         ) from None
+    except EngineError as exc:  # the engine is not running (adapters load on its thread)
+        raise engine_error(exc) from None
     return Selection(tuple((n, s) for n, (_, s) in zip(names, mix, strict=True)), lora)
 
 
@@ -93,7 +97,7 @@ def _composition(adapters: Any) -> list[tuple[str, float]]:
     return [(a.name, float(a.scale)) for a in adapters]
 
 
-def select(
+async def select(
     backend: Backend, adapter: Any, adapters: Any, model_adapter: str | None, *, tri_state: bool
 ) -> Selection:
     """The adapter mix of a chat (tri_state) or batch request."""
@@ -104,21 +108,21 @@ def select(
                 400, "invalid_compose_request",
                 "model names an adapter; do not also send adapter or adapters", param="model",
             )
-        return load_mix(backend, [(model_adapter, 1.0)], "model")
+        return await load_mix(backend, [(model_adapter, 1.0)], "model")
     if given_adapters:
         if isinstance(adapter, str) and adapter:
             raise ApiError(
                 400, "invalid_compose_request", "use adapter or adapters, not both",
                 param="adapters",
             )
-        return load_mix(backend, _composition(adapters), "adapters")
+        return await load_mix(backend, _composition(adapters), "adapters")
     if adapter is UNSET:
         store = _store(backend)
         default = store.default if (tri_state and store is not None) else None
-        return load_mix(backend, [(default, 1.0)], "adapter") if default else BASE
+        return await load_mix(backend, [(default, 1.0)], "adapter") if default else BASE
     if adapter is None or adapter == "":
         return BASE
-    return load_mix(backend, [(str(adapter), 1.0)], "adapter")
+    return await load_mix(backend, [(str(adapter), 1.0)], "adapter")
 
 
 def adapter_named_by_model(backend: Backend, model: str | None) -> str | None:
@@ -160,7 +164,7 @@ async def load(request: Request) -> Response:
         "AdapterLoadRequest", body, wire.AdapterLoadRequest, "invalid_adapter_request"
     )
     store = _require_store(state.backend)
-    selection = load_mix(state.backend, [(req.name, 1.0)], "name")
+    selection = await load_mix(state.backend, [(req.name, 1.0)], "name")
     store.set_default(selection.mix[0][0])
     return json_response({"status": "loaded", "name": selection.mix[0][0]})
 

@@ -41,7 +41,7 @@ async def create(request: Request) -> Response:
     body = await read_json_body(request, state.config.max_body_bytes)
     req = state.contract.parse("ChatCompletionRequest", body, wire.ChatCompletionRequest, ERROR_CODE)
     check_chat(req)
-    prepared = prepare_chat(state, req)
+    prepared = await prepare_chat(state, req)
     if prepared.rollout:
         rollout.check(state, prepared)
     completion_id = f"chatcmpl-{uuid.uuid4()}"

@@ -179,11 +179,11 @@ def render_prompt(
         ) from None
 
 
-def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> PreparedChat:
+async def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> PreparedChat:
     cfg = state.config
     backend = state.backend
     model, model_adapter = resolve_model(backend, opt(req.model))
-    selection = select(backend, req.adapter, req.adapters, model_adapter, tri_state=True)
+    selection = await select(backend, req.adapter, req.adapters, model_adapter, tri_state=True)
     started = time.perf_counter()
     kwargs = template_kwargs(state, req.chat_template_kwargs)
     tools = opt(req.tools) or None

@@ -43,7 +43,8 @@ async def create(request: Request) -> Response:
     # DESIGN §6: scores under the base model, or under the adapter `model` names
     _, model_adapter = resolve_model(backend, opt(req.model))
     selection = (
-        select(backend, UNSET, UNSET, model_adapter, tri_state=False) if model_adapter else BASE
+        await select(backend, UNSET, UNSET, model_adapter, tri_state=False)
+        if model_adapter else BASE
     )
     n = opt(req.n)
     if n is not None and n != 1:
