@@ -119,7 +119,10 @@ static inline void walk_prefetch(const CacheWalk *w, int64_t lines) {
     for (int64_t i = 0; i < lines; i++) __asm__ volatile("prefetcht0 %0" : : "m"(r[64 * i]));
 }
 
-#define PF_AHEAD 8 /* positions */
+/* V rows prefetched this far ahead in the V pass. The K pass prefetches no V: doing so (this
+ * chunk's V rows while it was scored, 8 ahead here) measured 1.02-1.04x the step time at
+ * contexts of 700-1,500 (A/B of the C step, interleaved builds), and equal at context 100. */
+#define PF_AHEAD 16 /* positions */
 
 /* out[q] = sum_p wq[q][p] * V[p] for QG queries over positions 0..len-1 (weights past a
  * query's own context are 0), NC 16-float chunks per head: each V row is loaded once for all
@@ -223,7 +226,6 @@ static inline __attribute__((always_inline)) void attend_impl(
     if (end <= p0) return;
     const __m512 scale = _mm512_set1_ps(md->scale);
     CacheWalk kw = walk_from(kc + kvh * hd * esize, bt, bs, row_bytes, p0);
-    CacheWalk vpf = walk_from(vc + kvh * hd * esize, bt, bs, row_bytes, p0);
     {
         CacheWalk first = kw;
         for (int64_t o = 0; o < 16 && p0 + o < end; o++) {
@@ -232,16 +234,12 @@ static inline __attribute__((always_inline)) void attend_impl(
         }
     }
     for (int64_t c0 = p0; c0 < end; c0 += 16) {
-        /* In flight while this chunk is scored: the next chunk's K rows, this chunk's V rows. */
+        /* In flight while this chunk is scored: the next chunk's K rows (V: PF_AHEAD). */
         CacheWalk ahead = kw;
         for (int64_t o = 0; o < 16 && c0 + o < end; o++) walk_next(&ahead);
         for (int64_t o = 16; o < 32 && c0 + o < end; o++) {
             walk_prefetch(&ahead, lines);
             walk_next(&ahead);
-        }
-        for (int64_t o = 0; o < 16 && c0 + o < end; o++) {
-            walk_prefetch(&vpf, lines);
-            walk_next(&vpf);
         }
         const char *rows[16];
         for (int64_t o = 0; o < 16; o++) {
