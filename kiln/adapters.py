@@ -13,6 +13,7 @@ import builtins
 import shutil
 import threading
 import unicodedata
+from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath, PureWindowsPath
@@ -101,12 +102,17 @@ class AdapterInfo:
 class AdapterStore:
     """Adapters under ``adapter_dir`` (None: no adapters), plus the server default adapter."""
 
-    def __init__(self, adapter_dir: Path | None) -> None:
+    def __init__(self, adapter_dir: Path | None, max_loaded: int = 32) -> None:
+        if max_loaded <= 0:
+            raise ValueError(f"max_loaded must be positive, got {max_loaded}")
         self.root: Path | None = None if adapter_dir is None else Path(adapter_dir).resolve()
+        self.max_loaded = max_loaded
         self._default: str | None = None
         self._lock = threading.RLock()
-        # name -> (files fingerprint, adapter): reloaded when the files change
-        self._loaded: dict[str, tuple[tuple[tuple[str, int, int], ...], LoraAdapter]] = {}
+        # name -> (files fingerprint, adapter), least recently used first: reloaded when the
+        # files change; past max_loaded the oldest is dropped (requests keep their own copies)
+        self._loaded: OrderedDict[str, tuple[tuple[tuple[str, int, int], ...], LoraAdapter]] = (
+            OrderedDict())
 
     # -- paths -------------------------------------------------------------------------------
     def _inside(self, name: str) -> Path | None:
@@ -188,32 +194,41 @@ class AdapterStore:
     def cached(self, name: str) -> LoraAdapter | None:
         """The adapter ``load`` would return, if it is loaded and its files are unchanged; else
         None (no torch work: the caller may be any thread)."""
+        try:
+            fp = _fingerprint(self.path(name))
+        except (AdapterNotFound, InvalidAdapterName):
+            return None
+        return self._hit(name, fp)
+
+    def _hit(self, name: str, fp: tuple[tuple[str, int, int], ...]) -> LoraAdapter | None:
         with self._lock:
             hit = self._loaded.get(name)
-            if hit is None:
+            if hit is None or hit[0] != fp:
                 return None
-            try:
-                fp = _fingerprint(self.path(name))
-            except (AdapterNotFound, InvalidAdapterName):
-                return None
-            return hit[1] if hit[0] == fp else None
+            self._loaded.move_to_end(name)
+            return hit[1]
 
     def load(self, name: str, model_cfg: ModelConfig) -> LoraAdapter:
-        """The adapter's weights as an immutable LoraAdapter (cached until its files change).
+        """The adapter's weights as an immutable LoraAdapter (cached until its files change, or
+        until ``max_loaded`` others were used more recently).
 
         A caller keeps the object it got even if the folder is later rewritten or deleted.
-        Raises AdapterNotFound, or kiln.model.lora.AdapterLoadError for a bad adapter."""
+        Raises AdapterNotFound, or kiln.model.lora.AdapterLoadError for a bad adapter. The files
+        are read outside the store's lock, so ``cached`` never waits on a load."""
         from kiln.model.lora import load_adapter
 
+        p = self.path(name)
+        fp = _fingerprint(p)
+        hit = self._hit(name, fp)
+        if hit is not None:
+            return hit
+        adapter = load_adapter(p, model_cfg, name=name)
         with self._lock:
-            p = self.path(name)
-            fp = _fingerprint(p)
-            cached = self._loaded.get(name)
-            if cached is not None and cached[0] == fp:
-                return cached[1]
-            adapter = load_adapter(p, model_cfg, name=name)
             self._loaded[name] = (fp, adapter)
-            return adapter
+            self._loaded.move_to_end(name)
+            while len(self._loaded) > self.max_loaded:
+                self._loaded.popitem(last=False)
+        return adapter
 
 
 def _is_adapter_dir(p: Path) -> bool:

@@ -30,6 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--adapter-dir", help="directory of PEFT LoRA adapters (one per subdir)")
     serve.add_argument("--max-lora-slots", type=int,
                        help="adapters resident at once for batched LoRA (default 8)")
+    serve.add_argument("--max-cpu-loras", type=int,
+                       help="adapters kept loaded in host memory, least recently used dropped "
+                            "first (default 32)")
     serve.add_argument("--chat-template", help="Jinja chat template file overriding the model's")
     serve.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"])
     serve.add_argument("--device", help="torch device (default: cuda if available, else cpu)")

@@ -49,6 +49,7 @@ class ServerConfig:
     log_level: str = "info"
     adapter_dir: str | None = None
     max_lora_slots: int = 8
+    max_cpu_loras: int = 32
     api_keys: tuple[str, ...] = ()
     metrics_require_auth: bool = False
     max_waiting_requests: int = 256
@@ -68,7 +69,7 @@ class ServerConfig:
             raise ConfigError(f"max_body_bytes must be at least 1024, got {self.max_body_bytes}")
         for name in ("kv_memory_mb", "block_size", "max_num_seqs", "max_num_batched_tokens",
                      "max_prefill_tokens_while_decoding", "prefill_cap_context",
-                     "max_lora_slots"):
+                     "max_lora_slots", "max_cpu_loras"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         if self.max_model_len is not None and self.max_model_len <= 0:
@@ -142,6 +143,7 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "KILN_API_KEY": ("api_keys", "list"),
     "KILN_ADAPTER_DIR": ("adapter_dir", "str"),
     "KILN_MAX_LORA_SLOTS": ("max_lora_slots", "int"),
+    "KILN_MAX_CPU_LORAS": ("max_cpu_loras", "int"),
     "KILN_METRICS_REQUIRE_AUTH": ("metrics_require_auth", "bool"),
     "KILN_MAX_WAITING_REQUESTS": ("max_waiting_requests", "int"),
     "KILN_REQUEST_TIMEOUT_S": ("request_timeout_s", "float"),

@@ -110,7 +110,8 @@ class EngineBackend:
         self._start_engine: Callable[[], None] | None = None  # from_config: the engine's thread
         self._policy: PolicyIdentity | None = None
         self._started = False
-        self.adapter_store = AdapterStore(_adapter_dir(config, loaded))
+        self.adapter_store = AdapterStore(_adapter_dir(config, loaded),
+                                          max_loaded=config.max_cpu_loras)
 
     async def prepare_lora(self, mix: Sequence[tuple[str, float]]
                            ) -> tuple[tuple[LoraAdapter, float], ...]:

@@ -358,3 +358,24 @@ def test_adapters_load_on_the_engine_thread(world: World, tmp_path: Path,
         assert loads == [engine_thread, engine_thread]
     finally:
         backend.shutdown()
+
+
+def test_store_keeps_at_most_max_loaded_adapters(world: World, tmp_path: Path) -> None:
+    """Least recently used first out; a dropped adapter is read again on its next use (same
+    content), and an object a caller holds stays usable."""
+    from kiln.adapters import AdapterStore
+
+    cfg = world.loaded.config
+    for i, name in enumerate(("a", "b", "c")):
+        write_peft(tmp_path / name, cfg, r=2, alpha=2, targets=("q_proj",), seed=i)
+    store = AdapterStore(tmp_path, max_loaded=2)
+    a, b = store.load("a", cfg), store.load("b", cfg)
+    assert store.cached("a") is a  # a is now the most recently used
+    c = store.load("c", cfg)
+    assert store.cached("b") is None and store.cached("a") is a and store.cached("c") is c
+    b2 = store.load("b", cfg)
+    assert b2 is not b and b2.content_sha256 == b.content_sha256
+    assert store.cached("a") is None  # a was the oldest when b came back
+    assert b.delta(0, "q_proj") is not None
+    with pytest.raises(ValueError):
+        AdapterStore(tmp_path, max_loaded=0)
