@@ -140,3 +140,34 @@ def test_half_kv_cache_changes_the_inference_config_hash(tiny_llama: LoadedModel
         ids.append(identity.inference_config_sha256)
         backend.shutdown()
     assert ids[0] == ids[2] != ids[1]
+
+
+def test_start_hashes_the_policy_identity_off_the_event_loop(tiny_llama: LoadedModel) -> None:
+    """``start`` computes the content-addressed identity on a thread of its own (hashing a large
+    model's files takes seconds, which on first use would stall the event loop); a caller gets
+    the same object once it is ready."""
+    import threading
+    import time
+
+    from kiln.config import ServerConfig
+    from kiln.serving import EngineBackend
+
+    backend = EngineBackend(tiny_llama, ServerConfig(kv_memory_mb=8))
+    computed: list[str] = []
+    real = backend._compute_policy
+
+    def spy():  # type: ignore[no-untyped-def]
+        computed.append(threading.current_thread().name)
+        return real()
+
+    backend._compute_policy = spy  # type: ignore[method-assign]
+    backend.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not backend._policy_done and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert computed == ["kiln-identity"]
+        first = backend.policy_identity()
+        assert first is not None and backend.policy_identity() is first and len(computed) == 1
+    finally:
+        backend.shutdown()
