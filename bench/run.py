@@ -15,6 +15,7 @@ BENCHES = {
     "step": "bench.bench_step",
     "model": "bench.bench_model",
     "serving": "bench.bench_serving",
+    "adapter_serving": "bench.bench_adapter_serving",
     "scoring": "bench.bench_scoring",
     "lora": "bench.bench_lora",
     "lora_engine": "bench.bench_lora_engine",
