@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 from collections.abc import Sequence
 
@@ -98,6 +99,13 @@ def serve(config: ServerConfig) -> int:
         print(f"kiln: cannot load model {config.model or '(default)'}: {message}", file=sys.stderr)
         return 2
     app = build_app(config, backend)
+    # What is loaded by now (model, tokenizer, templates, app) lives as long as the server: keep
+    # it out of the cyclic collector's full passes. Measured on the default model: a full
+    # collection walks ~320,000 objects in 162-169 ms with the GIL held (every stream stalls),
+    # and ~0 ms once they are frozen. Python runs one whenever the objects that survived since
+    # the last grow past a quarter of the long-lived ones, so a long-running server meets them.
+    gc.collect()
+    gc.freeze()
     print(f"kiln: serving {backend.model_id} on http://{config.host}:{config.port}", flush=True)
     uvicorn.run(
         app,
@@ -106,6 +114,7 @@ def serve(config: ServerConfig) -> int:
         log_level=config.log_level,
         timeout_graceful_shutdown=int(config.drain_timeout_s),
     )
+    gc.unfreeze()  # let the interpreter's final collection release them (extension objects too)
     return 0
 
 
