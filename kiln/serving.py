@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import math
@@ -17,6 +18,7 @@ from kiln.adapters import AdapterStore, validate_name
 from kiln.api.backend import PositionScore
 from kiln.config import ServerConfig
 from kiln.engine.config import EngineConfig
+from kiln.engine.errors import EngineError
 from kiln.engine.loop import AsyncEngine, build_on_engine_thread
 from kiln.engine.outputs import RequestOutput
 from kiln.engine.request import Request
@@ -247,27 +249,32 @@ class EngineBackend:
     async def score(
         self, prompt_ids: list[int], top_k: int, lora: tuple[tuple[Any, float], ...] = ()
     ) -> list[PositionScore]:
-        """Prompt-logprob scoring, alone on the model between engine steps; under the base model,
-        or under the adapter mix `lora` (DESIGN §6)."""
+        """Prompt-logprob scoring under the base model, or under the adapter mix `lora` (DESIGN
+        §6): one chunk at a time alone on the model (``run_exclusive``), with the engine's own
+        steps in between, so running streams keep decoding (a 4,096-token prompt takes ~17 s to
+        score on this CPU; in one piece it had stalled every stream that long)."""
         from kiln.engine.runner import ModelRunner
-        from kiln.engine.scoring import score_prompt
+        from kiln.engine.scoring import ScoringJob
         from kiln.model.lora_slots import LoraBatch
 
         runner = self.engine.executor
         if not isinstance(runner, ModelRunner):
             raise TypeError("EngineBackend.score needs an engine over a ModelRunner")
-        pool = self.engine.scheduler.pool
-        ids = list(prompt_ids)
         mix = list(lora)
 
         def plan(n: int) -> LoraBatch:
             return LoraBatch.build([mix], [n], runner.lora_slots)
 
-        return await self.engine.run_exclusive(
-            lambda: score_prompt(
-                runner.model, runner.kv, pool, ids, top_k, lora=plan if mix else None
-            )
-        )
+        job = ScoringJob(runner.model, runner.kv, self.engine.scheduler.pool, list(prompt_ids),
+                         top_k, lora=plan if mix else None)
+        try:
+            while not await self.engine.run_exclusive(job.step):
+                pass
+        finally:
+            if not job.done:  # failed or cancelled: its blocks go back on the engine thread
+                with contextlib.suppress(EngineError):
+                    self.engine.run_exclusive(job.close)
+        return job.scores
 
 
 def _adapter_dir(config: ServerConfig, loaded: LoadedModel) -> Path | None:

@@ -1,4 +1,5 @@
-"""Prompt-logprob scoring (reference §8), run on the engine thread via ``run_exclusive``.
+"""Prompt-logprob scoring (reference §8), run on the engine thread via ``run_exclusive``, one
+chunk per call (``ScoringJob``), so running streams keep decoding between the chunks.
 
 The prompt goes through the model in chunks over temporarily borrowed KV blocks, so later chunks
 attend to earlier ones through the paged cache; the final norm and the output projection run on
@@ -25,8 +26,8 @@ from kiln.model.base import CausalLM
 from kiln.model.batch import ForwardBatch, build_forward_batch
 from kiln.model.kv_cache import KVCache
 
-__all__ = ["CHUNK_TOKENS", "PROJ_ROWS", "score_prompt", "score_rows", "scoring_batch",
-           "top_k_ids"]
+__all__ = ["CHUNK_TOKENS", "PROJ_ROWS", "ScoringJob", "score_prompt", "score_rows",
+           "scoring_batch", "top_k_ids"]
 
 # Prompt tokens per forward pass. The attention scores of one chunk over a 4,096-token context
 # are heads x 64 x 4096 floats (9 MiB on SmolLM2) per layer, so peak memory stays flat.
@@ -51,68 +52,117 @@ def scoring_batch(tokens: Sequence[int], start: int, block_table: Sequence[int],
 def score_prompt(model: CausalLM, kv: KVCache, pool: BlockPool, prompt_ids: Sequence[int],
                  top_k: int, *, chunk_tokens: int = CHUNK_TOKENS, proj_rows: int = PROJ_ROWS,
                  lora: object | None = None) -> list[PositionScore]:
-    """One PositionScore per prompt position >= 1 (engine thread only: it borrows KV blocks
-    from ``pool`` and writes into ``kv``; they are returned before this returns or raises).
+    """One PositionScore per prompt position >= 1, the whole prompt at once (engine thread only:
+    it borrows KV blocks from ``pool`` and writes into ``kv``; they are returned before this
+    returns or raises). ``ScoringJob`` does the same in slices.
 
     ``lora`` is None (base model) or a callable giving the adapter plan for a chunk of n tokens
     (released after that chunk's forward)."""
-    vocab = model.output_weight().shape[0]
-    if not prompt_ids:
-        raise ValueError("score_prompt: empty prompt")
-    if not 0 <= top_k <= vocab:
-        raise ValueError(f"score_prompt: top_k must be in 0..{vocab}, got {top_k}")
-    if chunk_tokens <= 0 or proj_rows <= 0:
-        raise ValueError("score_prompt: chunk_tokens and proj_rows must be positive")
-    bad = [t for t in prompt_ids if not 0 <= t < vocab]
-    if bad:
-        raise ValueError(f"score_prompt: token id {bad[0]} is outside the vocabulary ({vocab})")
-    # Only positions 0..n-2 produce a scored row; the last token is observed, never fed.
-    fed = len(prompt_ids) - 1
-    if fed == 0:
-        return []
-    need = _cdiv(fed, kv.block_size)
-    if pool.num_free_blocks < need:
-        raise EngineError(
-            "kv_cache_exhausted",
-            f"Scoring a {len(prompt_ids)}-token prompt needs {need} KV cache blocks; "
-            f"only {pool.num_free_blocks} are free. Retry later.", 503)
-    blocks = pool.allocate(need)
+    job = ScoringJob(model, kv, pool, prompt_ids, top_k, chunk_tokens=chunk_tokens,
+                     proj_rows=proj_rows, lora=lora)
     try:
-        with torch.inference_mode():
-            return _score(model, kv, blocks, list(prompt_ids), top_k, chunk_tokens, proj_rows,
-                          lora)
+        while not job.step():
+            pass
     finally:
-        pool.free(blocks)
+        job.close()
+    return job.scores
 
 
-def _score(model: CausalLM, kv: KVCache, blocks: list[int], ids: list[int], top_k: int,
-           chunk_tokens: int, proj_rows: int, lora: object | None) -> list[PositionScore]:
-    bs = kv.block_size
-    device = kv.device
-    weight = model.output_weight()
-    targets = torch.tensor(ids, dtype=torch.int64, device=device)
-    fed = len(ids) - 1
-    out: list[PositionScore] = []
-    for start in range(0, fed, chunk_tokens):
-        end = min(fed, start + chunk_tokens)
+class ScoringJob:
+    """``score_prompt`` one chunk per ``step()`` call, so that an engine can run its own steps in
+    between (each call on the engine thread). The first call borrows the prompt's KV blocks from
+    the pool; the last call, or ``close()``, returns them. Arguments are checked on creation
+    (ValueError), the blocks on the first call (EngineError ``kv_cache_exhausted``)."""
+
+    def __init__(self, model: CausalLM, kv: KVCache, pool: BlockPool, prompt_ids: Sequence[int],
+                 top_k: int, *, chunk_tokens: int = CHUNK_TOKENS, proj_rows: int = PROJ_ROWS,
+                 lora: object | None = None) -> None:
+        vocab = model.output_weight().shape[0]
+        if not prompt_ids:
+            raise ValueError("score_prompt: empty prompt")
+        if not 0 <= top_k <= vocab:
+            raise ValueError(f"score_prompt: top_k must be in 0..{vocab}, got {top_k}")
+        if chunk_tokens <= 0 or proj_rows <= 0:
+            raise ValueError("score_prompt: chunk_tokens and proj_rows must be positive")
+        bad = [t for t in prompt_ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"score_prompt: token id {bad[0]} is outside the vocabulary "
+                             f"({vocab})")
+        self.model, self.kv, self.pool = model, kv, pool
+        self.ids = list(prompt_ids)
+        self.top_k, self.chunk_tokens, self.proj_rows, self.lora = top_k, chunk_tokens, \
+            proj_rows, lora
+        # Only positions 0..n-2 produce a scored row; the last token is observed, never fed.
+        self.fed = len(self.ids) - 1
+        self.next = 0  # the first position not fed yet
+        self.scores: list[PositionScore] = []
+        self._blocks: list[int] | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.next >= self.fed
+
+    def step(self) -> bool:
+        """Feed and score the next chunk; True once every position is scored (blocks returned).
+        On an exception the blocks are returned too."""
+        if self.done:
+            return True
+        try:
+            if self._blocks is None:
+                self._blocks = self._borrow()
+            start, end = self.next, min(self.fed, self.next + self.chunk_tokens)
+            with torch.inference_mode():
+                self.scores.extend(self._chunk(start, end))
+            self.next = end
+        except BaseException:
+            self.close()
+            raise
+        if self.done:
+            self.close()
+        return self.done
+
+    def close(self) -> None:
+        """Return the borrowed blocks (engine thread; idempotent)."""
+        if self._blocks is not None:
+            self.pool.free(self._blocks)
+            self._blocks = None
+
+    def _borrow(self) -> list[int]:
+        need = _cdiv(self.fed, self.kv.block_size)
+        if self.pool.num_free_blocks < need:
+            raise EngineError(
+                "kv_cache_exhausted",
+                f"Scoring a {len(self.ids)}-token prompt needs {need} KV cache blocks; "
+                f"only {self.pool.num_free_blocks} are free. Retry later.", 503)
+        return self.pool.allocate(need)
+
+    def _chunk(self, start: int, end: int) -> list[PositionScore]:
+        model, kv, lora, blocks = self.model, self.kv, self.lora, self._blocks
+        assert blocks is not None
+        bs = kv.block_size
         plan = lora(end - start) if callable(lora) else lora
-        batch = scoring_batch(ids[start:end], start, blocks[:_cdiv(end, bs)], bs, device, plan)
+        batch = scoring_batch(self.ids[start:end], start, blocks[:_cdiv(end, bs)], bs, kv.device,
+                              plan)
         try:
             hidden = model.hidden_states(batch, kv)
         finally:
             release = getattr(plan, "release", None)
             if callable(lora) and release is not None:
                 release()  # a per-chunk plan pins adapter slots until its forward is done
-        for r0 in range(0, end - start, proj_rows):
-            rows = hidden[r0:r0 + proj_rows]
+        weight = model.output_weight()
+        out: list[PositionScore] = []
+        for r0 in range(0, end - start, self.proj_rows):
+            rows = hidden[r0:r0 + self.proj_rows]
             logits = F.linear(model.model.norm(rows), weight).to(torch.float32)
             first = start + r0  # position of the first row; it predicts ids[first + 1]
             if not bool(torch.isfinite(logits).all()):
                 raise EngineError("generation_error",
                                   f"non-finite logits while scoring positions {first + 1}.."
                                   f"{first + len(rows)}", 500)
-            out.extend(score_rows(logits, targets[first + 1:first + 1 + len(rows)], top_k))
-    return out
+            observed = torch.tensor(self.ids[first + 1:first + 1 + len(rows)],
+                                    dtype=torch.int64, device=kv.device)
+            out.extend(score_rows(logits, observed, self.top_k))
+        return out
 
 
 def top_k_ids(logits: torch.Tensor, k: int) -> torch.Tensor:
