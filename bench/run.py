@@ -17,6 +17,7 @@ BENCHES = {
     "serving": "bench.bench_serving",
     "adapter_serving": "bench.bench_adapter_serving",
     "scoring": "bench.bench_scoring",
+    "scoring_stall": "bench.bench_scoring_stall",
     "lora": "bench.bench_lora",
     "lora_engine": "bench.bench_lora_engine",
 }
