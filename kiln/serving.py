@@ -9,6 +9,7 @@ import json
 import math
 import threading
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -114,6 +115,8 @@ class EngineBackend:
         self._policy: PolicyIdentity | None = None
         self._policy_lock = threading.Lock()
         self._policy_done = False
+        self._scoring_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
+            weakref.WeakKeyDictionary())
         self._started = False
         self.adapter_store = AdapterStore(_adapter_dir(config, loaded),
                                           max_loaded=config.max_cpu_loras)
@@ -267,14 +270,24 @@ class EngineBackend:
 
         job = ScoringJob(runner.model, runner.kv, self.engine.scheduler.pool, list(prompt_ids),
                          top_k, lora=plan if mix else None)
-        try:
-            while not await self.engine.run_exclusive(job.step):
-                pass
-        finally:
-            if not job.done:  # failed or cancelled: its blocks go back on the engine thread
-                with contextlib.suppress(EngineError):
-                    self.engine.run_exclusive(job.close)
+        # One scoring job at a time, as when each ran in one piece: a job holds its prompt's KV
+        # blocks until it ends, and several at once could take the blocks running streams need.
+        async with self._scoring_lock():
+            try:
+                while not await self.engine.run_exclusive(job.step):
+                    pass
+            finally:
+                if not job.done:  # failed or cancelled: its blocks go back on the engine thread
+                    with contextlib.suppress(EngineError):
+                        self.engine.run_exclusive(job.close)
         return job.scores
+
+    def _scoring_lock(self) -> asyncio.Lock:
+        loop = asyncio.get_running_loop()
+        lock = self._scoring_locks.get(loop)
+        if lock is None:
+            lock = self._scoring_locks[loop] = asyncio.Lock()
+        return lock
 
 
 def _adapter_dir(config: ServerConfig, loaded: LoadedModel) -> Path | None:

@@ -375,3 +375,36 @@ def test_backend_scores_in_slices_between_engine_steps(tiny_llama: LoadedModel,
         assert asyncio.run(free_blocks()) == pool.num_blocks
     finally:
         backend.shutdown()
+
+
+def test_backend_scores_one_job_at_a_time(tiny_llama: LoadedModel,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two concurrent scoring requests do not interleave their chunks (each job holds its
+    prompt's KV blocks until it ends); both still score right."""
+    from kiln.config import ServerConfig
+    from kiln.engine.scoring import ScoringJob
+    from kiln.serving import EngineBackend
+
+    backend = EngineBackend(tiny_llama, ServerConfig(kv_memory_mb=8))
+    order: list[int] = []
+    real_step = ScoringJob.step
+
+    def spy(self: ScoringJob) -> bool:
+        order.append(id(self))
+        return real_step(self)
+
+    monkeypatch.setattr(ScoringJob, "step", spy)
+    backend.start()
+    a_ids, b_ids = prompt(200, seed=1), prompt(200, seed=2)
+
+    async def both() -> list[list[PositionScore]]:
+        return list(await asyncio.gather(backend.score(a_ids, 2), backend.score(b_ids, 2)))
+
+    try:
+        a, b = asyncio.run(both())
+    finally:
+        backend.shutdown()
+    assert len(order) == 8 and len(set(order)) == 2
+    assert order[:4] == [order[0]] * 4 and order[4:] == [order[4]] * 4
+    check_against_dense(tiny_llama.model, a_ids, 2, a)
+    check_against_dense(tiny_llama.model, b_ids, 2, b)
