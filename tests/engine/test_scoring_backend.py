@@ -1,0 +1,102 @@
+"""EngineBackend.score: the prompt in slices between the engine's steps (running streams keep
+decoding), one scoring job at a time, blocks back on cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+
+import pytest
+
+from kiln.api.backend import PositionScore
+from kiln.config import ServerConfig
+from kiln.engine.request import Request, SamplingParams
+from kiln.engine.scoring import ScoringJob
+from kiln.model import LoadedModel
+from kiln.serving import EngineBackend
+from tests.engine.test_scoring import check_against_dense, prompt
+
+
+def test_backend_scores_in_slices_between_engine_steps(tiny_llama: LoadedModel,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """EngineBackend.score feeds one chunk per exclusive call: a decoding stream gets engine
+    steps between the chunks, the scores equal the dense reference, and every borrowed block
+    comes back, also when the caller is cancelled half-way."""
+    backend = EngineBackend(tiny_llama, ServerConfig(kv_memory_mb=8))
+    steps_at_chunk: list[int] = []
+    real_step = ScoringJob.step
+
+    def spy(self: ScoringJob) -> bool:
+        steps_at_chunk.append(backend.engine.num_steps)
+        return real_step(self)
+
+    monkeypatch.setattr(ScoringJob, "step", spy)
+    backend.start()
+    pool = backend.engine.scheduler.pool
+    ids = prompt(300, seed=9)  # 299 rows fed: 5 chunks of 64
+
+    async def scored_while_decoding() -> list[PositionScore]:
+        sp = SamplingParams(temperature=0.0, max_tokens=400, ignore_eos=True)
+        stream = backend.submit(Request("gen", prompt(20, seed=1), sp))
+        await anext(aiter(stream))  # decoding has begun
+        try:
+            return await backend.score(ids, 4)
+        finally:
+            await stream.aclose()
+
+    async def cancelled() -> None:
+        before = len(steps_at_chunk)
+        task = asyncio.create_task(backend.score(prompt(600, seed=3), 2))
+        while len(steps_at_chunk) < before + 2:
+            await asyncio.sleep(0.001)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    async def free_blocks() -> int:
+        deadline = time.monotonic() + 10
+        while True:
+            free = await backend.engine.run_exclusive(lambda: pool.num_free_blocks)
+            if free == pool.num_blocks or time.monotonic() > deadline:
+                return free
+            await asyncio.sleep(0.01)
+
+    try:
+        scores = asyncio.run(scored_while_decoding())
+        assert len(steps_at_chunk) == 5
+        assert all(b > a for a, b in itertools.pairwise(steps_at_chunk))
+        check_against_dense(tiny_llama.model, ids, 4, scores)
+        asyncio.run(cancelled())
+        assert asyncio.run(free_blocks()) == pool.num_blocks
+    finally:
+        backend.shutdown()
+
+
+def test_backend_scores_one_job_at_a_time(tiny_llama: LoadedModel,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two concurrent scoring requests do not interleave their chunks (each job holds its
+    prompt's KV blocks until it ends); both still score right."""
+    backend = EngineBackend(tiny_llama, ServerConfig(kv_memory_mb=8))
+    order: list[int] = []
+    real_step = ScoringJob.step
+
+    def spy(self: ScoringJob) -> bool:
+        order.append(id(self))
+        return real_step(self)
+
+    monkeypatch.setattr(ScoringJob, "step", spy)
+    backend.start()
+    a_ids, b_ids = prompt(200, seed=1), prompt(200, seed=2)
+
+    async def both() -> list[list[PositionScore]]:
+        return list(await asyncio.gather(backend.score(a_ids, 2), backend.score(b_ids, 2)))
+
+    try:
+        a, b = asyncio.run(both())
+    finally:
+        backend.shutdown()
+    assert len(order) == 8 and len(set(order)) == 2
+    assert order[:4] == [order[0]] * 4 and order[4:] == [order[4]] * 4
+    check_against_dense(tiny_llama.model, a_ids, 2, a)
+    check_against_dense(tiny_llama.model, b_ids, 2, b)
