@@ -100,3 +100,34 @@ def test_backend_scores_one_job_at_a_time(tiny_llama: LoadedModel,
     assert order[:4] == [order[0]] * 4 and order[4:] == [order[4]] * 4
     check_against_dense(tiny_llama.model, a_ids, 2, a)
     check_against_dense(tiny_llama.model, b_ids, 2, b)
+
+
+def test_c_step_scores_equal_the_decode_step_logits(smollm: LoadedModel) -> None:
+    """On the quantized CPU model scoring runs through the C step, whose per-row numbers do not
+    depend on how rows are grouped: a scored position's log-probabilities are those of the
+    logits a one-row decode step computes there, bit for bit (here across a 512-position part)."""
+    import torch
+
+    from kiln.engine.block_pool import BlockPool
+    from kiln.engine.scoring import score_prompt
+    from kiln.model.batch import build_forward_batch
+    from kiln.model.kv_cache import KVCache
+
+    model = smollm.model
+    assert model.fused is not None
+    ids = torch.randint(100, 40000, (600,), generator=torch.Generator().manual_seed(4)).tolist()
+    kv = KVCache(smollm.config, 48, 16, torch.float32, torch.device("cpu"))
+    scores = score_prompt(model, kv, BlockPool(48, 16), ids, 3)
+    # decode: positions 0..n-3 prefilled in 8-row chunks, then position n-2 alone
+    kv2 = KVCache(smollm.config, 48, 16, torch.float32, torch.device("cpu"))
+    table, n = list(range(48)), len(ids)
+    for s in range(0, n - 2, 8):
+        model.forward(build_forward_batch([(ids[s:min(n - 2, s + 8)], s, table)], 16, "all",
+                                          torch.device("cpu")), kv2)
+    last = model.forward(build_forward_batch([(ids[n - 2:n - 1], n - 2, table)], 16, "last",
+                                             torch.device("cpu")), kv2)
+    want = torch.log_softmax(last, dim=-1)[0]
+    got = scores[-1]
+    assert got.token_id == ids[-1]
+    assert got.logprob == float(want[ids[-1]])
+    assert got.top_logprobs == [float(want[t]) for t in got.top_ids]
