@@ -4,7 +4,7 @@ the scoring time, and the stream's longest inter-token gap and token count meanw
 
 Scoring runs one 64-token chunk at a time between the engine's steps (kiln.engine.scoring
 .ScoringJob). Scored in one piece, as it was before, the stream's longest gap was the whole
-scoring time (21.8 s here).
+scoring time (17.6 s here).
 
 Usage: python -m bench.bench_scoring_stall
 Writes bench/results/scoring_stall.json (figures, no asserts).
