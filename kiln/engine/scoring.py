@@ -3,8 +3,9 @@ chunk per call (``ScoringJob``), so running streams keep decoding between the ch
 quantized CPU model a chunk runs through the C step (the decode step's per-row numbers).
 
 The prompt goes through the model in chunks over temporarily borrowed KV blocks, so later chunks
-attend to earlier ones through the paged cache; the final norm and the output projection run on
-at most ``proj_rows`` rows at a time. Nothing of size ``[prompt tokens x vocab]`` ever exists.
+attend to earlier ones through the paged cache; on the torch path the final norm and the output
+projection run on at most ``proj_rows`` rows at a time, and the C step returns one chunk's logits
+(64 x vocab floats). Nothing of size ``[prompt tokens x vocab]`` ever exists.
 
 Position ``p >= 1`` scores the observed token ``prompt[p]`` from the row of position ``p - 1``:
 its float32 full-vocabulary log-softmax value, and its rank by raw logit. The top-K ids are sorted
