@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import json
 import math
@@ -132,12 +133,14 @@ class EngineBackend:
         stream decode 131-136 -> 53-55 tok/s after the first request with a rank-64 adapter).
         Raises what ``load_lora`` raises, and EngineError when the engine is not running."""
         self._check_mix(mix)
-        hits = [self.adapter_store.cached(name) for name, _ in mix]
-        if all(hit is not None for hit in hits):
-            return tuple((hit, float(scale)) for hit, (_, scale) in zip(hits, mix, strict=True)
-                         if hit is not None)
-        wanted = list(mix)
-        return await self.engine.run_exclusive(lambda: self.load_lora(wanted))
+        hits: list[tuple[LoraAdapter, float]] = []
+        for name, scale in mix:
+            hit = self.adapter_store.cached(name)
+            if hit is None:  # something to read: the whole mix goes to the engine thread
+                return await self.engine.run_exclusive(functools.partial(self.load_lora,
+                                                                         list(mix)))
+            hits.append((hit, float(scale)))
+        return tuple(hits)
 
     def load_lora(self, mix: Sequence[tuple[str, float]]) -> tuple[tuple[LoraAdapter, float], ...]:
         """``prepare_lora`` on the calling thread (blocking: reads the files the first time, or

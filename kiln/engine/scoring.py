@@ -92,8 +92,8 @@ class ScoringJob:
                              f"({vocab})")
         self.model, self.kv, self.pool = model, kv, pool
         self.ids = list(prompt_ids)
-        self.top_k, self.chunk_tokens, self.proj_rows, self.lora = top_k, chunk_tokens, \
-            proj_rows, lora
+        self.top_k, self.chunk_tokens, self.proj_rows = top_k, chunk_tokens, proj_rows
+        self.lora = lora
         # Only positions 0..n-2 produce a scored row; the last token is observed, never fed.
         self.fed = len(self.ids) - 1
         self.next = 0  # the first position not fed yet
