@@ -38,8 +38,8 @@ int64_t kiln_decode_scratch_floats(const KilnDecodeModel *md, int64_t M, int64_t
 }
 
 /* Rows of one sequence (a prefill chunk) per attention task: a chunk of up to 8 rows (the
- * prefill cap while others decode) reads the cache once; longer chunks (up to 64 rows, when
- * nothing else runs) are spread over the threads. */
+ * prefill cap while others decode) reads the cache once; longer chunks (up to 128 rows per C
+ * call, kiln.model.fused_decode.C_MAX_ROWS) are spread over the threads. */
 #define ROWS_PER_TASK 8
 
 static const float *fptr(const int64_t *row, int f) { return (const float *)(intptr_t)row[f]; }

@@ -180,7 +180,7 @@ class ScoringJob:
         model = self.model
         if model.fused is None:
             return None
-        return model.fused.try_forward(model, batch, self.kv, model._torch_forward)
+        return model.fused.try_forward(model, batch, self.kv)
 
 
 def top_k_ids(logits: torch.Tensor, k: int) -> torch.Tensor:

@@ -81,7 +81,7 @@ class CausalLM(nn.Module):
     def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
         with torch.inference_mode():
             if self.fused is not None:  # it declines steps it cannot take (None)
-                logits = self.fused.try_forward(self, batch, kv, self._torch_forward)
+                logits = self.fused.try_forward(self, batch, kv)
                 if logits is not None:
                     return logits
             return self._torch_forward(batch, kv)

@@ -18,7 +18,7 @@ from kiln_kernels.quant import PackedWeight, kernels_available, pack_ggml
 from kiln_kernels.quant.build import PORTABLE_FLAGS
 from kiln_kernels.quant.decode import DecodeProgram
 
-from kiln.model import CausalLM, LoadedModel
+from kiln.model import CausalLM, LoadedModel, fused_decode
 from kiln.model.batch import build_forward_batch
 from kiln.model.config import ModelConfig
 from kiln.model.fused_decode import C_MAX_ROWS, FusedDecoder
@@ -231,17 +231,42 @@ def test_portable_build_matches_torch_path() -> None:
     assert fused_tokens == torch_tokens
 
 
-@pytest.mark.parametrize("chunk", [5, C_MAX_ROWS + 3])  # joins the C step / splits off to torch
+@pytest.mark.parametrize("chunk", [5, C_MAX_ROWS + 3])  # one C step / two C steps
 def test_decodes_beside_a_prefill_chunk(chunk: int) -> None:
     model = quantized_tiny("qwen3")
-    kv, alone_kv, tbl = _two_decoding(model)
+    caches = [KVCache(model.config, 48, BLOCK, torch.float32, torch.device("cpu"))
+              for _ in range(3)]
+    tbl = [list(range(8)), list(range(8, 16)), list(range(16, 48))]
+    for cache in caches[:2]:
+        model.forward(build_forward_batch([([7, 8, 9], 0, tbl[0]), ([11, 12], 0, tbl[1])],
+                                          BLOCK), cache)
     # One step: sequences 0 and 1 decode, sequence 2 prefills a chunk.
     step = [([3], 3, tbl[0]), ([4], 2, tbl[1]), (list(range(20, 20 + chunk)), 0, tbl[2])]
-    mixed = model.forward(build_forward_batch(step, BLOCK), kv)
-    decodes_alone = model.forward(build_forward_batch(step[:2], BLOCK), alone_kv)
-    prefill_ref = model._torch_forward(build_forward_batch(step[2:], BLOCK), alone_kv)
+    mixed = model.forward(build_forward_batch(step, BLOCK, "all"), caches[0])
+    decodes_alone = model.forward(build_forward_batch(step[:2], BLOCK), caches[1])
+    chunk_alone = model.forward(build_forward_batch(step[2:], BLOCK, "all"), caches[2])
+    prefill_ref = model._torch_forward(build_forward_batch(step[2:], BLOCK, "all"), caches[1])
     assert torch.equal(mixed[:2], decodes_alone)  # a decode row does not see its neighbours
+    assert torch.equal(mixed[2:], chunk_alone)  # nor does a prefill row, at any chunk length
     torch.testing.assert_close(mixed[2:], prefill_ref, rtol=1e-4, atol=1e-4)
+
+
+def test_prefill_logits_do_not_depend_on_the_chunking(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prompt's logits are the same bits prefilled in one step (longer than the old 64-row
+    limit of the C step), in 8-row chunks (the cap while others decode), or in C steps of one
+    row each (a step split by the scores budget)."""
+    model = quantized_tiny("qwen2")
+    prompt, tbl = [(i * 7) % 50 + 1 for i in range(100)], tables(1)[0]
+    whole = model.forward(build_forward_batch([(prompt, 0, tbl)], BLOCK, "all"), new_cache(model))
+    kv = new_cache(model)
+    chunked = torch.cat([model.forward(build_forward_batch([(prompt[p:p + 8], p, tbl)], BLOCK,
+                                                           "all"), kv)
+                         for p in range(0, len(prompt), 8)])
+    assert torch.equal(whole, chunked)
+    monkeypatch.setattr(fused_decode, "C_SCORES_BYTES", 1)
+    assert fused_decode.group_rows(model.config.num_heads, len(prompt)) == 1
+    rows = model.forward(build_forward_batch([(prompt, 0, tbl)], BLOCK, "all"), new_cache(model))
+    assert torch.equal(whole, rows)
 
 
 def test_prefill_chunks_through_the_c_step_match_torch() -> None:
