@@ -44,7 +44,7 @@ class CausalLM(nn.Module):
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta)
         self.packed_head: PackedWeight | None = None  # kiln.model.quantized.attach_packed
         self.has_packed = False  # any packed weights attached (then decode rows use them)
-        self.fused: FusedDecoder | None = None  # the C decode step, when every weight is packed
+        self.fused: FusedDecoder | None = None  # the C step, when every weight is packed
 
     def output_weight(self) -> torch.Tensor:
         """The ``[vocab, hidden]`` output projection (the embedding when tied)."""

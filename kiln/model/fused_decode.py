@@ -112,7 +112,7 @@ def lora_rows(lora: object, rows: torch.Tensor) -> LoraRows | None:
 
 
 class FusedDecoder:
-    """Runs decode sequences through the C program (one bound program per KV cache)."""
+    """Runs forward steps through the C program (one bound program per KV cache)."""
 
     def __init__(self, weights: DecodeWeights, flags: tuple[str, ...] = NATIVE_FLAGS) -> None:
         self.weights = weights

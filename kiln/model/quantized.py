@@ -6,7 +6,9 @@ A GGUF model's Q4_0 / Q4_1 / Q8_0 tensors are kept, besides their float32 copies
 prefill rows use the float32 weights (a GEMM over many rows is compute-bound, where MKL wins).
 Both hold the same weights bit for bit; the two products differ only in summation order
 (~1e-6 relative). Which product a row gets depends on that row alone (decode or not), never on
-the rest of the batch, so batching does not change a sequence's numbers.
+the rest of the batch, so batching does not change a sequence's numbers. That is this torch
+path; when every projection and the head are packed, every step runs in C instead
+(:mod:`kiln.model.fused_decode`), prefill rows included.
 """
 
 from __future__ import annotations
