@@ -94,3 +94,42 @@ def test_abort_mid_generation_frees_blocks(engine: AsyncEngine, smollm: LoadedMo
     assert outs[-1].finish_reason == "abort" and len(token_ids(outs)) < 500
     stats = engine.stats()
     assert stats["kv_blocks_used"] == 0 and stats["running"] == 0
+
+
+def test_long_prompt_same_logprobs_prefilled_idle_and_beside_decodes(smollm: LoadedModel
+                                                                      ) -> None:
+    """A 300-token prompt is prefilled in one step on an idle engine and in chunks of at most
+    8 rows beside 3 decoding streams on another: the seeded choice gets the same tokens and the
+    same behaviour logprobs, bit for bit (every CPU row runs through the C step)."""
+    prompt = chat(smollm, " ".join(f"item {i} is {(i * 37) % 101}." for i in range(55)))
+    assert len(prompt) > 300
+    sp = SamplingParams(temperature=0.8, max_tokens=12, seed=5, ignore_eos=True)
+    config = EngineConfig(kv_memory_mb=64, enable_prefix_caching=False)
+
+    async def run(busy: bool) -> list[RequestOutput]:
+        eng = AsyncEngine(smollm, config)
+        eng.start()
+        try:
+            others = [Request(f"bg{i}", chat(smollm, f"Tell a story about {i}."),
+                              SamplingParams(temperature=0.0, max_tokens=400, ignore_eos=True))
+                      for i in range(3 if busy else 0)]
+            decoding = [asyncio.Event() for _ in others]
+
+            async def background(r: Request, ev: asyncio.Event) -> None:
+                async for _ in eng.generate(r):
+                    ev.set()
+
+            tasks = [asyncio.create_task(background(r, ev))
+                     for r, ev in zip(others, decoding, strict=True)]
+            await asyncio.gather(*(ev.wait() for ev in decoding))
+            outs = await collect(eng, Request("long", prompt, sp))
+            for r in others:
+                eng.abort(r.request_id)
+            await asyncio.gather(*tasks)
+            return outs
+        finally:
+            eng.shutdown()
+
+    idle, busy = asyncio.run(run(False)), asyncio.run(run(True))
+    assert token_ids(busy) == token_ids(idle) and len(token_ids(idle)) == 12
+    assert [lp for o in busy for lp in o.new_logprobs] == [lp for o in idle for lp in o.new_logprobs]
