@@ -57,6 +57,27 @@ def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, out // n_head // 2, 2, *rest).swapaxes(1, 2).reshape(out, *rest)
 
 
+class FastGGUFReader(gguf.GGUFReader):
+    """``gguf.GGUFReader`` (pinned to 0.19) slicing a plain ndarray view of its memory map.
+
+    numpy's ``memmap`` subclass runs Python hooks (``__getitem__``, ``__array_finalize__``) on
+    every slice, and parsing a GGUF header slices the file once or twice per vocabulary entry:
+    the default model's 49,152 tokens and 48,900 merges made the reader 2.1-2.3 s of a 6.7 s load.
+    The arrays are the same bytes of the same mapping (the view keeps it alive)."""
+
+    def _get(self, offset: int, dtype: Any, count: int = 1,
+             override_order: Any = None) -> np.ndarray:
+        plain = self.__dict__.get("_plain")
+        if plain is None:
+            plain = self._plain = self.data.view(np.ndarray)
+        count = int(count)
+        dt = np.dtype(dtype)
+        arr: np.ndarray = plain[offset:offset + dt.itemsize * count].view(dtype=dt)[:count]
+        order = self.byte_order if override_order is None else override_order
+        out: np.ndarray = arr.view(arr.dtype.newbyteorder(order))
+        return out
+
+
 def read_metadata(reader: gguf.GGUFReader) -> dict[str, Any]:
     meta: dict[str, Any] = {}
     for key, field in reader.fields.items():
@@ -105,7 +126,7 @@ def _pack(tensor: Any, heads: int | None) -> PackedWeight:
 
 def load_gguf(path: str | Path, dtype: torch.dtype, device: torch.device) -> GGUFContents:
     try:
-        reader = gguf.GGUFReader(str(path))
+        reader = FastGGUFReader(str(path))
     except (ValueError, OSError) as exc:
         raise UnsupportedModelError(f"cannot read GGUF file {path}: {exc}") from exc
     meta = read_metadata(reader)
