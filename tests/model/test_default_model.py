@@ -68,3 +68,27 @@ def test_greedy_paris(smollm: LoadedModel) -> None:
     text = tok.decode(out)
     assert "Paris" in text, text
     assert stopped
+
+
+def test_weights_are_ggufs_dequantized_values(smollm: LoadedModel) -> None:
+    """Every parameter is gguf-py's float32 dequantization of its tensor (q/k rows in HF order),
+    bit for bit, although the loader dequantizes the Q4_1 / Q8_0 ones from the packed tiles."""
+    import numpy as np
+
+    from kiln.model.gguf_loader import (
+        FastGGUFReader,
+        _dequantize,
+        _row_permutation,
+        hf_name,
+        unpermute_qk,
+    )
+    from kiln.model.loader import default_model_path
+
+    params = dict(smollm.model.named_parameters())
+    reader = FastGGUFReader(str(default_model_path()))
+    for t in reader.tensors:
+        arr = _dequantize(t)
+        heads = _row_permutation(smollm.config, t.name)
+        want = torch.from_numpy(np.ascontiguousarray(
+            arr if heads is None else unpermute_qk(arr, heads)))
+        assert torch.equal(params[hf_name(t.name)].detach(), want), t.name
