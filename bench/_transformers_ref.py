@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from kiln.model.loader import LoadedModel
+from kiln.model.quantized import float32_state_dict
 
 
 def build_reference(loaded: LoadedModel) -> Any:
@@ -31,7 +32,7 @@ def build_reference(loaded: LoadedModel) -> Any:
     ref = LlamaForCausalLM(LlamaConfig(**hf_cfg, pad_token_id=pad,
                                        eos_token_id=eos[0] if eos else None))
     ref.eval()
-    missing, unexpected = ref.load_state_dict(loaded.model.state_dict(), strict=False)
+    missing, unexpected = ref.load_state_dict(float32_state_dict(loaded.model), strict=False)
     if unexpected or not set(missing) <= {"lm_head.weight"}:
         raise RuntimeError(f"state dict mismatch: missing={missing} unexpected={unexpected}")
     if ref.lm_head.weight.data_ptr() != ref.model.embed_tokens.weight.data_ptr() \

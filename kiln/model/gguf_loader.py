@@ -15,7 +15,7 @@ from kiln_kernels.quant import GGML_BLOCK_BYTES, PackedWeight, pack_ggml
 from kiln.model.base import CausalLM
 from kiln.model.config import ModelConfig, UnsupportedModelError, config_from_gguf
 from kiln.model.gguf_tokenizer import tokenizer_from_gguf
-from kiln.model.quantized import attach_packed, enabled
+from kiln.model.quantized import attach_packed, enabled, release_float32
 from kiln.model.weights import WeightLoadError, WeightSink, empty_model, progress
 from kiln.text.tokenizer import Tokenizer
 
@@ -146,21 +146,32 @@ def load_gguf(path: str | Path, dtype: torch.dtype, device: torch.device) -> GGU
     model = empty_model(cfg, dtype, device)
     sink = WeightSink(model)
     packed: dict[str, PackedWeight] | None = {} if enabled(dtype, device) else None
+    deferred: dict[str, PackedWeight] = {}  # packed; float32 values written only if needed
     for tensor in progress(reader.tensors, len(reader.tensors), "loading GGUF"):
         heads = _row_permutation(cfg, tensor.name)
+        name = hf_name(tensor.name)
         pw = _pack(tensor, heads) if _packable(tensor) else None
+        if pw is not None and packed is not None:
+            packed[name] = deferred[name] = pw
+            continue
         if pw is not None:  # gguf-py's float32 values, bit for bit (tests), ~3x faster here
             weight = pw.dequantize()
         else:
             arr = _dequantize(tensor)
             weight = torch.from_numpy(arr if heads is None else unpermute_qk(arr, heads))
-        sink.put(hf_name(tensor.name), weight)
+        sink.put(name, weight)
         del weight
-        if packed is not None and pw is not None:
-            packed[hf_name(tensor.name)] = pw
-    sink.finish()
     if packed:
         attach_packed(model, packed)
+        if model.fused is not None:  # every step runs in C: the float32 copies would idle
+            release_float32(model)
+    released = {n for n, p in model.named_parameters() if p.is_meta}
+    for name, pw in deferred.items():
+        if name in released:
+            sink.held_elsewhere(name, (pw.out_features, pw.in_features))
+        else:
+            sink.put(name, pw.dequantize())
+    sink.finish()
     template = meta.get("tokenizer.chat_template")
     return GGUFContents(model=model, config=cfg, tokenizer=tokenizer_from_gguf(meta),
                         chat_template=template if isinstance(template, str) else None,

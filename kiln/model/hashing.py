@@ -25,6 +25,10 @@ def model_content_sha256(model: torch.nn.Module) -> str:
         return cached
     h = hashlib.sha256()
     state = model.state_dict()
+    if any(t.is_meta for t in state.values()):  # released float32 copies of packed weights
+        from kiln.model.quantized import float32_state_dict
+
+        state = float32_state_dict(model)  # type: ignore[arg-type]
     for name in sorted(state):
         tensor_sha256_update(h, name, state[name])
     digest = h.hexdigest()

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, cast
 import torch
 import torch.nn.functional as F
 from kiln_kernels.quant import PackedWeight, kernels_available
+from torch import nn
 
 if TYPE_CHECKING:
     from kiln.model.base import CausalLM
@@ -55,7 +56,11 @@ NO_ROUTE = RowRoute()
 
 def project(x: torch.Tensor, weight: torch.Tensor, packed: PackedWeight | None,
             route: RowRoute) -> torch.Tensor:
-    """``F.linear(x, weight)``, with the routed rows taken from the packed weight."""
+    """``F.linear(x, weight)``, with the routed rows taken from the packed weight (every row,
+    when :func:`release_float32` left only a placeholder of ``weight``)."""
+    if packed is not None and weight.is_meta:
+        released: torch.Tensor = packed.matmul(x)
+        return released
     if packed is None or route.rows is None:
         return F.linear(x, weight)
     if route.every:
@@ -69,9 +74,11 @@ def project(x: torch.Tensor, weight: torch.Tensor, packed: PackedWeight | None,
 def project_many(x: torch.Tensor, weights: list[torch.Tensor], packed: PackedWeight | None,
                  route: RowRoute) -> list[torch.Tensor]:
     """Several projections of one input (q/k/v, gate/up); ``packed`` is their row-wise fusion."""
+    sizes = [int(w.shape[0]) for w in weights]
+    if packed is not None and weights[0].is_meta:  # released: every row from the blocks
+        return list(packed.matmul(x).split(sizes, dim=1))
     if packed is None or route.rows is None:
         return [F.linear(x, w) for w in weights]
-    sizes = [int(w.shape[0]) for w in weights]
     if route.every:
         return list(packed.matmul(x).split(sizes, dim=1))
     outs = [F.linear(x, w) for w in weights]
@@ -132,13 +139,67 @@ def attach_packed(model: CausalLM, packed: dict[str, PackedWeight]) -> int:
     return total
 
 
+def _projection_groups(model: CausalLM) -> Iterator[tuple[PackedWeight | None, list[nn.Linear]]]:
+    """Every packed projection slot and its float32 modules, in the packed rows' order."""
+    for module in model.model.layers:
+        layer = cast("DecoderLayer", module)
+        attn, mlp = layer.self_attn, layer.mlp
+        yield attn.packed_qkv, [attn.q_proj, attn.k_proj, attn.v_proj]
+        yield attn.packed_o, [attn.o_proj]
+        yield mlp.packed_gate_up, [mlp.gate_proj, mlp.up_proj]
+        yield mlp.packed_down, [mlp.down_proj]
+
+
+def release_float32(model: CausalLM) -> int:
+    """Free the float32 copies of the packed projection weights, leaving placeholders of their
+    shape on the meta device: every product then reads the packed blocks (the C step, and
+    :func:`project` on the torch path). Meant for a model whose every step runs in C
+    (``model.fused``), where those copies would only serve the torch path's fallbacks: the
+    default model's process holds 381 MB less. Returns the bytes freed."""
+    freed = 0
+    for packed, linears in _projection_groups(model):
+        if packed is None:
+            continue
+        for lin in linears:
+            w = lin.weight
+            if not w.is_meta:
+                freed += w.numel() * w.element_size()
+                lin.weight = nn.Parameter(torch.empty(w.shape, dtype=w.dtype, device="meta"),
+                                          requires_grad=False)
+    return freed
+
+
+def _materialize(model: CausalLM) -> list[tuple[nn.Linear, torch.Tensor]]:
+    """Float32 weights again for released projections (dequantized from their blocks: gguf-py's
+    values); returns the placeholders to put back."""
+    saved: list[tuple[nn.Linear, torch.Tensor]] = []
+    for packed, linears in _projection_groups(model):
+        if packed is None or not linears[0].weight.is_meta:
+            continue
+        rows = [int(lin.weight.shape[0]) for lin in linears]
+        for lin, part in zip(linears, packed.dequantize().split(rows), strict=True):
+            saved.append((lin, lin.weight))
+            lin.weight = nn.Parameter(part.contiguous(), requires_grad=False)
+    return saved
+
+
 @contextlib.contextmanager
 def packed_disabled(model: CausalLM) -> Iterator[None]:
-    """Run ``model`` on its float32 weights only (e.g. after editing them in place, which the
-    packed copies do not see)."""
+    """Run ``model`` on float32 weights only (e.g. after editing them in place, which the packed
+    copies do not see); released weights are dequantized for the duration."""
     saved = (model.has_packed, model.fused)
+    placeholders = _materialize(model)
     model.has_packed, model.fused = False, None
     try:
         yield
     finally:
         model.has_packed, model.fused = saved
+        for lin, placeholder in placeholders:
+            lin.weight = nn.Parameter(placeholder, requires_grad=False)
+
+
+def float32_state_dict(model: CausalLM) -> dict[str, torch.Tensor]:
+    """``model.state_dict()`` with every released projection weight dequantized from its blocks
+    (gguf-py's float32 values): the weights for another framework's reference model."""
+    with packed_disabled(model):
+        return dict(model.state_dict())

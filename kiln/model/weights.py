@@ -65,6 +65,17 @@ class WeightSink:
             param.copy_(tensor)
         self.loaded.add(name)
 
+    def held_elsewhere(self, name: str, shape: tuple[int, ...]) -> None:
+        """Account for a checkpoint tensor the model keeps in another form (packed blocks whose
+        float32 copy was released), checking its name and shape as :meth:`put` does."""
+        param = self.params.get(name)
+        if param is None:
+            raise WeightLoadError(f"checkpoint tensor {name!r} has no place in the model")
+        if shape != tuple(param.shape):
+            raise WeightLoadError(f"tensor {name!r} has shape {shape}, the model expects "
+                                  f"{tuple(param.shape)}")
+        self.loaded.add(name)
+
     def finish(self) -> None:
         missing = sorted(set(self.params) - self.loaded)
         if missing:

@@ -22,6 +22,7 @@ from kiln.api.app import build_app
 from kiln.api.contract import contract
 from kiln.config import ServerConfig
 from kiln.model import LoadedModel
+from kiln.model.quantized import float32_state_dict
 from kiln.serving import EngineBackend
 from tests.tiny_models import default_model
 
@@ -52,7 +53,7 @@ def hf_logits(loaded: LoadedModel) -> torch.Tensor:
               if k not in ("architectures", "model_type")}
     ref = LlamaForCausalLM(LlamaConfig(**hf_cfg))  # float32 parameters (torch's default)
     ref.eval()
-    missing, unexpected = ref.load_state_dict(loaded.model.state_dict(), strict=False)
+    missing, unexpected = ref.load_state_dict(float32_state_dict(loaded.model), strict=False)
     assert not unexpected and set(missing) <= {"lm_head.weight"}
     assert ref.lm_head.weight.data_ptr() == ref.model.embed_tokens.weight.data_ptr()  # tied
     ids = loaded.tokenizer.encode(TEXT, add_special_tokens=True)
