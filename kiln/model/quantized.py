@@ -1,14 +1,16 @@
-"""Block-quantized GGUF weights on the CPU decode path.
+"""Block-quantized GGUF weights on the CPU.
 
-A GGUF model's Q4_0 / Q4_1 / Q8_0 tensors are kept, besides their float32 copies, as
-:class:`~kiln_kernels.quant.PackedWeight` blocks (q/k/v and gate/up fused row-wise). Decode rows
-(a sequence's one new token) are multiplied by the packed blocks, reading ~1/6 of the bytes;
-prefill rows use the float32 weights (a GEMM over many rows is compute-bound, where MKL wins).
-Both hold the same weights bit for bit; the two products differ only in summation order
-(~1e-6 relative). Which product a row gets depends on that row alone (decode or not), never on
-the rest of the batch, so batching does not change a sequence's numbers. That is this torch
-path; when every projection and the head are packed, every step runs in C instead
-(:mod:`kiln.model.fused_decode`), prefill rows included.
+A GGUF model's Q4_0 / Q4_1 / Q8_0 tensors are kept as :class:`~kiln_kernels.quant.PackedWeight`
+blocks (q/k/v and gate/up fused row-wise), holding gguf-py's float32 values bit for bit.
+
+- When every projection and the head are packed, every step runs in C
+  (:mod:`kiln.model.fused_decode`) and the projections' float32 copies are released
+  (:func:`release_float32`): the torch path, a fallback there, multiplies every row by the
+  blocks.
+- Otherwise the torch path keeps both: decode rows (a sequence's one new token) are multiplied
+  by the packed blocks, reading ~1/6 of the bytes, and prefill rows by the float32 weights. The
+  two products differ only in summation order (~1e-6 relative), and which one a row gets
+  depends on that row alone (decode or not), never on the rest of the batch.
 """
 
 from __future__ import annotations
