@@ -100,3 +100,20 @@ def test_weights_are_ggufs_dequantized_values(smollm: LoadedModel) -> None:
                 arr if heads is None else unpermute_qk(arr, heads)))
             assert torch.equal(params[hf_name(t.name)].detach(), want), t.name
     assert [n for n, p in model.named_parameters() if p.is_meta] == released
+
+
+def test_without_the_kernels_every_weight_is_float32(smollm: LoadedModel,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """KILN_QUANT_KERNELS=0: no packed blocks, every parameter a float32 tensor (nothing
+    released), and the torch path's logits close to the C step's."""
+    from kiln.model import load_model
+
+    monkeypatch.setenv("KILN_QUANT_KERNELS", "0")
+    plain = load_model(None)
+    assert plain.model.fused is None and not plain.model.has_packed
+    assert not any(p.is_meta for p in plain.model.parameters())
+    ids = smollm.tokenizer.encode("The capital of France is")
+    logits = [m.model.forward(build_forward_batch([(ids, 0, [0])], 16),
+                              KVCache(m.config, 2, 16, torch.float32, torch.device("cpu")))
+              for m in (plain, smollm)]
+    torch.testing.assert_close(logits[0], logits[1], rtol=1e-4, atol=1e-4)
