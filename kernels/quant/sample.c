@@ -211,12 +211,31 @@ static float next_below(const float *x, int64_t V, float thr, float prev, uint32
  * the cumulative probability reaches tp (the last kept token if none does). */
 static float top_p_threshold(const float *x, int64_t V, float thr, float tp, float m,
                              float *vals) {
-    int64_t n = 0;
-    for (int64_t j = 0; j < V; j++)
+    int64_t n = 0, j = 0;
+#if defined(__AVX512F__)
+    const __m512 vthr = _mm512_set1_ps(thr);
+    for (; j + 16 <= V; j += 16) { /* count, then copy only when few enough to sort */
+        const __mmask16 k = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + j), vthr, _CMP_GE_OQ);
+        n += __builtin_popcount((unsigned)k);
+    }
+    for (; j < V; j++) n += x[j] >= thr;
+    if (n <= SORT_LIMIT) {
+        int64_t c = 0;
+        for (j = 0; j + 16 <= V; j += 16) {
+            const __mmask16 k = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + j), vthr, _CMP_GE_OQ);
+            _mm512_mask_compressstoreu_ps(vals + c, k, _mm512_loadu_ps(x + j));
+            c += __builtin_popcount((unsigned)k);
+        }
+        for (; j < V; j++)
+            if (x[j] >= thr) vals[c++] = x[j];
+    }
+#else
+    for (; j < V; j++)
         if (x[j] >= thr) {
             if (n < SORT_LIMIT) vals[n] = x[j];
             n++;
         }
+#endif
     if (n == 0) return thr;
     if (n <= SORT_LIMIT) {
         qsort(vals, (size_t)n, sizeof(float), desc);
@@ -242,6 +261,16 @@ static float top_p_threshold(const float *x, int64_t V, float thr, float tp, flo
         memset(hist, 0, 4 * (size_t)NB * sizeof(float));
         for (int64_t j0 = 0; j0 < V; j0 += 16) {
             const int64_t w = V - j0 < 16 ? V - j0 : 16;
+#if defined(__AVX512F__)
+            if (level && w == 16) { /* skip the exps of 16 tokens none of which is in the bucket */
+                const __m512i u = _mm512_loadu_si512((const void *)(x + j0));
+                const __m512i key = _mm512_xor_si512(
+                    u, _mm512_or_si512(_mm512_srai_epi32(u, 31), _mm512_set1_epi32(INT32_MIN)));
+                if (!_mm512_cmpeq_epi32_mask(_mm512_srli_epi32(key, shift + HIST_BITS),
+                                             _mm512_set1_epi32((int)prefix)))
+                    continue;
+            }
+#endif
             float e[16];
             exp_shifted(x + j0, w, m, e);
             for (int64_t i = 0; i < w; i++) {
@@ -261,7 +290,46 @@ static float top_p_threshold(const float *x, int64_t V, float thr, float tp, flo
         }
         prefix = (prefix << HIST_BITS) | (uint32_t)bk;
     }
+    /* The last bucket's tokens, gathered once and sorted (a handful, normally), give its
+     * distinct values in descending order; only a walk that leaves the bucket, or a bucket too
+     * full for the buffer, scans the row again per value (next_below). Same values, counts and
+     * sums in the same order either way. */
     float prev = INFINITY, last = thr;
+    float *cand = vals + 4 * NB;
+    const int64_t room = V - 4 * NB + SORT_LIMIT + 2 * NB; /* what is left of the work space */
+    int64_t nc = 0;
+    j = 0;
+#if defined(__AVX512F__)
+    for (; j + 16 <= V && nc + 16 <= room; j += 16) {
+        const __m512 v = _mm512_loadu_ps(x + j);
+        const __m512i u = _mm512_castps_si512(v);
+        const __m512i key = _mm512_xor_si512(
+            u, _mm512_or_si512(_mm512_srai_epi32(u, 31), _mm512_set1_epi32(INT32_MIN)));
+        const __mmask16 k = _mm512_mask_cmpeq_epi32_mask(
+            _mm512_cmp_ps_mask(v, vthr, _CMP_GE_OQ), _mm512_srli_epi32(key, 8),
+            _mm512_set1_epi32((int)prefix));
+        _mm512_mask_compressstoreu_ps(cand + nc, k, v);
+        nc += __builtin_popcount((unsigned)k);
+    }
+#endif
+    for (; j < V && nc <= room; j++)
+        if (x[j] >= thr && (key_of(x[j]) >> 8) == prefix) {
+            if (nc < room) cand[nc] = x[j];
+            nc++;
+        }
+    if (nc <= room) {
+        qsort(cand, (size_t)nc, sizeof(float), desc);
+        for (int64_t i = 0; i < nc;) {
+            const float v = cand[i];
+            int64_t count = 0;
+            for (; i < nc && cand[i] == v; i++) count++;
+            float ev;
+            exp_shifted(&v, 1, m, &ev);
+            cum += (float)count * ev;
+            if (cum >= target) return v;
+            prev = last = v;
+        }
+    }
     for (;;) {
         int64_t count = 0;
         const float v = next_below(x, V, thr, prev, prefix, &count);
