@@ -1,5 +1,6 @@
 """Compile the C kernels (``gemm.c``, ``decode.c``, ``attention.c``, ``vmath.c``, and the sampler's
-``counter.c`` and ``sample.c``) once per machine into a cache folder and load it with ctypes.
+``counter.c``, ``sample.c`` and ``top_p.c``) once per machine into a cache folder and load it with
+ctypes.
 
 The library is built with the system C compiler (``$CC``, else ``cc``/``gcc``) for the CPU it runs
 on (``-march=native``) and linked against the OpenMP runtime that torch has already loaded (the
@@ -25,8 +26,10 @@ from pathlib import Path
 
 HERE = Path(__file__).parent
 SOURCES = (HERE / "gemm.c", HERE / "decode.c", HERE / "attention.c", HERE / "vmath.c",
-           HERE / "counter.c", HERE / "sample.c")
-HEADERS = (HERE / "quant.h", HERE / "decode.h", HERE / "vmath.h", HERE / "counter.h")
+           HERE / "counter.c", HERE / "sample.c",
+           HERE / "top_p.c")
+HEADERS = (HERE / "quant.h", HERE / "decode.h", HERE / "vmath.h", HERE / "counter.h",
+           HERE / "sample.h")
 NATIVE_FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-shared",
                 "-fPIC")
 PORTABLE_FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC")  # no AVX-512: the scalar path
