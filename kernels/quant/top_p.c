@@ -176,23 +176,18 @@ float kiln_top_p_threshold(const float *x, int64_t V, float thr, float tp, float
             if (nc < room) cand[nc] = x[j];
             nc++;
         }
-    if (nc <= room) {
-        qsort(cand, (size_t)nc, sizeof(float), desc);
-        for (int64_t i = 0; i < nc;) {
-            const float v = cand[i];
-            int64_t count = 0;
-            for (; i < nc && cand[i] == v; i++) count++;
-            float ev;
-            exp_shifted(&v, 1, m, &ev);
-            cum += (float)count * ev;
-            if (cum >= target) return v;
-            prev = last = v;
-        }
-    }
-    for (;;) {
+    if (nc <= room) qsort(cand, (size_t)nc, sizeof(float), desc);
+    else nc = 0; /* too many to hold: every value from next_below */
+    for (int64_t i = 0;;) {
+        float v;
         int64_t count = 0;
-        const float v = next_below(x, V, thr, prev, prefix, &count);
-        if (count == 0) return last;
+        if (i < nc) {
+            v = cand[i];
+            for (; i < nc && cand[i] == v; i++) count++;
+        } else {
+            v = next_below(x, V, thr, prev, prefix, &count);
+            if (count == 0) return last;
+        }
         float ev;
         exp_shifted(&v, 1, m, &ev);
         cum += (float)count * ev;

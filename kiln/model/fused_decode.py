@@ -153,13 +153,13 @@ class FusedDecoder:
         for a in range(0, n_rows, size):
             b = min(n_rows, a + size)
             picked = [(j, r - a) for j, r in enumerate(wanted) if a <= r < b]
-            rows = torch.arange(a, b)
+            lora = None if batch.lora is None else lora_rows(batch.lora, torch.arange(a, b))
             logits: torch.Tensor = prog.step(
                 x[a:b], cos[a:b], sin[a:b], batch.positions[a:b] + 1,
                 batch.block_tables.index_select(0, torch.tensor(owner[a:b], dtype=torch.int64)),
                 batch.slot_mapping[a:b],
                 torch.tensor([k for _, k in picked] or [0], dtype=torch.int64),
-                lora_rows(batch.lora, rows),
+                lora,
                 torch.tensor([max(qsl[i], a) - a for i in owner[a:b]], dtype=torch.int64))
             if b == n_rows and a == 0 and picked and len(picked) == len(wanted):
                 return logits  # one C step, every logits row in the order asked

@@ -54,13 +54,7 @@ class WeightSink:
             return
         if name == "lm_head.weight" and self.model.config.tie_word_embeddings:
             return  # some tied checkpoints store the copy; the embedding is used
-        param = self.params.get(name)
-        if param is None:
-            raise WeightLoadError(f"checkpoint tensor {name!r} has no place in the model")
-        if tuple(tensor.shape) != tuple(param.shape):
-            raise WeightLoadError(
-                f"tensor {name!r} has shape {tuple(tensor.shape)}, "
-                f"the model expects {tuple(param.shape)}")
+        param = self._param(name, tuple(tensor.shape))
         with torch.no_grad():
             param.copy_(tensor)
         self.loaded.add(name)
@@ -68,13 +62,17 @@ class WeightSink:
     def held_elsewhere(self, name: str, shape: tuple[int, ...]) -> None:
         """Account for a checkpoint tensor the model keeps in another form (packed blocks whose
         float32 copy was released), checking its name and shape as :meth:`put` does."""
+        self._param(name, shape)
+        self.loaded.add(name)
+
+    def _param(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
         param = self.params.get(name)
         if param is None:
             raise WeightLoadError(f"checkpoint tensor {name!r} has no place in the model")
         if shape != tuple(param.shape):
-            raise WeightLoadError(f"tensor {name!r} has shape {shape}, the model expects "
-                                  f"{tuple(param.shape)}")
-        self.loaded.add(name)
+            raise WeightLoadError(f"tensor {name!r} has shape {shape}, "
+                                  f"the model expects {tuple(param.shape)}")
+        return param
 
     def finish(self) -> None:
         missing = sorted(set(self.params) - self.loaded)
