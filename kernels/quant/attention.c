@@ -18,7 +18,7 @@
 /* Cache row `slot` of KV head kvh as float32: in place, or converted into buf (hd floats). */
 static const float *kv_row(const KilnDecodeModel *md, const void *cache, int64_t slot,
                            int64_t kvh, float *buf) {
-    const int64_t hd = md->head_dim, at = (slot * md->kv_heads + kvh) * hd;
+    const int64_t hd = md->head_dim, at = kiln_kv_at(md, slot, kvh);
     if (!md->kv_f16) return (const float *)cache + at;
     const uint16_t *h = (const uint16_t *)cache + at;
     for (int64_t i = 0; i < hd; i++) buf[i] = kiln_half_to_float(h[i]);
@@ -86,16 +86,16 @@ static inline __m512 hsum16(const __m512 *v) {
     return _mm512_add_ps(_mm512_shuffle_f32x4(c0, c1, 0x88), _mm512_shuffle_f32x4(c0, c1, 0xDD));
 }
 
-/* The cache row of position p: walk (block, offset) without a division per position. `row`:
- * bytes per cache slot (all KV heads). */
+/* The cache row of position p: walk (block, offset) without a division per position. `sb`,
+ * `sp`: bytes between blocks and between positions of a block. */
 typedef struct {
     const char *base;
     const int32_t *bt;
-    int64_t bs, row, b, off;
+    int64_t bs, sb, sp, b, off;
 } CacheWalk;
 
 static inline const char *walk_at(const CacheWalk *w) {
-    return w->base + ((int64_t)w->bt[w->b] * w->bs + w->off) * w->row;
+    return w->base + (int64_t)w->bt[w->b] * w->sb + w->off * w->sp;
 }
 
 /* 16 cache values from chunk c of a row: float32, or IEEE half (F16, a constant after
@@ -193,9 +193,12 @@ static inline __attribute__((always_inline)) void pv_queries(int64_t nc, int64_t
     }
 }
 
-static inline CacheWalk walk_from(const char *base, const int32_t *bt, int64_t bs,
-                                  int64_t row, int64_t p) {
-    const CacheWalk w = {base, bt, bs, row, p / bs, p % bs};
+/* The walk over KV head kvh's rows of `cache` from position p. */
+static inline CacheWalk walk_from(const KilnDecodeModel *md, const char *cache, int64_t kvh,
+                                  const int32_t *bt, int64_t esize, int64_t p) {
+    const int64_t bs = md->block_size;
+    const CacheWalk w = {cache + kvh * md->kv_sh * esize, bt, bs, md->kv_sb * esize,
+                         md->kv_sp * esize, p / bs, p % bs};
     return w;
 }
 
@@ -215,9 +218,9 @@ static inline __attribute__((always_inline)) void attend_impl(
         const float *q, int64_t ldq, int64_t G, const char *kc, const char *vc, float *scores,
         float *out, int64_t ldo, int64_t p0, int64_t p1, float *part, int64_t part_row,
         int64_t part_head, int F16) {
-    const int64_t hd = md->head_dim, nkv = md->kv_heads, bs = md->block_size;
+    const int64_t hd = md->head_dim;
     const int64_t stride = st->max_ctx, nc = hd / 16, esize = F16 ? 2 : 4;
-    const int64_t lines = (hd * esize + 63) / 64, row_bytes = nkv * hd * esize;
+    const int64_t lines = (hd * esize + 63) / 64;
     const int32_t *bt = st->block_tables + m0 * st->max_blocks;
     int64_t longest = 0;
     for (int64_t r = 0; r < R; r++)
@@ -225,7 +228,7 @@ static inline __attribute__((always_inline)) void attend_impl(
     const int64_t end = longest < p1 ? longest : p1;
     if (end <= p0) return;
     const __m512 scale = _mm512_set1_ps(md->scale);
-    CacheWalk kw = walk_from(kc + kvh * hd * esize, bt, bs, row_bytes, p0);
+    CacheWalk kw = walk_from(md, kc, kvh, bt, esize, p0);
     {
         CacheWalk first = kw;
         for (int64_t o = 0; o < 16 && p0 + o < end; o++) {
@@ -300,7 +303,7 @@ static inline __attribute__((always_inline)) void attend_impl(
         }
     }
     /* V: groups of up to 4 queries; a long row's sums go to its part record. */
-    const CacheWalk vw = walk_from(vc + kvh * hd * esize, bt, bs, row_bytes, p0);
+    const CacheWalk vw = walk_from(md, vc, kvh, bt, esize, p0);
     for (int64_t q0 = 0; q0 < R * G; q0 += 4) {
         const int64_t n = R * G - q0 < 4 ? R * G - q0 : 4;
         float *wq[4], *oq[4];

@@ -87,8 +87,8 @@ static void attention_block(const KilnDecodeModel *md, const KilnDecodeStep *st,
         if (vb)
             for (int64_t i = 0; i < hd; i++) v[i] += vb[h * hd + i];
         const int64_t slot = st->slots[m];
-        kiln_store_kv(kc + (slot * nkv + h) * hd * esize, k, hd, f16);
-        kiln_store_kv(vc + (slot * nkv + h) * hd * esize, v, hd, f16);
+        kiln_store_kv(kc + kiln_kv_at(md, slot, h) * esize, k, hd, f16);
+        kiln_store_kv(vc + kiln_kv_at(md, slot, h) * esize, v, hd, f16);
         for (int64_t qh = h * G; qh < (h + 1) * G; qh++)
             prepare_head(qkv + m * nqkv + qh * hd, qb ? qb + qh * hd : 0, fptr(row, F_Q_NORM),
                          cos, sin, hd, md->eps);

@@ -19,7 +19,15 @@ typedef struct {
     const uint8_t *head;
     int64_t head_q8;
     int64_t kv_f16; /* the K/V caches hold IEEE half floats (else float32) */
+    /* Element strides of a layer's K/V cache [blocks][block_size][kv_heads][head_dim] (head_dim
+     * contiguous; any order of the other three, e.g. KV head before position in a block). */
+    int64_t kv_sb, kv_sp, kv_sh;
 } KilnDecodeModel;
+
+/* Element offset of KV head h of cache slot `slot` (= block * block_size + position). */
+static inline int64_t kiln_kv_at(const KilnDecodeModel *md, int64_t slot, int64_t h) {
+    return slot / md->block_size * md->kv_sb + slot % md->block_size * md->kv_sp + h * md->kv_sh;
+}
 
 /* LoRA for the rows of a step (kiln.model.lora_slots layout): per module (q, k, v, o, gate,
  * up, down) an A stack [layers][nslots][rank][in] and a B^T stack [layers][nslots][rank][out]

@@ -27,7 +27,20 @@ class _Model(ctypes.Structure):
                                                "head_dim", "vocab", "block_size", "fields")] + [
         ("eps", ctypes.c_float), ("scale", ctypes.c_float), ("table", ctypes.c_void_p),
         ("final_norm", ctypes.c_void_p), ("head", ctypes.c_void_p), ("head_q8", ctypes.c_int64),
-        ("kv_f16", ctypes.c_int64)]
+        ("kv_f16", ctypes.c_int64), ("kv_sb", ctypes.c_int64), ("kv_sp", ctypes.c_int64),
+        ("kv_sh", ctypes.c_int64)]
+
+
+def cache_strides(cache: torch.Tensor) -> tuple[int, int, int]:
+    """Element strides (block, position, KV head) of a ``[blocks, block_size, kv_heads, dim]``
+    cache whose storage is dense with ``dim`` innermost (contiguous, or a permutation of the
+    first three axes of a contiguous tensor); raises ValueError otherwise."""
+    if cache.dim() != 4 or cache.stride(3) != 1:
+        raise ValueError("a KV cache is [blocks, block_size, kv_heads, dim] with dim innermost")
+    order = sorted(range(3), key=lambda a: -cache.stride(a))
+    if not cache.permute(*order, 3).is_contiguous():
+        raise ValueError("a KV cache's storage must be dense")
+    return cache.stride(0), cache.stride(1), cache.stride(2)
 
 
 LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -137,6 +150,7 @@ class DecodeProgram:
                 zip(w.layers, k_caches, v_caches, strict=True)]
         self.table = torch.tensor(rows, dtype=torch.int64)
         self.block_size = int(k_caches[0].shape[1])
+        sb, sp, sh = cache_strides(k_caches[0])
         self.kv_dtype = k_caches[0].dtype
         self.vocab = w.head.out_features
         self.model = _Model(
@@ -145,7 +159,8 @@ class DecodeProgram:
             block_size=self.block_size, fields=len(LAYER_FIELDS), eps=w.eps,
             scale=w.head_dim ** -0.5, table=self.table.data_ptr(),
             final_norm=_addr(self._hold(_f32(w.final_norm))), head=w.head.tiles.data_ptr(),
-            head_q8=int(w.head.fmt == "q8"), kv_f16=int(self.kv_dtype == torch.float16))
+            head_q8=int(w.head.fmt == "q8"), kv_f16=int(self.kv_dtype == torch.float16),
+            kv_sb=sb, kv_sp=sp, kv_sh=sh)
 
     def _hold(self, t: torch.Tensor | None) -> torch.Tensor | None:
         if t is not None:
@@ -168,8 +183,9 @@ class DecodeProgram:
             row[name] = _addr(self._hold(_f32(getattr(layer, name))))
         for name, cache in (("k_cache", k), ("v_cache", v)):
             if cache.dtype not in KV_DTYPES or cache.dtype != k.dtype or \
-                    cache.device.type != "cpu" or not cache.is_contiguous():
-                raise ValueError("KV caches must be contiguous float32 or float16 CPU tensors")
+                    cache.device.type != "cpu" or cache_strides(cache) != cache_strides(k):
+                raise ValueError("KV caches must be dense float32 or float16 CPU tensors, "
+                                 "all laid out alike")
             if tuple(cache.shape[2:]) != (w.kv_heads, w.head_dim):
                 raise ValueError("KV cache heads/dim do not match the model")
             row[name] = self._hold(cache).data_ptr()  # type: ignore[union-attr]

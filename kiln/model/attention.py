@@ -89,10 +89,19 @@ def _decode_group(items: list[tuple[int, torch.Tensor]], device: torch.device
 
 def store_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
-    """Write new K/V rows ``[T, num_kv_heads, head_dim]`` into the cache at ``slot_mapping``."""
-    nkv, hd = k_cache.shape[2], k_cache.shape[3]
-    k_cache.view(-1, nkv, hd).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
-    v_cache.view(-1, nkv, hd).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+    """Write new K/V rows ``[T, num_kv_heads, head_dim]`` into the cache at ``slot_mapping``
+    (caches ``[num_blocks, block_size, num_kv_heads, head_dim]``, contiguous or a permuted
+    view: kiln.model.kv_cache)."""
+    bs = k_cache.shape[1]
+    blocks, offsets = slot_mapping // bs, slot_mapping % bs
+    k_cache[blocks, offsets] = k.to(k_cache.dtype)
+    v_cache[blocks, offsets] = v.to(v_cache.dtype)
+
+
+def cache_rows(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """The cached rows ``[*slots.shape, num_kv_heads, head_dim]`` at ``slots``."""
+    bs = cache.shape[1]
+    return cache[slots // bs, slots % bs]
 
 
 def reference_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -101,24 +110,20 @@ def reference_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
 
     GQA: query head ``h`` reads KV head ``h // (H // num_kv_heads)``.
     """
-    nkv, hd = k_cache.shape[2], k_cache.shape[3]
-    kc = k_cache.view(-1, nkv, hd)
-    vc = v_cache.view(-1, nkv, hd)
     out = torch.zeros_like(q)
     group = plan.decode
     if group is not None:  # all single-token decodes at once: [B, H, 1, D] over [B, KV, L, D]
-        b, length = group.slots.shape
         qd = q.index_select(0, group.rows).unsqueeze(2)  # [B, H, 1, D]
-        kd = kc.index_select(0, group.slots.reshape(-1)).view(b, length, nkv, hd).transpose(1, 2)
-        vd = vc.index_select(0, group.slots.reshape(-1)).view(b, length, nkv, hd).transpose(1, 2)
+        kd = cache_rows(k_cache, group.slots).transpose(1, 2)
+        vd = cache_rows(v_cache, group.slots).transpose(1, 2)
         od = F.scaled_dot_product_attention(
             qd, kd.to(q.dtype), vd.to(q.dtype), attn_mask=group.mask, scale=scale,
             enable_gqa=True)
         out.index_copy_(0, group.rows, od.squeeze(2))
     for sp in plan.seqs:
         qi = q[sp.q_start:sp.q_end].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
-        ki = kc.index_select(0, sp.ctx_slots).transpose(0, 1).unsqueeze(0)  # [1, KV, L, D]
-        vi = vc.index_select(0, sp.ctx_slots).transpose(0, 1).unsqueeze(0)
+        ki = cache_rows(k_cache, sp.ctx_slots).transpose(0, 1).unsqueeze(0)  # [1, KV, L, D]
+        vi = cache_rows(v_cache, sp.ctx_slots).transpose(0, 1).unsqueeze(0)
         oi = F.scaled_dot_product_attention(
             qi, ki.to(q.dtype), vi.to(q.dtype), attn_mask=sp.mask, scale=scale,
             enable_gqa=True)

@@ -1,0 +1,82 @@
+"""The CPU KV cache keeps a block's KV heads one after another (kiln.model.kv_cache); the C step
+and the torch path read either layout, and the layout never changes a number."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from kiln_kernels.quant import kernels_available
+from kiln_kernels.quant.decode import cache_strides
+
+from kiln.model import CausalLM
+from kiln.model.batch import build_forward_batch
+from kiln.model.kv_cache import KVCache
+from tests.model.test_fused_decode import BLOCK, quantized_from
+from tests.tiny_models import tiny_config
+
+CPU = torch.device("cpu")
+
+
+def gqa_model() -> CausalLM:
+    cfg = dataclasses.replace(tiny_config("llama"), num_heads=6, num_kv_heads=2, head_dim=64)
+    return quantized_from(cfg)
+
+
+def test_cpu_caches_are_heads_major_in_memory() -> None:
+    cfg = tiny_config("llama")
+    kv = KVCache(cfg, 5, BLOCK, torch.float32, CPU)
+    k = kv.k[0]
+    assert k.shape == (5, BLOCK, cfg.num_kv_heads, cfg.head_dim)
+    assert not k.is_contiguous() and k.permute(0, 2, 1, 3).is_contiguous()
+    assert cache_strides(k) == (BLOCK * cfg.num_kv_heads * cfg.head_dim, cfg.head_dim,
+                                BLOCK * cfg.head_dim)
+    flat = KVCache(cfg, 5, BLOCK, torch.float32, CPU, heads_major=False)
+    assert flat.k[0].is_contiguous()
+    assert cache_strides(flat.k[0]) == (BLOCK * cfg.num_kv_heads * cfg.head_dim,
+                                        cfg.num_kv_heads * cfg.head_dim, cfg.head_dim)
+
+
+def test_cache_strides_refuse_what_the_c_step_cannot_read() -> None:
+    with pytest.raises(ValueError, match="dense"):
+        cache_strides(torch.zeros(4, 8, 2, 16)[:, ::2])
+    with pytest.raises(ValueError, match="innermost"):
+        cache_strides(torch.zeros(4, 8, 16, 2).transpose(2, 3))
+
+
+def run(model: CausalLM, kv: KVCache, fused: bool) -> tuple[torch.Tensor, list[int]]:
+    """Two prompts across KV blocks (one over the 512-position part size), then decodes."""
+    fn = model.forward if fused else model._torch_forward
+    tbl = [list(range(40)), list(range(40, 80))]
+    prompts = [[(7 * i) % 200 + 1 for i in range(530)], [(5 * i) % 150 + 3 for i in range(23)]]
+    out = [fn(build_forward_batch([(p, 0, t) for p, t in zip(prompts, tbl, strict=True)],
+                                  BLOCK, "all"), kv)]
+    lens = [len(p) for p in prompts]
+    cur = [int(out[0][n - 1].argmax()) for n in (lens[0], lens[0] + lens[1])]
+    for _ in range(4):
+        logits = fn(build_forward_batch([([c], n, t) for c, n, t in zip(cur, lens, tbl,
+                                                                          strict=True)],
+                                        BLOCK), kv)
+        out.append(logits)
+        cur = logits.argmax(-1).tolist()
+        lens = [n + 1 for n in lens]
+    return torch.cat(out), cur
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_both_layouts_give_the_same_bits(dtype: torch.dtype) -> None:
+    """The C step (float32 and half caches) and the torch path give bitwise the same logits and
+    cache contents on a heads-major cache as on a contiguous one."""
+    if not kernels_available():
+        pytest.skip("no C compiler")
+    model = gqa_model()
+    paths = [True, False] if dtype == torch.float32 else [True]
+    for fused in paths:
+        caches = [KVCache(model.config, 80, BLOCK, dtype, CPU, heads_major=hm)
+                  for hm in (True, False)]
+        (a, ta), (b, tb) = (run(model, kv, fused) for kv in caches)
+        assert torch.equal(a, b) and ta == tb
+        for layer in range(model.config.num_layers):
+            assert torch.equal(caches[0].k[layer], caches[1].k[layer])
+            assert torch.equal(caches[0].v[layer], caches[1].v[layer])
