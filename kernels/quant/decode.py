@@ -146,11 +146,12 @@ class DecodeProgram:
             raise ValueError("one K and one V cache per layer")
         self.lib, self.weights = lib, w
         self._keep: list[torch.Tensor] = []
+        self._strides = cache_strides(k_caches[0])
         rows = [self._layer_row(layer, k, v) for layer, k, v in
                 zip(w.layers, k_caches, v_caches, strict=True)]
         self.table = torch.tensor(rows, dtype=torch.int64)
         self.block_size = int(k_caches[0].shape[1])
-        sb, sp, sh = cache_strides(k_caches[0])
+        sb, sp, sh = self._strides
         self.kv_dtype = k_caches[0].dtype
         self.vocab = w.head.out_features
         self.model = _Model(
@@ -183,7 +184,7 @@ class DecodeProgram:
             row[name] = _addr(self._hold(_f32(getattr(layer, name))))
         for name, cache in (("k_cache", k), ("v_cache", v)):
             if cache.dtype not in KV_DTYPES or cache.dtype != k.dtype or \
-                    cache.device.type != "cpu" or cache_strides(cache) != cache_strides(k):
+                    cache.device.type != "cpu" or cache_strides(cache) != self._strides:
                 raise ValueError("KV caches must be dense float32 or float16 CPU tensors, "
                                  "all laid out alike")
             if tuple(cache.shape[2:]) != (w.kv_heads, w.head_dim):

@@ -80,3 +80,15 @@ def test_both_layouts_give_the_same_bits(dtype: torch.dtype) -> None:
         for layer in range(model.config.num_layers):
             assert torch.equal(caches[0].k[layer], caches[1].k[layer])
             assert torch.equal(caches[0].v[layer], caches[1].v[layer])
+
+
+def test_a_program_refuses_caches_laid_out_differently() -> None:
+    if not kernels_available():
+        pytest.skip("no C compiler")
+    model = gqa_model()
+    assert model.fused is not None
+    a = KVCache(model.config, 8, BLOCK, torch.float32, CPU)
+    b = KVCache(model.config, 8, BLOCK, torch.float32, CPU, heads_major=False)
+    with pytest.raises(ValueError, match="laid out alike"):
+        model.fused.weights.bind(a.k[:1] + b.k[1:], a.v[:1] + b.v[1:])
+    model.fused.weights.bind(b.k, b.v)  # one layout throughout: either is accepted
