@@ -10,7 +10,9 @@ versus torch transcendentals; logprobs agree to rounding (tested).
 from __future__ import annotations
 
 import ctypes
+import math
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -19,7 +21,6 @@ from ..quant import NATIVE_FLAGS, KernelBuildError
 from ..quant import _library as _quant_library
 from ..quant import kernels_available as native_available
 from .params import SamplingTensors
-from .reference import active_repetition
 
 
 class _Batch(ctypes.Structure):
@@ -82,43 +83,84 @@ def sample_native(logits: torch.Tensor, p: SamplingTensors | None, seen: SeenTok
     the C library is not available. ``logits``: float32 [B, V] on the CPU. The parameters come
     from ``p`` (its dense counts unused) or ``columns`` (the same names, [B] each). ``flags``
     pick the library build (tests: the portable one, without AVX-512)."""
+    cols = columns if columns is not None else _columns(p)
+    floats = list(zip(*(cols[n].float().tolist() for n in FLOAT_COLUMNS), strict=True))
+    ints = list(zip(*(cols[n].tolist() for n in INT_COLUMNS), strict=True))
+    out = _sample(logits, floats, ints, seen.offsets.tolist(), seen.ids.tolist(),
+                  seen.counts.tolist(), flags)
+    if out is None:
+        return None
+    return (torch.tensor(out[0], dtype=torch.int64),
+            torch.tensor(out[1], dtype=torch.float32))
+
+
+# The per-row parameters of sample_rows, in order (SamplingTensors' names).
+FLOAT_COLUMNS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
+                 "repetition_penalty")
+INT_COLUMNS = ("top_k", "seeds", "steps")
+
+
+def sample_rows(logits: torch.Tensor, floats: Sequence[tuple[float, ...]],
+                ints: Sequence[tuple[int, int, int]], seen: Sequence[Sequence[int]],
+                flags: tuple[str, ...] = NATIVE_FLAGS,
+                ) -> tuple[list[int], list[float]] | None:
+    """``sample_native`` for the engine's step, without a tensor per parameter: per row the
+    FLOAT_COLUMNS and INT_COLUMNS values (seeds as int64 bits) and the generated token ids the
+    penalties count (one per occurrence). -> (token ids, logprobs), or None without the C
+    library. The same numbers as ``sample_native`` (tested)."""
+    offsets = [0]
+    ids: list[int] = []
+    for row in seen:
+        ids.extend(row)
+        offsets.append(len(ids))
+    return _sample(logits, floats, ints, offsets, ids, [1] * len(ids), flags)
+
+
+def _sample(logits: torch.Tensor, floats: Sequence[tuple[float, ...]],
+            ints: Sequence[tuple[int, ...]], offsets: list[int], ids: list[int],
+            counts: list[int], flags: tuple[str, ...]) -> tuple[list[int], list[float]] | None:
     if logits.device.type != "cpu" or logits.dtype != torch.float32 or logits.dim() != 2:
         raise ValueError("sample_native takes float32 [B, V] logits on the CPU")
+    b, v = logits.shape
+    if b == 0:
+        return [], []
+    if len(floats) != b or len(ints) != b:
+        raise ValueError(f"sampling parameters for {len(floats)} rows, logits for {b}")
+    if len(offsets) != b + 1:
+        raise ValueError(f"seen offsets must have {b + 1} entries")
     try:
         lib = _quant_library(flags)
     except KernelBuildError:
         return None
-    b, v = logits.shape
-    cols = columns if columns is not None else _columns(p)
     x = logits if logits.stride(1) == 1 else logits.contiguous()
-    mp, rep = cols["min_p"].float(), cols["repetition_penalty"].float()
-    log_min_p = torch.where(torch.isfinite(mp) & (mp > 0), torch.log(mp.clamp(min=1e-45)),
-                            torch.full_like(mp, float("-inf")))
-    keep = {
-        "temperature": cols["temperature"].float().contiguous(),
-        "top_p": cols["top_p"].float().contiguous(),
-        "log_min_p": log_min_p.float().contiguous(),
-        "repetition": active_repetition(rep).contiguous(),
-        "frequency": cols["frequency_penalty"].float().contiguous(),
-        "presence": cols["presence_penalty"].float().contiguous(),
-        "top_k": cols["top_k"].to(torch.int64).contiguous(),
-        "seeds": cols["seeds"].to(torch.int64).contiguous(),
-        "steps": cols["steps"].to(torch.int64).contiguous(),
-        "seen_off": seen.offsets.to(torch.int64).contiguous(),
-        "seen_ids": seen.ids.to(torch.int64).clamp(0, v - 1).contiguous(),
-        "seen_counts": seen.counts.to(torch.int32).contiguous(),
-    }
-    if int(keep["seen_off"].numel()) != b + 1:
-        raise ValueError(f"seen offsets must have {b + 1} entries")
+    f32, i64 = ctypes.c_float * b, ctypes.c_int64 * b
+    temperature, top_p, min_p, presence, frequency, repetition = (
+        f32(*col) for col in zip(*floats, strict=True))  # rounded to float32 here
+    for i in range(b):  # inactive repetition penalties (non-finite, <= 0) are 1
+        if not (math.isfinite(repetition[i]) and repetition[i] > 0):
+            repetition[i] = 1.0
+    log_min_p = f32(*([-math.inf] * b))
+    active = [i for i in range(b) if math.isfinite(min_p[i]) and min_p[i] > 0]
+    if active:  # torch's float32 log, as the reference takes it
+        logs = torch.log(torch.tensor([min_p[i] for i in active], dtype=torch.float32))
+        for i, value in zip(active, logs.tolist(), strict=True):
+            log_min_p[i] = value
+    top_k, seeds, steps = (i64(*col) for col in zip(*ints, strict=True))
+    seen_ids = (ctypes.c_int64 * len(ids))(*(min(max(t, 0), v - 1) for t in ids))
+    seen_counts = (ctypes.c_int32 * len(counts))(*counts)
+    seen_off = (ctypes.c_int64 * (b + 1))(*offsets)
+    tokens, logprobs = i64(), f32()
     threads = max(1, min(torch.get_num_threads(), b))
     scratch = _scratch_for(lib, v, torch.get_num_threads())
-    tokens = torch.empty(b, dtype=torch.int64)
-    logprobs = torch.empty(b, dtype=torch.float32)
+    arrays = {"temperature": temperature, "top_p": top_p, "log_min_p": log_min_p,
+              "repetition": repetition, "frequency": frequency, "presence": presence,
+              "top_k": top_k, "seeds": seeds, "steps": steps, "seen_off": seen_off,
+              "seen_ids": seen_ids, "seen_counts": seen_counts, "tokens": tokens,
+              "logprobs": logprobs}
     batch = _Batch(B=b, V=v, ld=x.stride(0), logits=x.data_ptr(), scratch=scratch.data_ptr(),
-                   tokens=tokens.data_ptr(), logprobs=logprobs.data_ptr(),
-                   **{k: t.data_ptr() for k, t in keep.items()})
+                   **{k: ctypes.addressof(a) for k, a in arrays.items()})
     lib.kiln_sample(ctypes.byref(batch), threads)
-    return tokens, logprobs
+    return [int(t) for t in tokens], [float(x) for x in logprobs]
 
 
 def _columns(p: SamplingTensors | None) -> dict[str, torch.Tensor]:
@@ -130,4 +172,5 @@ def _columns(p: SamplingTensors | None) -> dict[str, torch.Tensor]:
             "steps": p.steps}
 
 
-__all__ = ["SeenTokens", "native_available", "sample_native"]
+__all__ = ["FLOAT_COLUMNS", "INT_COLUMNS", "SeenTokens", "native_available", "sample_native",
+           "sample_rows"]

@@ -1,7 +1,7 @@
 """Batched sampling: the rows' SamplingParams and history -> kiln_kernels.sampling.
 
-On the CPU the C sampler (``sample_native``) takes the rows with their penalty history as sparse
-id lists; elsewhere (or without a C compiler) ``sample`` gets dense [rows, vocab] counts. Both are
+On the CPU the C sampler (``sample_rows``) takes the rows' parameters and their penalty history as
+plain lists (a step builds no tensor for them); elsewhere (or without a C compiler) ``sample`` gets dense [rows, vocab] counts. Both are
 batch-invariant: a row's token depends only on its logits, its parameters and (seed, step), so a
 seeded request samples the same tokens alone or in any batch.
 """
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import torch
 from kiln_kernels.sampling import SamplingTensors, sample
-from kiln_kernels.sampling.native import SeenTokens, sample_native
+from kiln_kernels.sampling.native import FLOAT_COLUMNS, INT_COLUMNS, sample_rows
 from kiln_kernels.sampling.params import to_int64_bits
 
 from kiln.engine.outputs import ScheduledSeq
@@ -32,29 +32,26 @@ class Sampler:
             raise ValueError(f"sampler: {logits.shape[0]} logit rows for {len(seqs)} sequences")
         if not seqs:
             return [], []
-        native = None
         if self.device.type == "cpu" and logits.dtype == torch.float32:
-            seen = SeenTokens.from_lists([s.output_token_ids if s.sampling.uses_penalties else []
-                                          for s in seqs])
-            native = sample_native(logits, None, seen, columns=self.columns(seqs))
-        tokens, logprobs = native or sample(logits, self.build(seqs, int(logits.shape[1])))
+            native: tuple[list[int], list[float]] | None = sample_rows(
+                logits, *_parameters(seqs),
+                [s.output_token_ids if s.sampling.uses_penalties else () for s in seqs])
+            if native is not None:
+                return native
+        tokens, logprobs = sample(logits, self.build(seqs, int(logits.shape[1])))
         return [int(t) for t in tokens.tolist()], [float(x) for x in logprobs.tolist()]
 
     def columns(self, seqs: Sequence[ScheduledSeq]) -> dict[str, torch.Tensor]:
         """The rows' sampling parameters, one [B] tensor each (SamplingTensors' names): two
         tensors built per step, the float and the integer parameters, viewed by column."""
-        floats = torch.tensor([(p.temperature, p.top_p, p.min_p, p.presence_penalty,
-                                p.frequency_penalty, p.repetition_penalty)
-                               for p in (s.sampling for s in seqs)], dtype=torch.float32)
-        ints = torch.tensor([(s.sampling.top_k, to_int64_bits(s.seed), s.step) for s in seqs],
-                            dtype=torch.int64)
+        float_rows, int_rows = _parameters(seqs)
+        floats = torch.tensor(float_rows, dtype=torch.float32)
+        ints = torch.tensor(int_rows, dtype=torch.int64)
         if self.device.type != "cpu":
             floats, ints = floats.to(self.device), ints.to(self.device)
-        names = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
-                 "repetition_penalty")
-        cols = {name: floats[:, i].contiguous() for i, name in enumerate(names)}
-        cols["top_k"] = ints[:, 0].to(torch.int32)
-        cols["seeds"], cols["steps"] = ints[:, 1].contiguous(), ints[:, 2].contiguous()
+        cols = {name: floats[:, i].contiguous() for i, name in enumerate(FLOAT_COLUMNS)}
+        cols.update({name: ints[:, i].contiguous() for i, name in enumerate(INT_COLUMNS)})
+        cols["top_k"] = cols["top_k"].to(torch.int32)
         return cols
 
     def build(self, seqs: Sequence[ScheduledSeq], vocab: int) -> SamplingTensors:
@@ -99,3 +96,11 @@ class Sampler:
             self._zero_mask = torch.zeros((max(b, 8), vocab), dtype=torch.bool,
                                           device=self.device)
         return self._zero_mask[:b]
+
+
+def _parameters(seqs: Sequence[ScheduledSeq]
+                ) -> tuple[list[tuple[float, ...]], list[tuple[int, int, int]]]:
+    """Per row, the FLOAT_COLUMNS and the INT_COLUMNS values (seeds as int64 bits)."""
+    return ([(p.temperature, p.top_p, p.min_p, p.presence_penalty, p.frequency_penalty,
+              p.repetition_penalty) for p in (s.sampling for s in seqs)],
+            [(s.sampling.top_k, to_int64_bits(s.seed), s.step) for s in seqs])

@@ -8,7 +8,13 @@ import pytest
 import torch
 from kiln_kernels.quant.build import NATIVE_FLAGS, PORTABLE_FLAGS
 from kiln_kernels.sampling import SamplingTensors, sample_reference
-from kiln_kernels.sampling.native import SeenTokens, native_available, sample_native
+from kiln_kernels.sampling.native import (
+    FLOAT_COLUMNS,
+    SeenTokens,
+    native_available,
+    sample_native,
+    sample_rows,
+)
 
 pytestmark = pytest.mark.skipif(not native_available(), reason="no C compiler for the kernels")
 
@@ -177,3 +183,30 @@ def test_the_portable_build_matches_the_reference(seed: int) -> None:
     p = SamplingTensors.build([{"top_p": 0.8, "seed": seed}, {"top_p": 0.3, "seed": seed + 9}],
                               20_000)
     _assert_same(flat, p, PORTABLE_FLAGS)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_sample_rows_matches_the_reference(seed: int) -> None:
+    """The engine's list entry point (no tensor per parameter): the reference's tokens and
+    logprobs, including inactive repetition penalties (<= 0, inf, nan, below float32) and
+    min-p values that are nan or round to zero."""
+    v = 3001
+    gen = torch.Generator().manual_seed(seed)
+    rows = _rows(10, seed, v, gen)
+    odd = [(0.0, float("nan")), (-1.0, 1e-50), (float("inf"), 0.0), (float("nan"), 0.05),
+           (1e-50, 0.0)]
+    for row, (rep, min_p) in zip(rows[5:], odd, strict=True):
+        row["repetition_penalty"], row["min_p"] = rep, min_p
+    for row in rows:
+        row["prompt_tokens"] = []  # the engine's rows count generated tokens only
+    logits = torch.randn(10, v, generator=gen) * 2
+    p = SamplingTensors.build(rows, v)
+    want_t, want_lp = sample_reference(logits, p)
+    got = sample_rows(
+        logits,
+        [tuple(float(r[n]) for n in FLOAT_COLUMNS) for r in rows],  # type: ignore[arg-type]
+        [(int(r["top_k"]), int(r["seed"]), int(r["step"])) for r in rows],  # type: ignore[call-overload]
+        [r["output_tokens"] for r in rows])  # type: ignore[misc]
+    assert got is not None
+    assert got[0] == want_t.tolist()
+    torch.testing.assert_close(torch.tensor(got[1]), want_lp, rtol=1e-5, atol=1e-5)
