@@ -1,6 +1,7 @@
 """The CPU samplers per step, over the default model's vocabulary size (49,152), for the sampling
 settings requests bring: the C sampler the engine runs on the CPU
-(kiln_kernels.sampling.native.sample_native, penalty history as sparse ids) beside the torch
+(kiln_kernels.sampling.native.sample_rows: per-row parameter lists, penalty history as id lists)
+beside the torch
 reference (sample_reference, dense [rows, vocab] history), on the same inputs.
 
 Rows: 1 and 8. Settings: greedy; Kiln's default preset (temperature 1.0, top-p 0.95, top-k 20,
@@ -26,7 +27,12 @@ from typing import Any
 
 import torch
 from kiln_kernels.sampling import SamplingTensors, sample_reference
-from kiln_kernels.sampling.native import SeenTokens, native_available, sample_native
+from kiln_kernels.sampling.native import (
+    FLOAT_COLUMNS,
+    INT_COLUMNS,
+    native_available,
+    sample_rows,
+)
 
 RESULTS = Path(__file__).parent / "results" / "sampling.json"
 VOCAB = 49152
@@ -67,10 +73,12 @@ def time_ms(logits: torch.Tensor, setting: dict[str, Any], repeats: int,
     rows, vocab = logits.shape
     p = SamplingTensors.build([dict(setting, seed=i, step=3) for i in range(rows)], vocab)
     hist = [list(setting.get("output_tokens", [])) for _ in range(rows)]
+    floats = list(zip(*(getattr(p, n).tolist() for n in FLOAT_COLUMNS), strict=True))
+    ints = list(zip(*(getattr(p, n).tolist() for n in INT_COLUMNS), strict=True))
 
     def run() -> None:
-        if native:  # as the engine calls it: the history as id lists
-            sample_native(logits, p, SeenTokens.from_lists(hist))
+        if native:  # as the engine's Sampler calls it: plain lists
+            sample_rows(logits, floats, ints, hist)
         else:
             sample_reference(logits, p)
 
