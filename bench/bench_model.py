@@ -94,7 +94,8 @@ class OurGreedy:
     def __init__(self, loaded: LoadedModel, max_tokens: int) -> None:
         self.model = loaded.model
         n_blocks = -(-max_tokens // BLOCK) + 1
-        self.kv = KVCache(loaded.config, n_blocks, BLOCK, loaded.dtype, loaded.device)
+        self.kv = KVCache(loaded.config, n_blocks, BLOCK, loaded.dtype, loaded.device,
+                          heads_major=loaded.model.fused is not None)  # as served
         self.table = list(range(n_blocks))
         self.device = loaded.device
 

@@ -42,7 +42,7 @@ class Bench:
         self.m, self.repeats = loaded, repeats
         n_long = LONG // BLOCK + 4
         self.kv = KVCache(loaded.config, n_long + 8 * PER_SEQ_BLOCKS, BLOCK, kv_dtype,
-                          loaded.device)
+                          loaded.device, heads_major=loaded.model.fused is not None)  # as served
         self.long_table = list(range(n_long))
         self.tables = [list(range(n_long + i * PER_SEQ_BLOCKS, n_long + (i + 1) * PER_SEQ_BLOCKS))
                        for i in range(8)]

@@ -46,7 +46,9 @@ class ModelRunner:
         self.device = device
         cache_dtype = kv_dtype(config, dtype, device)
         self.num_blocks = kv_num_blocks(cfg, config, cache_dtype)
-        self.kv = KVCache(cfg, self.num_blocks, config.block_size, cache_dtype, device)
+        # head-major blocks where the C step runs the model (kiln.model.kv_cache)
+        self.kv = KVCache(cfg, self.num_blocks, config.block_size, cache_dtype, device,
+                          heads_major=device.type == "cpu" and model.fused is not None)
         self.sampler = Sampler(device)
         self._lora_slots: AdapterSlots | None = None  # created on the first LoRA step
 

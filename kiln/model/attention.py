@@ -92,16 +92,39 @@ def store_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
     """Write new K/V rows ``[T, num_kv_heads, head_dim]`` into the cache at ``slot_mapping``
     (caches ``[num_blocks, block_size, num_kv_heads, head_dim]``, contiguous or a permuted
     view: kiln.model.kv_cache)."""
-    bs = k_cache.shape[1]
-    blocks, offsets = slot_mapping // bs, slot_mapping % bs
-    k_cache[blocks, offsets] = k.to(k_cache.dtype)
-    v_cache[blocks, offsets] = v.to(v_cache.dtype)
+    if k_cache.is_contiguous():  # one row of all KV heads per slot
+        nkv, hd = k_cache.shape[2], k_cache.shape[3]
+        k_cache.view(-1, nkv, hd).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
+        v_cache.view(-1, nkv, hd).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+        return
+    idx = _row_index(k_cache, slot_mapping).reshape(-1)
+    hd = k_cache.shape[3]
+    _row_view(k_cache).index_copy_(0, idx, k.to(k_cache.dtype).reshape(-1, hd))
+    _row_view(v_cache).index_copy_(0, idx, v.to(v_cache.dtype).reshape(-1, hd))
 
 
 def cache_rows(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     """The cached rows ``[*slots.shape, num_kv_heads, head_dim]`` at ``slots``."""
-    bs = cache.shape[1]
-    return cache[slots // bs, slots % bs]
+    nkv, hd = cache.shape[2], cache.shape[3]
+    if cache.is_contiguous():
+        rows = cache.view(-1, nkv, hd).index_select(0, slots.reshape(-1))
+    else:  # a head-major cache (the C step's): one row per slot and KV head
+        rows = _row_view(cache).index_select(0, _row_index(cache, slots).reshape(-1))
+    return rows.view(*slots.shape, nkv, hd)
+
+
+def _row_view(cache: torch.Tensor) -> torch.Tensor:
+    """A dense cache's storage as ``[rows, head_dim]`` (one row per slot and KV head)."""
+    hd = cache.shape[3]
+    return cache.as_strided((cache.numel() // hd, hd), (hd, 1))
+
+
+def _row_index(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """``[*slots.shape, num_kv_heads]``: each slot's row of each KV head in ``_row_view``."""
+    bs, nkv, hd = cache.shape[1], cache.shape[2], cache.shape[3]
+    sb, sp, sh = cache.stride(0) // hd, cache.stride(1) // hd, cache.stride(2) // hd
+    base = torch.div(slots, bs, rounding_mode="floor") * sb + slots % bs * sp
+    return base.unsqueeze(-1) + torch.arange(nkv, device=slots.device) * sh
 
 
 def reference_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -13,24 +13,24 @@ class KVCache:
     Token ``t`` of a sequence lives in slot ``block_table[t // block_size] * block_size +
     t % block_size``; the block allocator (engine) owns which blocks belong to whom.
 
-    On the CPU a block stores its KV heads one after another (``[num_blocks, num_kv_heads,
+    ``heads_major`` (for the C step on the CPU; the engine asks for it when the model runs
+    there): a block stores its KV heads one after another (``[num_blocks, num_kv_heads,
     block_size, head_dim]`` in memory, seen through a permuted view of the shape above), so the
     C step's attention, which reads one KV head's rows at a time, reads each block in runs of
     ``block_size * head_dim`` elements instead of one row in every ``num_kv_heads`` (measured
-    with a plain read loop on this machine's VM: 23.4-24.0 against 17.5-17.7 GB/s). The
-    Triton kernels read the contiguous layout, which CUDA caches keep (``heads_major`` overrides
-    the choice).
+    with a plain read loop on this machine's VM: 23.4-24.0 against 17.5-17.7 GB/s). Otherwise
+    (the Triton kernels, and the torch path, whose gathers take whole slots) it is contiguous.
     """
 
     def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
-                 device: torch.device, heads_major: bool | None = None) -> None:
+                 device: torch.device, heads_major: bool = False) -> None:
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError("KVCache: num_blocks and block_size must be positive")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.dtype = dtype
         self.device = device
-        self.heads_major = device.type == "cpu" if heads_major is None else heads_major
+        self.heads_major = heads_major
         self.k: list[torch.Tensor] = [self._alloc(cfg) for _ in range(cfg.num_layers)]
         self.v: list[torch.Tensor] = [self._alloc(cfg) for _ in range(cfg.num_layers)]
 

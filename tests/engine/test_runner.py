@@ -171,3 +171,17 @@ def test_start_hashes_the_policy_identity_off_the_event_loop(tiny_llama: LoadedM
         assert first is not None and backend.policy_identity() is first and len(computed) == 1
     finally:
         backend.shutdown()
+
+
+def test_the_kv_layout_follows_the_path_that_reads_it(tiny_llama: LoadedModel,
+                                                      smollm: LoadedModel) -> None:
+    """Head-major KV blocks where the C step runs the model (the default GGUF), contiguous ones
+    where the torch path does (a float32 HF folder: its gathers take whole slots)."""
+    config = EngineConfig(block_size=4, num_blocks=8)
+    _, torch_runner = build_core(tiny_llama, config)
+    assert tiny_llama.model.fused is None and not torch_runner.kv.heads_major
+    assert torch_runner.kv.k[0].is_contiguous()
+    if smollm.model.fused is None:
+        pytest.skip("no C compiler: the default model runs on the torch path")
+    _, c_runner = build_core(smollm, config)
+    assert c_runner.kv.heads_major and c_runner.kv.k[0].permute(0, 2, 1, 3).is_contiguous()

@@ -1,5 +1,6 @@
-"""The CPU KV cache keeps a block's KV heads one after another (kiln.model.kv_cache); the C step
-and the torch path read either layout, and the layout never changes a number."""
+"""A head-major KV cache keeps a block's KV heads one after another (kiln.model.kv_cache, for the
+C step); the C step and the torch path read either layout, and the layout never changes a
+number."""
 
 from __future__ import annotations
 
@@ -24,15 +25,15 @@ def gqa_model() -> CausalLM:
     return quantized_from(cfg)
 
 
-def test_cpu_caches_are_heads_major_in_memory() -> None:
+def test_heads_major_caches_keep_a_blocks_heads_apart_in_memory() -> None:
     cfg = tiny_config("llama")
-    kv = KVCache(cfg, 5, BLOCK, torch.float32, CPU)
+    kv = KVCache(cfg, 5, BLOCK, torch.float32, CPU, heads_major=True)
     k = kv.k[0]
     assert k.shape == (5, BLOCK, cfg.num_kv_heads, cfg.head_dim)
     assert not k.is_contiguous() and k.permute(0, 2, 1, 3).is_contiguous()
     assert cache_strides(k) == (BLOCK * cfg.num_kv_heads * cfg.head_dim, cfg.head_dim,
                                 BLOCK * cfg.head_dim)
-    flat = KVCache(cfg, 5, BLOCK, torch.float32, CPU, heads_major=False)
+    flat = KVCache(cfg, 5, BLOCK, torch.float32, CPU)
     assert flat.k[0].is_contiguous()
     assert cache_strides(flat.k[0]) == (BLOCK * cfg.num_kv_heads * cfg.head_dim,
                                         cfg.num_kv_heads * cfg.head_dim, cfg.head_dim)
@@ -87,8 +88,8 @@ def test_a_program_refuses_caches_laid_out_differently() -> None:
         pytest.skip("no C compiler")
     model = gqa_model()
     assert model.fused is not None
-    a = KVCache(model.config, 8, BLOCK, torch.float32, CPU)
-    b = KVCache(model.config, 8, BLOCK, torch.float32, CPU, heads_major=False)
+    a = KVCache(model.config, 8, BLOCK, torch.float32, CPU, heads_major=True)
+    b = KVCache(model.config, 8, BLOCK, torch.float32, CPU)
     with pytest.raises(ValueError, match="laid out alike"):
         model.fused.weights.bind(a.k[:1] + b.k[1:], a.v[:1] + b.v[1:])
     model.fused.weights.bind(b.k, b.v)  # one layout throughout: either is accepted
