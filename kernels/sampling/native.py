@@ -120,7 +120,7 @@ def _sample(logits: torch.Tensor, floats: Sequence[tuple[float, ...]],
             ints: Sequence[tuple[int, ...]], offsets: list[int], ids: list[int],
             counts: list[int], flags: tuple[str, ...]) -> tuple[list[int], list[float]] | None:
     if logits.device.type != "cpu" or logits.dtype != torch.float32 or logits.dim() != 2:
-        raise ValueError("sample_native takes float32 [B, V] logits on the CPU")
+        raise ValueError("the C sampler takes float32 [B, V] logits on the CPU")
     b, v = logits.shape
     if b == 0:
         return [], []

@@ -1,9 +1,10 @@
 """Batched sampling: the rows' SamplingParams and history -> kiln_kernels.sampling.
 
-On the CPU the C sampler (``sample_rows``) takes the rows' parameters and their penalty history as
-plain lists (a step builds no tensor for them); elsewhere (or without a C compiler) ``sample`` gets dense [rows, vocab] counts. Both are
-batch-invariant: a row's token depends only on its logits, its parameters and (seed, step), so a
-seeded request samples the same tokens alone or in any batch.
+On the CPU the C sampler (``sample_rows``) takes the rows' parameters and their penalty history
+as plain lists (a step builds no tensor for them); elsewhere (or without a C compiler)
+``sample`` gets dense [rows, vocab] counts. Both are batch-invariant: a row's token depends
+only on its logits, its parameters and (seed, step), so a seeded request samples the same tokens
+alone or in any batch.
 """
 
 from __future__ import annotations
