@@ -213,8 +213,8 @@ def main() -> None:
           f"decode {h['decode_tok_s_median']:.1f}; hf prefill with all-row logits "
           f"{h['prefill_all_logits_tok_s']:.1f} tok/s)")
     print(f"import: ours {load_ours['import_s']:.2f} s, transformers {load_hf['import_s']:.2f} s; "
-          "ours loads the Q4_1 GGUF (projections kept as blocks, the rest dequantized to fp32); "
-          "transformers cannot read it here, so "
+          "ours loads the Q4_1 GGUF (projections and the tied embedding kept as blocks, norms "
+          "in fp32); transformers cannot read it here, so "
           "its load is from_pretrained of the same fp32 weights saved as safetensors")
     print(f"greedy tokens identical for the first {figures['greedy_tokens_identical_prefix']}"
           f"/{figures['decode_tokens']}")

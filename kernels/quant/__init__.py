@@ -133,6 +133,25 @@ class PackedWeight:
     def dequantize(self) -> torch.Tensor:
         return dequantize_tiles(self.fmt, self.tiles)
 
+    def dequantize_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows ``ids`` (int64, any shape) of :meth:`dequantize`, bit for bit, without the
+        rest: ``[*ids.shape, in_features]`` (an embedding lookup on the blocks)."""
+        flat = ids.reshape(-1).to(torch.int64).contiguous()
+        k = self.in_features
+        try:
+            lib = _library(NATIVE_FLAGS)
+        except KernelBuildError:  # the reference: the selected tiles, dequantized
+            tiles = self.tiles.index_select(0, torch.div(flat, 4, rounding_mode="floor"))
+            rows = dequantize_tiles(self.fmt, tiles).view(-1, 4, k)
+            return rows[torch.arange(flat.numel()), flat % 4].view(*ids.shape, k)
+        out = torch.empty((flat.numel(), k), dtype=torch.float32)
+        bad = lib.kiln_dequant_rows(int(self.fmt == "q8"), self.tiles.data_ptr(),
+                                    self.out_features, k, flat.data_ptr(), flat.numel(),
+                                    out.data_ptr())
+        if bad >= 0:
+            raise IndexError(f"row {int(flat[bad])} is outside the {self.out_features} rows")
+        return out.view(*ids.shape, k)
+
     @staticmethod
     def cat(parts: list[PackedWeight]) -> PackedWeight:
         """The row-wise concatenation of weights of one format and width (fused projections:

@@ -253,6 +253,35 @@ static void tile_all(int q8, const float *x, int64_t M, int64_t K, const uint8_t
 int kiln_quant_simd(void) { return 0; }
 #endif
 
+/* Rows ids[0..n) of tiled weights w ([N/4][K/32][tile]) as float32 out [n][K]: the values the
+ * products use (d * q, or d * q + m with d * q exact: one rounding). Returns the first index
+ * of an id outside [0, N), or -1 when all are inside (nothing is written past a bad id). */
+int64_t kiln_dequant_rows(int q8, const uint8_t *w, int64_t N, int64_t K, const int64_t *ids,
+                          int64_t n, float *out) {
+    const int64_t tb = q8 ? Q8_TILE : Q4_TILE, nb = K / 32;
+    for (int64_t t = 0; t < n; t++) {
+        if (ids[t] < 0 || ids[t] >= N) return t;
+        const int64_t g = ids[t] / 4, r = ids[t] % 4;
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *blk = w + (g * nb + b) * tb;
+            float *o = out + t * K + 32 * b;
+            if (q8) {
+                const float d = ((const float *)blk)[r];
+                const int8_t *q = (const int8_t *)(blk + 16 + 32 * r);
+                for (int j = 0; j < 32; j++) o[j] = d * (float)q[j];
+            } else {
+                const float d = ((const float *)blk)[2 * r], m = ((const float *)blk)[2 * r + 1];
+                const uint8_t *q = blk + 32 + 16 * r;
+                for (int j = 0; j < 16; j++) {
+                    o[j] = d * (float)(q[j] & 0x0F) + m;
+                    o[j + 16] = d * (float)(q[j] >> 4) + m;
+                }
+            }
+        }
+    }
+    return -1;
+}
+
 /* x float32 [M][K], w tiles [N/4][K/32][tile], y float32 [M][N]. */
 void kiln_gemm_tiles(int q8, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N,
                      float *y) {

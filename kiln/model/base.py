@@ -12,7 +12,7 @@ from kiln.model.config import ModelConfig
 from kiln.model.fused_decode import FusedDecoder
 from kiln.model.kv_cache import KVCache
 from kiln.model.layers import DecoderLayer, LoraHook, RMSNorm, RotaryEmbedding
-from kiln.model.quantized import NO_ROUTE, RowRoute, project
+from kiln.model.quantized import NO_ROUTE, PackedEmbedding, RowRoute, project
 
 
 class DecoderStack(nn.Module):
@@ -22,8 +22,8 @@ class DecoderStack(nn.Module):
         super().__init__()
         # Left uninitialised (the loaders fill every weight): nn.Embedding's default normal_
         # init, run on the meta device, imports torch's Python decompositions, ~1.1 s of load.
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size,
-                                         _weight=torch.empty(cfg.vocab_size, cfg.hidden_size))
+        self.embed_tokens: nn.Embedding | PackedEmbedding = nn.Embedding(
+            cfg.vocab_size, cfg.hidden_size, _weight=torch.empty(cfg.vocab_size, cfg.hidden_size))
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -46,6 +46,7 @@ class CausalLM(nn.Module):
             else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False))
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta)
         self.packed_head: PackedWeight | None = None  # kiln.model.quantized.attach_packed
+        self.packed_embedding: PackedWeight | None = None  # the token embedding's blocks
         self.has_packed = False  # any packed weights attached (then decode rows use them)
         self.fused: FusedDecoder | None = None  # the C step, when every weight is packed
 

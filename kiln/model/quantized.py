@@ -6,7 +6,8 @@ blocks (q/k/v and gate/up fused row-wise), holding gguf-py's float32 values bit 
 - When every projection and the head are packed, every step runs in C
   (:mod:`kiln.model.fused_decode`) and the projections' float32 copies are released
   (:func:`release_float32`): the torch path, a fallback there, multiplies every row by the
-  blocks.
+  blocks. A packed token embedding (the head, when tied) is released too: lookups dequantize
+  their rows (:class:`PackedEmbedding`).
 - Otherwise the torch path keeps both: decode rows (a sequence's one new token) are multiplied
   by the packed blocks, reading ~1/6 of the bytes, and prefill rows by the float32 weights. The
   two products differ only in summation order (~1e-6 relative), and which one a row gets
@@ -54,6 +55,25 @@ class RowRoute:
 
 
 NO_ROUTE = RowRoute()
+
+
+class PackedEmbedding(nn.Module):
+    """The token embedding read from packed blocks (:func:`release_float32`): each lookup
+    dequantizes only its rows, gguf-py's values bit for bit. ``weight`` is a meta placeholder
+    of the table's shape, or the float32 table while :func:`packed_disabled` holds it."""
+
+    def __init__(self, packed: PackedWeight) -> None:
+        super().__init__()
+        self.packed = packed
+        self.weight = nn.Parameter(
+            torch.empty((packed.out_features, packed.in_features), device="meta"),
+            requires_grad=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.weight.is_meta:
+            rows: torch.Tensor = self.packed.dequantize_rows(ids)
+            return rows
+        return F.embedding(ids, self.weight)
 
 
 def project(x: torch.Tensor, weight: torch.Tensor, packed: PackedWeight | None,
@@ -133,6 +153,9 @@ def attach_packed(model: CausalLM, packed: dict[str, PackedWeight]) -> int:
     model.packed_head = packed.get(head_name)
     if model.packed_head is not None:
         total += model.packed_head.nbytes
+    model.packed_embedding = packed.get("model.embed_tokens.weight")  # the head, when tied
+    if model.packed_embedding is not None and model.lm_head is not None:
+        total += model.packed_embedding.nbytes
     model.has_packed = total > 0
     from kiln.model.fused_decode import FusedDecoder, decode_weights
 
@@ -168,13 +191,19 @@ def release_float32(model: CausalLM) -> int:
                 freed += w.numel() * w.element_size()
                 lin.weight = nn.Parameter(torch.empty(w.shape, dtype=w.dtype, device="meta"),
                                           requires_grad=False)
+    emb, packed_emb = model.model.embed_tokens, model.packed_embedding
+    if packed_emb is not None and not isinstance(emb, PackedEmbedding) \
+            and tuple(emb.weight.shape) == (packed_emb.out_features, packed_emb.in_features):
+        if not emb.weight.is_meta:
+            freed += emb.weight.numel() * emb.weight.element_size()
+        model.model.embed_tokens = PackedEmbedding(packed_emb)
     return freed
 
 
-def _materialize(model: CausalLM) -> list[tuple[nn.Linear, torch.Tensor]]:
-    """Float32 weights again for released projections (dequantized from their blocks: gguf-py's
-    values); returns the placeholders to put back."""
-    saved: list[tuple[nn.Linear, torch.Tensor]] = []
+def _materialize(model: CausalLM) -> list[tuple[nn.Module, torch.Tensor]]:
+    """Float32 weights again for released projections and embedding (dequantized from their
+    blocks: gguf-py's values); returns the placeholders to put back."""
+    saved: list[tuple[nn.Module, torch.Tensor]] = []
     for packed, linears in _projection_groups(model):
         if packed is None or not linears[0].weight.is_meta:
             continue
@@ -182,6 +211,10 @@ def _materialize(model: CausalLM) -> list[tuple[nn.Linear, torch.Tensor]]:
         for lin, part in zip(linears, packed.dequantize().split(rows), strict=True):
             saved.append((lin, lin.weight))
             lin.weight = nn.Parameter(part.contiguous(), requires_grad=False)
+    emb = model.model.embed_tokens
+    if isinstance(emb, PackedEmbedding) and emb.weight.is_meta:
+        saved.append((emb, emb.weight))
+        emb.weight = nn.Parameter(emb.packed.dequantize(), requires_grad=False)
     return saved
 
 
@@ -196,8 +229,8 @@ def packed_disabled(model: CausalLM) -> Iterator[None]:
         yield
     finally:
         model.has_packed, model.fused = saved
-        for lin, placeholder in placeholders:
-            lin.weight = nn.Parameter(placeholder, requires_grad=False)
+        for module, placeholder in placeholders:
+            module.weight = nn.Parameter(placeholder, requires_grad=False)
 
 
 def float32_state_dict(model: CausalLM) -> dict[str, torch.Tensor]:

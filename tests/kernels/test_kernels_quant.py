@@ -10,6 +10,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
+from kiln_kernels import quant
 from kiln_kernels.quant import (
     GGML_BLOCK_BYTES,
     PackedWeight,
@@ -120,3 +121,25 @@ def test_kernels_share_torchs_openmp_runtime() -> None:
     maps = Path("/proc/self/maps").read_text().splitlines()
     runtimes = {line.split()[-1] for line in maps if "libgomp" in line or "libiomp" in line}
     assert len(runtimes) <= 1, runtimes
+
+
+@pytest.mark.parametrize("ggml_type", sorted(GGML_BLOCK_BYTES))
+def test_rows_dequantize_alone_as_in_the_whole(ggml_type: str,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """An embedding lookup on the blocks: rows ``ids`` (any shape, repeats, every row of a
+    tile) are :meth:`dequantize`'s rows bit for bit, from C and from the torch reference; an id
+    outside the rows is refused."""
+    pw = pack_ggml(random_blocks(ggml_type, 24, 96, seed=5), ggml_type)
+    whole = pw.dequantize()
+    ids = torch.tensor([[0, 1, 2, 3], [23, 5, 5, 12]])
+    assert torch.equal(pw.dequantize_rows(ids), whole[ids])
+    with pytest.raises(IndexError):
+        pw.dequantize_rows(torch.tensor([3, 24]))
+    with pytest.raises(IndexError):
+        pw.dequantize_rows(torch.tensor([-1]))
+
+    def unavailable(flags: tuple[str, ...]) -> None:
+        raise quant.KernelBuildError("no compiler here")
+
+    monkeypatch.setattr(quant, "_library", unavailable)
+    assert torch.equal(pw.dequantize_rows(ids), whole[ids])

@@ -72,8 +72,9 @@ def test_greedy_paris(smollm: LoadedModel) -> None:
 
 def test_weights_are_ggufs_dequantized_values(smollm: LoadedModel) -> None:
     """Every weight is gguf-py's float32 dequantization of its tensor (q/k rows in HF order), bit
-    for bit: the kept float32 parameters, and the packed blocks of the projections whose float32
-    copies the loader released (the whole step runs in C)."""
+    for bit: the kept float32 parameters, and the packed blocks of the projections and the tied
+    embedding whose float32 copies the loader released (the whole step runs in C); embedding
+    lookups, which read the blocks, give the same rows."""
     import numpy as np
 
     from kiln.model.gguf_loader import (
@@ -88,8 +89,12 @@ def test_weights_are_ggufs_dequantized_values(smollm: LoadedModel) -> None:
 
     model = smollm.model
     released = [n for n, p in model.named_parameters() if p.is_meta]
-    assert len(released) == 7 * smollm.config.num_layers  # q k v o gate up down
+    # q k v o gate up down, and the token embedding (the tied head): lookups read its blocks
+    assert len(released) == 7 * smollm.config.num_layers + 1
+    assert "model.embed_tokens.weight" in released
     reader = FastGGUFReader(str(default_model_path()))
+    ids = torch.tensor([[0, 1, 2, 3], [4, 17, 12345, smollm.config.vocab_size - 1]])
+    looked_up = model.model.embed_tokens(ids)
     with packed_disabled(model):  # released weights dequantized from their blocks
         params = dict(model.named_parameters())
         assert not any(p.is_meta for p in params.values())
@@ -99,6 +104,8 @@ def test_weights_are_ggufs_dequantized_values(smollm: LoadedModel) -> None:
             want = torch.from_numpy(np.ascontiguousarray(
                 arr if heads is None else unpermute_qk(arr, heads)))
             assert torch.equal(params[hf_name(t.name)].detach(), want), t.name
+            if hf_name(t.name) == "model.embed_tokens.weight":
+                assert torch.equal(looked_up, want[ids])
     assert [n for n, p in model.named_parameters() if p.is_meta] == released
 
 
