@@ -186,9 +186,11 @@ def _gguf_name(hf: str) -> str:
     return f"blk.{layer}.{_GGUF_BLOCK['.'.join(mid)]}.{kind}"
 
 
-def write_tiny_gguf(path: Path, cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> Path:
+def write_tiny_gguf(path: Path, cfg: ModelConfig, tensors: dict[str, torch.Tensor],
+                    q8: bool = False) -> Path:
     """Write ``tensors`` (HF names, fp32) as an F32 GGUF the way llama.cpp's converter does:
-    llama q/k rows permuted for GGML RoPE, tokenizer and chat template in the metadata."""
+    llama q/k rows permuted for GGML RoPE, tokenizer and chat template in the metadata.
+    ``q8``: every matrix (projections, embedding, head) as Q8_0 blocks instead."""
     import gguf
 
     tok = tiny_tokenizer()
@@ -222,7 +224,11 @@ def write_tiny_gguf(path: Path, cfg: ModelConfig, tensors: dict[str, torch.Tenso
             heads = cfg.num_heads if "q_proj" in name else cfg.num_kv_heads
             out, inp = arr.shape
             arr = arr.reshape(heads, 2, out // heads // 2, inp).swapaxes(1, 2).reshape(out, inp)
-        w.add_tensor(_gguf_name(name), arr)
+        if q8 and arr.ndim == 2:
+            qtype = gguf.GGMLQuantizationType.Q8_0
+            w.add_tensor(_gguf_name(name), gguf.quants.quantize(arr, qtype), raw_dtype=qtype)
+        else:
+            w.add_tensor(_gguf_name(name), arr)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

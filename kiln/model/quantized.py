@@ -153,14 +153,16 @@ def attach_packed(model: CausalLM, packed: dict[str, PackedWeight]) -> int:
     model.packed_head = packed.get(head_name)
     if model.packed_head is not None:
         total += model.packed_head.nbytes
-    model.packed_embedding = packed.get("model.embed_tokens.weight")  # the head, when tied
-    if model.packed_embedding is not None and model.lm_head is not None:
-        total += model.packed_embedding.nbytes
     model.has_packed = total > 0
     from kiln.model.fused_decode import FusedDecoder, decode_weights
 
     weights = decode_weights(model)
     model.fused = None if weights is None else FusedDecoder(weights)
+    # The embedding's blocks, for release_float32 (kept only where it runs: the head's, if tied)
+    embedding = packed.get("model.embed_tokens.weight")
+    model.packed_embedding = None if model.fused is None else embedding
+    if model.packed_embedding is not None and model.lm_head is not None:
+        total += model.packed_embedding.nbytes
     return total
 
 

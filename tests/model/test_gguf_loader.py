@@ -35,6 +35,32 @@ def test_gguf_round_trip(tmp_path: Path, arch: str, tie: bool) -> None:
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("tie", [True, False])
+def test_quantized_gguf_reads_its_embedding_from_the_blocks(tmp_path: Path, tie: bool) -> None:
+    """A Q8_0 GGUF, tied or not, runs every step in C and keeps its token embedding as blocks
+    only (like the projections): lookups give the dequantized rows, and the C step's logits
+    match the torch path on the float32 weights."""
+    from kiln.model.quantized import PackedEmbedding, float32_state_dict, packed_disabled
+
+    cfg = tiny_config("llama", tie=tie)
+    path = write_tiny_gguf(tmp_path / "q8.gguf", cfg, random_tensors(cfg, seed=7), q8=True)
+    lm = load_model(str(path))
+    if lm.model.fused is None:
+        pytest.skip("no C compiler: nothing is released")
+    emb = lm.model.model.embed_tokens
+    assert isinstance(emb, PackedEmbedding) and emb.weight.is_meta
+    table = float32_state_dict(lm.model)["model.embed_tokens.weight"]
+    ids = torch.tensor([0, 3, 4, 511, 200])
+    assert torch.equal(emb(ids), table[ids])
+    batch = build_forward_batch([([1, 40, 41, 300, 7, 9, 2, 100], 0, [0, 1])], 4, logits="all")
+    got = lm.model(batch, KVCache(cfg, 4, 4, torch.float32, torch.device("cpu"),
+                                  heads_major=True))
+    with packed_disabled(lm.model):
+        want = lm.model(batch, KVCache(cfg, 4, 4, torch.float32, torch.device("cpu")))
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    assert emb.weight.is_meta  # released again after packed_disabled
+
+
 def test_gguf_tokenizer_and_template(tmp_path: Path) -> None:
     cfg = tiny_config("qwen3")
     lm = load_model(str(write_tiny_gguf(tmp_path / "m.gguf", cfg, random_tensors(cfg))))
