@@ -31,7 +31,7 @@ import torch
 
 from bench._transformers_ref import build_reference, hf_generate, hf_prefill
 from kiln.model.batch import build_forward_batch
-from kiln.model.kv_cache import KVCache
+from kiln.model.kv_cache import kv_cache_for
 from kiln.model.loader import LoadedModel, load_model
 
 RESULTS = Path(__file__).parent / "results" / "model.json"
@@ -94,8 +94,8 @@ class OurGreedy:
     def __init__(self, loaded: LoadedModel, max_tokens: int) -> None:
         self.model = loaded.model
         n_blocks = -(-max_tokens // BLOCK) + 1
-        self.kv = KVCache(loaded.config, n_blocks, BLOCK, loaded.dtype, loaded.device,
-                          heads_major=loaded.model.fused is not None)  # as served
+        self.kv = kv_cache_for(loaded.model, n_blocks, BLOCK, loaded.dtype,
+                               loaded.device)  # as served
         self.table = list(range(n_blocks))
         self.device = loaded.device
 

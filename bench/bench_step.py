@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from kiln.model.batch import build_forward_batch
-from kiln.model.kv_cache import KVCache
+from kiln.model.kv_cache import kv_cache_for
 from kiln.model.loader import LoadedModel, load_model
 
 RESULTS = Path(__file__).parent / "results" / "step.json"
@@ -41,8 +41,8 @@ class Bench:
     def __init__(self, loaded: LoadedModel, repeats: int, kv_dtype: torch.dtype) -> None:
         self.m, self.repeats = loaded, repeats
         n_long = LONG // BLOCK + 4
-        self.kv = KVCache(loaded.config, n_long + 8 * PER_SEQ_BLOCKS, BLOCK, kv_dtype,
-                          loaded.device, heads_major=loaded.model.fused is not None)  # as served
+        self.kv = kv_cache_for(loaded.model, n_long + 8 * PER_SEQ_BLOCKS, BLOCK, kv_dtype,
+                               loaded.device)  # as served
         self.long_table = list(range(n_long))
         self.tables = [list(range(n_long + i * PER_SEQ_BLOCKS, n_long + (i + 1) * PER_SEQ_BLOCKS))
                        for i in range(8)]

@@ -10,7 +10,7 @@ from kiln.engine.sampler import Sampler
 from kiln.model.base import CausalLM
 from kiln.model.batch import build_forward_batch
 from kiln.model.config import ModelConfig
-from kiln.model.kv_cache import KVCache
+from kiln.model.kv_cache import KVCache, kv_cache_for
 from kiln.model.lora import LoraAdapter
 from kiln.model.lora_slots import AdapterSlots, LoraBatch
 
@@ -46,9 +46,7 @@ class ModelRunner:
         self.device = device
         cache_dtype = kv_dtype(config, dtype, device)
         self.num_blocks = kv_num_blocks(cfg, config, cache_dtype)
-        # head-major blocks where the C step runs the model (kiln.model.kv_cache)
-        self.kv = KVCache(cfg, self.num_blocks, config.block_size, cache_dtype, device,
-                          heads_major=device.type == "cpu" and model.fused is not None)
+        self.kv = kv_cache_for(model, self.num_blocks, config.block_size, cache_dtype, device)
         self.sampler = Sampler(device)
         self._lora_slots: AdapterSlots | None = None  # created on the first LoRA step
 

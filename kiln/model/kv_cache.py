@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from kiln.model.config import ModelConfig
+
+if TYPE_CHECKING:
+    from kiln.model.base import CausalLM
 
 
 class KVCache:
@@ -46,3 +51,11 @@ class KVCache:
         """Bytes one block takes across all layers, K and V together."""
         elem = torch.empty((), dtype=dtype).element_size()
         return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * elem
+
+
+def kv_cache_for(model: CausalLM, num_blocks: int, block_size: int, dtype: torch.dtype,
+                 device: torch.device) -> KVCache:
+    """The cache ``model`` is served with: head-major blocks where its C step runs (the CPU,
+    every weight packed), contiguous ones for the torch path and CUDA."""
+    return KVCache(model.config, num_blocks, block_size, dtype, device,
+                   heads_major=device.type == "cpu" and model.fused is not None)
