@@ -26,8 +26,7 @@ from pathlib import Path
 
 HERE = Path(__file__).parent
 SOURCES = (HERE / "gemm.c", HERE / "decode.c", HERE / "attention.c", HERE / "vmath.c",
-           HERE / "counter.c", HERE / "sample.c",
-           HERE / "top_p.c")
+           HERE / "counter.c", HERE / "sample.c", HERE / "top_p.c")
 HEADERS = (HERE / "quant.h", HERE / "decode.h", HERE / "vmath.h", HERE / "counter.h",
            HERE / "sample.h")
 NATIVE_FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-shared",

@@ -75,17 +75,15 @@ def _scratch_for(lib: ctypes.CDLL, vocab: int, threads: int) -> torch.Tensor:
     return buf
 
 
-def sample_native(logits: torch.Tensor, p: SamplingTensors | None, seen: SeenTokens, *,
-                  columns: dict[str, torch.Tensor] | None = None,
+def sample_native(logits: torch.Tensor, p: SamplingTensors, seen: SeenTokens, *,
                   flags: tuple[str, ...] = NATIVE_FLAGS,
                   ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """-> (token ids int64 [B], logprobs float32 [B]) like ``sample_reference``, or None where
     the C library is not available. ``logits``: float32 [B, V] on the CPU. The parameters come
-    from ``p`` (its dense counts unused) or ``columns`` (the same names, [B] each). ``flags``
-    pick the library build (tests: the portable one, without AVX-512)."""
-    cols = columns if columns is not None else _columns(p)
-    floats = list(zip(*(cols[n].float().tolist() for n in FLOAT_COLUMNS), strict=True))
-    ints = list(zip(*(cols[n].tolist() for n in INT_COLUMNS), strict=True))
+    from ``p`` (its dense counts unused). ``flags`` pick the library build (tests: the portable
+    one, without AVX-512)."""
+    floats = list(zip(*(getattr(p, n).float().tolist() for n in FLOAT_COLUMNS), strict=True))
+    ints = list(zip(*(getattr(p, n).tolist() for n in INT_COLUMNS), strict=True))
     out = _sample(logits, floats, ints, seen.offsets.tolist(), seen.ids.tolist(),
                   seen.counts.tolist(), flags)
     if out is None:
@@ -161,15 +159,6 @@ def _sample(logits: torch.Tensor, floats: Sequence[tuple[float, ...]],
                    **{k: ctypes.addressof(a) for k, a in arrays.items()})
     lib.kiln_sample(ctypes.byref(batch), threads)
     return [int(t) for t in tokens], [float(x) for x in logprobs]
-
-
-def _columns(p: SamplingTensors | None) -> dict[str, torch.Tensor]:
-    if p is None:
-        raise ValueError("sample_native needs SamplingTensors or columns")
-    return {"temperature": p.temperature, "top_p": p.top_p, "min_p": p.min_p,
-            "repetition_penalty": p.repetition_penalty, "frequency_penalty": p.frequency_penalty,
-            "presence_penalty": p.presence_penalty, "top_k": p.top_k, "seeds": p.seeds,
-            "steps": p.steps}
 
 
 __all__ = ["FLOAT_COLUMNS", "INT_COLUMNS", "SeenTokens", "native_available", "sample_native",
