@@ -25,7 +25,6 @@ import json
 import platform
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,7 @@ import torch
 from kiln_kernels.quant import PackedWeight
 from kiln_kernels.quant.build import compiler
 
+from bench.bench_quant import best_of
 from kiln.model.loader import load_model
 
 RESULTS = Path(__file__).parent / "results" / "gemm_ceiling.json"
@@ -60,17 +60,16 @@ def core_ceilings(repeats: int) -> dict[str, float]:
 
 
 def kernel_rate(weights: list[PackedWeight], m: int, repeats: int, calls: int) -> float:
-    """FMAs per ns per thread of ``calls`` passes over ``weights`` with M rows (best of repeats)."""
+    """FMAs per ns per thread of ``calls`` passes over ``weights`` with M rows (best_of)."""
     xs = {w.in_features: torch.randn(m, w.in_features) for w in weights}
     fmas = calls * sum(m * w.out_features * w.in_features / 16 for w in weights)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
+
+    def run() -> None:
         for _ in range(calls):
             for w in weights:
                 w.matmul(xs[w.in_features])
-        best = min(best, time.perf_counter() - start)
-    return fmas / best / 1e9 / torch.get_num_threads()
+
+    return fmas / best_of(run, repeats) / 1e9 / torch.get_num_threads()
 
 
 def main() -> None:
