@@ -60,6 +60,36 @@ class RequestIdMiddleware:
         await self.app(scope, receive, send_with_id)
 
 
+class InternalErrorMiddleware:
+    """An unexpected exception becomes the 500 envelope here, inside the request-id and metrics
+    middleware, so the reply carries X-Request-Id and the connection stays usable (Starlette's
+    own last-resort handler sits outside every middleware and re-raises to the server)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def send_tracked(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_tracked)
+        except Exception:
+            log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
+            if started:  # part of a response is out: nothing well-formed can follow
+                raise
+            err = _error_response(ApiError(500, "internal_error", "internal server error"))
+            await err(scope, receive, send)
+
+
 class MetricsMiddleware:
     """Counts requests by route template, method and status, and times them."""
 
@@ -127,11 +157,6 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return _error_response(err)
 
 
-async def _internal_error(request: Request, exc: Exception) -> Response:
-    log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-    return _error_response(ApiError(500, "internal_error", "internal server error"))
-
-
 def _routes(state: AppState) -> list[Route]:
     routes = []
     for route in ROUTES:
@@ -160,11 +185,11 @@ def build_app(config: ServerConfig, backend: Backend) -> Starlette:
         exception_handlers={
             ApiError: _api_error,
             HTTPException: _http_error,
-            Exception: _internal_error,
         },
         lifespan=lifespan,
     )
     app.state.kiln = state
+    app.add_middleware(InternalErrorMiddleware)  # innermost of ours: a 500 passes the rest
     if config.api_keys:
         app.add_middleware(
             ApiKeyMiddleware, keys=config.api_keys, protect_metrics=config.metrics_require_auth

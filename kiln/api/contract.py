@@ -26,6 +26,9 @@ SIBLING_FILES = ("thinking-budget-v1.schema.json",)
 
 T = TypeVar("T")
 
+MAX_MESSAGE_CHARS = 400  # a violation's message quotes the instance; a huge one is cut in the middle
+TOO_DEEP = "request body nests JSON too deeply"
+
 # (definition, allOf index) -> (message, param). Keep in step with the contract's allOf rules.
 RULE_MESSAGES: dict[tuple[str, int], tuple[str, str | None]] = {
     ("BatchCompletionRequest", 0): (
@@ -82,6 +85,21 @@ class Contract:
         defs: dict[str, Any] = self.main["$defs"]
         return defs
 
+    def integer_const_fields(self, definition: str) -> tuple[str, ...]:
+        """Top-level fields whose schema (or one of its oneOf/anyOf branches) is an integer
+        `const`: JSON Schema lets `1.0` equal `const: 1`, but the struct's `Literal[1]` does not."""
+
+        def integral(node: Any) -> bool:
+            if not isinstance(node, dict):
+                return False
+            const = node.get("const")
+            if isinstance(const, int) and not isinstance(const, bool):
+                return True
+            return any(integral(b) for key in ("oneOf", "anyOf") for b in node.get(key, []))
+
+        props = self.definitions[definition].get("properties", {})
+        return tuple(name for name, node in props.items() if integral(node))
+
     def validator(self, definition: str) -> Any:
         found = self._validators.get(definition)
         if found is None:
@@ -104,33 +122,51 @@ class Contract:
         instance_path = list(error.instance_path)
         if len(schema_path) >= 4 and schema_path[0] == "$defs" and schema_path[2] == "allOf":
             rule = (str(schema_path[1]), int(schema_path[3]))
-            message, param = RULE_MESSAGES.get(rule, (error.message, None))
+            message, param = RULE_MESSAGES.get(rule, (_shorten(error.message), None))
             return Violation(message, param or _param(instance_path), rule)
         param = _param(instance_path)
         prefix = f"{param}: " if param else ""
-        return Violation(prefix + error.message, param, None)
+        return Violation(prefix + _shorten(error.message), param, None)
 
     def decode(self, body: bytes) -> Any:
         try:
             return self._decoder.decode(body)
         except msgspec.DecodeError as exc:
             raise ApiError(400, "invalid_json", f"request body is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise ApiError(400, "invalid_json", TOO_DEEP) from None
 
     def parse(self, definition: str, body: bytes, target: type[T], error_code: str) -> T:
         """Decode, validate against the contract, and convert into the generated struct."""
         data = self.decode(body)
         if not isinstance(data, dict):
             raise ApiError(400, error_code, "request body must be a JSON object")
-        violation = self.first_violation(definition, data)
+        try:
+            violation = self.first_violation(definition, data)
+        except ValueError as exc:  # jsonschema_rs stops descending at its recursion limit
+            if "recursion limit" not in str(exc).lower():
+                raise
+            raise ApiError(400, error_code, TOO_DEEP) from None
         if violation is not None:
             code = error_code
             if violation.param is not None and violation.param.startswith("adapters"):
                 code = "invalid_compose_request"  # Kiln's code for a bad composition
             raise ApiError(400, code, violation.message, param=violation.param)
+        for name in self.integer_const_fields(definition):
+            value = data.get(name)
+            if isinstance(value, float) and value.is_integer():
+                data[name] = int(value)
         try:
             return msgspec.convert(data, target, strict=False)
         except msgspec.ValidationError as exc:  # the contract accepted it; struct must agree
             raise ApiError(400, error_code, str(exc)) from None
+
+
+def _shorten(message: str) -> str:
+    if len(message) <= MAX_MESSAGE_CHARS:
+        return message
+    half = MAX_MESSAGE_CHARS // 2
+    return f"{message[:half]} ... ({len(message) - 2 * half} characters left out) ... {message[-half:]}"
 
 
 _CONTRACT: Contract | None = None

@@ -102,3 +102,36 @@ def test_model_field(client: TestClient, model: str | None, status: int) -> None
         assert_envelope(r, 404, "model_not_found")
     else:
         assert r.json()["model"] == "fake-model"
+
+
+@pytest.mark.parametrize(
+    ("field", "depth"), [("x", 1000), ("x", 30_000), ("messages", 300), ("messages", 1000)]
+)
+def test_deeply_nested_json_is_400(client: TestClient, field: str, depth: int) -> None:
+    """Past the decoder's or the validator's recursion limit: a 400, never a 500."""
+    nested = "[" * depth + "]" * depth
+    body = '{"messages":[{"role":"user","content":"hi"}],"x":' + nested + "}"
+    if field == "messages":
+        body = '{"messages":' + nested + "}"
+    r = client.post(CHAT, content=body.encode(), headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] in {"invalid_json", "chat_invalid_request"}
+    assert r.headers["x-request-id"]
+
+
+def test_violation_message_does_not_copy_a_huge_instance(client: TestClient) -> None:
+    r = client.post(CHAT, json={**MSG, "adapters": [{"name": "a" * 100, "scale": 1}] * 300})
+    err = assert_envelope(r, 400, "invalid_compose_request")
+    assert len(err["message"]) < 600
+    assert err["message"].endswith("keyword")  # the tail that says what is wrong is kept
+
+
+def test_unexpected_exception_is_500_envelope_with_request_id(client: TestClient, backend) -> None:  # type: ignore[no-untyped-def]
+    def boom() -> str:
+        raise RuntimeError("bug")
+
+    backend.health = boom
+    r = client.get("/health", headers={"x-request-id": "rid-500"})
+    assert_envelope(r, 500, "internal_error")
+    assert r.headers["x-request-id"] == "rid-500"
+    assert client.get("/v1/models").status_code == 200  # the client still works afterwards

@@ -98,6 +98,10 @@ SEMANTIC_CASES = [
     ("/v1/completions", {"prompt": "a" * 300, "prompt_logprobs": 255}, 400,
      "completion_invalid_request"),
     ("/v1/completions", {"prompt": "a" * 200, "prompt_logprobs": 255}, 200, None),
+    # integral floats equal integer consts in JSON Schema (n: oneOf [null, const 1])
+    ("/v1/completions", {"prompt": "ab", "prompt_logprobs": 1, "n": 1.0}, 200, None),
+    ("/v1/completions", {"prompt": "ab", "prompt_logprobs": 1, "n": 1.5}, 400,
+     "completion_invalid_request"),
     # rollout provenance and tools
     (
         "/v1/chat/completions",
