@@ -202,8 +202,8 @@ class AsyncEngine:
         for call in exclusive:  # between steps: nothing else touches the model meanwhile
             if shutting_down:
                 call.fail(EngineError("engine_not_running", "The engine shut down."))
-            else:
-                call.run()
+            else:  # it may borrow or return blocks: the gauges follow before its caller wakes
+                call.run(after=self._refresh_stats)
 
     def _guarded_step(self) -> None:
         try:
@@ -230,6 +230,15 @@ class AsyncEngine:
             return self.scheduler.fail_step(so, f"model execution failed: {e!r}")
         return self.scheduler.update_from_output(so, ro)
 
+    def _refresh_stats(self) -> None:
+        with self._cv:
+            self._refresh_stats_locked()
+
+    def _refresh_stats_locked(self) -> None:
+        self._stats = self.scheduler.stats()
+        self._stats["steps"] = float(self.num_steps)
+        self._stats["failed_steps"] = float(self.num_failed_steps)
+
     def _publish(self, outputs: list[RequestOutput]) -> None:
         batches: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[RequestOutput],
                                                             RequestOutput]]] = {}
@@ -239,9 +248,7 @@ class AsyncEngine:
                         else self._sinks.get(out.request_id))
                 if sink is not None:
                     batches.setdefault(sink[0], []).append((sink[1], out))
-            self._stats = self.scheduler.stats()
-            self._stats["steps"] = float(self.num_steps)
-            self._stats["failed_steps"] = float(self.num_failed_steps)
+            self._refresh_stats_locked()
         for loop, items in batches.items():
             try:
                 loop.call_soon_threadsafe(_deliver, items)
@@ -263,14 +270,19 @@ class _Exclusive(Generic[_T]):
         if fut.cancelled():
             self.cancelled = True
 
-    def run(self) -> None:
+    def run(self, after: Callable[[], None] | None = None) -> None:
+        """Call ``fn`` (unless cancelled), then ``after``, then settle the caller's future."""
         if self.cancelled:
             return
         try:
             result = self.fn()
         except Exception as e:  # handed to the awaiting caller, never kills the engine
+            if after is not None:
+                after()
             self.fail(e)
             return
+        if after is not None:
+            after()
         self._settle(lambda fut: fut.set_result(result))
 
     def fail(self, exc: BaseException) -> None:

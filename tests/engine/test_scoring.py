@@ -316,3 +316,21 @@ def test_scoring_between_steps_leaves_generation_untouched(tiny_llama: LoadedMod
     assert scored is not None
     check_against_dense(tiny_llama.model, ids, 4, scored)
 
+
+
+def test_run_exclusive_block_changes_show_in_stats_when_it_returns(
+        fake_engine: AsyncEngine) -> None:
+    """A scoring job borrows and returns blocks inside exclusive calls, with no engine step
+    after them: the gauges must not wait for the next step (they had shown a cancelled job's
+    blocks as used until other traffic came)."""
+    pool = fake_engine.scheduler.pool
+    held: list[int] = []
+
+    async def main() -> None:
+        assert fake_engine.stats()["kv_blocks_used"] == 0
+        await fake_engine.run_exclusive(lambda: held.extend(pool.allocate(5)))
+        assert fake_engine.stats()["kv_blocks_used"] == 5
+        await fake_engine.run_exclusive(lambda: pool.free(held))
+        assert fake_engine.stats()["kv_blocks_used"] == 0
+
+    asyncio.run(main())
