@@ -5,7 +5,7 @@
  *      reference's order, so a penalized logit has the reference's bits);
  *   2. greedy rows (temperature < 1e-5 or top_k == 1): argmax, ties to the lowest id;
  *   3. x / temperature, then one threshold folding top-k (a bounded heap, or quickselect), min-p
- *      (max x + log(min_p), log from the caller) and top-p over the kept tokens (sorted when few,
+ *      (max x + log(min(min_p, 1)), log from the caller) and top-p over the kept tokens (sorted when few,
  *      else located by a histogram of their probability mass);
  *   4. Gumbel-max over the kept tokens with the counter hash of (seed, step, token id) (counter.c),
  *      ties to the lowest id; logprob = x[token] - logsumexp(kept x).

@@ -36,7 +36,7 @@ def sample_topk_rows(xs: torch.Tensor, p: SamplingTensors
     mp = p.min_p
     mp_on = torch.isfinite(mp) & (mp > 0)
     if bool(mp_on.any()):
-        floor = vals[:, 0] + torch.log(torch.where(mp_on, mp, torch.ones_like(mp)))
+        floor = vals[:, 0] + torch.log(torch.where(mp_on, mp.clamp(max=1.0), torch.ones_like(mp)))
         keep &= ~mp_on[:, None] | (vals >= floor[:, None])
     tp = p.top_p
     tp_on = (tp > 0) & (tp < 1)

@@ -140,7 +140,7 @@ def _sample(logits: torch.Tensor, floats: Sequence[tuple[float, ...]],
     log_min_p = f32(*([-math.inf] * b))
     active = [i for i in range(b) if math.isfinite(min_p[i]) and min_p[i] > 0]
     if active:  # torch's float32 log, as the reference takes it
-        logs = torch.log(torch.tensor([min_p[i] for i in active], dtype=torch.float32))
+        logs = torch.log(torch.tensor([min(min_p[i], 1.0) for i in active], dtype=torch.float32))
         for i, value in zip(active, logs.tolist(), strict=True):
             log_min_p[i] = value
     top_k, seeds, steps = (i64(*col) for col in zip(*ints, strict=True))

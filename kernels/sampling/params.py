@@ -23,7 +23,8 @@ class SamplingTensors:
     """Per-row sampling parameters for a batch of B rows over a vocabulary of V tokens.
 
     temperature < 1e-5 means greedy; top_k <= 0 (or >= V) is off; top_p <= 0 or >= 1 is off;
-    min_p <= 0 is off; repetition_penalty 1.0 is off. Seeds are uint64 bit patterns stored in int64.
+    min_p <= 0 is off (above 1 it acts as 1); repetition_penalty 1.0 is off. Seeds are uint64
+    bit patterns stored in int64.
     """
 
     temperature: torch.Tensor  # float32 [B]

@@ -11,7 +11,9 @@ Order of operations (kiln-behavior.md §5.3, with DESIGN §6 "penalties before g
    keeps the tokens whose scaled logit is >= a per-row threshold, so they fold into one threshold
    (``filter_threshold``); tokens tied with the threshold are all kept:
      top-k: the k-th largest x (off when k <= 0 or k >= V);
-     min-p: max(x) + log(min_p), i.e. p >= min_p * p_max (off when min_p <= 0 or not finite);
+     min-p: max(x) + log(min(min_p, 1)), i.e. p >= min_p * p_max (off when min_p <= 0 or not
+            finite; above 1 it keeps what 1 keeps, the top token and its ties, as no filter
+            may leave a row without a token);
      top-p: over the tokens still kept, sorted by descending probability, the x of the first
             token at which the cumulative probability reaches top_p (off when top_p <= 0 or >= 1).
 4. Gumbel-max: token = argmax over kept tokens of x + g, g = -log(-log(u)),
@@ -108,7 +110,7 @@ def filter_threshold(x: torch.Tensor, p: SamplingTensors) -> torch.Tensor:
         thr = torch.where(k_on, kth, thr)
     if bool(mp_on.any()):
         m = x.max(dim=1).values
-        safe = torch.where(mp_on, mp, torch.ones_like(mp))
+        safe = torch.where(mp_on, mp.clamp(max=1.0), torch.ones_like(mp))
         thr = torch.where(mp_on, torch.maximum(thr, m + torch.log(safe)), thr)
     if bool(tp_on.any()):
         rows = torch.nonzero(tp_on).squeeze(1)

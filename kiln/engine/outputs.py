@@ -60,9 +60,11 @@ class SampledToken:
 
 @dataclass(frozen=True)
 class ModelRunnerOutput:
-    """Sampled token + behaviour logprob for every sequence of the step that reached sampling."""
+    """Sampled token + behaviour logprob for every sequence of the step that reached sampling,
+    or, for a sequence whose logits were not finite, why it could not sample."""
 
     sampled: dict[str, SampledToken]
+    errors: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

@@ -102,6 +102,15 @@ class Sampler:
 def _parameters(seqs: Sequence[ScheduledSeq]
                 ) -> tuple[list[tuple[float, ...]], list[tuple[int, int, int]]]:
     """Per row, the FLOAT_COLUMNS and the INT_COLUMNS values (seeds as int64 bits)."""
-    return ([(p.temperature, p.top_p, p.min_p, p.presence_penalty, p.frequency_penalty,
+    return ([(p.temperature, _top_p(p.top_p), p.min_p, p.presence_penalty, p.frequency_penalty,
               p.repetition_penalty) for p in (s.sampling for s in seqs)],
             [(s.sampling.top_k, to_int64_bits(s.seed), s.step) for s in seqs])
+
+
+# The smallest top_p the float32 kernels are given: a positive top_p below it (1e-300 rounds to
+# 0.0 in float32, which means "off") keeps the top token, as any top_p under p_max >= 1/V does.
+MIN_TOP_P = 1e-30
+
+
+def _top_p(top_p: float) -> float:
+    return MIN_TOP_P if 0.0 < top_p < MIN_TOP_P else top_p

@@ -270,7 +270,8 @@ class Scheduler:
                 continue
             tok = ro.sampled.get(seq.request_id)
             if tok is None:
-                outputs.append(self._finish(st, "error", error="the runner sampled no token"))
+                why = ro.errors.get(seq.request_id, "the runner sampled no token")
+                outputs.append(self._finish(st, "error", error=why))
                 continue
             if st.metrics.prefill_end_time is None:
                 st.metrics.prefill_end_time = now

@@ -185,3 +185,44 @@ def test_the_kv_layout_follows_the_path_that_reads_it(tiny_llama: LoadedModel,
         pytest.skip("no C compiler: the default model runs on the torch path")
     _, c_runner = build_core(smollm, config)
     assert c_runner.kv.heads_major and c_runner.kv.k[0].permute(0, 2, 1, 3).is_contiguous()
+
+
+def test_non_finite_logits_end_that_request_in_an_error(tiny_llama: LoadedModel,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A row whose logits overflowed gets finish_reason "error" with the reason, never a
+    made-up token; the other rows of the step sample as usual."""
+    sched, runner = build_core(tiny_llama, EngineConfig(block_size=4, num_blocks=256))
+    forward = runner.model.forward
+    long_prompt = len(prompt(tiny_llama, TEXT))
+    short = "Hi"
+    assert len(prompt(tiny_llama, short)) + GREEDY.max_tokens < long_prompt
+
+    def poisoning(batch, kv):  # type: ignore[no-untyped-def]
+        logits = forward(batch, kv).clone()
+        at = batch.positions[batch.logits_indices]
+        for row in range(logits.shape[0]):  # only the long prompt's rows go bad
+            if int(at[row]) >= long_prompt - 1:
+                logits[row, 3] = float("inf") if row % 2 else float("nan")
+        return logits
+
+    base = token_ids(gen(tiny_llama, [req(tiny_llama, "b", short)])["b"])
+    monkeypatch.setattr(runner.model, "forward", poisoning)  # the shared model: put back after
+    outs = drive(sched, runner, [req(tiny_llama, "x", TEXT), req(tiny_llama, "b", short),
+                                 req(tiny_llama, "y", TEXT)])
+    for rid in ("x", "y"):
+        assert outs[rid][-1].finish_reason == "error"
+        assert "non-finite logits" in (outs[rid][-1].error or "")
+        assert token_ids(outs[rid]) == []
+    assert token_ids(outs["b"]) == base and len(base) == GREEDY.max_tokens
+    assert sched.pool.num_used_blocks == 0  # the failed requests gave their blocks back
+
+
+@pytest.mark.parametrize("filters", [{"top_p": 1e-300}, {"min_p": 1.5}, {"top_p": 1e-10}])
+def test_filters_that_keep_only_the_top_token_decode_greedily(tiny_llama: LoadedModel,
+                                                              filters: dict[str, float]) -> None:
+    """top_p 1e-300 rounds to 0.0 ("off") in float32 unless the engine holds it above 0; min_p
+    above 1 would otherwise keep nothing."""
+    sp = SamplingParams(temperature=1.0, seed=3, max_tokens=12, ignore_eos=True,
+                        **filters)  # type: ignore[arg-type]
+    greedy = token_ids(gen(tiny_llama, [req(tiny_llama, "g", TEXT)])["g"])
+    assert token_ids(gen(tiny_llama, [req(tiny_llama, "s", TEXT, sp)])["s"]) == greedy

@@ -210,3 +210,19 @@ def test_sample_rows_matches_the_reference(seed: int) -> None:
     assert got is not None
     assert got[0] == want_t.tolist()
     torch.testing.assert_close(torch.tensor(got[1]), want_lp, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("top_k", [0, 40])  # the dense threshold and the top-k fast path
+def test_min_p_above_one_keeps_the_top_token(top_k: int) -> None:
+    """No filter may leave a row without a token: min_p above 1 keeps what 1 keeps (the top
+    token and its ties), in the reference, its top-k fast path and C alike. It had picked id 0."""
+    gen = torch.Generator().manual_seed(7)
+    v = 5000
+    logits = torch.randn(4, v, generator=gen) * 3
+    rows = [{"temperature": 0.8, "top_k": top_k, "min_p": mp, "seed": 5 + i}
+            for i, mp in enumerate([1.0, 1.01, 2.0, 1e30])]
+    p = SamplingTensors.build(rows, v)
+    tokens, logprobs = sample_reference(logits, p)
+    assert torch.equal(tokens, torch.argmax(logits, dim=1))
+    assert torch.equal(logprobs, torch.zeros(4))
+    _assert_same(logits, p)
