@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from kiln.text.stop_automaton import automaton
+
 
 class Detokenizer(Protocol):
     def push(self, token_id: int) -> str: ...
@@ -18,11 +20,17 @@ class Detokenizer(Protocol):
 
 
 class StopChecker:
-    """Wraps an incremental detokenizer; ``push`` returns (text_delta, matched stop or None)."""
+    """Wraps an incremental detokenizer; ``push`` returns (text_delta, matched stop or None).
+
+    Matching runs on a ``StopAutomaton`` whose state persists across tokens, so each token costs
+    time in its own new characters only, however many stop strings there are. Among the matches
+    that end in a token's text, the earliest start wins, then the shortest string."""
 
     def __init__(self, detok: Detokenizer, stop: Sequence[str] = ()) -> None:
         self._detok = detok
-        self._stops = tuple(s for s in stop if s)
+        stops = tuple(s for s in stop if s)
+        self._ac = automaton(stops) if stops else None
+        self._state = 0  # the automaton's state after the text so far; its depth is held back
         self._held = ""
         self.stopped = False
 
@@ -40,30 +48,27 @@ class StopChecker:
     def _scan(self, new: str, final: bool) -> tuple[str, str | None]:
         text = self._held + new
         self._held = ""
-        if not self._stops:
+        ac = self._ac
+        if ac is None:
             return text, None
+        base = len(text) - len(new)
         cut: tuple[int, str] | None = None
-        for s in self._stops:
-            i = text.find(s)
-            if i >= 0 and (cut is None or (i, len(s)) < (cut[0], len(cut[1]))):
-                cut = (i, s)
+        state = self._state
+        for j, ch in enumerate(new):
+            state = ac.step(state, ch)
+            for m in ac.matches_at(state):
+                stop = ac.patterns[m]
+                start = base + j + 1 - len(stop)
+                if cut is None or (start, len(stop)) < (cut[0], len(cut[1])):
+                    cut = (start, stop)
         if cut is not None:
             self.stopped = True
             return text[: cut[0]], cut[1]
+        self._state = state
         if final:
             return text, None
-        keep = self._holdback(text)
+        keep = ac.depth[state]  # the longest suffix that could still become a stop string
         if keep:
             self._held = text[-keep:]
             text = text[:-keep]
         return text, None
-
-    def _holdback(self, text: str) -> int:
-        """Length of the longest suffix of ``text`` that is a proper prefix of a stop string."""
-        best = 0
-        for s in self._stops:
-            for n in range(min(len(s) - 1, len(text)), best, -1):
-                if text.endswith(s[:n]):
-                    best = n
-                    break
-        return best

@@ -16,6 +16,7 @@ from typing import Any
 from msgspec import UNSET
 
 from kiln.engine.request import SamplingParams
+from kiln.text.stop_automaton import StopAutomaton
 
 DEFAULT_MAX_TOKENS = 2048
 U64 = 2**64
@@ -69,9 +70,8 @@ def normalize_stop(stop: Any) -> tuple[str, ...]:
         return ()
     if "" in items:
         return ("",)
-    unique = sorted(set(items))
-    kept = [s for s in unique if not any(o != s and o in s for o in unique)]
-    return tuple(kept)
+    ac = StopAutomaton(sorted(set(items)))  # linear in the strings' length, not quadratic in count
+    return tuple(s for i, s in enumerate(ac.patterns) if not ac.contains_another(i))
 
 
 def requested_max_tokens(max_tokens: Any, max_completion_tokens: Any) -> int | None:
