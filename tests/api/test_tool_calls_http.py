@@ -102,3 +102,38 @@ def test_prior_turn_string_arguments_are_parsed_for_the_template() -> None:
     rendered = template_messages(msgs)
     assert rendered[0]["tool_calls"][0]["function"]["arguments"] == {"x": 1}
     assert rendered[0]["content"] is None
+
+
+# A SmolLM2-style template: it concatenates content (null fails) and prints arguments as text.
+CONCAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+    "{% for c in m.get('tool_calls') or [] %}{{ '<tool_call>' + c['function']['arguments'] }}"
+    "{% endfor %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% endif %}"
+)
+CONCAT_TEMPLATE = CONCAT_TEMPLATE.replace("{{ m['content'] }}", "{{ '' + m['content'] }}")
+
+
+def test_a_returned_tool_call_turn_renders_on_a_template_that_cannot_take_null() -> None:
+    """The standard agent loop sends back the assistant message the server returned (content
+    "" plus tool_calls): null content, then decoded arguments, fail on such a template, so the
+    prompt renders with "" and the raw argument string instead of a 400."""
+    from kiln.text.chat_template import ChatTemplate
+
+    backend = FakeBackend(reply="It is sunny.")
+    backend.chat_template = ChatTemplate(CONCAT_TEMPLATE)  # type: ignore[assignment]
+    client = TestClient(build_app(ServerConfig(), backend))
+    turn = [*MSG,
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"id": "call_1", "type": "function",
+                 "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "{\"temp\": 20}"}]
+    for content in ("", None):
+        turn[1]["content"] = content
+        r = client.post(CHAT, json={"messages": turn, "tools": TOOLS, "max_tokens": 8})
+        assert r.status_code == 200, r.text
+        prompt = backend.tokenizer.decode(backend.submitted[-1].prompt_token_ids)
+        assert '<|im_start|>assistant\n<tool_call>{"city": "Paris"}<|im_end|>' in prompt
+    bad_turn = [{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": [7]}]
+    r = client.post(CHAT, json={"messages": bad_turn, "max_tokens": 8})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_messages"

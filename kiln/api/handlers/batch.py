@@ -25,7 +25,6 @@ from kiln.api.handlers.chat_prepare import (
     apply_budget,
     render_prompt,
     template_kwargs,
-    template_messages,
     tools_enabled,
 )
 from kiln.api.handlers.generation import Admitted, Completion, collect, submit_all, until_disconnect
@@ -63,7 +62,7 @@ async def create(request: Request) -> Response:
     limit = state.backend.max_model_len
     prompts: list[tuple[list[int], bool]] = []
     for p, messages in enumerate(req.prompts):
-        text = render_prompt(state, template_messages(messages), tools, kwargs)
+        text = render_prompt(state, messages, tools, kwargs)
         ids = state.backend.tokenizer.encode(text, add_special_tokens=False)
         if len(ids) >= limit:
             raise ApiError(

@@ -99,18 +99,22 @@ def _decode_arguments(call: Any) -> Any:
     if not isinstance(call, dict):
         return call
     out = dict(call)
+    if isinstance(out.get("function"), dict):
+        out["function"] = dict(out["function"])  # copied first: the request's own stays as sent
     for holder in (out, out.get("function")):
         if isinstance(holder, dict) and isinstance(holder.get("arguments"), str):
             try:
                 holder["arguments"] = json.loads(holder["arguments"])
             except ValueError:
                 pass
-    if isinstance(out.get("function"), dict):
-        out["function"] = dict(out["function"])
     return out
 
 
-def template_messages(messages: list[wire.ChatMessageInput]) -> list[dict[str, Any]]:
+def template_messages(messages: list[wire.ChatMessageInput], *, decode_arguments: bool = True,
+                      null_content: bool = True) -> list[dict[str, Any]]:
+    """The template's view of the messages (reference §12): prior tool calls' string arguments
+    JSON-decoded, and an assistant message with tool calls and content "" given content null.
+    ``render_prompt`` falls back to raw arguments and to "" for templates that cannot take them."""
     out = []
     for m in messages:
         msg: dict[str, Any] = {"role": m.role, "content": message_content(m.content)}
@@ -119,9 +123,12 @@ def template_messages(messages: list[wire.ChatMessageInput]) -> list[dict[str, A
             if value is not None:
                 msg[key] = value
         if msg.get("tool_calls"):
-            msg["tool_calls"] = [_decode_arguments(c) for c in msg["tool_calls"]]
-            if msg["content"] == "":
+            if decode_arguments:
+                msg["tool_calls"] = [_decode_arguments(c) for c in msg["tool_calls"]]
+            if msg["content"] == "" and null_content:
                 msg["content"] = None
+        if msg["content"] is None and not null_content:
+            msg["content"] = ""
         out.append(msg)
     return out
 
@@ -169,14 +176,26 @@ def _thinking_source(kwargs: dict[str, Any], server_default: bool | None) -> str
 
 
 def render_prompt(
-    state: AppState, messages: list[dict[str, Any]], tools: Any, kwargs: dict[str, Any]
+    state: AppState, messages: list[wire.ChatMessageInput], tools: Any, kwargs: dict[str, Any]
 ) -> str:
-    try:
-        return state.backend.chat_template.render(messages, tools=tools, **kwargs)
-    except Exception as exc:  # template errors are the client's messages/tools
-        raise ApiError(
-            400, "invalid_messages", f"Failed to apply chat template: {exc}", param="messages"
-        ) from None
+    """Render with the reference's message view; if the template fails on it, again with raw
+    tool-call arguments (templates that print the string, DeepSeek style) and/or "" for null
+    content (templates that concatenate content, such as SmolLM2's, on which a client's own
+    assistant tool-call turn had failed). The first error is the one reported."""
+    first: Exception | None = None
+    tried: list[list[dict[str, Any]]] = []
+    for decode, null in ((True, True), (True, False), (False, True), (False, False)):
+        view = template_messages(messages, decode_arguments=decode, null_content=null)
+        if view in tried:
+            continue
+        tried.append(view)
+        try:
+            return state.backend.chat_template.render(view, tools=tools, **kwargs)
+        except Exception as exc:  # template errors are the client's messages/tools
+            first = first or exc
+    raise ApiError(
+        400, "invalid_messages", f"Failed to apply chat template: {first}", param="messages"
+    ) from None
 
 
 async def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> PreparedChat:
@@ -191,7 +210,7 @@ async def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> Prep
     if tool_choice is not None:
         kwargs.setdefault("tool_choice", tool_choice)
     messages = template_messages(req.messages)
-    prompt_text = render_prompt(state, messages, tools, kwargs)
+    prompt_text = render_prompt(state, req.messages, tools, kwargs)
     prompt_ids = backend.tokenizer.encode(prompt_text, add_special_tokens=False)
     tokenization_s = time.perf_counter() - started
     limit = backend.max_model_len
