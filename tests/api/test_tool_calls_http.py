@@ -137,3 +137,26 @@ def test_a_returned_tool_call_turn_renders_on_a_template_that_cannot_take_null()
     bad_turn = [{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": [7]}]
     r = client.post(CHAT, json={"messages": bad_turn, "max_tokens": 8})
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_messages"
+
+
+def test_a_call_cut_by_max_tokens_finishes_with_length() -> None:
+    """A complete call followed by one that max_tokens cut short: the complete call is returned,
+    the cut text stays in content, and finish_reason says "length" (JSON, SSE and batch), so a
+    client learns that a call may be missing."""
+    cut = TWO_CALLS.index("<tool_call>", TWO_CALLS.index("</tool_call>")) + 20
+    body = {"messages": MSG, "tools": TOOLS, "max_tokens": cut}
+    with client_with(TWO_CALLS) as c:
+        plain = c.post(CHAT, json=body).json()
+        stream = c.post(CHAT, json={**body, "stream": True})
+        batch = c.post("/v1/completions/batch",
+                       json={"prompts": [MSG], "tools": TOOLS, "max_tokens": cut}).json()
+        whole = c.post(CHAT, json={"messages": MSG, "tools": TOOLS}).json()
+    choice = plain["choices"][0]
+    assert choice["finish_reason"] == "length"
+    assert [t["function"]["name"] for t in choice["message"]["tool_calls"]] == ["get_weather"]
+    assert choice["message"]["content"].endswith(TWO_CALLS[cut - 20:cut])
+    finishes = [e["choices"][0].get("finish_reason") for e in sse_events(stream.text)
+                if isinstance(e, dict) and e["choices"]]
+    assert [f for f in finishes if f] == ["length"]
+    assert batch["completions"][0]["finish_reason"] == "length"
+    assert whole["choices"][0]["finish_reason"] == "tool_calls"  # not cut: as before

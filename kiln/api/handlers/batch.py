@@ -132,7 +132,8 @@ def _add_tool_calls(item: dict[str, Any], tools: list[Any] | None, first_only: b
     if calls:
         item["text"] = parsed.content
         item["tool_calls"] = [call.wire() for call in calls]
-        item["finish_reason"] = "tool_calls"
+        if item["finish_reason"] != "length":  # max_tokens may have cut a further call short
+            item["finish_reason"] = "tool_calls"
 
 
 def _item(

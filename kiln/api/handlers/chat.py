@@ -151,7 +151,7 @@ def response_body(
             message["reasoning_content"] = reasoning
         if calls:
             message["tool_calls"] = [call.wire() for call in calls]
-            finish = "tool_calls"
+            finish = "length" if finish == "length" else "tool_calls"  # a cut call is told
         choice: dict[str, Any] = {"index": index, "message": message, "finish_reason": finish}
         if prepared.budget_applied and c.thinking_outcome is not None:
             choice["thinking_budget"] = c.thinking_outcome.wire()

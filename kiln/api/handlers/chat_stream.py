@@ -184,7 +184,9 @@ async def frames(
             finish_reason=final.finish_reason or "stop",
             tokenization_s=prepared.tokenization_s,
         )
-    finish = "tool_calls" if tools.calls else (final.finish_reason or "stop")
+    finish = final.finish_reason or "stop"
+    if tools.calls and finish != "length":  # max_tokens may have cut a further call short
+        finish = "tool_calls"
     yield chunks.choice({}, finish, metadata=metadata)
     if prepared.include_usage:
         yield chunks.usage(prompt_tokens, final.num_output_tokens)
