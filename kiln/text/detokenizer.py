@@ -9,6 +9,9 @@ equals ``tokenizer.decode(all_ids)`` for byte-level tokenizers.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from kiln.text.tokenizer import Tokenizer
 
 _REPLACEMENT = "\ufffd"
@@ -48,3 +51,20 @@ class IncrementalDetokenizer:
         self._read = len(self.ids)
         self.text += new
         return new
+
+
+def decode_in_context(tokenizer: Any, tail: list[int]) -> Callable[[int], str]:
+    """A decoder of candidate tokens at the position after ``tail`` (the preceding tokens), for
+    logprob entries' ``decoded_token``: decode(tail + token) minus the complete characters of
+    decode(tail). A token that completes a character split across tokens carries the whole
+    character; one that leaves it incomplete carries only its complete characters (often ""),
+    so joining the observed tokens' texts gives the text. ``tail`` is decoded once."""
+    before = str(tokenizer.decode(tail)).rstrip(_REPLACEMENT)
+
+    def decode(token_id: int) -> str:
+        after = str(tokenizer.decode([*tail, token_id]))
+        if not after.startswith(before):
+            return str(tokenizer.decode([token_id]))
+        return after[len(before):].rstrip(_REPLACEMENT)
+
+    return decode

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -74,3 +75,17 @@ def test_text_streams_without_replacement_chars(tiny_tok: Tokenizer, parts: list
         chunks = _stream(tiny_tok, ids, skip)
         assert "".join(chunks) == tiny_tok.decode(ids, skip_special_tokens=skip)
         assert not any("\ufffd" in c for c in chunks)
+
+
+@pytest.mark.parametrize("text", ["x 世界", "héllo 世界 🙂 👩‍👩‍👧 done", "plain ascii words"])
+def test_decoded_tokens_in_context_join_to_the_text(smollm_tok: Tokenizer, text: str) -> None:
+    """Scoring's decoded_token: a token that completes a character split across byte tokens
+    carries the whole character, one that does not carries "" (it had given U+FFFD pieces)."""
+    from kiln.text.detokenizer import decode_in_context
+
+    ids = smollm_tok.encode(text, add_special_tokens=False)
+    pieces = [decode_in_context(smollm_tok, ids[max(0, i - 4):i])(t) for i, t in enumerate(ids)]
+    assert "".join(pieces) == text
+    assert not any("\ufffd" in p for p in pieces)
+    if "世" in text:
+        assert "世" in pieces or any(p.endswith("世") for p in pieces)

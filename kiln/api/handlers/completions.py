@@ -6,7 +6,6 @@ import base64
 import hashlib
 import time
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 from msgspec import UNSET
@@ -24,6 +23,7 @@ from kiln.api.handlers.params import opt
 from kiln.api.state import app_state
 from kiln.engine.errors import EngineError
 from kiln.provenance import adapter_identity, compact_json
+from kiln.text.detokenizer import decode_in_context
 
 ERROR_CODE = "completion_invalid_request"
 MAX_K = 256
@@ -82,7 +82,7 @@ async def create(request: Request) -> Response:
     logprobs: list[Any] = [None]
     for pos, s in enumerate(scores, start=1):
         entries: dict[str, Any] = {}
-        decode = _decoder(backend, ids[max(0, pos - 4):pos])
+        decode = decode_in_context(backend.tokenizer, ids[max(0, pos - 4):pos])
         for rank, (tid, lp) in enumerate(zip(s.top_ids, s.top_logprobs, strict=True), start=1):
             entries[str(tid)] = {"logprob": lp, "rank": rank, "decoded_token": decode(tid)}
         if str(s.token_id) not in entries:
@@ -126,16 +126,3 @@ def teacher_fingerprint(backend: Any, selection: Selection) -> str | None:
     raw = compact_json(doc, sort_keys=True)
     encoded = base64.urlsafe_b64encode(raw).decode().rstrip("=")
     return f"kiln-teacher-v1.{encoded}.{hashlib.sha256(raw).hexdigest()}"
-
-
-def _decoder(backend: Any, tail: list[int]) -> Callable[[int], str]:
-    """Decodes a candidate token in the context of the preceding tokens `tail` (completing a
-    split UTF-8 character): decode(tail + token) minus decode(tail), decoding `tail` once."""
-    tokenizer = backend.tokenizer
-    before = str(tokenizer.decode(tail))
-
-    def decode(token_id: int) -> str:
-        after = str(tokenizer.decode([*tail, token_id]))
-        return after[len(before):] if after.startswith(before) else str(tokenizer.decode([token_id]))
-
-    return decode
