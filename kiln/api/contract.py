@@ -9,6 +9,7 @@ Pipeline per request body: untyped msgspec decode -> jsonschema_rs validation ag
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from functools import cached_property
 from importlib import resources
@@ -28,6 +29,7 @@ T = TypeVar("T")
 
 MAX_MESSAGE_CHARS = 400  # a violation's message quotes the instance; a huge one is cut in the middle
 TOO_DEEP = "request body nests JSON too deeply"
+MAX_INTEGRAL_FIXES = 16  # integral floats turned into ints per request body before giving up
 
 # (definition, allOf index) -> (message, param). Keep in step with the contract's allOf rules.
 RULE_MESSAGES: dict[tuple[str, int], tuple[str, str | None]] = {
@@ -85,21 +87,6 @@ class Contract:
         defs: dict[str, Any] = self.main["$defs"]
         return defs
 
-    def integer_const_fields(self, definition: str) -> tuple[str, ...]:
-        """Top-level fields whose schema (or one of its oneOf/anyOf branches) is an integer
-        `const`: JSON Schema lets `1.0` equal `const: 1`, but the struct's `Literal[1]` does not."""
-
-        def integral(node: Any) -> bool:
-            if not isinstance(node, dict):
-                return False
-            const = node.get("const")
-            if isinstance(const, int) and not isinstance(const, bool):
-                return True
-            return any(integral(b) for key in ("oneOf", "anyOf") for b in node.get(key, []))
-
-        props = self.definitions[definition].get("properties", {})
-        return tuple(name for name, node in props.items() if integral(node))
-
     def validator(self, definition: str) -> Any:
         found = self._validators.get(definition)
         if found is None:
@@ -152,14 +139,46 @@ class Contract:
             if violation.param is not None and violation.param.startswith("adapters"):
                 code = "invalid_compose_request"  # Kiln's code for a bad composition
             raise ApiError(400, code, violation.message, param=violation.param)
-        for name in self.integer_const_fields(definition):
-            value = data.get(name)
-            if isinstance(value, float) and value.is_integer():
-                data[name] = int(value)
+        for _ in range(MAX_INTEGRAL_FIXES + 1):
+            try:
+                return msgspec.convert(data, target, strict=False)
+            except msgspec.ValidationError as exc:  # the contract accepted it; struct must agree
+                if not _integral_float_to_int(data, str(exc)):
+                    raise ApiError(400, error_code, str(exc)) from None
+        raise ApiError(400, error_code, "too many integral floats where integers are expected")
+
+
+_AT = re.compile(r" - at `\$((?:\.[A-Za-z_][A-Za-z0-9_]*|\[\d+\])*)`$")
+_STEP = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\[(\d+)\]")
+
+
+def _integral_float_to_int(data: Any, message: str) -> bool:
+    """JSON Schema's `integer` (and `const: 1`) accept any integral number, 1e16 or 1.0 alike;
+    msgspec takes an integral float for an int only up to 2**53, and never for `Literal[1]`.
+    When the struct refused such a float, replace it by its int at the path in ``message`` and
+    say so; False when the refusal was about something else."""
+    m = _AT.search(message)
+    if m is None:
+        return False
+    steps = [(name, int(index) if index else None) for name, index in _STEP.findall(m[1])]
+    if not steps:
+        return False
+    holder = data
+    for name, index in steps[:-1]:
         try:
-            return msgspec.convert(data, target, strict=False)
-        except msgspec.ValidationError as exc:  # the contract accepted it; struct must agree
-            raise ApiError(400, error_code, str(exc)) from None
+            holder = holder[index] if index is not None else holder[name]
+        except (KeyError, IndexError, TypeError):
+            return False
+    name, index = steps[-1]
+    key: Any = index if index is not None else name
+    try:
+        value = holder[key]
+    except (KeyError, IndexError, TypeError):
+        return False
+    if not (isinstance(value, float) and value.is_integer()):
+        return False
+    holder[key] = int(value)
+    return True
 
 
 def _shorten(message: str) -> str:

@@ -102,6 +102,10 @@ SEMANTIC_CASES = [
     ("/v1/completions", {"prompt": "ab", "prompt_logprobs": 1, "n": 1.0}, 200, None),
     ("/v1/completions", {"prompt": "ab", "prompt_logprobs": 1, "n": 1.5}, 400,
      "completion_invalid_request"),
+    # ... and integers past 2**53, which msgspec takes as floats only below it
+    ("/v1/chat/completions", {"messages": M, "seed": 1e16}, 200, None),
+    ("/v1/chat/completions", {"messages": M, "seed": 1.5e19, "max_tokens": 4.0}, 200, None),
+    ("/v1/completions/batch", {"prompts": [M], "seed": 1e18, "n": 2.0}, 200, None),
     # rollout provenance and tools
     (
         "/v1/chat/completions",
