@@ -11,7 +11,7 @@ import math
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -116,6 +116,7 @@ class EngineBackend:
         self._policy: PolicyIdentity | None = None
         self._policy_lock = threading.Lock()
         self._policy_done = False
+        self._scoring_jobs = {"running": 0, "waiting": 0}  # on the event loop
         self._scoring_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
             weakref.WeakKeyDictionary())
         self._started = False
@@ -201,7 +202,14 @@ class EngineBackend:
         return "error" if self._started else "loading"
 
     def stats(self) -> dict[str, float]:
-        return self.engine.stats()
+        """The engine's gauges, with scoring jobs counted as running (or waiting for the one
+        scoring slot): a server busy scoring must not look idle to a load balancer."""
+        stats = self.engine.stats()
+        stats["scoring_running"] = float(self._scoring_jobs["running"])
+        stats["scoring_waiting"] = float(self._scoring_jobs["waiting"])
+        stats["running"] = stats.get("running", 0.0) + stats["scoring_running"]
+        stats["waiting"] = stats.get("waiting", 0.0) + stats["scoring_waiting"]
+        return stats
 
     def abort(self, request_id: str) -> None:
         self.engine.abort(request_id)
@@ -275,15 +283,27 @@ class EngineBackend:
                          top_k, lora=plan if mix else None)
         # One scoring job at a time, as when each ran in one piece: a job holds its prompt's KV
         # blocks until it ends, and several at once could take the blocks running streams need.
-        async with self._scoring_lock():
-            try:
+        lock = self._scoring_lock()
+        with self._counted("waiting"):
+            await lock.acquire()
+        try:
+            with self._counted("running"):
                 while not await self.engine.run_exclusive(job.step):
                     pass
-            finally:
-                if not job.done:  # failed or cancelled: its blocks go back on the engine thread
-                    with contextlib.suppress(EngineError):
-                        self.engine.run_exclusive(job.close)
+        finally:
+            if not job.done:  # failed or cancelled: its blocks go back on the engine thread
+                with contextlib.suppress(EngineError):
+                    self.engine.run_exclusive(job.close)
+            lock.release()
         return job.scores
+
+    @contextlib.contextmanager
+    def _counted(self, key: str) -> Iterator[None]:
+        self._scoring_jobs[key] += 1
+        try:
+            yield
+        finally:
+            self._scoring_jobs[key] -= 1
 
     def _scoring_lock(self) -> asyncio.Lock:
         loop = asyncio.get_running_loop()

@@ -188,6 +188,21 @@ def test_scoring_shape(client: TestClient) -> None:
     assert lp[0] is None and len(lp) == body["usage"]["prompt_tokens"]
 
 
+def test_scoring_counts_in_the_token_and_request_metrics(client: TestClient) -> None:
+    from kiln import metrics
+
+    def sample(name: str, **labels: str) -> float:
+        return metrics.REGISTRY.get_sample_value(name, labels) or 0.0
+
+    prompt, finished = sample("kiln_tokens_total", kind="prompt"), \
+        sample("kiln_requests_finished_total", finish_reason="length")
+    r = client.post("/v1/completions", json={"prompt": "abcde", "prompt_logprobs": 1})
+    assert r.status_code == 200, r.text
+    used = r.json()["usage"]["prompt_tokens"]
+    assert sample("kiln_tokens_total", kind="prompt") == prompt + used
+    assert sample("kiln_requests_finished_total", finish_reason="length") == finished + 1
+
+
 def test_keepalive_close_while_pending_does_not_raise() -> None:
     """Closing the SSE body while a frame is pending (a client disconnect) cancels it cleanly."""
     import asyncio

@@ -76,13 +76,17 @@ def test_backend_scores_in_slices_between_engine_steps(tiny_llama: LoadedModel,
 def test_backend_scores_one_job_at_a_time(tiny_llama: LoadedModel,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """Two concurrent scoring requests do not interleave their chunks (each job holds its
-    prompt's KV blocks until it ends); both still score right."""
+    prompt's KV blocks until it ends); both still score right; the gauges count the job that
+    runs and the one that waits (a server busy scoring had looked idle)."""
     backend = EngineBackend(tiny_llama, ServerConfig(kv_memory_mb=8))
     order: list[int] = []
+    gauges: list[tuple[float, float, float, float]] = []
     real_step = ScoringJob.step
 
     def spy(self: ScoringJob) -> bool:
         order.append(id(self))
+        s = backend.stats()
+        gauges.append((s["scoring_running"], s["scoring_waiting"], s["running"], s["waiting"]))
         return real_step(self)
 
     monkeypatch.setattr(ScoringJob, "step", spy)
@@ -98,6 +102,9 @@ def test_backend_scores_one_job_at_a_time(tiny_llama: LoadedModel,
         backend.shutdown()
     assert len(order) == 8 and len(set(order)) == 2
     assert order[:4] == [order[0]] * 4 and order[4:] == [order[4]] * 4
+    assert gauges == [(1, 1, 1, 1)] * 4 + [(1, 0, 1, 0)] * 4
+    idle = backend.stats()
+    assert (idle["scoring_running"], idle["scoring_waiting"], idle["running"]) == (0, 0, 0)
     check_against_dense(tiny_llama.model, a_ids, 2, a)
     check_against_dense(tiny_llama.model, b_ids, 2, b)
 

@@ -12,6 +12,7 @@ from msgspec import UNSET
 from starlette.requests import Request
 from starlette.responses import Response
 
+from kiln import metrics
 from kiln.api._generated import wire
 from kiln.api.body import read_json_body
 from kiln.api.encode import json_response
@@ -75,10 +76,15 @@ async def create(request: Request) -> Response:
             f"(prompt tokens - 1) * (prompt_logprobs + 1) exceeds {MAX_CANDIDATES} candidates",
             "prompt_logprobs",
         )
+    started = time.perf_counter()
     try:
         scores = await until_disconnect(request, backend.score(ids, k, selection.lora))
     except EngineError as exc:  # e.g. kv_cache_exhausted (503), non-finite logits (500)
+        metrics.observe_request(len(ids), 0, "error", None, [], None, None)
         raise engine_error(exc) from None
+    # scored prompt tokens count as prompt tokens; the request as finished by "length", as its
+    # choice says (no generated token, so no TTFT or inter-token gaps)
+    metrics.observe_request(len(ids), 0, "length", None, [], time.perf_counter() - started, None)
     logprobs: list[Any] = [None]
     for pos, s in enumerate(scores, start=1):
         entries: dict[str, Any] = {}
