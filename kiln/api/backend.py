@@ -27,6 +27,10 @@ class TokenizerPort(Protocol):
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str: ...
 
+    def surely_over(self, text: str, tokens: int) -> bool:
+        """True only if ``text`` certainly encodes to more than ``tokens`` tokens (cheap)."""
+        ...
+
 
 class ChatTemplatePort(Protocol):
     def render(

@@ -37,6 +37,9 @@ class CharTokenizer:
         data = bytes(i - 3 for i in ids if 3 <= i < 259)
         return data.decode("utf-8", errors="replace")
 
+    def surely_over(self, text: str, tokens: int) -> bool:
+        return len(text) > tokens  # one token per byte, at least one per character
+
 
 class EchoTemplate:
     def render(

@@ -135,3 +135,22 @@ def test_unexpected_exception_is_500_envelope_with_request_id(client: TestClient
     assert_envelope(r, 500, "internal_error")
     assert r.headers["x-request-id"] == "rid-500"
     assert client.get("/v1/models").status_code == 200  # the client still works afterwards
+
+
+def test_a_prompt_surely_over_the_window_is_refused_before_encoding(client: TestClient,
+                                                                    backend) -> None:  # type: ignore[no-untyped-def]
+    """Encoding holds the GIL, so a huge prompt is refused from its length alone (the fake
+    tokenizer gives one token per byte; its window is 4,096)."""
+    calls: list[int] = []
+    encode = backend.tokenizer.encode
+    backend.tokenizer.encode = lambda text, **kw: calls.append(len(text)) or encode(text, **kw)
+    big = {"messages": [{"role": "user", "content": "x" * 5000}]}
+    err = assert_envelope(client.post(CHAT, json=big), 400, "context_length_exceeded")
+    assert "characters" in err["message"] and calls == []
+    batch = client.post("/v1/completions/batch", json={"prompts": [big["messages"]]})
+    assert_envelope(batch, 400, "context_length_exceeded")
+    score = client.post("/v1/completions", json={"prompt": "x" * 5000, "prompt_logprobs": 0})
+    assert_envelope(score, 400, "completion_invalid_request")
+    assert calls == []
+    assert client.post(CHAT, json={"messages": [{"role": "user", "content": "hi"}]}).status_code == 200
+    assert calls  # a prompt that may fit is encoded as before

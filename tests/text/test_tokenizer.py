@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import pytest
+
 from kiln.text import Tokenizer
 
 CHATML = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging"
@@ -43,3 +45,15 @@ def test_hashes(tiny_tok: Tokenizer, smollm_tok: Tokenizer) -> None:
     same = Tokenizer(tiny_tok.backend, eos_token_ids=[0], eos_token="<|im_end|>")
     assert same.content_sha256() == tiny_tok.content_sha256()
     assert same.config_sha256() != tiny_tok.config_sha256()
+
+
+@pytest.mark.parametrize("text", [
+    "#" * 800, " " * 2000, "\n" + " " * 79 + "x", "plain words " * 50, "世界🙂" * 100,
+    "a" * 3000, "1234567890" * 30,
+])
+def test_surely_over_never_claims_a_text_that_fits(smollm_tok: Tokenizer, text: str) -> None:
+    """The cheap bound that rejects huge prompts before encoding them is sound: a text that
+    encodes to n tokens is never 'surely over' n; and far longer texts are caught."""
+    n = len(smollm_tok.encode(text))
+    assert not smollm_tok.surely_over(text, n)
+    assert smollm_tok.surely_over(text * 200, n)

@@ -25,6 +25,7 @@ from kiln.api.handlers.chat_prepare import (
     apply_budget,
     render_prompt,
     template_kwargs,
+    too_long,
     tools_enabled,
 )
 from kiln.api.handlers.generation import Admitted, Completion, collect, submit_all, until_disconnect
@@ -63,6 +64,8 @@ async def create(request: Request) -> Response:
     prompts: list[tuple[list[int], bool]] = []
     for p, messages in enumerate(req.prompts):
         text = render_prompt(state, messages, tools, kwargs)
+        if state.backend.tokenizer.surely_over(text, limit):
+            raise too_long(limit, len(text), f"prompts[{p}]")
         ids = state.backend.tokenizer.encode(text, add_special_tokens=False)
         if len(ids) >= limit:
             raise ApiError(

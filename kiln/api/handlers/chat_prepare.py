@@ -175,6 +175,15 @@ def _thinking_source(kwargs: dict[str, Any], server_default: bool | None) -> str
     return "server_default" if server_default is not None else "template_default"
 
 
+def too_long(limit: int, chars: int, param: str) -> ApiError:
+    """context_length_exceeded for a prompt too long to be worth encoding."""
+    return ApiError(
+        400, "context_length_exceeded",
+        f"maximum context length is {limit} tokens; the prompt ({chars} characters) has more",
+        param=param,
+    )
+
+
 def render_prompt(
     state: AppState, messages: list[wire.ChatMessageInput], tools: Any, kwargs: dict[str, Any]
 ) -> str:
@@ -211,9 +220,11 @@ async def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> Prep
         kwargs.setdefault("tool_choice", tool_choice)
     messages = template_messages(req.messages)
     prompt_text = render_prompt(state, req.messages, tools, kwargs)
+    limit = backend.max_model_len
+    if backend.tokenizer.surely_over(prompt_text, limit):
+        raise too_long(limit, len(prompt_text), "messages")
     prompt_ids = backend.tokenizer.encode(prompt_text, add_special_tokens=False)
     tokenization_s = time.perf_counter() - started
-    limit = backend.max_model_len
     if len(prompt_ids) >= limit:
         raise ApiError(
             400,

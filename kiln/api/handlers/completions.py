@@ -55,6 +55,9 @@ async def create(request: Request) -> Response:
     if k > vocab:
         raise _bad(f"prompt_logprobs {k} exceeds the vocabulary size {vocab}", "prompt_logprobs")
     if isinstance(req.prompt, str):
+        if backend.tokenizer.surely_over(req.prompt, MAX_PROMPT_TOKENS):
+            raise _bad(f"prompt ({len(req.prompt)} characters) has more than the cap of "
+                       f"{MAX_PROMPT_TOKENS} tokens", "prompt")
         ids = backend.tokenizer.encode(req.prompt, add_special_tokens=bool(req.add_special_tokens))
     else:
         ids = [int(t) for t in req.prompt]
