@@ -31,8 +31,8 @@ log = logging.getLogger("kiln.api")
 REQUEST_ID = "x-request-id"
 
 
-class RequestIdMiddleware:
-    """Every response carries X-Request-Id: the client's (if sane) or a fresh one."""
+class _HttpMiddleware:
+    """Passes anything but HTTP straight through; subclasses handle HTTP in ``http``."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -41,6 +41,16 @@ class RequestIdMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        await self.http(scope, receive, send)
+
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raise NotImplementedError
+
+
+class RequestIdMiddleware(_HttpMiddleware):
+    """Every response carries X-Request-Id: the client's (if sane) or a fresh one."""
+
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         rid = ""
         for key, value in scope.get("headers", []):
             if key == b"x-request-id":
@@ -60,18 +70,12 @@ class RequestIdMiddleware:
         await self.app(scope, receive, send_with_id)
 
 
-class InternalErrorMiddleware:
+class InternalErrorMiddleware(_HttpMiddleware):
     """An unexpected exception becomes the 500 envelope here, inside the request-id and metrics
     middleware, so the reply carries X-Request-Id and the connection stays usable (Starlette's
     own last-resort handler sits outside every middleware and re-raises to the server)."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = False
 
         async def send_tracked(message: Message) -> None:
@@ -90,11 +94,11 @@ class InternalErrorMiddleware:
             await err(scope, receive, send)
 
 
-class MetricsMiddleware:
+class MetricsMiddleware(_HttpMiddleware):
     """Counts requests by route template, method and status, and times them."""
 
     def __init__(self, app: ASGIApp, templates: list[tuple[re.Pattern[str], str]]) -> None:
-        self.app = app
+        super().__init__(app)
         self.templates = templates
 
     def route_of(self, path: str) -> str:
@@ -103,10 +107,7 @@ class MetricsMiddleware:
                 return template
         return "other"
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         route = self.route_of(scope.get("path", ""))
         started = time.perf_counter()
         status = 500
