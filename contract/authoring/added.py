@@ -24,7 +24,8 @@ def added_defs() -> dict[str, Schema]:
                 "param",
                 False,
                 ref("NullableString"),
-                "The request field the error refers to (a JSON path such as `$.n`), or null.",
+                "The request field the error refers to, as OpenAI names it (`n`, "
+                "`messages[0].content`, `prompts[1]`), or null.",
             ),
             F("code", False, ref("NullableString"), "Kiln error code, or null."),
         ],
@@ -41,7 +42,7 @@ def added_defs() -> dict[str, Schema]:
                 "error": {
                     "message": "n greater than 1 requires stream=false",
                     "type": "invalid_request_error",
-                    "param": "$.n",
+                    "param": "n",
                     "code": "chat_invalid_request",
                 }
             },

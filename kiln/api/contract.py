@@ -144,7 +144,9 @@ class Contract:
                 return msgspec.convert(data, target, strict=False)
             except msgspec.ValidationError as exc:  # the contract accepted it; struct must agree
                 if not _integral_float_to_int(data, str(exc)):
-                    raise ApiError(400, error_code, str(exc)) from None
+                    at = _AT.search(str(exc))
+                    param = at[1].lstrip(".") or None if at else None
+                    raise ApiError(400, error_code, str(exc), param=param) from None
         raise ApiError(400, error_code, "too many integral floats where integers are expected")
 
 
