@@ -189,3 +189,22 @@ def test_context_length_exceeded(live_server: LiveServer) -> None:
                        json={"messages": huge, "stream": stream}, timeout=60)
         assert r.status_code == 400
         assert r.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_agent_loop_sends_back_its_assistant_tool_call_turn(live_server: LiveServer) -> None:
+    """The OpenAI agent loop appends the assistant message it received (content "" or null plus
+    tool_calls) and a tool result; SmolLM2's template concatenates content, so the server must
+    still render it (it had answered 400 invalid_messages)."""
+    client = openai.OpenAI(base_url=live_server.url + "/v1", api_key="unused")
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "description": "Weather for a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+    call = {"id": "call_0", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}
+    for content in ("", None):
+        messages = [*Q, {"role": "assistant", "content": content, "tool_calls": [call]},
+                    {"role": "tool", "tool_call_id": "call_0", "content": "{\"temp_c\": 21}"}]
+        raw = client.chat.completions.with_raw_response.create(
+            model="SmolLM2-135M-Instruct", messages=messages, tools=tools,  # type: ignore[arg-type]
+            temperature=0, max_tokens=8)
+        check("ChatCompletionResponse", json.loads(raw.text))
