@@ -165,15 +165,26 @@ def validate_budget(
 
     Call only when the budget applies; ``effective_max_tokens`` is after context clamping.
     """
+    problem = budget_problem(close_text_roundtrip_ok, close_len, effective_max_tokens, stops)
+    return None if problem is None else problem[0]
+
+
+def budget_problem(
+    close_text_roundtrip_ok: bool,
+    close_len: int,
+    effective_max_tokens: int,
+    stops: tuple[str, ...],
+) -> tuple[str, str | None] | None:
+    """``validate_budget``'s message with the request field at fault (None: the tokenizer)."""
     tag = json.dumps(CLOSE_TAG)
     if not close_text_roundtrip_ok or close_len <= 0:
         return (f"the tokenizer's encoding of {tag} does not decode back to exactly {tag}, "
-                "so the thinking budget cannot force the close sequence")
+                "so the thinking budget cannot force the close sequence", None)
     if effective_max_tokens < close_len:
         return (f"effective max_tokens {effective_max_tokens} cannot fit the {close_len}-token "
-                f"{tag} thinking close sequence")
+                f"{tag} thinking close sequence", "max_tokens")
     for stop in stops:
         if stop_conflict(stop):
             return (f"stop sequence {json.dumps(stop)} conflicts with the {tag} thinking close "
-                    "sequence (empty, contained in it, containing it or overlapping it)")
+                    "sequence (empty, contained in it, containing it or overlapping it)", "stop")
     return None

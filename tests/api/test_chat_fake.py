@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from starlette.testclient import TestClient
 
 from kiln.api.contract import contract
@@ -226,3 +227,25 @@ def test_keepalive_close_while_pending_does_not_raise() -> None:
 
     frames = asyncio.run(run())
     assert frames[0] == b"a" and frames[1] == b": keep-alive\n\n"
+
+
+@pytest.mark.parametrize(("default", "kwargs", "source"), [
+    (True, None, "server_default"), (False, {}, "server_default"),
+    (True, {"enable_thinking": False}, "request"), (None, None, "template_default"),
+    (None, {"enable_thinking": "yes"}, "custom"),
+])
+def test_thinking_source(default: bool | None, kwargs: dict[str, Any] | None, source: str) -> None:
+    """The server default had been merged into the kwargs before the source was read, so a
+    server with --default-thinking-enabled reported "request" for every request."""
+    from kiln.api.app import build_app
+    from kiln.config import ServerConfig
+    from tests.api.fake_backend import FakeBackend
+
+    app = build_app(ServerConfig(default_thinking_enabled=default), FakeBackend())
+    body: dict[str, Any] = {"messages": MSG, "max_tokens": 4}
+    if kwargs is not None:
+        body["chat_template_kwargs"] = kwargs
+    with TestClient(app) as c:
+        r = c.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    assert r.json()["metadata"]["thinking_source"] == source

@@ -102,6 +102,7 @@ def test_stop_overlapping_close_is_400(tiny: TestClient) -> None:
     r = tiny.post(CHAT, json={"messages": MSG, "stop": ["nk>"], "thinking_budget_tokens": 4})
     assert r.status_code == 400
     assert r.json()["error"]["code"] == "chat_invalid_request"
+    assert r.json()["error"]["param"] == "stop"  # it had named max_tokens
 
 
 def test_budget_inert_without_thinking(tiny: TestClient) -> None:

@@ -233,3 +233,12 @@ def test_resolution_conformance(tokens: object, ms: object, defaults: tuple[int 
     cfg = resolve(tokens, ms, defaults[0], defaults[1])
     assert cfg.effective() == effective
     assert list(cfg.effective()) == list(effective)  # field order
+
+
+def test_budget_problem_names_the_field_at_fault() -> None:
+    from kiln.text.thinking_budget import budget_problem
+
+    assert budget_problem(True, 3, 100, ()) is None
+    assert budget_problem(False, 3, 100, ())[1] is None  # type: ignore[index]  # the tokenizer
+    assert budget_problem(True, 3, 2, ())[1] == "max_tokens"  # type: ignore[index]
+    assert budget_problem(True, 3, 100, ("ok", "</thi"))[1] == "stop"  # type: ignore[index]

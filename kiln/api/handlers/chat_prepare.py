@@ -28,7 +28,7 @@ from kiln.api.state import AppState
 from kiln.engine.request import SamplingParams, ThinkingBudgetSpec
 from kiln.text.budget import BudgetConfig, resolve
 from kiln.text.reasoning import CLOSE_TAG, prompt_starts_in_reasoning
-from kiln.text.thinking_budget import validate_budget
+from kiln.text.thinking_budget import budget_problem
 
 TEXT_PARTS = ("text", "input_text", "output_text")
 
@@ -153,9 +153,9 @@ def apply_budget(
     tokenizer = state.backend.tokenizer
     close_ids = tuple(tokenizer.encode(CLOSE_TAG, add_special_tokens=False))
     roundtrip = bool(close_ids) and tokenizer.decode(list(close_ids)) == CLOSE_TAG
-    problem = validate_budget(roundtrip, len(close_ids), max_tokens, stop)
+    problem = budget_problem(roundtrip, len(close_ids), max_tokens, stop)
     if problem is not None:
-        raise ApiError(400, error_code, problem, param="max_tokens")
+        raise ApiError(400, error_code, problem[0], param=problem[1])
     return ThinkingBudgetSpec(close_ids, budget.tokens.limit, budget.time_ms.limit)
 
 
@@ -169,7 +169,10 @@ def template_kwargs(state: AppState, requested: Any) -> dict[str, Any]:
     return kwargs
 
 
-def _thinking_source(kwargs: dict[str, Any], server_default: bool | None) -> str:
+def _thinking_source(requested: Any, server_default: bool | None) -> str:
+    """Who chose the thinking mode (reference §4), from the request's own
+    ``chat_template_kwargs`` (before ``template_kwargs`` merges the server default in)."""
+    kwargs = opt(requested) or {}
     if "enable_thinking" in kwargs:
         return "request" if isinstance(kwargs["enable_thinking"], bool) else "custom"
     return "server_default" if server_default is not None else "template_default"
@@ -270,7 +273,7 @@ async def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> Prep
         prompt_text=prompt_text,
         prompt_ids=prompt_ids,
         in_reasoning=in_reasoning,
-        thinking_source=_thinking_source(kwargs, cfg.default_thinking_enabled),
+        thinking_source=_thinking_source(req.chat_template_kwargs, cfg.default_thinking_enabled),
         default_thinking_enabled=cfg.default_thinking_enabled,
         n=n,
         params=params,
