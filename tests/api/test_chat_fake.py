@@ -249,3 +249,28 @@ def test_thinking_source(default: bool | None, kwargs: dict[str, Any] | None, so
         r = c.post("/v1/chat/completions", json=body)
     assert r.status_code == 200, r.text
     assert r.json()["metadata"]["thinking_source"] == source
+
+
+def test_a_stream_past_the_request_timeout_ends_in_an_error_event() -> None:
+    """--request-timeout-s covers streams too (it had covered only non-streaming requests): an
+    error event, no finish chunk, [DONE], and the engine request aborted (reference §10)."""
+    from kiln.api.app import build_app
+    from kiln.config import ServerConfig
+
+    backend = FakeBackend()
+    backend.delay = 0.05  # ~28 tokens: ~1.4 s, against a 0.3 s limit
+    with TestClient(build_app(ServerConfig(request_timeout_s=0.3), backend)) as c:
+        r = c.post("/v1/chat/completions", json={"messages": MSG, "stream": True})
+        quick = c.post("/v1/chat/completions", json={"messages": MSG, "max_tokens": 2,
+                                                     "stream": True})
+    events = sse_events(r.text)
+    assert events[-1] == "[DONE]"
+    err = events[-2]["error"]
+    assert err["code"] == "generation_error" and "timed out after 300 ms" in err["message"]
+    assert not any(isinstance(e, dict) and e.get("choices") and e["choices"][0].get("finish_reason")
+                   for e in events)
+    assert backend.submitted[0].request_id in backend.aborted  # the generator was closed
+    content = "".join(e["choices"][0]["delta"].get("content", "") for e in events
+                      if isinstance(e, dict) and e.get("choices"))
+    assert len(content) < len(backend.reply)  # cut short
+    assert sse_events(quick.text)[-1] == "[DONE]" and "error" not in quick.text

@@ -7,6 +7,7 @@ back partial `</think>` tags. Closing this generator (client disconnect) aborts 
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -138,8 +139,22 @@ async def frames(
     final: RequestOutput | None = None
     tally = Completion()  # records the request's metrics when it finishes
     emitted = 0
+    timeout = state.config.request_timeout_s
+    # the deadline covers only the waits for the engine, never a yield (a cancellation there
+    # would land in the server's send); the clock starts when the request arrived
+    deadline = asyncio.get_running_loop().time() + timeout - (time.perf_counter() - started)
+    timed_out = False
+    it = aiter(outputs)
     try:
-        async for out in outputs:
+        while True:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    out = await anext(it)
+            except StopAsyncIteration:
+                break
+            except TimeoutError:
+                timed_out = True
+                break
             received = time.monotonic()
             tally.add(out)
             # one write per engine output: its deltas and token timings as one body chunk
@@ -160,6 +175,8 @@ async def frames(
             await aclose()
     if final is None or final.finish_reason in ("error", "abort"):
         message = (final.error if final else None) or "generation ended without a result"
+        if timed_out:  # reference §10: an error event, no finish chunk
+            message = f"streaming generation timed out after {round(timeout * 1000)} ms"
         yield event(
             {"error": {"message": message, "type": "server_error", "param": None,
                        "code": "generation_error"}}
