@@ -10,7 +10,9 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
-STALL_FACTOR = 3.0  # a gap > STALL_FACTOR x median ITL is a stall
+# A gap at or above max(STALL_FLOOR_S, STALL_FACTOR x median ITL) is a stall (reference §13).
+STALL_FACTOR = 5.0
+STALL_FLOOR_S = 0.25
 
 # Phase tags recorded with every token (what the engine did in the step that produced it).
 PHASE_DECODE = "decode"  # a pure decode step
@@ -78,17 +80,21 @@ class RequestMetrics:
         self.token_times.append(now)
         self.token_phases.append(phase)
 
+    @property
+    def stall_threshold(self) -> float | None:
+        """max(250 ms, 5 x the median gap); None without gaps."""
+        median = percentile(self.inter_token_latencies, 0.5)
+        return None if median is None else max(STALL_FLOOR_S, STALL_FACTOR * median)
+
     def finalize(self, now: float) -> None:
-        """Close the record: finish time and stalls (gaps > 3x the median gap)."""
+        """Close the record: finish time and stalls (gaps at or above ``stall_threshold``)."""
         self.finished_time = now
-        gaps = self.inter_token_latencies
-        median = percentile(gaps, 0.5)
+        threshold = self.stall_threshold
         self.stalls = []
-        if median is None or median <= 0.0:
+        if threshold is None:
             return
-        threshold = STALL_FACTOR * median
-        for i, gap in enumerate(gaps):
-            if gap > threshold:
+        for i, gap in enumerate(self.inter_token_latencies):
+            if gap >= threshold:
                 self.stalls.append(Stall(i + 1, gap, self.token_phases[i + 1]))
 
 

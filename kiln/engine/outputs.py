@@ -87,4 +87,6 @@ class RequestOutput:
     # Per new token: forced by the thinking budget (not sampled; its logprob is meaningless).
     new_forced: list[bool] = field(default_factory=list)
     thinking_outcome: Outcome | None = None  # on the final output when a budget applied
-    ready_time: float | None = None  # time.monotonic() when the engine produced these tokens
+    # time.monotonic() when the engine produced these tokens: the instant the request's
+    # metrics recorded the last of them, so token timings and TTFT/ITL agree
+    ready_time: float | None = None

@@ -371,7 +371,7 @@ class Scheduler:
             num_cached_tokens=max(0, st.num_cached_tokens),
             seed=st.seed,
             metrics=st.metrics if reason is not None else None,
-            ready_time=self._clock(),
+            ready_time=st.metrics.token_times[-1] if st.metrics.token_times else self._clock(),
         )
 
     # -- introspection -------------------------------------------------------------------------

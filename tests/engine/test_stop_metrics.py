@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -74,3 +75,17 @@ def test_stall_detection_and_percentiles() -> None:
     assert len(m.stalls) == 1 and m.stalls[0].token_index == 6
     assert m.stalls[0].phase == PHASE_PREFILL
     assert percentile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.5 and percentile([], 0.5) is None
+    assert m.stall_threshold == pytest.approx(0.5)  # 5 x the 0.1 s median
+
+
+def test_stall_threshold_has_a_250_ms_floor() -> None:
+    """Reference §13: max(250 ms, 5 x p50). With 3 x p50 and no floor a plain 64-token CPU
+    stream (p50 ~4 ms) had reported 17 'stalls' of ~15 ms."""
+    m = RequestMetrics(arrival_time=0.0)
+    t = 0.0
+    for gap in [0.004] * 20 + [0.2, 0.004, 0.3, 0.004]:
+        t += gap
+        m.record_token(t, PHASE_DECODE)
+    m.finalize(t)
+    assert m.stall_threshold == 0.25
+    assert [(s.token_index, round(s.gap_s, 6)) for s in m.stalls] == [(22, 0.3)]

@@ -36,7 +36,7 @@ ERROR_CODE = "chat_invalid_request"
 
 
 async def create(request: Request) -> Response:
-    started = time.perf_counter()
+    started, arrived = time.perf_counter(), time.monotonic()
     state = app_state(request)
     body = await read_json_body(request, state.config.max_body_bytes)
     req = state.contract.parse("ChatCompletionRequest", body, wire.ChatCompletionRequest, ERROR_CODE)
@@ -48,13 +48,14 @@ async def create(request: Request) -> Response:
     rid = request_id(request)
     if prepared.stream:
         outputs = submit(
-            state, f"{rid}-0", prepared.prompt_ids, prepared.params[0], prepared.lora
+            state, f"{rid}-0", prepared.prompt_ids, prepared.params[0], prepared.lora, arrived
         )
         frames = chat_stream.frames(state, prepared, completion_id, outputs, started)
         return EventStream(frames, on_close=outputs.aclose)
     streams = submit_all(
         state,
         [(f"{rid}-{i}", prepared.prompt_ids, p, prepared.lora) for i, p in enumerate(prepared.params)],
+        arrived,
     )
     completions = await until_disconnect(request, _collect_all(streams))
     body_out = response_body(state, prepared, completion_id, completions, started)
@@ -178,6 +179,7 @@ def response_body(
             first.metrics,
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
+            choice_tokens=first.num_output_tokens,
             total_latency_s=time.perf_counter() - started,
             adapter=prepared.adapter,
             thinking_mode=prepared.thinking_mode,

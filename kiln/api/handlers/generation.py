@@ -85,12 +85,16 @@ def submit(
     prompt_ids: list[int],
     params: SamplingParams,
     lora: tuple[tuple[Any, float], ...] = (),
+    arrival: float | None = None,
 ) -> Admitted:
     """Admit one engine request (429 past the gate's capacity); the returned iterator releases
-    its gate slot when it is closed or exhausted."""
+    its gate slot when it is closed or exhausted. ``arrival`` (``time.monotonic()``) is when
+    the HTTP request arrived: queue time and TTFT count from it, as token timings do."""
     state.gate.enter(1)
     try:
         request = Request(request_id, list(prompt_ids), params)
+        if arrival is not None:
+            request.arrival_time = arrival
         if lora:
             request.lora = lora
         outputs = state.backend.submit(request)
@@ -104,13 +108,14 @@ def submit(
 
 
 def submit_all(
-    state: AppState, items: list[tuple[str, list[int], SamplingParams, tuple[tuple[Any, float], ...]]]
+    state: AppState, items: list[tuple[str, list[int], SamplingParams, tuple[tuple[Any, float], ...]]],
+    arrival: float | None = None,
 ) -> list[Admitted]:
     """Admit several engine requests, all or none: on a failure the admitted ones are closed."""
     admitted: list[Admitted] = []
     try:
         for request_id, prompt_ids, params, lora in items:
-            admitted.append(submit(state, request_id, prompt_ids, params, lora))
+            admitted.append(submit(state, request_id, prompt_ids, params, lora, arrival))
     except BaseException:
         for a in admitted:
             a.close_now()

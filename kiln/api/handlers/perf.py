@@ -62,7 +62,7 @@ def latency(m: RequestMetrics, tokenization_s: float | None) -> dict[str, Any]:
         "itl_ms_p99": ms(m.itl_percentile(0.99)),
         "itl_ms_p999": ms(m.itl_percentile(0.999)),
         "max_itl_ms": ms(max(gaps)) if gaps else None,
-        "stall_threshold_ms": ms(3.0 * median) if median else None,
+        "stall_threshold_ms": ms(m.stall_threshold),
         "stall_count": len(m.stalls),
         "unexplained_stall_count": reasons["unexplained"],
         "stall_reasons": reasons,
@@ -80,11 +80,17 @@ def performance(
     thinking_mode: str,
     finish_reason: str,
     tokenization_s: float | None,
+    choice_tokens: int | None = None,
 ) -> dict[str, Any]:
+    """``m`` is the first choice's record (reference §13); ``choice_tokens`` that choice's
+    completion tokens (default: ``completion_tokens``, the response's), so that with n > 1 the
+    decode rate is one choice's tokens over that choice's decode time. The rate counts the
+    tokens after the first (decode time runs from the first token to the last)."""
     decode_s = None if m is None else m.decode_time
+    tokens = completion_tokens if choice_tokens is None else choice_tokens
     tps = None
-    if decode_s and completion_tokens > 1:
-        tps = round((completion_tokens - 1) / decode_s, 3)
+    if decode_s and tokens > 1:
+        tps = round((tokens - 1) / decode_s, 3)
     admission = None
     if m is not None and m.admitted_time is not None:
         admission = m.admitted_time - m.arrival_time
