@@ -146,3 +146,17 @@ def test_no_adapter_dir_means_no_adapters() -> None:
         assert c.get("/v1/adapters").json() == {"active": None, "available": []}
         r = c.post(CHAT, json={"messages": MSG, "adapter": "x"})
         assert r.status_code == 404 and r.json()["error"]["code"] == "adapter_not_found"
+
+
+def test_an_adapter_named_like_the_model_is_not_a_second_card(adapter_dir: Path) -> None:
+    """`model` with the served id selects the base, so an adapter folder of that name (or an
+    alias's) cannot be named; /v1/models had listed two cards with the same id."""
+    for name in ("fake-model", "fake-alias"):
+        shadow = adapter_dir / name
+        shadow.mkdir()
+        (shadow / "adapter_config.json").write_text(json.dumps({"r": 4, "lora_alpha": 8}))
+    with TestClient(build_app(ServerConfig(), FakeBackend(adapter_dir=adapter_dir))) as c:
+        ids = [m["id"] for m in c.get("/v1/models").json()["data"]]
+        missing = c.post(CHAT, json={"messages": MSG, "model": "nope"}).json()["error"]
+    assert ids == ["fake-model", "broken1", "math", "style"]
+    assert missing["message"].endswith("available: fake-model, broken1, math, style")

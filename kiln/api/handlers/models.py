@@ -25,11 +25,10 @@ def model_cards(backend: Backend) -> list[dict[str, Any]]:
             "max_model_len": backend.max_model_len,
         }
     ]
-    store = backend.adapter_store
-    for info in store.list() if store is not None else []:
+    for name in adapter_names(backend):
         cards.append(
             {
-                "id": info.name,
+                "id": name,
                 "object": "model",
                 "created": backend.created,
                 "owned_by": "kiln",
@@ -39,6 +38,14 @@ def model_cards(backend: Backend) -> list[dict[str, Any]]:
             }
         )
     return cards
+
+
+def adapter_names(backend: Backend) -> list[str]:
+    """Adapters that `model` can name: one named like the served model or an alias is shadowed
+    by it (`model` selects the base), so it is not listed as a second card with the same id."""
+    store = backend.adapter_store
+    served = {backend.model_id, *backend.aliases}
+    return [i.name for i in (store.list() if store is not None else []) if i.name not in served]
 
 
 async def list_models(request: Request) -> Response:
@@ -56,9 +63,9 @@ def resolve_model(backend: Backend, requested: str | None) -> tuple[str, str | N
     adapter = adapter_named_by_model(backend, requested)
     if adapter is not None:
         return adapter, adapter
+    names = [backend.model_id, *adapter_names(backend)]
+    shown = ", ".join(names[:9]) + (f" and {len(names) - 9} more" if len(names) > 9 else "")
     raise ApiError(
-        404,
-        "model_not_found",
-        f"model {requested!r} is not served here; available: {backend.model_id}",
+        404, "model_not_found", f"model {requested!r} is not served here; available: {shown}",
         param="model",
     )
