@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
 from kiln.api.errors import ApiError
 
@@ -28,11 +28,14 @@ async def read_json_body(request: Request, limit: int) -> bytes:
         raise _too_large(limit)
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(limit)
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(limit)
+            chunks.append(chunk)
+    except ClientDisconnect:  # gone mid-upload: counted as 499 like any disconnect, not a 500
+        raise ApiError(499, "client_disconnected", "client closed the connection") from None
     body = b"".join(chunks)
     if not body.strip():
         raise ApiError(400, "invalid_json", "request body is empty; a JSON object is required")

@@ -154,3 +154,54 @@ def test_a_prompt_surely_over_the_window_is_refused_before_encoding(client: Test
     assert calls == []
     assert client.post(CHAT, json={"messages": [{"role": "user", "content": "hi"}]}).status_code == 200
     assert calls  # a prompt that may fit is encoded as before
+
+
+def test_more_choices_than_the_gate_holds_is_400_not_a_retry_forever() -> None:
+    """n past --max-num-seqs + --max-waiting-requests can never be admitted: a 400, where a 429
+    with Retry-After had sent retrying clients (the OpenAI SDK) round for ever."""
+    from kiln.api.app import build_app
+    from kiln.config import ServerConfig
+    from tests.api.fake_backend import FakeBackend
+
+    app = build_app(ServerConfig(max_num_seqs=2, max_waiting_requests=3), FakeBackend())
+    with TestClient(app) as c:
+        r = c.post(CHAT, json={**MSG, "n": 6, "max_tokens": 2})
+        err = assert_envelope(r, 400, "chat_invalid_request")
+        assert "at most 5" in err["message"] and err["param"] == "n"
+        assert "retry-after" not in r.headers
+        batch = c.post("/v1/completions/batch",
+                       json={"prompts": [MSG["messages"]] * 2, "n": 3, "max_tokens": 2})
+        assert_envelope(batch, 400, "batch_too_large")
+        assert c.post(CHAT, json={**MSG, "n": 5, "max_tokens": 2}).status_code == 200
+
+
+def test_a_client_gone_during_the_upload_is_499(client: TestClient) -> None:
+    """A body cut short (Content-Length larger than what came) was a 500 with a traceback."""
+    import asyncio
+
+    from kiln import metrics
+
+    def count(status: str) -> float:
+        return metrics.REGISTRY.get_sample_value(
+            "kiln_http_requests_total",
+            {"route": CHAT, "method": "POST", "status": status}) or 0.0
+
+    before_499, before_500 = count("499"), count("500")
+    app = client.app
+    sent: list[dict] = []  # type: ignore[type-arg]
+    messages = [{"type": "http.request", "body": b'{"messages": [', "more_body": True},
+                {"type": "http.disconnect"}]
+
+    async def receive() -> dict:  # type: ignore[type-arg]
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:  # type: ignore[type-arg]
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": CHAT, "raw_path": CHAT.encode(),
+             "query_string": b"", "root_path": "", "scheme": "http", "http_version": "1.1",
+             "headers": [(b"content-type", b"application/json"), (b"content-length", b"999")],
+             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2)}
+    asyncio.run(app(scope, receive, send))  # type: ignore[arg-type]
+    assert sent[0]["status"] == 499
+    assert count("499") == before_499 + 1 and count("500") == before_500

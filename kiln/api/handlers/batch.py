@@ -92,7 +92,7 @@ async def create(request: Request) -> Response:
                 req, max_tokens=max_tokens, stop=stop, seed=item_seed, has_tools=bool(tools)
             )
             work.append((f"{rid}-{p}-{c}", ids, replace(params, thinking=spec), selection.lora))
-    jobs = submit_all(state, work)
+    jobs = submit_all(state, work, code="batch_too_large")
     results = await until_disconnect(request, _gather(jobs))
     parse_tools = tools if tools_enabled(tools, opt(req.tool_choice)) else None
     items = []

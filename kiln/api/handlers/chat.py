@@ -55,7 +55,7 @@ async def create(request: Request) -> Response:
     streams = submit_all(
         state,
         [(f"{rid}-{i}", prepared.prompt_ids, p, prepared.lora) for i, p in enumerate(prepared.params)],
-        arrived,
+        arrived, code=ERROR_CODE,
     )
     completions = await until_disconnect(request, _collect_all(streams))
     body_out = response_body(state, prepared, completion_id, completions, started)

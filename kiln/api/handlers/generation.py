@@ -109,9 +109,17 @@ def submit(
 
 def submit_all(
     state: AppState, items: list[tuple[str, list[int], SamplingParams, tuple[tuple[Any, float], ...]]],
-    arrival: float | None = None,
+    arrival: float | None = None, *, code: str,
 ) -> list[Admitted]:
-    """Admit several engine requests, all or none: on a failure the admitted ones are closed."""
+    """Admit several engine requests, all or none: on a failure the admitted ones are closed.
+    More than the gate ever holds is a 400 (``code``), not a 429 that no retry could pass."""
+    if len(items) > state.gate.capacity:
+        raise ApiError(
+            400, code,
+            f"the request needs {len(items)} engine requests at once; this server admits at most "
+            f"{state.gate.capacity} (--max-num-seqs + --max-waiting-requests)",
+            param="n",
+        )
     admitted: list[Admitted] = []
     try:
         for request_id, prompt_ids, params, lora in items:
