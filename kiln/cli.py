@@ -88,6 +88,7 @@ def serve(config: ServerConfig) -> int:
     import uvicorn
 
     from kiln.api.app import build_app
+    from kiln.drain import DRAIN_MESSAGE, DrainingServer
     from kiln.model.loader import ModelNotFoundError
     from kiln.serving import EngineBackend
 
@@ -107,13 +108,12 @@ def serve(config: ServerConfig) -> int:
     gc.collect()
     gc.freeze()
     print(f"kiln: serving {backend.model_id} on http://{config.host}:{config.port}", flush=True)
-    uvicorn.run(
-        app,
-        host=config.host,
-        port=config.port,
-        log_level=config.log_level,
-        timeout_graceful_shutdown=int(config.drain_timeout_s),
+    server = DrainingServer(
+        uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
+                       timeout_graceful_shutdown=int(config.drain_timeout_s)),
+        on_expiry=lambda: backend.abort_all(DRAIN_MESSAGE),
     )
+    server.run()
     gc.unfreeze()  # let the interpreter's final collection release them (extension objects too)
     return 0
 

@@ -214,6 +214,9 @@ class EngineBackend:
     def abort(self, request_id: str) -> None:
         self.engine.abort(request_id)
 
+    def abort_all(self, message: str) -> None:
+        self.engine.abort_all(message)
+
     def identity(self) -> dict[str, str]:
         if self._identity is None:
             cfg = json.dumps(asdict(self.loaded.config), sort_keys=True)

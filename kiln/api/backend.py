@@ -96,6 +96,10 @@ class Backend(Protocol):
 
     def abort(self, request_id: str) -> None: ...
 
+    def abort_all(self, message: str) -> None:
+        """End every engine request with "abort" and this error (the drain ran out)."""
+        ...
+
     def stats(self) -> dict[str, float]: ...
 
     def identity(self) -> dict[str, str]:

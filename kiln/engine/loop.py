@@ -144,6 +144,13 @@ class AsyncEngine:
             self._inbox.append(("abort", request_id))
             self._cv.notify()
 
+    def abort_all(self, message: str) -> None:
+        """Thread-safe; every request finishes with "abort" and ``message`` as its error (a
+        drain that ran out: the handlers answer each with an error rather than be cancelled)."""
+        with self._cv:
+            self._inbox.append(("abort_all", message))
+            self._cv.notify()
+
     def run_exclusive(self, fn: Callable[[], _T]) -> asyncio.Future[_T]:
         """Run ``fn`` on the engine thread between steps, alone on the model (call on an event
         loop). The returned future resolves on the caller's loop with ``fn``'s result or
@@ -191,6 +198,8 @@ class AsyncEngine:
                 exclusive.append(item)
             elif kind == "abort" and isinstance(item, str):
                 out = self.scheduler.abort(item)
+            elif kind == "abort_all" and isinstance(item, str):
+                outputs.extend(self.scheduler.finish_all("abort", error=item))
             elif isinstance(item, Request):
                 try:
                     out = self.scheduler.add_request(item)

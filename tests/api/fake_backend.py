@@ -74,6 +74,7 @@ class FakeBackend:
         self.chat_template = EchoTemplate()
         self.reply = reply
         self.aborted: list[str] = []
+        self.stop_message: str | None = None
         self.submitted: list[Request] = []
 
     def start(self) -> None: ...
@@ -112,6 +113,9 @@ class FakeBackend:
     def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)
 
+    def abort_all(self, message: str) -> None:
+        self.stop_message = message  # running generators end with "abort" at their next token
+
     def submit(self, request: Request) -> AsyncIterator[RequestOutput]:
         if len(request.prompt_token_ids) >= self.max_model_len:
             raise EngineError("context_length_exceeded", "prompt too long")
@@ -132,6 +136,12 @@ class FakeBackend:
             for i, tid in enumerate(ids):
                 if self.delay:
                     await asyncio.sleep(self.delay)
+                if self.stop_message is not None:
+                    finished = True
+                    out = self._out(request, [], i, True, "abort", metrics, text=False)
+                    out.error = self.stop_message
+                    yield out
+                    return
                 last = i == len(ids) - 1
                 done = last and not hit_eos
                 yield self._out(request, [tid], i + 1, done, "length" if done else None, metrics)

@@ -164,3 +164,47 @@ def test_scheduler_and_loop_import_without_torch() -> None:
     code = ("import sys; import kiln.engine, kiln.engine.scheduler, kiln.engine.block_pool, "
             "kiln.engine.loop, kiln.engine.outputs; assert 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_abort_all_ends_every_request_with_its_message() -> None:
+    """The drain's last resort: every running and waiting request ends with "abort" and the
+    message, and the pool gets its blocks back."""
+    import asyncio
+
+    from kiln.engine.config import EngineConfig
+    from kiln.engine.loop import AsyncEngine
+    from kiln.engine.request import Request, SamplingParams
+    from kiln.engine.scheduler import Scheduler
+    from tests.engine.fakes import FakeRunner
+
+    class SlowRunner(FakeRunner):  # 10 ms a step: nothing finishes on its own meanwhile
+        def execute(self, so):  # type: ignore[no-untyped-def]
+            import time
+
+            time.sleep(0.01)
+            return super().execute(so)
+
+    eng = AsyncEngine.from_components(
+        Scheduler(EngineConfig(block_size=4, num_blocks=64, max_num_batched_tokens=32), 64, 200),
+        SlowRunner(64, 4))
+    eng.start()
+
+    async def main() -> list[tuple[str | None, str | None]]:
+        streams = [eng.generate(Request(f"r{i}", [1, 2, 3], SamplingParams(max_tokens=10_000,
+                                                                           ignore_eos=True)))
+                   for i in range(3)]
+        firsts = [await anext(s) for s in streams]
+        assert all(not o.finished for o in firsts)
+        eng.abort_all("drained")
+        finals = []
+        for s in streams:
+            async for out in s:
+                last = out
+            finals.append((last.finish_reason, last.error))
+        return finals
+
+    try:
+        assert asyncio.run(main()) == [("abort", "drained")] * 3
+        assert eng.scheduler.pool.num_used_blocks == 0
+    finally:
+        eng.shutdown()

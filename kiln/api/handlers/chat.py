@@ -93,6 +93,9 @@ def extract_tool_calls(
 def _finish_reason(c: Completion) -> str:
     if c.finish_reason == "error":
         raise ApiError(500, "generation_error", f"generation failed: {c.error or 'unknown error'}")
+    if c.finish_reason == "abort":  # the engine stopped it (shutdown): not a finished answer
+        raise ApiError(503, "engine_not_running", c.error or "the engine stopped this request",
+                       headers={"retry-after": "1"})
     return c.finish_reason if c.finish_reason in ("stop", "length", "tool_calls") else "stop"
 
 
