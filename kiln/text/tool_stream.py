@@ -65,6 +65,12 @@ class ToolCallStreamer:
         self._bare_done = False  # bare mode: the held text is one complete declared call
         self._next_index = 0
 
+    def closes_with(self, stop: str) -> bool:
+        """Whether ``stop`` (a client's stop string that ended generation) completes the open
+        `<tool_call>` block into a call that parses: then it is pushed back for parsing, as
+        the non-streamed answer does; otherwise it must not reach the stream."""
+        return self._mode == _BLOCK and bool(parse_with(self._block + stop, self._tools).tool_calls)
+
     @property
     def emitted_calls(self) -> int:
         """How many tool calls have been emitted so far."""

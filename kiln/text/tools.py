@@ -302,6 +302,25 @@ def parse_with(text: str, toolset: ToolSet) -> ParsedOutput:
     return ParsedOutput(text, [])
 
 
+def closing_stop(finish_reason: str | None, stop_reason: Any) -> str:
+    """The matched stop string when it closed a tool call (a client's own `</tool_call>` stop,
+    as Hermes clients send): the engine cut it from the text, and parsing needs it back
+    (reference §12: removed from content, re-appended for parsing). "" otherwise."""
+    if finish_reason == "stop" and isinstance(stop_reason, str) and CLOSE_TAG in stop_reason:
+        return stop_reason
+    return ""
+
+
+def parse_closed(text: str, tools: list[Any] | None, stop: str) -> ParsedOutput:
+    """``parse_tool_calls`` of ``text`` with ``stop`` (from ``closing_stop``) re-appended when
+    that completes a call; else of ``text`` alone, so a stop never reaches the content."""
+    if stop:
+        parsed = parse_tool_calls(text + stop, tools)
+        if parsed.tool_calls:
+            return parsed
+    return parse_tool_calls(text, tools)
+
+
 def parse_tool_calls(text: str, tools: list[Any] | None) -> ParsedOutput:
     """Split a completion into content and tool calls (no parsing when no tools were offered)."""
     return parse_with(text, ToolSet(tools))

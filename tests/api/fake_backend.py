@@ -75,6 +75,7 @@ class FakeBackend:
         self.reply = reply
         self.aborted: list[str] = []
         self.stop_message: str | None = None
+        self.stop_string: str | None = None  # the reply ends on this (cut) stop string, not EOS
         self.submitted: list[Request] = []
 
     def start(self) -> None: ...
@@ -173,7 +174,7 @@ class FakeBackend:
             text_delta=self.tokenizer.decode(ids) if text else "",
             finished=finished,
             finish_reason=reason,
-            stop_reason=EOS if reason == "stop" else None,
+            stop_reason=(self.stop_string or EOS) if reason == "stop" else None,
             num_prompt_tokens=len(request.prompt_token_ids),
             num_output_tokens=count,
             num_cached_tokens=0,

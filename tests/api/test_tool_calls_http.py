@@ -160,3 +160,32 @@ def test_a_call_cut_by_max_tokens_finishes_with_length() -> None:
     assert [f for f in finishes if f] == ["length"]
     assert batch["completions"][0]["finish_reason"] == "length"
     assert whole["choices"][0]["finish_reason"] == "tool_calls"  # not cut: as before
+
+
+def test_a_clients_tool_call_close_stop_still_yields_the_call() -> None:
+    """Hermes clients send stop "</tool_call>": the engine cuts it from the text, so the call
+    was left unterminated and came back as plain content. It is put back for parsing (JSON,
+    SSE and batch agree), and never shown when it does not complete a call."""
+    reply = 'Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n'
+    backend = FakeBackend(reply=reply)
+    backend.stop_string = "</tool_call>"
+    body = {"messages": MSG, "tools": TOOLS, "stop": ["</tool_call>"]}
+    with TestClient(build_app(ServerConfig(), backend)) as c:
+        plain = c.post(CHAT, json=body).json()["choices"][0]
+        stream = c.post(CHAT, json={**body, "stream": True}).text
+        batch = c.post("/v1/completions/batch",
+                       json={"prompts": [MSG], "tools": TOOLS, "stop": "</tool_call>"}).json()
+    assert plain["finish_reason"] == "tool_calls" and plain["message"]["content"] == "Sure."
+    assert json.loads(plain["message"]["tool_calls"][0]["function"]["arguments"]) == {"city": "Oslo"}
+    events = [e for e in sse_events(stream) if isinstance(e, dict) and e.get("choices")]
+    content = "".join(e["choices"][0]["delta"].get("content", "") for e in events)
+    names = [tc["function"]["name"] for e in events
+             for tc in e["choices"][0]["delta"].get("tool_calls", []) if "id" in tc]
+    assert content == "Sure." and names == ["get_weather"] and "</tool_call>" not in stream
+    assert batch["completions"][0]["tool_calls"][0]["function"]["name"] == "get_weather"
+    backend.reply = "Sure.\n<tool_call>\nnot a call\n"  # a stop that completes nothing stays out
+    with TestClient(build_app(ServerConfig(), backend)) as c:
+        plain = c.post(CHAT, json=body).json()["choices"][0]
+        stream = c.post(CHAT, json={**body, "stream": True}).text
+    assert "tool_calls" not in plain["message"] and "</tool_call>" not in plain["message"]["content"]
+    assert "</tool_call>" not in stream

@@ -43,7 +43,7 @@ from kiln.api.state import AppState, app_state, request_id
 from kiln.engine.request import SamplingParams
 from kiln.text.budget import resolve
 from kiln.text.reasoning import fold, prompt_starts_in_reasoning, split_reasoning
-from kiln.text.tools import parse_tool_calls
+from kiln.text.tools import closing_stop, parse_closed
 
 ERROR_CODE = "batch_invalid_request"
 
@@ -100,7 +100,8 @@ async def create(request: Request) -> Response:
     for k, done in enumerate(results):
         p, c = divmod(k, n)
         item = _item(state, p, c, done, len(prompts[p][0]), prompts[p][1])
-        _add_tool_calls(item, parse_tools, first_only=opt(req.parallel_tool_calls) is False)
+        _add_tool_calls(item, parse_tools, first_only=opt(req.parallel_tool_calls) is False,
+                        stop=closing_stop(done.finish_reason, done.stop_reason))
         if work[k][2].thinking is not None and done.thinking_outcome is not None:
             item["thinking_budget"] = done.thinking_outcome.wire()
         items.append(item)
@@ -127,10 +128,11 @@ async def _gather(jobs: list[Admitted]) -> list[Completion]:
             await j.aclose()
 
 
-def _add_tool_calls(item: dict[str, Any], tools: list[Any] | None, first_only: bool) -> None:
+def _add_tool_calls(item: dict[str, Any], tools: list[Any] | None, first_only: bool,
+                    stop: str = "") -> None:
     if tools is None or item["finish_reason"] == "error":
         return
-    parsed = parse_tool_calls(item["text"], tools)
+    parsed = parse_closed(item["text"], tools, stop)
     calls = parsed.tool_calls[:1] if first_only else parsed.tool_calls
     if calls:
         item["text"] = parsed.content

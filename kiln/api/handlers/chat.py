@@ -30,7 +30,7 @@ from kiln.api.sse import EventStream
 from kiln.api.state import AppState, app_state, request_id
 from kiln.text.budget import record
 from kiln.text.reasoning import fold, split_reasoning
-from kiln.text.tools import ParsedOutput, ToolCall, parse_tool_calls
+from kiln.text.tools import ParsedOutput, ToolCall, closing_stop, parse_closed, parse_tool_calls
 
 ERROR_CODE = "chat_invalid_request"
 
@@ -71,12 +71,13 @@ async def _collect_all(streams: list[Admitted]) -> list[Completion]:
 
 
 def extract_tool_calls(
-    prepared: PreparedChat, reasoning: str | None, content: str
+    prepared: PreparedChat, reasoning: str | None, content: str, stop: str = ""
 ) -> tuple[str | None, str, list[ToolCall]]:
-    """Tool calls from the answer (or, if it has none, from the reasoning)."""
+    """Tool calls from the answer (or, if it has none, from the reasoning); ``stop`` is a
+    client's stop string that closed the last call (``closing_stop``)."""
     if prepared.tools is None:
         return reasoning, content, []
-    parsed: ParsedOutput = parse_tool_calls(content, prepared.tools)
+    parsed: ParsedOutput = parse_closed(content, prepared.tools, stop)
     calls = parsed.tool_calls
     if calls:
         content = parsed.content
@@ -145,7 +146,8 @@ def response_body(
     for index, c in enumerate(completions):
         finish = _finish_reason(c)
         reasoning, content = split_reasoning(c.text, prepared.in_reasoning)
-        reasoning, content, calls = extract_tool_calls(prepared, reasoning, content)
+        stop = closing_stop(c.finish_reason, c.stop_reason)
+        reasoning, content, calls = extract_tool_calls(prepared, reasoning, content, stop)
         meta = content_metadata(prepared, reasoning, content, bool(calls))
         first_meta = first_meta or meta
         message: dict[str, Any] = {"role": "assistant", "content": content}

@@ -21,7 +21,7 @@ from kiln.engine.outputs import RequestOutput
 from kiln.text.budget import record
 from kiln.text.reasoning import Delta, ReasoningSplitter
 from kiln.text.tool_stream import StreamEvents, ToolCallStreamer
-from kiln.text.tools import ToolCall
+from kiln.text.tools import ToolCall, closing_stop
 
 ARGUMENT_FRAGMENT = 16  # characters of arguments JSON per streamed tool-call delta
 
@@ -75,6 +75,9 @@ class _Chunks:
 
 class _ToolFilter:
     """Routes answer text through the tool-call streamer when tool parsing is on."""
+
+    def closes_with(self, stop: str) -> bool:
+        return self.streamer is not None and self.streamer.closes_with(stop)
 
     def __init__(self, prepared: PreparedChat, chunks: _Chunks) -> None:
         self.streamer = ToolCallStreamer(prepared.tools) if prepared.tools else None
@@ -183,7 +186,11 @@ async def frames(
         )
         yield DONE
         return
-    for frame in tools.frames(splitter.flush(), final=True):
+    stop = closing_stop(final.finish_reason, final.stop_reason)
+    tail = splitter.flush()
+    if stop and not tail.reasoning and tools.closes_with(tail.content + stop):
+        tail = Delta(reasoning=tail.reasoning, content=tail.content + stop)
+    for frame in tools.frames(tail, final=True):
         yield frame
     prompt_tokens = len(prepared.prompt_ids)
     outcome = final.thinking_outcome if prepared.budget_applied else None
