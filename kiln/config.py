@@ -6,6 +6,7 @@ Command-line flags override the environment; bad values fail loudly at start.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -85,8 +86,9 @@ class ServerConfig:
                               f"got {self.kv_cache_dtype}")
         if self.max_waiting_requests < 0:
             raise ConfigError("max_waiting_requests must be >= 0")
-        if not self.request_timeout_s > 0 or not self.drain_timeout_s >= 0:
-            raise ConfigError("request_timeout_s must be > 0 and drain_timeout_s >= 0")
+        if not (0 < self.request_timeout_s < math.inf and 0 <= self.drain_timeout_s < math.inf):
+            raise ConfigError("request_timeout_s must be > 0 and drain_timeout_s >= 0, both "
+                              "finite (for no practical limit, give a large number)")
         if any(not k or k != k.strip() for k in self.api_keys):
             raise ConfigError("API keys must be non-empty and have no surrounding whitespace")
         if self.log_level not in ("critical", "error", "warning", "info", "debug", "trace"):

@@ -270,6 +270,7 @@ class EngineBackend:
         §6): one chunk at a time alone on the model (``run_exclusive``), with the engine's own
         steps in between, so running streams keep decoding (a 4,096-token prompt takes ~17 s to
         score on this CPU; in one piece it had stalled every stream that long)."""
+        from kiln.engine.lora_mix import check_mix
         from kiln.engine.runner import ModelRunner
         from kiln.engine.scoring import ScoringJob
         from kiln.model.lora_slots import LoraBatch
@@ -278,6 +279,10 @@ class EngineBackend:
         if not isinstance(runner, ModelRunner):
             raise TypeError("EngineBackend.score needs an engine over a ModelRunner")
         mix = list(lora)
+        config = self.engine.scheduler.config
+        problem = check_mix(mix, config.max_lora_slots, config.max_lora_rank)
+        if problem is not None:  # as generation refuses it (a 400), not a 500 mid-job
+            raise EngineError("invalid_compose_request", problem, 400)
 
         def plan(n: int) -> LoraBatch:
             return LoraBatch.build([mix], [n], runner.lora_slots)

@@ -32,9 +32,16 @@ def missing_weights(tmp: Path) -> Path:
     return folder
 
 
+def corrupt_weights(tmp: Path) -> Path:
+    folder = write_tiny_llama(tmp / "corrupt")
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:200])  # truncated: had been a traceback
+    return folder
+
+
 @pytest.mark.parametrize(
-    "make", [lambda t: t / "does-not-exist", broken_config, missing_weights],
-    ids=["bad-path", "broken-config", "missing-file"],
+    "make", [lambda t: t / "does-not-exist", broken_config, missing_weights, corrupt_weights],
+    ids=["bad-path", "broken-config", "missing-file", "corrupt-weights"],
 )
 def test_bad_model_gives_one_clear_line(tmp_path: Path, make) -> None:  # type: ignore[no-untyped-def]
     result = serve("--model", str(make(tmp_path)))
@@ -43,6 +50,14 @@ def test_bad_model_gives_one_clear_line(tmp_path: Path, make) -> None:  # type: 
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("kiln: cannot load model")
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("flag", ["--drain-timeout-s", "--request-timeout-s"])
+def test_an_infinite_timeout_is_a_config_error(flag: str) -> None:
+    """inf passed the checks, then int(inf) ended start-up in a traceback."""
+    result = serve(flag, "inf")
+    assert result.returncode == 2
+    assert "finite" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_bad_env_value_fails_loudly() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from kiln.model.base import CausalLM
 from kiln.model.config import ModelConfig
@@ -91,10 +91,13 @@ def load_hf_folder(folder: str | Path, dtype: torch.dtype, device: torch.device)
     model = empty_model(cfg, dtype, device)
     sink = WeightSink(model)
     for path in safetensors_files(root):
-        with safe_open(str(path), framework="pt", device="cpu") as f:
-            keys = list(f.keys())
-            for key in progress(keys, len(keys), f"loading {path.name}"):
-                sink.put(key, f.get_tensor(key))
+        try:
+            with safe_open(str(path), framework="pt", device="cpu") as f:
+                keys = list(f.keys())
+                for key in progress(keys, len(keys), f"loading {path.name}"):
+                    sink.put(key, f.get_tensor(key))
+        except SafetensorError as exc:  # corrupt or truncated: a load error, not a traceback
+            raise WeightLoadError(f"{path} is not a readable safetensors file: {exc}") from None
     sink.finish()
     return HFContents(model=model, config=cfg, tokenizer=tokenizer,
                       chat_template=chat_template_source(root, tokenizer_config),

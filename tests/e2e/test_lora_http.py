@@ -89,3 +89,22 @@ def test_provenance_names_the_adapter(client: TestClient) -> None:
     data = chat(client, adapter="alpha", rollout_provenance=True, ignore_eos=False, seed=1)
     adapter = data["choices"][0]["rollout_provenance"]["behavior_policy"]["adapter"]
     assert adapter["name"] == "alpha" and adapter["content_sha256"].startswith("sha256:")
+
+
+def test_an_adapter_past_the_rank_limit_is_a_400_for_scoring_too(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Chat and batch refused a rank-300 adapter with a 400; scoring hit the slot stacks'
+    capacity error mid-job and answered 500."""
+    root = tmp_path_factory.mktemp("lora-wide")
+    folder = write_tiny_qwen3(root / "model", seed=21)
+    loaded = load_model(str(folder))
+    write_peft(root / "adapters" / "wide", loaded.config, r=300, alpha=300,
+               targets=("q_proj",), seed=3)
+    config = ServerConfig(model=str(folder), adapter_dir=str(root / "adapters"), kv_memory_mb=32)
+    with TestClient(build_app(config, EngineBackend(loaded, config))) as c:
+        chat_r = c.post(CHAT, json={"messages": MSG, "model": "wide", **GREEDY})
+        score = c.post("/v1/completions",
+                       json={"prompt": list(range(5, 12)), "prompt_logprobs": 1, "model": "wide"})
+    assert chat_r.status_code == 400, chat_r.text
+    assert score.status_code == 400, score.text
+    assert score.json()["error"]["code"] == chat_r.json()["error"]["code"]
