@@ -172,6 +172,8 @@ def from_env(environ: Mapping[str, str] | None = None) -> ServerConfig:
                 raise ConfigError(f"{var} is not a number") from None
         elif kind == "list":
             values[name] = tuple(part.strip() for part in raw.split(",") if part.strip())
+            if not values[name]:  # e.g. KILN_API_KEY="," : set, yet nothing in it
+                raise ConfigError(f"{var} is set but names nothing")
         else:
             values[name] = raw
     return ServerConfig(**values)

@@ -39,6 +39,17 @@ def test_api_keys() -> None:
         assert c.get("/metrics", headers={"authorization": "Bearer k1"}).status_code == 200
 
 
+def test_an_api_key_variable_with_no_key_in_it_is_an_error() -> None:
+    """KILN_API_KEY="," had silently turned authentication off."""
+    import pytest
+
+    from kiln.config import ConfigError
+
+    for raw in (",", " , ,"):
+        with pytest.raises(ConfigError, match="KILN_API_KEY"):
+            from_env({"KILN_API_KEY": raw})
+
+
 def test_api_keys_from_env_and_never_in_repr() -> None:
     cfg = from_env({"KILN_API_KEY": "secret-one, secret-two"})
     assert cfg.api_keys == ("secret-one", "secret-two")
