@@ -205,3 +205,16 @@ def test_a_client_gone_during_the_upload_is_499(client: TestClient) -> None:
     asyncio.run(app(scope, receive, send))  # type: ignore[arg-type]
     assert sent[0]["status"] == 499
     assert count("499") == before_499 + 1 and count("500") == before_500
+
+
+@pytest.mark.parametrize("key", ["tools", "messages"])
+def test_chat_template_kwargs_may_not_set_messages_or_tools(client: TestClient, key: str) -> None:
+    """They had reached ChatTemplate.render twice: a TypeError shown as invalid_messages."""
+    r = client.post(CHAT, json={**MSG, "chat_template_kwargs": {key: 5}})
+    err = assert_envelope(r, 400, "chat_invalid_request")
+    assert err["param"] == "chat_template_kwargs" and key in err["message"]
+    batch = client.post("/v1/completions/batch",
+                        json={"prompts": [MSG["messages"]], "chat_template_kwargs": {key: 5}})
+    assert_envelope(batch, 400, "batch_invalid_request")
+    ok = client.post(CHAT, json={**MSG, "chat_template_kwargs": {"enable_thinking": False}})
+    assert ok.status_code == 200

@@ -59,7 +59,7 @@ async def create(request: Request) -> Response:
     selection = await select(state.backend, req.adapter, req.adapters, model_adapter, tri_state=False)
     n = int(opt(req.n) or 1)
     tools = opt(req.tools) or None
-    kwargs = template_kwargs(state, req.chat_template_kwargs)
+    kwargs = template_kwargs(state, req.chat_template_kwargs, ERROR_CODE)
     limit = state.backend.max_model_len
     prompts: list[tuple[list[int], bool]] = []
     for p, messages in enumerate(req.prompts):

@@ -159,10 +159,18 @@ def apply_budget(
     return ThinkingBudgetSpec(close_ids, budget.tokens.limit, budget.time_ms.limit)
 
 
-def template_kwargs(state: AppState, requested: Any) -> dict[str, Any]:
+def template_kwargs(state: AppState, requested: Any, error_code: str) -> dict[str, Any]:
     """`chat_template_kwargs` as top-level template variables, plus the server's default
-    `enable_thinking` when the request does not set it."""
+    `enable_thinking` when the request does not set it. `messages` and `tools` are the request's
+    own: a kwarg of either name is a 400 (it had been a TypeError shown as invalid_messages)."""
     kwargs: dict[str, Any] = dict(opt(requested) or {})
+    reserved = sorted(RESERVED_TEMPLATE_VARS & kwargs.keys())
+    if reserved:
+        raise ApiError(
+            400, error_code,
+            f"chat_template_kwargs may not set {', '.join(reserved)}: the template gets them from "
+            "the request's own fields", param="chat_template_kwargs",
+        )
     default = state.config.default_thinking_enabled
     if "enable_thinking" not in kwargs and default is not None:
         kwargs["enable_thinking"] = default
@@ -176,6 +184,9 @@ def _thinking_source(requested: Any, server_default: bool | None) -> str:
     if "enable_thinking" in kwargs:
         return "request" if isinstance(kwargs["enable_thinking"], bool) else "custom"
     return "server_default" if server_default is not None else "template_default"
+
+
+RESERVED_TEMPLATE_VARS = frozenset({"messages", "tools"})
 
 
 def too_long(limit: int, chars: int, param: str) -> ApiError:
@@ -216,7 +227,7 @@ async def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> Prep
     model, model_adapter = resolve_model(backend, opt(req.model))
     selection = await select(backend, req.adapter, req.adapters, model_adapter, tri_state=True)
     started = time.perf_counter()
-    kwargs = template_kwargs(state, req.chat_template_kwargs)
+    kwargs = template_kwargs(state, req.chat_template_kwargs, "chat_invalid_request")
     tools = opt(req.tools) or None
     tool_choice = opt(req.tool_choice)
     if tool_choice is not None:
