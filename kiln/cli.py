@@ -91,13 +91,17 @@ def serve(config: ServerConfig) -> int:
     from kiln.drain import DRAIN_MESSAGE, DrainingServer
     from kiln.model.loader import ModelNotFoundError
     from kiln.serving import EngineBackend
+    from kiln.text.chat_template import ChatTemplateError
 
     try:
         backend = EngineBackend.from_config(config)
     except (ModelNotFoundError, OSError, ValueError, KeyError, RuntimeError) as exc:
         # ModelNotFoundError, UnsupportedModelError, WeightLoadError, a broken JSON file, ...
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        print(f"kiln: cannot load model {config.model or '(default)'}: {message}", file=sys.stderr)
+        what = f"model {config.model or '(default)'}"
+        if isinstance(exc, ChatTemplateError) and config.chat_template:
+            what = f"chat template {config.chat_template}"  # the --chat-template file, not the model
+        print(f"kiln: cannot load {what}: {message}", file=sys.stderr)
         return 2
     app = build_app(config, backend)
     # What is loaded by now (model, tokenizer, templates, app) lives as long as the server: keep

@@ -93,3 +93,14 @@ def test_kv_cache_dtype_from_flag_and_env(monkeypatch: pytest.MonkeyPatch) -> No
     assert engine_config(config).kv_cache_dtype == "float16"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--kv-cache-dtype", "int8"])
+
+
+def test_a_bad_chat_template_file_is_named_as_such(tmp_path: Path) -> None:
+    """A --chat-template that does not compile was reported as 'cannot load model (default)'."""
+    folder = write_tiny_llama(tmp_path / "tiny")
+    template = tmp_path / "bad.jinja"
+    template.write_text("{% for m in messages %}{{ m.content }")
+    result = serve("--model", str(folder), "--chat-template", str(template))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"kiln: cannot load chat template {template}")
