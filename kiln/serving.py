@@ -68,6 +68,8 @@ def engine_config(config: ServerConfig) -> EngineConfig:
     )
 
 
+SCORING_BLOCK_WAIT_S = 0.05  # a scoring job waiting for KV blocks looks again this often
+
 class EngineStream:
     """Outputs of one engine request; closing it early (even unstarted) aborts the request."""
 
@@ -296,14 +298,34 @@ class EngineBackend:
             await lock.acquire()
         try:
             with self._counted("running"):
-                while not await self.engine.run_exclusive(job.step):
-                    pass
+                await self._first_step(job)
+                while not job.done:
+                    await self.engine.run_exclusive(job.step)
         finally:
             if not job.done:  # failed or cancelled: its blocks go back on the engine thread
                 with contextlib.suppress(EngineError):
                     self.engine.run_exclusive(job.close)
             lock.release()
         return job.scores
+
+    async def _first_step(self, job: Any) -> None:
+        """The job's first chunk, which borrows all its blocks. While running streams hold too
+        many, wait for them (a 503 at once had failed ~10% of scoring requests in mixed traffic);
+        the request's own timeout bounds the wait. A prompt bigger than the whole cache fails."""
+        while True:
+            try:
+                await self.engine.run_exclusive(job.step)
+                return
+            except EngineError as exc:
+                fits = job.blocks_needed <= self.engine.scheduler.pool.num_blocks
+                if exc.code != "kv_cache_exhausted" or job.started or not fits:
+                    raise
+            self._scoring_jobs["running"] -= 1  # waiting for blocks, as the gauges should say
+            try:
+                with self._counted("waiting"):
+                    await asyncio.sleep(SCORING_BLOCK_WAIT_S)
+            finally:
+                self._scoring_jobs["running"] += 1
 
     @contextlib.contextmanager
     def _counted(self, key: str) -> Iterator[None]:

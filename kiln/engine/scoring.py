@@ -129,8 +129,17 @@ class ScoringJob:
             self.pool.free(self._blocks)
             self._blocks = None
 
+    @property
+    def blocks_needed(self) -> int:
+        return _cdiv(self.fed, self.kv.block_size)
+
+    @property
+    def started(self) -> bool:
+        """Whether the job holds its blocks (the first step borrowed them)."""
+        return self._blocks is not None
+
     def _borrow(self) -> list[int]:
-        need = _cdiv(self.fed, self.kv.block_size)
+        need = self.blocks_needed
         if self.pool.num_free_blocks < need:
             raise EngineError(
                 "kv_cache_exhausted",

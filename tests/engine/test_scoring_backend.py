@@ -11,6 +11,7 @@ import pytest
 
 from kiln.api.backend import PositionScore
 from kiln.config import ServerConfig
+from kiln.engine.errors import EngineError
 from kiln.engine.request import Request, SamplingParams
 from kiln.engine.scoring import ScoringJob
 from kiln.model import LoadedModel
@@ -138,3 +139,32 @@ def test_c_step_scores_equal_the_decode_step_logits(smollm: LoadedModel) -> None
     assert got.token_id == ids[-1]
     assert got.logprob == float(want[ids[-1]])
     assert got.top_logprobs == [float(want[t]) for t in got.top_ids]
+
+
+def test_scoring_waits_for_blocks_that_running_streams_hold(tiny_llama: LoadedModel) -> None:
+    """A prompt that fits the cache but not its free blocks waits for a running stream to end
+    (it had failed at once with 503 kv_cache_exhausted); a prompt bigger than the whole cache
+    still fails at once."""
+    backend = EngineBackend(tiny_llama, ServerConfig(kv_memory_mb=1))  # 128 blocks of 16
+    backend.start()
+    pool = backend.engine.scheduler.pool
+
+    async def main() -> tuple[int, int, str]:
+        sp = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+        stream = backend.submit(Request("gen", prompt(1200, seed=1), sp))  # ~78 blocks
+        await anext(aiter(stream))
+        free_then = await backend.engine.run_exclusive(lambda: pool.num_free_blocks)
+        scoring = asyncio.create_task(backend.score(prompt(1000, seed=2), 1))  # ~63 blocks
+        async for _ in stream:
+            pass
+        scores = await scoring
+        with pytest.raises(EngineError) as too_big:
+            await backend.score(prompt(2100, seed=3), 1)
+        return free_then, len(scores), too_big.value.code
+
+    try:
+        free_then, scored, code = asyncio.run(main())
+    finally:
+        backend.shutdown()
+    assert free_then < 63  # the scoring job could not have started at once
+    assert scored == 999 and code == "kv_cache_exhausted"
