@@ -159,6 +159,9 @@ def apply_budget(
     return ThinkingBudgetSpec(close_ids, budget.tokens.limit, budget.time_ms.limit)
 
 
+RESERVED_TEMPLATE_VARS = frozenset({"messages", "tools"})
+
+
 def template_kwargs(state: AppState, requested: Any, error_code: str) -> dict[str, Any]:
     """`chat_template_kwargs` as top-level template variables, plus the server's default
     `enable_thinking` when the request does not set it. `messages` and `tools` are the request's
@@ -184,9 +187,6 @@ def _thinking_source(requested: Any, server_default: bool | None) -> str:
     if "enable_thinking" in kwargs:
         return "request" if isinstance(kwargs["enable_thinking"], bool) else "custom"
     return "server_default" if server_default is not None else "template_default"
-
-
-RESERVED_TEMPLATE_VARS = frozenset({"messages", "tools"})
 
 
 def too_long(limit: int, chars: int, param: str) -> ApiError:
