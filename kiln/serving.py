@@ -70,6 +70,7 @@ def engine_config(config: ServerConfig) -> EngineConfig:
 
 SCORING_BLOCK_WAIT_S = 0.05  # a scoring job waiting for KV blocks looks again this often
 
+
 class EngineStream:
     """Outputs of one engine request; closing it early (even unstarted) aborts the request."""
 
