@@ -1,10 +1,18 @@
-"""`make bench`: run every benchmark; each prints its figures and writes bench/results/*.json."""
+"""`make bench`: run every benchmark; each prints its figures and writes bench/results/*.json.
+
+Each benchmark runs in its own Python process. In one process they had shared torch's thread
+pools: after `sampling`, `scoring` and `scoring_stall`, `engine` measured 53 tok/s for one stream
+against 154 tok/s alone (a second OpenMP team in a process stops libgomp's spinning; README,
+"CPU decode")."""
 
 from __future__ import annotations
 
 import argparse
-import runpy
+import subprocess
 import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
 
 BENCHES = {
     "validate": "bench.bench_validate",
@@ -28,15 +36,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.run")
     parser.add_argument("names", nargs="*", choices=[*BENCHES, []], default=list(BENCHES))
     args = parser.parse_args(argv)
+    failed = []
     for name in args.names or list(BENCHES):
         print(f"== {name} ==", flush=True)
-        saved = sys.argv
-        sys.argv = [BENCHES[name]]
-        try:
-            runpy.run_module(BENCHES[name], run_name="__main__")
-        finally:
-            sys.argv = saved
-    return 0
+        if subprocess.run([sys.executable, "-m", BENCHES[name]], cwd=ROOT).returncode != 0:
+            failed.append(name)
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
