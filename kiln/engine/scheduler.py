@@ -78,9 +78,9 @@ class Scheduler:
                 f"This model's maximum context length is {self.max_model_len} tokens, but the "
                 f"prompt has {n} tokens (max_tokens {req.sampling.max_tokens}).",
             )
-        if _cdiv(n + 1, self.block_size) > self.pool.num_blocks:
+        if _cdiv(n + 1, self.block_size) > self.pool.num_blocks:  # never fits: not a retry
             raise EngineError(
-                "kv_cache_exhausted",
+                "context_length_exceeded",
                 f"The prompt has {n} tokens but the KV cache holds at most "
                 f"{self.kv_capacity_tokens - 1} prompt tokens.",
             )

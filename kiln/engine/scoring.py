@@ -140,6 +140,11 @@ class ScoringJob:
 
     def _borrow(self) -> list[int]:
         need = self.blocks_needed
+        if need > self.pool.num_blocks:  # bigger than the whole cache: no retry can help
+            raise EngineError(
+                "context_length_exceeded",
+                f"Scoring a {len(self.ids)}-token prompt needs {need} KV cache blocks; the cache "
+                f"has {self.pool.num_blocks} in all.", 400)
         if self.pool.num_free_blocks < need:
             raise EngineError(
                 "kv_cache_exhausted",

@@ -134,10 +134,18 @@ def test_boundary_ids_and_single_token(client: TestClient) -> None:
     assert scored(client, 5, [42]) == []
 
 
-def test_kv_cache_exhausted_is_503(loaded: LoadedModel) -> None:
+def test_a_prompt_bigger_than_the_kv_cache_is_400(loaded: LoadedModel) -> None:
+    """It can never fit: a 400 like the context window, with no Retry-After (a 503 had made
+    the OpenAI SDK retry it)."""
     config = ServerConfig(kv_memory_mb=1)  # one 16-token block of KV cache
     with TestClient(build_app(config, EngineBackend(loaded, config))) as c:
         r = post(c, prompt=list(range(100, 140)), prompt_logprobs=1)
-        assert r.status_code == 503, r.text
-        assert r.json()["error"]["code"] == "kv_cache_exhausted"
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert (err["code"], err["param"]) == ("context_length_exceeded", "prompt")
+        assert "retry-after" not in r.headers
+        chat = c.post("/v1/chat/completions",
+                      json={"messages": [{"role": "user", "content": "word " * 30}]})
+        assert chat.status_code == 400 and "retry-after" not in chat.headers
+        assert chat.json()["error"]["code"] == "context_length_exceeded"
         assert len(scored(c, 1, list(range(100, 117)))) == 16  # 16 fed tokens still fit

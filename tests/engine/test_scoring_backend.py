@@ -167,4 +167,4 @@ def test_scoring_waits_for_blocks_that_running_streams_hold(tiny_llama: LoadedMo
     finally:
         backend.shutdown()
     assert free_then < 63  # the scoring job could not have started at once
-    assert scored == 999 and code == "kv_cache_exhausted"
+    assert scored == 999 and code == "context_length_exceeded"
