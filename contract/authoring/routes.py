@@ -100,6 +100,22 @@ def routes() -> list[Schema]:
             "summary": "List the models that requests may name.",
         },
         {
+            "operation_id": "retrieveModel",
+            "method": "GET",
+            "path": "/v1/models/{model}",
+            "request": None,
+            "responses": {
+                "200": {
+                    "description": "The served base model, or an available adapter, by its id.",
+                    "media_types": {"application/json": "ModelCard"},
+                },
+                **_errors("401", "404", "500"),
+            },
+            "streaming": False,
+            "tag": "models",
+            "summary": "One model that requests may name (OpenAI's models.retrieve).",
+        },
+        {
             "operation_id": "listAdapters",
             "method": "GET",
             "path": "/v1/adapters",

@@ -218,3 +218,14 @@ def test_chat_template_kwargs_may_not_set_messages_or_tools(client: TestClient, 
     assert_envelope(batch, 400, "batch_invalid_request")
     ok = client.post(CHAT, json={**MSG, "chat_template_kwargs": {"enable_thinking": False}})
     assert ok.status_code == 200
+
+
+def test_retrieve_one_model(client: TestClient) -> None:
+    """GET /v1/models/{model}, which the OpenAI SDK's models.retrieve calls (it had been 404)."""
+    from kiln.api.contract import contract
+
+    card = client.get("/v1/models/fake-model").json()
+    assert contract().first_violation("ModelCard", card) is None and card["id"] == "fake-model"
+    assert client.get("/v1/models/fake-alias").json()["id"] == "fake-model"
+    err = assert_envelope(client.get("/v1/models/nope"), 404, "model_not_found")
+    assert err["param"] == "model"

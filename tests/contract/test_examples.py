@@ -213,6 +213,7 @@ def test_routes() -> None:
         ("POST", "/v1/completions"),
         ("POST", "/v1/completions/batch"),
         ("GET", "/v1/models"),
+        ("GET", "/v1/models/{model}"),
         ("GET", "/health"),
         ("GET", "/metrics"),
         ("GET", "/openapi.json"),

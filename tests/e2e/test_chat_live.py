@@ -212,3 +212,12 @@ def test_agent_loop_sends_back_its_assistant_tool_call_turn(live_server: LiveSer
             model="SmolLM2-135M-Instruct", messages=messages, tools=tools,  # type: ignore[arg-type]
             temperature=0, max_tokens=8)
         check("ChatCompletionResponse", json.loads(raw.text))
+
+
+def test_openai_sdk_models_list_and_retrieve(live_server: LiveServer) -> None:
+    client = openai.OpenAI(base_url=live_server.url + "/v1", api_key="unused")
+    ids = [m.id for m in client.models.list()]
+    assert ids[0] == "SmolLM2-135M-Instruct"
+    assert client.models.retrieve(ids[0]).id == ids[0]
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("no-such-model")

@@ -16,6 +16,7 @@ HANDLERS: dict[tuple[str, str], Endpoint] = {
     ("POST", "/v1/completions"): completions.create,
     ("POST", "/v1/completions/batch"): batch.create,
     ("GET", "/v1/models"): models.list_models,
+    ("GET", "/v1/models/{model}"): models.retrieve_model,
     ("GET", "/v1/adapters"): adapters.list_adapters,
     ("POST", "/v1/adapters/load"): adapters.load,
     ("POST", "/v1/adapters/unload"): adapters.unload,

@@ -53,6 +53,14 @@ async def list_models(request: Request) -> Response:
     return json_response({"object": "list", "data": model_cards(backend)})
 
 
+async def retrieve_model(request: Request) -> Response:
+    """One card of the list by id (an alias answers with the served model's card), or 404."""
+    backend = app_state(request).backend
+    requested = str(request.path_params.get("model", ""))
+    model, _ = resolve_model(backend, requested)  # 404 model_not_found for anything else
+    return json_response(next(c for c in model_cards(backend) if c["id"] == model))
+
+
 def resolve_model(backend: Backend, requested: str | None) -> tuple[str, str | None]:
     """DESIGN §6: missing/null -> the served model; served id or alias -> fine; the name of an
     available adapter -> that adapter; else 404. Returns (model id to report, adapter or None)."""
