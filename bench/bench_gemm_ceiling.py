@@ -19,7 +19,6 @@ Writes bench/results/gemm_ceiling.json (figures, no asserts).
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import json
 import platform
@@ -32,8 +31,7 @@ import torch
 from kiln_kernels.quant import PackedWeight
 from kiln_kernels.quant.build import compiler
 
-from bench.bench_quant import best_of
-from kiln.model.loader import load_model
+from bench.bench_quant import best_of, repeats_and_default_model
 
 RESULTS = Path(__file__).parent / "results" / "gemm_ceiling.json"
 CEILING_C = Path(__file__).parent / "kernels" / "fma_ceiling.c"
@@ -73,11 +71,7 @@ def kernel_rate(weights: list[PackedWeight], m: int, repeats: int, calls: int) -
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--out", type=Path, default=RESULTS)
-    args = ap.parse_args()
-    loaded = load_model(None)
+    args, loaded = repeats_and_default_model(__doc__, RESULTS)
     fused = loaded.model.fused
     if fused is None:
         raise SystemExit("the default model has no C step here (no C compiler or no AVX-512?)")

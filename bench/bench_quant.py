@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from kiln_kernels.quant import PackedWeight
 
 from kiln.model.layers import DecoderLayer
-from kiln.model.loader import load_model
+from kiln.model.loader import LoadedModel, load_model
 
 RESULTS = Path(__file__).parent / "results" / "quant.json"
 
@@ -55,12 +55,17 @@ def products(pairs: list[tuple[PackedWeight, torch.Tensor]], m: int, repeats: in
     return ours, theirs
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+def repeats_and_default_model(description: str | None, out: Path
+                              ) -> tuple[argparse.Namespace, LoadedModel]:
+    """The CPU kernel benches' shared start: `--repeats` and `--out`, then the default model."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--out", type=Path, default=RESULTS)
-    args = ap.parse_args()
-    loaded = load_model(None)
+    ap.add_argument("--out", type=Path, default=out)
+    return ap.parse_args(), load_model(None)
+
+
+def main() -> None:
+    args, loaded = repeats_and_default_model(__doc__, RESULTS)
     model = loaded.model
     if model.packed_head is None:
         raise SystemExit("the default model has no packed weights here (no C compiler?)")

@@ -283,16 +283,16 @@ class _Exclusive(Generic[_T]):
         """Call ``fn`` (unless cancelled), then ``after``, then settle the caller's future."""
         if self.cancelled:
             return
+        settle: Callable[[asyncio.Future[_T]], None]
         try:
             result = self.fn()
+            settle = lambda fut: fut.set_result(result)  # noqa: E731
         except Exception as e:  # handed to the awaiting caller, never kills the engine
-            if after is not None:
-                after()
-            self.fail(e)
-            return
+            error = e
+            settle = lambda fut: fut.set_exception(error)  # noqa: E731
         if after is not None:
             after()
-        self._settle(lambda fut: fut.set_result(result))
+        self._settle(settle)
 
     def fail(self, exc: BaseException) -> None:
         self._settle(lambda fut: fut.set_exception(exc))

@@ -84,10 +84,7 @@ async def create(request: Request) -> Response:
         scores = await until_disconnect(request, backend.score(ids, k, selection.lora))
     except EngineError as exc:  # e.g. kv_cache_exhausted (503), non-finite logits (500)
         metrics.observe_request(len(ids), 0, "error", None, [], None, None)
-        err = engine_error(exc)
-        if exc.code == "context_length_exceeded":
-            err.param = "prompt"
-        raise err from None
+        raise engine_error(exc, prompt_param="prompt") from None
     # scored prompt tokens count as prompt tokens; the request as finished by "length", as its
     # choice says (no generated token, so no TTFT or inter-token gaps)
     metrics.observe_request(len(ids), 0, "length", None, [], time.perf_counter() - started, None)

@@ -73,8 +73,10 @@ class Completion:
             self.observe()
 
 
-def engine_error(exc: EngineError) -> ApiError:
-    param = "messages" if exc.code == "context_length_exceeded" else None
+def engine_error(exc: EngineError, prompt_param: str = "messages") -> ApiError:
+    """The API error for an engine refusal; ``prompt_param`` names the request field that held
+    the prompt, for context_length_exceeded."""
+    param = prompt_param if exc.code == "context_length_exceeded" else None
     headers = {"retry-after": "1"} if exc.status == 503 else None
     return ApiError(exc.status, exc.code, exc.message, param=param, headers=headers)
 
