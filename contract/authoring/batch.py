@@ -85,7 +85,11 @@ def batch_defs() -> dict[str, Schema]:
                 True,
                 {
                     "type": "array",
-                    "items": {"type": "array", "items": {"$ref": "#/$defs/ChatMessageInput"}},
+                    "items": {
+                        "type": "array",
+                        "items": {"$ref": "#/$defs/ChatMessageInput"},
+                        "minItems": 1,
+                    },
                     "minItems": 1,
                     "maxItems": 64,
                 },

@@ -20,7 +20,7 @@ def chat_request_defs() -> dict[str, Schema]:
             F(
                 "messages",
                 True,
-                {"type": "array", "items": {"$ref": "#/$defs/ChatMessageInput"}},
+                {"type": "array", "items": {"$ref": "#/$defs/ChatMessageInput"}, "minItems": 1},
                 "Conversation messages in template order.",
             ),
             n_choices("Number of choices. Values above 1 require stream=false."),

@@ -57,11 +57,29 @@ def _param(path: list[str | int]) -> str | None:
     return out or None
 
 
+# Conversation arrays that must hold a message: empty or missing is the gateway's `empty_array`.
+CONVERSATION_ARRAYS = frozenset({"messages", "prompts"})
+
+
 @dataclass(frozen=True)
 class Violation:
     message: str
     param: str | None
     rule: tuple[str, int] | None
+    code: str | None = None  # a code of its own, else the route's
+
+
+def _empty_array_param(error: Any) -> str | None:
+    """The conversation array that ``error`` finds empty or missing, else None."""
+    keyword = list(error.schema_path)[-1] if list(error.schema_path) else None
+    path = list(error.instance_path)
+    if keyword == "minItems" and error.instance == [] and path and path[0] in CONVERSATION_ARRAYS:
+        return _param(path)
+    if keyword == "required" and not path:
+        missing = re.match(r"^\"(\w+)\" is a required property", str(error.message))
+        if missing and missing[1] in CONVERSATION_ARRAYS:
+            return missing[1]
+    return None
 
 
 def _load(name: str) -> dict[str, Any]:
@@ -111,6 +129,9 @@ class Contract:
             rule = (str(schema_path[1]), int(schema_path[3]))
             message, param = RULE_MESSAGES.get(rule, (_shorten(error.message), None))
             return Violation(message, param or _param(instance_path), rule)
+        empty = _empty_array_param(error)
+        if empty is not None:
+            return Violation(f"{empty} must hold at least one message", empty, None, "empty_array")
         param = _param(instance_path)
         prefix = f"{param}: " if param else ""
         return Violation(prefix + _shorten(error.message), param, None)
@@ -135,7 +156,7 @@ class Contract:
                 raise
             raise ApiError(400, error_code, TOO_DEEP) from None
         if violation is not None:
-            code = error_code
+            code = violation.code or error_code
             if violation.param is not None and violation.param.startswith("adapters"):
                 code = "invalid_compose_request"  # Kiln's code for a bad composition
             raise ApiError(400, code, violation.message, param=violation.param)

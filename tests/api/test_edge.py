@@ -57,9 +57,29 @@ def test_contract_violation_is_400_with_param(client: TestClient) -> None:
     assert err["param"] == "n"
 
 
-def test_missing_required_field(client: TestClient) -> None:
-    err = assert_envelope(client.post(CHAT, json={}), 400, "chat_invalid_request")
-    assert "messages" in err["message"]
+def test_missing_messages_is_empty_array(client: TestClient) -> None:
+    err = assert_envelope(client.post(CHAT, json={}), 400, "empty_array")
+    assert err["param"] == "messages"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_empty_messages_is_400_empty_array(client: TestClient, stream: bool) -> None:
+    err = assert_envelope(client.post(CHAT, json={"messages": [], "stream": stream}), 400,
+                          "empty_array")
+    assert err["param"] == "messages"
+
+
+@pytest.mark.parametrize(("prompts", "param"), [([], "prompts"), ([[]], "prompts[0]"),
+                                                 ([MSG["messages"], []], "prompts[1]")])
+def test_empty_batch_conversation_is_400_empty_array(client: TestClient, prompts: list,
+                                                     param: str) -> None:
+    r = client.post("/v1/completions/batch", json={"prompts": prompts})
+    assert assert_envelope(r, 400, "empty_array")["param"] == param
+
+
+def test_missing_batch_prompts_is_empty_array(client: TestClient) -> None:
+    r = client.post("/v1/completions/batch", json={})
+    assert assert_envelope(r, 400, "empty_array")["param"] == "prompts"
 
 
 def test_non_object_body(client: TestClient) -> None:

@@ -147,8 +147,9 @@ def test_closed_objects_forbid_unknown_fields() -> None:
 
 
 def test_missing_and_null_are_preserved() -> None:
+    msg = {"role": "user", "content": "hi"}
     req = msgspec.convert(
-        {"messages": [], "thinking_budget_tokens": None}, wire.ChatCompletionRequest
+        {"messages": [msg], "thinking_budget_tokens": None}, wire.ChatCompletionRequest
     )
     assert req.thinking_budget_tokens is None
     assert req.thinking_budget_ms is msgspec.UNSET

@@ -93,20 +93,20 @@ def test_uint64_maximum_is_exact() -> None:
     seed = main_schema()["$defs"]["RolloutProvenanceV1"]["properties"]["seed"]["maximum"]
     assert type(seed) is int and seed == 2**64 - 1
     chat = rs_validator("ChatCompletionRequest")
-    assert chat.is_valid({"messages": [], "seed": UINT64_MAX})
-    assert not chat.is_valid({"messages": [], "seed": UINT64_MAX + 1})
-    assert not chat.is_valid({"messages": [], "seed": -1})
-    assert py_validator("ChatCompletionRequest").is_valid({"messages": [], "seed": UINT64_MAX})
+    assert chat.is_valid({"messages": [{"role": "user", "content": "hi"}], "seed": UINT64_MAX})
+    assert not chat.is_valid({"messages": [{"role": "user", "content": "hi"}], "seed": UINT64_MAX + 1})
+    assert not chat.is_valid({"messages": [{"role": "user", "content": "hi"}], "seed": -1})
+    assert py_validator("ChatCompletionRequest").is_valid({"messages": [{"role": "user", "content": "hi"}], "seed": UINT64_MAX})
     assert not py_validator("ChatCompletionRequest").is_valid(
-        {"messages": [], "seed": UINT64_MAX + 1}
+        {"messages": [{"role": "user", "content": "hi"}], "seed": UINT64_MAX + 1}
     )
 
 
 @pytest.mark.parametrize(
     ("name", "base"),
     [
-        ("ChatCompletionRequest", {"messages": []}),
-        ("BatchCompletionRequest", {"prompts": [[]]}),
+        ("ChatCompletionRequest", {"messages": [{"role": "user", "content": "hi"}]}),
+        ("BatchCompletionRequest", {"prompts": [[{"role": "user", "content": "hi"}]]}),
     ],
 )
 def test_n_is_bounded(name: str, base: dict[str, Any]) -> None:
@@ -160,7 +160,7 @@ def test_error_response() -> None:
 
 
 def test_unknown_fields_policy() -> None:
-    assert rs_validator("ChatCompletionRequest").is_valid({"messages": [], "logit_bias": {}})
+    assert rs_validator("ChatCompletionRequest").is_valid({"messages": [{"role": "user", "content": "hi"}], "logit_bias": {}})
     assert rs_validator("TextCompletionRequest").is_valid(
         {"prompt": "x", "prompt_logprobs": 0, "echo": True}
     )

@@ -34,6 +34,7 @@ TIGHTENED = {
     ("TextCompletionRequest", "n"),
     ("ChatCompletionRequest", "adapters"),
     ("BatchCompletionRequest", "adapters"),
+    ("ChatCompletionRequest", "messages"),
 }
 # Fields that are new in the contract (CHANGELOG.md), appended after the seed's fields.
 ADDED_FIELDS = {
