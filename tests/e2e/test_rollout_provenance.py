@@ -16,6 +16,7 @@ from kiln.config import ServerConfig
 from kiln.model.loader import load_model
 from kiln.provenance import semantic_problems
 from kiln.serving import EngineBackend
+from tests.numerics import sampled_logprob_atol
 from tests.tiny_models import write_tiny_qwen3
 
 CHAT = "/v1/chat/completions"
@@ -55,11 +56,15 @@ def test_scoring_reproduces_behavior_logprobs(model_dir: Path) -> None:
         r = c.post("/v1/completions", json={"prompt": ids, "prompt_logprobs": 0})
         assert r.status_code == 200, r.text
         scored = r.json()["choices"][0]["prompt_logprobs"]
+        # the same model scores the prompt in chunks and decoded it a row at a time: another
+        # summation order; the sampler's exp and log are its own (a few ulps, inside the bound)
+        model = load_model(str(model_dir))
+        bound = sampled_logprob_atol(model.model, model.config, len(ids), 1.0)
         for action in record["action_tokens"]:
             assert action["source"] == "sampled"
             pos = action["sequence_index"]
             observed = scored[pos][str(action["token_id"])]["logprob"]
-            assert abs(observed - action["behavior_logprob"]) < 1e-4, (pos, observed, action)
+            assert abs(observed - action["behavior_logprob"]) <= bound, (pos, observed, action)
 
 
 def test_greedy_behavior_logprob_is_zero(model_dir: Path) -> None:

@@ -24,6 +24,7 @@ from kiln.config import ServerConfig
 from kiln.model import LoadedModel
 from kiln.model.quantized import float32_state_dict
 from kiln.serving import EngineBackend
+from tests.numerics import chain_rtol, check_rank, forward_rtol
 from tests.tiny_models import default_model
 
 pytestmark = pytest.mark.slow
@@ -87,15 +88,16 @@ def test_top5_matches_transformers(client: TestClient, loaded: LoadedModel,
     raw = hf_logits.double().numpy()
     for p, entries in enumerate(positions, start=1):
         row, obs = raw[p - 1], ids[p]
-        top = [int(t) for t in np.lexsort((np.arange(len(row)), -row))[:5]]
+        # the C step against transformers on the same weights: float32 both, other orders
+        margin = forward_rtol(loaded.config, len(ids)) * float(np.abs(row).max())
+        bound = 2 * margin + chain_rtol(len(row))  # logit and log-sum-exp; the vocabulary sum
         got_top = sorted((e["rank"], int(t)) for t, e in entries.items() if e["rank"] <= 5)
-        assert [t for _, t in got_top] == top, f"position {p}"
         assert [r for r, _ in got_top] == [1, 2, 3, 4, 5]
+        check_rank(row, obs, 5, entries[str(obs)]["rank"], [t for _, t in got_top], 2 * margin,
+                   f"position {p}")
         for t, e in entries.items():
-            assert abs(e["logprob"] - lsm[p - 1, int(t)]) < 1e-4, (p, t)
-        want_rank = top.index(obs) + 1 if obs in top else int((row >= row[obs]).sum())
-        assert entries[str(obs)]["rank"] == want_rank
-        assert len(entries) == (5 if obs in top else 6)
+            assert abs(e["logprob"] - lsm[p - 1, int(t)]) <= bound, (p, t)
+        assert len(entries) == (5 if obs in [t for _, t in got_top] else 6)
 
 
 def test_k0_and_k256(client: TestClient, loaded: LoadedModel) -> None:

@@ -16,6 +16,7 @@ from kiln.model import LoadedModel
 from kiln.text.budget import Outcome
 from tests.engine.drive import drive
 from tests.engine.fakes import CharDetok, FakeRunner, next_token
+from tests.numerics import sampled_logprob_atol
 
 CLOSE = (60, 61, 62)  # outside the fake runner's vocabulary: never sampled by the model
 
@@ -217,7 +218,10 @@ def test_real_runner_budget_is_batch_invariant(tiny_llama: LoadedModel) -> None:
     for rid in ("b", "u"):
         (ids_t, lps_t, f_t), (ids_a, lps_a, f_a) = flat(together[rid]), flat(alone[rid])
         assert (ids_t, f_t) == (ids_a, f_a)
-        assert lps_t == pytest.approx(lps_a, abs=1e-4)  # batch shape changes float rounding
+        # the batch's shape changes the torch path's summation order, so the logprobs move
+        # within the forward bound (tests/numerics.py); the tokens come from the same seeds
+        bound = sampled_logprob_atol(tiny_llama.model, tiny_llama.config, 40, 0.9)
+        assert max(abs(a - b) for a, b in zip(lps_t, lps_a, strict=True)) <= bound
         ot, oa = together[rid][-1].thinking_outcome, alone[rid][-1].thinking_outcome
         assert (ot is None) == (oa is None) == (rid == "u")
         if ot is not None and oa is not None:  # the real clock: time differs

@@ -7,6 +7,8 @@ import torch
 from kiln_kernels.lora import lora_expand, lora_expand_ref, lora_ref, lora_shrink, lora_shrink_ref
 from kiln_kernels.lora.sgmv import lora_expand_triton, lora_shrink_triton
 
+from tests.numerics import reorder_rtol
+
 
 def _stacks(
     ranks: list[int], h_in: int, h_out: int, gen: torch.Generator
@@ -60,11 +62,16 @@ def test_triton_matches_reference(
     want_y = lora_expand_ref(y0.clone(), want_t, b, slots, scales)
     dev = triton_device
     got_t = lora_shrink_triton(x.to(dev), a.to(dev), slots.to(dev))
-    torch.testing.assert_close(got_t.cpu(), want_t, atol=1e-4, rtol=1e-4)
+    # sums of h_in (shrink), then rank + 1 (expand) terms in another order: bounded relative
+    # to the sums of |terms|, which the references give when run on absolute values
+    mag_t = lora_shrink_ref(x.abs(), a.abs(), slots)
+    assert bool(((got_t.cpu() - want_t).abs() <= reorder_rtol(h_in) * mag_t).all())
     y = y0.clone().to(dev)
     got_y = lora_expand_triton(y, got_t, b.to(dev), slots.to(dev), scales.to(dev))
     assert got_y.data_ptr() == y.data_ptr()
-    torch.testing.assert_close(got_y.cpu(), want_y, atol=1e-3, rtol=1e-4)
+    mag_y = lora_expand_ref(y0.abs(), mag_t, b.abs(), slots, scales.abs())
+    bound = reorder_rtol(h_in, max(ranks) + 1) * mag_y
+    assert bool(((got_y.cpu() - want_y).abs() <= bound).all())
 
 
 def test_validation(triton_device: str) -> None:

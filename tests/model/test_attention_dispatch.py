@@ -16,6 +16,7 @@ from kiln.model.attention import (
     store_kv,
 )
 from kiln.model.batch import build_forward_batch
+from tests.numerics import U32, attention_atol
 
 BS, H, KV, D = 4, 4, 2, 8
 
@@ -47,6 +48,7 @@ def setup(seqs: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor, torc
     return q, k_cache, v_cache, plan_attention(batch, BS)
 
 
+MAX_CONTEXT = 16  # the longest context of the cases below (12 + 1, 9 + 3)
 CASES = {
     "decodes": [(5, 1), (12, 1), (1, 1), (7, 1)],
     "mixed": [(5, 1), (0, 6), (9, 3), (2, 1)],
@@ -58,7 +60,7 @@ def test_dispatch_matches_reference(case: str) -> None:
     q, k, v, plan = setup(CASES[case])
     want = reference_paged_attention(q, k, v, plan, 0.3)  # type: ignore[arg-type]
     got = _cuda_paged_attention(q, k, v, plan, 0.3)  # type: ignore[arg-type]
-    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert (got - want).abs().max().item() <= attention_atol(q, k, v, 0.3, MAX_CONTEXT)
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
@@ -72,10 +74,11 @@ def test_triton_kernels_match_reference(case: str) -> None:
     want = reference_paged_attention(q, k, v, plan, 0.3)  # type: ignore[arg-type]
     b = plan.batch  # type: ignore[attr-defined]
     got = prefill_paged_triton(q, k, v, b.block_tables, b.query_start_loc, b.seq_lens, 0.3, None)
-    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    bound = attention_atol(q, k, v, 0.3, MAX_CONTEXT) + 8 * U32 * float(v.abs().max())
+    assert (got - want).abs().max().item() <= bound  # + the online softmax's rescalings
     if case == "decodes":
         got = paged_decode_triton(q, k, v, b.block_tables, b.seq_lens, 0.3)
-        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+        assert (got - want).abs().max().item() <= bound
 
 
 def test_public_kernel_names_are_functions_after_submodule_imports() -> None:

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from kiln.model import KVCache, LoadedModel, build_forward_batch
+from tests.numerics import assert_logits_close
 
 pytestmark = pytest.mark.slow  # the first of these loads the 135M model (about 5-8 s)
 
@@ -123,4 +124,4 @@ def test_without_the_kernels_every_weight_is_float32(smollm: LoadedModel,
     logits = [m.model.forward(build_forward_batch([(ids, 0, [0])], 16),
                               KVCache(m.config, 2, 16, torch.float32, torch.device("cpu")))
               for m in (plain, smollm)]
-    torch.testing.assert_close(logits[0], logits[1], rtol=1e-4, atol=1e-4)
+    assert_logits_close(logits[0], logits[1], plain.config, len(ids))
