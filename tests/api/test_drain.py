@@ -45,7 +45,10 @@ def test_requests_left_when_the_drain_runs_out_get_errors() -> None:
                     return "".join([line + "\n" async for line in r.aiter_lines()])
 
             streamed = asyncio.create_task(stream())
-            await asyncio.sleep(0.4)
+            for _ in range(6000):  # both reached the engine (however slow CI is; <= 120 s)
+                if len(backend.submitted) == 2:
+                    break
+                await asyncio.sleep(0.02)
             server.should_exit = True  # what SIGTERM does
             out = await plain, await streamed
         await serving

@@ -22,7 +22,7 @@ class LiveServer:
     url: str
     backend: EngineBackend
 
-    def wait_idle(self, timeout: float = 30.0) -> dict[str, float]:
+    def wait_idle(self, timeout: float = 120.0) -> dict[str, float]:
         """Wait until nothing runs or waits and no KV block is held; return the stats."""
         deadline = time.monotonic() + timeout
         stats = self.backend.stats()

@@ -182,7 +182,7 @@ def test_non_streaming_disconnect_aborts(live_server: LiveServer) -> None:
     body = {"messages": Q, "max_tokens": 2000, "ignore_eos": True, "temperature": 0}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(live_server.url + "/v1/chat/completions", json=body, timeout=1.5)
-    stats = live_server.wait_idle(timeout=20)
+    stats = live_server.wait_idle()
     assert stats["running"] == 0 and stats["kv_blocks_used"] == 0
 
 

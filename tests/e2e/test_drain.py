@@ -48,12 +48,17 @@ def test_sigterm_drains_in_flight_requests(tmp_path: Path) -> None:
         else:
             raise AssertionError("server did not start")
         result: dict[str, object] = {}
+        started = threading.Event()
 
         def long_stream() -> None:
             body = {"messages": [{"role": "user", "content": "hello"}], "stream": True,
                     "max_tokens": 400, "ignore_eos": True, "temperature": 0}
-            with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=60) as r:
-                lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+            lines = []
+            with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=120) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: "):
+                        lines.append(line)
+                        started.set()
             result["done"] = lines[-1] == "data: [DONE]"
             finish = [json.loads(x[6:]) for x in lines[:-1]]
             result["finish"] = [c["choices"][0].get("finish_reason") for c in finish
@@ -61,12 +66,17 @@ def test_sigterm_drains_in_flight_requests(tmp_path: Path) -> None:
 
         worker = threading.Thread(target=long_stream)
         worker.start()
-        time.sleep(1.0)  # the stream is running
+        assert started.wait(timeout=120), "the stream never started"  # it is in the engine
         proc.send_signal(signal.SIGTERM)
-        time.sleep(0.5)
-        with pytest.raises(httpx.HTTPError):
-            httpx.get(url + "/health", timeout=2)  # no new connections while draining
-        worker.join(timeout=60)
+        refused, deadline = False, time.monotonic() + 60
+        while not refused and time.monotonic() < deadline:  # no new connections once draining
+            try:
+                httpx.get(url + "/health", timeout=2)
+                time.sleep(0.05)
+            except httpx.HTTPError:
+                refused = True
+        assert refused
+        worker.join(timeout=120)
         assert result.get("done") is True and result.get("finish") == "length", result
         assert proc.wait(timeout=30) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal
     finally:

@@ -95,7 +95,7 @@ def test_cancel_aborts_and_frees_blocks(engine: tuple[AsyncEngine, SlowRunner]) 
                 got_first.set()
 
         task = asyncio.create_task(consume())
-        await asyncio.wait_for(got_first.wait(), 10)
+        await asyncio.wait_for(got_first.wait(), 120)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -118,7 +118,7 @@ def test_abort_delivers_final_abort_output(engine: tuple[AsyncEngine, SlowRunner
         eng.abort("a")
         runner.gate.set()
         while True:
-            out = await asyncio.wait_for(queue.get(), 10)
+            out = await asyncio.wait_for(queue.get(), 120)
             if out.finished:
                 break
         assert out.finish_reason == "abort" and out.metrics is not None
