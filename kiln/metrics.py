@@ -2,7 +2,7 @@
 
 Kiln's own `kiln_*` series, plus the `vllm:*` gauges that the Gateway API Inference Extension
 (llm-d's endpoint picker) reads to route between replicas: waiting and running requests, KV-cache
-usage and LoRA adapter info.
+usage, LoRA adapter info and the cache configuration (`vllm:cache_config_info`).
 """
 
 from __future__ import annotations
@@ -60,6 +60,21 @@ LORA_INFO = Gauge(
     "vllm:lora_requests_info", "Loaded LoRA adapters (value: scrape time).",
     ["running_lora_adapters", "waiting_lora_adapters", "max_lora"], registry=REGISTRY,
 )
+
+CACHE_CONFIG = Gauge(
+    "vllm:cache_config_info", "KV-cache configuration (value 1; the labels carry it).",
+    ["block_size", "num_gpu_blocks", "cache_dtype", "enable_prefix_caching"], registry=REGISTRY,
+)
+
+
+def observe_cache_config(block_size: int, num_blocks: int, cache_dtype: str,
+                         prefix_caching: bool) -> None:
+    """vLLM's info gauge, under its label names (an endpoint picker reads `num_gpu_blocks` as
+    the KV capacity; on the CPU it is the count of blocks in host memory)."""
+    CACHE_CONFIG.clear()
+    CACHE_CONFIG.labels(block_size=str(block_size), num_gpu_blocks=str(num_blocks),
+                        cache_dtype=cache_dtype,
+                        enable_prefix_caching=str(prefix_caching)).set(1.0)
 
 
 def observe_engine(

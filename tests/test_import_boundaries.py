@@ -21,6 +21,11 @@ CASES = [
     ("kiln_kernels.quant", ("kiln",)),
     ("kiln_kernels.quant.decode", ("kiln",)),
     ("codegen.__main__", ("kiln",)),
+    # ray is an optional extra: only kiln.scale.ray_serve may import it
+    ("kiln.cli", ("ray",)),
+    ("kiln.serving", ("ray",)),
+    ("kiln.scale.asgi_bridge", ("ray", "torch")),
+    ("kiln.scale.routing", ("ray", "torch")),
 ]
 
 

@@ -32,12 +32,15 @@ async def prometheus(request: Request) -> Response:
     state = app_state(request)
     store = state.backend.adapter_store
     default = store.default if store is not None else None
+    stats = state.backend.stats()
     metrics.observe_engine(
-        state.backend.stats(),
+        stats,
         model=state.backend.model_id,
         adapters=(default,) if default else (),
         max_lora=state.config.max_lora_slots,
     )
+    metrics.observe_cache_config(state.config.block_size, int(stats.get("kv_blocks_total", 0)),
+                                 state.config.kv_cache_dtype, state.config.enable_prefix_caching)
     payload, content_type = metrics.render()
     return Response(payload, media_type=content_type)
 
