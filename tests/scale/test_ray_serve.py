@@ -141,3 +141,14 @@ def test_killing_a_replica_fails_only_its_requests_and_serve_restores_it(url: st
             answered.add(r.headers["x-kiln-replica"])
         time.sleep(0.5)
     assert len(answered) == 2, answered
+
+
+def test_serve_run_arguments_are_kiln_settings() -> None:
+    from kiln.scale.ray_serve import config_from_args
+
+    config = config_from_args({"kv_memory_mb": "64", "enable_prefix_caching": "false",
+                               "model": "/m.gguf"})
+    assert (config.kv_memory_mb, config.enable_prefix_caching, config.model) == (64, False,
+                                                                                 "/m.gguf")
+    with pytest.raises(ValueError, match="unknown Kiln settings: kv_memory"):
+        config_from_args({"kv_memory": "64"})
