@@ -12,10 +12,12 @@ from bench.fuzz_live import run_fuzz
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(480)
+@pytest.mark.timeout(2400)
 def test_live_server_passes_schemathesis(tmp_path: Path) -> None:
+    # The work is bounded by examples per operation, not by time; the timeout only catches a
+    # hang (with both cores busy elsewhere it ran past the 300 s it used to be allowed).
     result = run_fuzz(
-        max_examples=5, seed=20240611, timeout_s=300.0,
+        max_examples=5, seed=20240611, timeout_s=1800.0,
         phases="examples,coverage,fuzzing,stateful", adapters=True, report_dir=tmp_path,
     )
     details = "\n\n".join(f"{f['operation']} [{f['kind']}]\n{f['detail']}" for f in result.failures)
