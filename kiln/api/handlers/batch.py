@@ -56,7 +56,7 @@ async def create(request: Request) -> Response:
     )
     check_batch(req)
     model, model_adapter = resolve_model(state.backend, opt(req.model))
-    selection = await select(state.backend, req.adapter, req.adapters, model_adapter, tri_state=False)
+    selection = await select(state.backend, req.adapter, req.adapters, model_adapter, tri_state=True)
     n = int(opt(req.n) or 1)
     tools = opt(req.tools) or None
     kwargs = template_kwargs(state, req.chat_template_kwargs, ERROR_CODE)
