@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,9 +14,16 @@ from kiln.cli import build_parser, config_from_args
 from tests.tiny_models import write_tiny_llama
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def serve(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    # a free port: the port is bound (before the model loads) since the start-up checks
     return subprocess.run(
-        [sys.executable, "-m", "kiln", "serve", "--port", "18999", *args],
+        [sys.executable, "-m", "kiln", "serve", "--port", str(free_port()), *args],
         capture_output=True, text=True, timeout=120, env=env,
     )
 
@@ -45,7 +53,7 @@ def corrupt_weights(tmp: Path) -> Path:
 )
 def test_bad_model_gives_one_clear_line(tmp_path: Path, make) -> None:  # type: ignore[no-untyped-def]
     result = serve("--model", str(make(tmp_path)))
-    assert result.returncode != 0
+    assert result.returncode == 2
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("kiln: cannot load model")
