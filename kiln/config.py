@@ -60,6 +60,7 @@ class ServerConfig:
     body_timeout_s: float = 60.0
     keep_alive_s: float = 5.0
     max_connections: int = 1024
+    send_timeout_s: float = 60.0
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __repr__(self) -> str:  # never print API keys
@@ -93,7 +94,7 @@ class ServerConfig:
         if not (0 < self.request_timeout_s < math.inf and 0 <= self.drain_timeout_s < math.inf):
             raise ConfigError("request_timeout_s must be > 0 and drain_timeout_s >= 0, both "
                               "finite (for no practical limit, give a large number)")
-        for name in ("header_timeout_s", "body_timeout_s", "keep_alive_s"):
+        for name in ("header_timeout_s", "body_timeout_s", "keep_alive_s", "send_timeout_s"):
             if not 0 < getattr(self, name) < math.inf:
                 raise ConfigError(f"{name} must be > 0 and finite, got {getattr(self, name)}")
         if self.max_connections <= 0:
@@ -163,6 +164,7 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "KILN_BODY_TIMEOUT_S": ("body_timeout_s", "float"),
     "KILN_KEEP_ALIVE_S": ("keep_alive_s", "float"),
     "KILN_MAX_CONNECTIONS": ("max_connections", "int"),
+    "KILN_SEND_TIMEOUT_S": ("send_timeout_s", "float"),
 }
 
 

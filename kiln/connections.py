@@ -11,6 +11,10 @@ connection bound, errors in the envelope and a drain that does not wait on half-
   ``server_overloaded`` with ``Retry-After`` as soon as its headers arrive (or a 408 at the
   header deadline), never reaching the app, and closed. uvicorn's ``limit_concurrency`` does
   the same check but answers in plain text (and counts running tasks too).
+- A client that stops reading: once our output waits in the transport's buffer (a stream
+  paused by flow control, or a response still unsent when the connection is to close), no
+  byte going out for ``--send-timeout-s`` aborts the connection (a stream's engine request is
+  then aborted as on any disconnect). A slow reader that takes any byte in that time is not cut.
 - Requests h11 cannot parse (malformed chunked encoding, bad request lines) get a 400 and a
   request line plus headers past 16 KiB a 431, in the envelope (uvicorn's answer is plain text).
 - On SIGTERM (uvicorn calls ``shutdown`` on each connection) idle connections, ones still
@@ -55,11 +59,12 @@ class Limits:
     body_timeout_s: float
     keep_alive_s: float
     max_connections: int
+    send_timeout_s: float = 60.0
 
     @classmethod
     def of(cls, config: ServerConfig) -> Limits:
         return cls(config.header_timeout_s, config.body_timeout_s, config.keep_alive_s,
-                   config.max_connections)
+                   config.max_connections, config.send_timeout_s)
 
 
 class KilnH11Protocol(H11Protocol):
@@ -74,6 +79,7 @@ class KilnH11Protocol(H11Protocol):
         self._deadline_kind = ""  # "headers" or "body" while a deadline runs
         self._ended = False  # a response of ours is out; reading and dropping until closed
         self._protocol_error: h11.RemoteProtocolError | None = None
+        self._send_watch: asyncio.TimerHandle | None = None
         next_event = self.conn.next_event
 
         def recording_next_event() -> Any:  # keeps h11's exception for send_400_response
@@ -96,7 +102,40 @@ class KilnH11Protocol(H11Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         metrics.CONNECTIONS.dec()
         self._disarm()
+        if self._send_watch is not None:
+            self._send_watch.cancel()
+            self._send_watch = None
         super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self._watch_sending()  # the client stopped reading, or reads slower than we write
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._send_watch is not None:  # it drained to the low-water mark: progress
+            self._send_watch.cancel()
+            self._send_watch = None
+
+    def _watch_sending(self) -> None:
+        if self._send_watch is None:
+            size = self.transport.get_write_buffer_size()
+            self._send_watch = self.loop.call_later(self.LIMITS.send_timeout_s,
+                                                    self._check_sending, size)
+
+    def _check_sending(self, size_then: int) -> None:
+        """No byte of our buffered output went out in ``send_timeout_s``: the client is not
+        reading; abort (nothing more can be written to it). Any progress re-arms the watch."""
+        self._send_watch = None
+        size = self.transport.get_write_buffer_size()
+        if size == 0:
+            return
+        if size < size_then:
+            self._send_watch = self.loop.call_later(self.LIMITS.send_timeout_s,
+                                                    self._check_sending, size)
+            return
+        metrics.CONNECTIONS_ENDED.labels(reason="send_timeout").inc()
+        self.transport.abort()
 
     def data_received(self, data: bytes) -> None:
         if self._ended:
@@ -161,6 +200,8 @@ class KilnH11Protocol(H11Protocol):
 
     def timeout_keep_alive_handler(self) -> None:
         if not self._ended:
+            if self.transport.get_write_buffer_size():
+                self._watch_sending()  # close() waits for the buffer: bound that wait too
             super().timeout_keep_alive_handler()
 
     # -- deadlines -----------------------------------------------------------------------------
@@ -225,9 +266,15 @@ class KilnH11Protocol(H11Protocol):
             self.flow.resume_reading()
         if self.transport.can_write_eof():
             self.transport.write_eof()
-            self.loop.call_later(LINGER_S, self.transport.close)
+            self.loop.call_later(LINGER_S, self._close_lingering)
         else:
             self.transport.close()
+
+
+    def _close_lingering(self) -> None:
+        if self.transport.get_write_buffer_size():
+            self._watch_sending()
+        self.transport.close()
 
 
 def _response(err: ApiError) -> bytes:

@@ -64,7 +64,7 @@ CONNECTIONS = Gauge("kiln_http_connections", "Open HTTP connections.", registry=
 CONNECTIONS_ENDED = Counter(
     "kiln_http_connections_ended_total",
     "Connections the server ended itself, by reason (header_timeout, body_timeout, "
-    "overloaded, bad_request, draining).", ["reason"], registry=REGISTRY,
+    "send_timeout, overloaded, bad_request, draining).", ["reason"], registry=REGISTRY,
 )
 
 

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 
 import pytest
 
+from kiln import metrics
 from kiln.api.app import build_app
 from kiln.config import ServerConfig
 from kiln.connections import MAX_HEADER_BYTES, server_for
@@ -238,3 +239,60 @@ def test_drain_closes_idle_and_half_received_connections_at_once() -> None:
         assert not srv.thread.is_alive()
         # not held until the 60 s drain deadline by the half-sent requests
         assert time.monotonic() - started < 45
+
+
+def ended(reason: str) -> float:
+    value = metrics.REGISTRY.get_sample_value("kiln_http_connections_ended_total",
+                                              {"reason": reason})
+    return value or 0.0
+
+
+def stream_request(tokens: int) -> bytes:
+    body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "stream": True,
+                       "max_tokens": tokens}).encode()
+    return CHAT + f"Content-Length: {len(body)}\r\n\r\n".encode() + body
+
+
+def small_window_socket(port: int) -> socket.socket:
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.settimeout(WAIT_S)
+    s.connect(("127.0.0.1", port))
+    return s
+
+
+def test_a_client_that_stops_reading_a_stream_is_aborted() -> None:
+    backend = FakeBackend(reply="x" * 20_000)
+    backend.max_model_len = 100_000  # ~20,000 chunks: far more than the socket buffers hold
+    before = ended("send_timeout")
+    with live(backend, send_timeout_s=0.5, header_timeout_s=30.0) as srv:
+        s = small_window_socket(srv.port)
+        s.sendall(stream_request(20_000))
+        deadline = time.monotonic() + 60
+        while ended("send_timeout") == before:  # never reading a byte meanwhile
+            assert time.monotonic() < deadline, "the stalled stream was never ended"
+            time.sleep(0.1)
+        data = b""
+        try:
+            while chunk := s.recv(65536):
+                data += chunk
+        except ConnectionResetError:
+            pass
+        assert data.startswith(b"HTTP/1.1 200 ") and b"data: [DONE]" not in data
+        while not backend.aborted:  # the engine request was aborted, as on a disconnect
+            assert time.monotonic() < deadline, "the engine request was not aborted"
+            time.sleep(0.05)
+
+
+def test_a_slow_reader_is_not_cut() -> None:
+    backend = FakeBackend(reply="x" * 3_000)
+    before = ended("send_timeout")
+    with live(backend, send_timeout_s=3.0, header_timeout_s=30.0) as srv:
+        s = small_window_socket(srv.port)
+        s.sendall(stream_request(3_000))
+        data = b""
+        while chunk := s.recv(8192):  # bounded by the stream's end (or the socket's timeout)
+            data += chunk
+            time.sleep(0.02)
+        assert b"data: [DONE]" in data
+        assert ended("send_timeout") == before
