@@ -77,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-connections", type=int,
                        help="open connections; one past it gets 503 server_overloaded "
                             "(default 1024)")
+    serve.add_argument("--send-timeout-s", type=float,
+                       help="abort a connection whose client takes no byte of our output for "
+                            "this long (default 60)")
     return parser
 
 

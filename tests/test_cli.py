@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from kiln.cli import build_parser, config_from_args
+from kiln.config import ConfigError
 from tests.tiny_models import write_tiny_llama
 
 
@@ -112,3 +113,21 @@ def test_a_bad_chat_template_file_is_named_as_such(tmp_path: Path) -> None:
     assert result.returncode == 2 and "Traceback" not in result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith(f"kiln: cannot load chat template {template}")
+
+
+def test_connection_flags_reach_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KILN_SEND_TIMEOUT_S", "7")
+    args = build_parser().parse_args(
+        ["serve", "--header-timeout-s", "1.5", "--body-timeout-s", "2", "--keep-alive-s", "3",
+         "--max-connections", "9"])
+    config = config_from_args(args)
+    assert (config.header_timeout_s, config.body_timeout_s, config.keep_alive_s,
+            config.max_connections, config.send_timeout_s) == (1.5, 2.0, 3.0, 9, 7.0)
+
+
+@pytest.mark.parametrize("flag", ["--header-timeout-s", "--body-timeout-s", "--keep-alive-s",
+                                  "--send-timeout-s"])
+def test_a_zero_or_infinite_connection_timeout_is_a_config_error(flag: str) -> None:
+    for value in ("0", "inf"):
+        with pytest.raises(ConfigError, match=flag[2:].replace("-", "_")):
+            config_from_args(build_parser().parse_args(["serve", flag, value]))
