@@ -246,6 +246,8 @@ class KilnH11Protocol(H11Protocol):
     def _end(self, status: int, code: str, message: str, reason: str,
              retry: bool = False) -> None:
         """Write ``status`` in the envelope (unless a response has started), then close."""
+        if self._ended:  # e.g. a 400 for the body went out before the 503 app ran
+            return
         metrics.CONNECTIONS_ENDED.labels(reason=reason).inc()
         self._disarm()
         self._unset_keepalive_if_required()

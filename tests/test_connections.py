@@ -7,6 +7,7 @@ asserts that anything happened fast, only that it happened and what was sent."""
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import threading
 import time
@@ -296,3 +297,32 @@ def test_a_slow_reader_is_not_cut() -> None:
             time.sleep(0.02)
         assert b"data: [DONE]" in data
         assert ended("send_timeout") == before
+
+
+class Errors(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def test_a_malformed_request_past_the_bound_gets_one_answer() -> None:
+    """Its 503 app ran after h11 had failed on its body and a 400 had gone out: a write after
+    the half-close had raised inside the app ("Exception in ASGI application")."""
+    errors = Errors()
+    try:
+        with live(header_timeout_s=30.0, max_connections=1) as srv:
+            logging.getLogger("uvicorn.error").addHandler(errors)  # after uvicorn's dictConfig
+            held = srv.connect()
+            time.sleep(0.2)
+            s = srv.connect()
+            s.sendall(CHAT + b"Transfer-Encoding: chunked\r\n\r\nzz\r\n")
+            raw = read_to_close(s)
+            assert raw.count(b"HTTP/1.1 ") == 1, raw
+            assert parse(raw)[0] in (400, 503)
+            held.close()
+    finally:
+        logging.getLogger("uvicorn.error").removeHandler(errors)
+    assert not errors.records, [r.getMessage() for r in errors.records]
