@@ -30,6 +30,7 @@ BENCHES = {
     "lora": "bench.bench_lora",
     "lora_engine": "bench.bench_lora_engine",
     "metrics_scrape": "bench.bench_metrics_scrape",
+    "hostile": "bench.bench_hostile",
 }
 
 

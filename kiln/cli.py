@@ -67,6 +67,19 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--request-timeout-s", type=float, help="per-request timeout (default 600)")
     serve.add_argument("--drain-timeout-s", type=float,
                        help="on SIGTERM, wait this long for in-flight requests (default 30)")
+    serve.add_argument("--header-timeout-s", type=float,
+                       help="a request's headers must arrive within this (else 408; default 10)")
+    serve.add_argument("--body-timeout-s", type=float,
+                       help="a request's body must arrive within this of its headers (else 408; "
+                            "default 60)")
+    serve.add_argument("--keep-alive-s", type=float,
+                       help="close an idle kept-alive connection after this (default 5)")
+    serve.add_argument("--max-connections", type=int,
+                       help="open connections; one past it gets 503 server_overloaded "
+                            "(default 1024)")
+    serve.add_argument("--send-timeout-s", type=float,
+                       help="abort a connection whose client takes no byte of our output for "
+                            "this long (default 60)")
     return parser
 
 
@@ -85,24 +98,49 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
 
 
 def serve(config: ServerConfig) -> int:
-    import uvicorn
+    from kiln.startup import StartupError
 
+    try:
+        return _serve(config)
+    except StartupError as exc:
+        print(f"kiln: {exc}", file=sys.stderr)
+        return 2
+
+
+def _serve(config: ServerConfig) -> int:
+    from kiln import startup
     from kiln.api.app import build_app
-    from kiln.drain import DRAIN_MESSAGE, DrainingServer
+    from kiln.connections import server_for
+    from kiln.drain import DRAIN_MESSAGE
     from kiln.model.loader import ModelNotFoundError
     from kiln.serving import EngineBackend
     from kiln.text.chat_template import ChatTemplateError
 
+    # Checks that need no model first: a port in use or a missing --adapter-dir fails at once.
+    startup.check_adapter_dir(config.adapter_dir)
+    startup.check_fd_limit(config.max_connections)
+    sock = startup.bind_listener(config.host, config.port)
     try:
         backend = EngineBackend.from_config(config)
     except (ModelNotFoundError, OSError, ValueError, KeyError, RuntimeError) as exc:
         # ModelNotFoundError, UnsupportedModelError, WeightLoadError, a broken JSON file, ...
+        sock.close()
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         what = f"model {config.model or '(default)'}"
         if isinstance(exc, ChatTemplateError) and config.chat_template:
             what = f"chat template {config.chat_template}"  # the --chat-template file, not the model
         print(f"kiln: cannot load {what}: {message}", file=sys.stderr)
         return 2
+    try:
+        blocks, block_size, per_block = backend.kv_geometry()
+        startup.check_kv_capacity(num_blocks=blocks, block_size=block_size,
+                                  bytes_per_block=per_block, max_model_len=backend.max_model_len,
+                                  kv_memory_mb=config.kv_memory_mb)
+        startup.start_listening(sock, config.host, config.port)
+    except startup.StartupError:
+        sock.close()
+        backend.shutdown()
+        raise
     app = build_app(config, backend)
     # What is loaded by now (model, tokenizer, templates, app) lives as long as the server: keep
     # it out of the cyclic collector's full passes. Measured on the default model: a full
@@ -112,12 +150,8 @@ def serve(config: ServerConfig) -> int:
     gc.collect()
     gc.freeze()
     print(f"kiln: serving {backend.model_id} on http://{config.host}:{config.port}", flush=True)
-    server = DrainingServer(
-        uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
-                       timeout_graceful_shutdown=int(config.drain_timeout_s)),
-        on_expiry=lambda: backend.abort_all(DRAIN_MESSAGE),
-    )
-    server.run()
+    server = server_for(app, config, on_expiry=lambda: backend.abort_all(DRAIN_MESSAGE))
+    server.run(sockets=[sock])
     gc.unfreeze()  # let the interpreter's final collection release them (extension objects too)
     return 0
 

@@ -56,6 +56,11 @@ class ServerConfig:
     max_waiting_requests: int = 256
     request_timeout_s: float = 600.0
     drain_timeout_s: float = 30.0
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 60.0
+    keep_alive_s: float = 5.0
+    max_connections: int = 1024
+    send_timeout_s: float = 60.0
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __repr__(self) -> str:  # never print API keys
@@ -89,6 +94,11 @@ class ServerConfig:
         if not (0 < self.request_timeout_s < math.inf and 0 <= self.drain_timeout_s < math.inf):
             raise ConfigError("request_timeout_s must be > 0 and drain_timeout_s >= 0, both "
                               "finite (for no practical limit, give a large number)")
+        for name in ("header_timeout_s", "body_timeout_s", "keep_alive_s", "send_timeout_s"):
+            if not 0 < getattr(self, name) < math.inf:
+                raise ConfigError(f"{name} must be > 0 and finite, got {getattr(self, name)}")
+        if self.max_connections <= 0:
+            raise ConfigError(f"max_connections must be positive, got {self.max_connections}")
         if any(not k or k != k.strip() for k in self.api_keys):
             raise ConfigError("API keys must be non-empty and have no surrounding whitespace")
         if self.log_level not in ("critical", "error", "warning", "info", "debug", "trace"):
@@ -150,6 +160,11 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "KILN_MAX_WAITING_REQUESTS": ("max_waiting_requests", "int"),
     "KILN_REQUEST_TIMEOUT_S": ("request_timeout_s", "float"),
     "KILN_DRAIN_TIMEOUT_S": ("drain_timeout_s", "float"),
+    "KILN_HEADER_TIMEOUT_S": ("header_timeout_s", "float"),
+    "KILN_BODY_TIMEOUT_S": ("body_timeout_s", "float"),
+    "KILN_KEEP_ALIVE_S": ("keep_alive_s", "float"),
+    "KILN_MAX_CONNECTIONS": ("max_connections", "int"),
+    "KILN_SEND_TIMEOUT_S": ("send_timeout_s", "float"),
 }
 
 

@@ -60,6 +60,12 @@ LORA_INFO = Gauge(
     "vllm:lora_requests_info", "Loaded LoRA adapters (value: scrape time).",
     ["running_lora_adapters", "waiting_lora_adapters", "max_lora"], registry=REGISTRY,
 )
+CONNECTIONS = Gauge("kiln_http_connections", "Open HTTP connections.", registry=REGISTRY)
+CONNECTIONS_ENDED = Counter(
+    "kiln_http_connections_ended_total",
+    "Connections the server ended itself, by reason (header_timeout, body_timeout, "
+    "send_timeout, overloaded, bad_request, draining).", ["reason"], registry=REGISTRY,
+)
 
 CACHE_CONFIG = Gauge(
     "vllm:cache_config_info", "KV-cache configuration (value 1; the labels carry it).",

@@ -106,7 +106,8 @@ class EngineBackend:
 
     def __init__(self, loaded: LoadedModel, config: ServerConfig) -> None:
         self.loaded = loaded
-        self.engine = AsyncEngine(loaded, engine_config(config))
+        self._engine_config = engine_config(config)
+        self.engine = AsyncEngine(loaded, self._engine_config)
         self.model_id = loaded.served_name
         self.aliases = config.model_aliases
         self.kv_cache_dtype = config.kv_cache_dtype
@@ -216,6 +217,16 @@ class EngineBackend:
 
     def abort(self, request_id: str) -> None:
         self.engine.abort(request_id)
+
+    def kv_geometry(self) -> tuple[int, int, int]:
+        """The KV cache's blocks, tokens per block and bytes per block (all layers, K and V)."""
+        from kiln.engine.runner import kv_dtype
+        from kiln.model.kv_cache import KVCache
+
+        pool = self.engine.scheduler.pool
+        dtype = kv_dtype(self._engine_config, self.loaded.dtype, self.loaded.device)
+        return (pool.num_blocks, pool.block_size,
+                KVCache.bytes_per_block(self.loaded.config, pool.block_size, dtype))
 
     def abort_all(self, message: str) -> None:
         self.engine.abort_all(message)

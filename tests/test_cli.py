@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -10,12 +11,20 @@ from pathlib import Path
 import pytest
 
 from kiln.cli import build_parser, config_from_args
+from kiln.config import ConfigError
 from tests.tiny_models import write_tiny_llama
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def serve(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    # a free port: the port is bound (before the model loads) since the start-up checks
     return subprocess.run(
-        [sys.executable, "-m", "kiln", "serve", "--port", "18999", *args],
+        [sys.executable, "-m", "kiln", "serve", "--port", str(free_port()), *args],
         capture_output=True, text=True, timeout=120, env=env,
     )
 
@@ -45,7 +54,7 @@ def corrupt_weights(tmp: Path) -> Path:
 )
 def test_bad_model_gives_one_clear_line(tmp_path: Path, make) -> None:  # type: ignore[no-untyped-def]
     result = serve("--model", str(make(tmp_path)))
-    assert result.returncode != 0
+    assert result.returncode == 2
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("kiln: cannot load model")
@@ -104,3 +113,21 @@ def test_a_bad_chat_template_file_is_named_as_such(tmp_path: Path) -> None:
     assert result.returncode == 2 and "Traceback" not in result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith(f"kiln: cannot load chat template {template}")
+
+
+def test_connection_flags_reach_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KILN_SEND_TIMEOUT_S", "7")
+    args = build_parser().parse_args(
+        ["serve", "--header-timeout-s", "1.5", "--body-timeout-s", "2", "--keep-alive-s", "3",
+         "--max-connections", "9"])
+    config = config_from_args(args)
+    assert (config.header_timeout_s, config.body_timeout_s, config.keep_alive_s,
+            config.max_connections, config.send_timeout_s) == (1.5, 2.0, 3.0, 9, 7.0)
+
+
+@pytest.mark.parametrize("flag", ["--header-timeout-s", "--body-timeout-s", "--keep-alive-s",
+                                  "--send-timeout-s"])
+def test_a_zero_or_infinite_connection_timeout_is_a_config_error(flag: str) -> None:
+    for value in ("0", "inf"):
+        with pytest.raises(ConfigError, match=flag[2:].replace("-", "_")):
+            config_from_args(build_parser().parse_args(["serve", flag, value]))

@@ -75,10 +75,20 @@ def test_tri_state_selection(client: TestClient, backend: FakeBackend) -> None:
     client.post(CHAT, json={"messages": MSG, "adapters": [{"name": "math", "scale": 0.5},
                                                           {"name": "style", "scale": 2}]})
     assert lora_of(backend) == (("math", 0.5), ("style", 2.0))
-    # batch has no tri-state: missing adapter means base even with a server default
-    client.post("/v1/completions/batch", json={"prompts": [MSG]})
-    assert lora_of(backend) == ()
+    # batch selects exactly as chat: missing = the server default, null or "" = base
+    batch = "/v1/completions/batch"
+    assert client.post(batch, json={"prompts": [MSG]}).status_code == 200
+    assert lora_of(backend) == (("style", 1.0),)
+    for base in (None, ""):
+        assert client.post(batch, json={"prompts": [MSG], "adapter": base}).status_code == 200
+        assert lora_of(backend) == ()
+    client.post(batch, json={"prompts": [MSG], "adapter": "math"})
+    assert lora_of(backend) == (("math", 1.0),)
+    client.post(batch, json={"prompts": [MSG], "adapters": [{"name": "math", "scale": 0.5}]})
+    assert lora_of(backend) == (("math", 0.5),)
     assert client.post("/v1/adapters/unload").json()["status"] == "unloaded"
+    client.post(batch, json={"prompts": [MSG]})
+    assert lora_of(backend) == ()
     client.post(CHAT, json={"messages": MSG})
     assert lora_of(backend) == ()
 

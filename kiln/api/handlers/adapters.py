@@ -1,7 +1,8 @@
 """Adapter management (`/v1/adapters...`) and per-request adapter selection (DESIGN §6).
 
-Chat's `adapter` is tri-state: missing = the server default, null or "" = base, a name = that
-adapter. `adapters: [{name, scale}]` composes several. `model` may name an adapter (as in vLLM);
+Chat's and batch's `adapter` is tri-state: missing = the server default, null or "" = base, a
+name = that adapter (scoring on `/v1/completions` runs the base model unless `model` names an
+adapter, DESIGN §6). `adapters: [{name, scale}]` composes several. `model` may name an adapter (as in vLLM);
 combining that with `adapter`/`adapters` is a 400. Unknown names are 404 `adapter_not_found`;
 names with separators or traversal are 400 `invalid_adapter_name`.
 """
@@ -100,7 +101,8 @@ def _composition(adapters: Any) -> list[tuple[str, float]]:
 async def select(
     backend: Backend, adapter: Any, adapters: Any, model_adapter: str | None, *, tri_state: bool
 ) -> Selection:
-    """The adapter mix of a chat (tri_state) or batch request."""
+    """The adapter mix of a chat or batch request (tri_state: a missing ``adapter`` is the server
+    default), or of a scoring request (no default)."""
     given_adapters = adapters is not UNSET and adapters is not None
     if model_adapter is not None:
         if (adapter is not UNSET and adapter not in (None, "")) or given_adapters:

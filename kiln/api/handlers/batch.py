@@ -56,10 +56,13 @@ async def create(request: Request) -> Response:
     )
     check_batch(req)
     model, model_adapter = resolve_model(state.backend, opt(req.model))
-    selection = await select(state.backend, req.adapter, req.adapters, model_adapter, tri_state=False)
+    selection = await select(state.backend, req.adapter, req.adapters, model_adapter, tri_state=True)
     n = int(opt(req.n) or 1)
     tools = opt(req.tools) or None
     kwargs = template_kwargs(state, req.chat_template_kwargs, ERROR_CODE)
+    tool_choice = opt(req.tool_choice)
+    if tool_choice is not None:  # as chat renders it: templates may read tool_choice
+        kwargs.setdefault("tool_choice", tool_choice)
     limit = state.backend.max_model_len
     prompts: list[tuple[list[int], bool]] = []
     for p, messages in enumerate(req.prompts):
@@ -94,7 +97,7 @@ async def create(request: Request) -> Response:
             work.append((f"{rid}-{p}-{c}", ids, replace(params, thinking=spec), selection.lora))
     jobs = submit_all(state, work, code="batch_too_large")
     results = await until_disconnect(request, _gather(jobs))
-    parse_tools = tools if tools_enabled(tools, opt(req.tool_choice)) else None
+    parse_tools = tools if tools_enabled(tools, tool_choice) else None
     items = []
     usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
     for k, done in enumerate(results):

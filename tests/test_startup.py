@@ -1,0 +1,119 @@
+"""Start-up checks: a configuration that cannot serve one request is one line on stderr and exit
+code 2, before the server listens (`python -m kiln serve` as a subprocess, or the check itself
+where that tests the same thing)."""
+
+from __future__ import annotations
+
+import os
+import resource
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kiln import startup
+from kiln.startup import StartupError
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def serve(*args: str, port: int | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kiln", "serve", "--port", str(port or free_port()), *args],
+        capture_output=True, text=True, timeout=180,
+    )
+
+
+def one_line(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("kiln: ") and "Traceback" not in result.stderr
+    assert "serving" not in result.stdout  # it never got as far as listening
+    return lines[0]
+
+
+def test_a_kv_cache_too_small_for_one_request_fails_at_start() -> None:
+    line = one_line(serve("--kv-memory-mb", "1"))  # the default model: 8,192-token context
+    assert "KV cache cannot hold one request of the context length" in line
+    assert "max_model_len 8192 needs 512 blocks" in line
+    assert "--kv-memory-mb 360 or more" in line and "--max-model-len 16 or less" in line
+
+
+@pytest.mark.parametrize("make", [
+    lambda tmp: tmp / "missing",
+    lambda tmp: (tmp / "file").write_text("x") and tmp / "file",
+], ids=["missing", "a-file"])
+def test_a_bad_adapter_dir_fails_before_the_model_loads(tmp_path: Path, make) -> None:  # type: ignore[no-untyped-def]
+    path = make(tmp_path)
+    line = one_line(serve("--adapter-dir", str(path), "--model", str(tmp_path / "no-model")))
+    # the adapter dir is named, not the (also missing) model: it was checked first
+    assert line.startswith(f"kiln: --adapter-dir {path}: ")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any directory")
+def test_an_unreadable_adapter_dir_fails(tmp_path: Path) -> None:
+    folder = tmp_path / "locked"
+    folder.mkdir()
+    folder.chmod(0)
+    try:
+        with pytest.raises(StartupError, match="cannot be read"):
+            startup.check_adapter_dir(str(folder))
+    finally:
+        folder.chmod(0o755)
+
+
+def test_a_readable_adapter_dir_and_none_pass(tmp_path: Path) -> None:
+    startup.check_adapter_dir(str(tmp_path))
+    startup.check_adapter_dir(None)
+
+
+def test_a_port_in_use_fails_before_the_model_loads(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        line = one_line(serve("--model", str(tmp_path / "no-model"), port=port))
+    assert line == f"kiln: cannot bind 127.0.0.1:{port}: already in use"
+
+
+@pytest.mark.parametrize("name,content,why", [
+    ("notes.txt", b"hello\n", "is neither a model folder"),
+    ("model.gguf", b"not a gguf file at all", "GGUF magic invalid"),
+    ("empty-folder", None, "config.json"),
+], ids=["text-file", "fake-gguf", "empty-folder"])
+def test_a_file_that_is_not_a_model_fails(tmp_path: Path, name: str, content: bytes | None,
+                                          why: str) -> None:
+    path = tmp_path / name
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content)
+    line = one_line(serve("--model", str(path)))
+    assert line.startswith(f"kiln: cannot load model {path}: ") and why in line
+
+
+def test_kv_capacity_boundary() -> None:
+    startup.check_kv_capacity(num_blocks=4, block_size=16, bytes_per_block=1024 * 1024,
+                              max_model_len=64, kv_memory_mb=4)
+    with pytest.raises(StartupError) as err:
+        startup.check_kv_capacity(num_blocks=4, block_size=16, bytes_per_block=1024 * 1024,
+                                  max_model_len=65, kv_memory_mb=4)
+    assert "needs 5 blocks" in str(err.value)
+    assert "--kv-memory-mb 5 or more" in str(err.value)
+    assert "--max-model-len 64 or less" in str(err.value)
+
+
+def test_max_connections_past_the_open_file_limit_fails() -> None:
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        pytest.skip("no hard open-file limit here")
+    with pytest.raises(StartupError, match="--max-connections"):
+        startup.check_fd_limit(hard)  # plus the reserve: more than the hard limit
+    startup.check_fd_limit(max(1, hard - startup.FD_RESERVE))  # fits: raised as needed, no error
