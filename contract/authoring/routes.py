@@ -58,14 +58,17 @@ def routes() -> list[Schema]:
             "request": "TextCompletionRequest",
             "responses": {
                 "200": {
-                    "description": "Prompt-token log probabilities for the scored prompt.",
-                    "media_types": {"application/json": "TextCompletionResponse"},
+                    "description": "Generated completions (an SSE stream of `TextCompletionChunk` events when `stream` is true), or the scored prompt's log probabilities.",
+                    "media_types": {
+                        "application/json": "TextCompletionResponse",
+                        "text/event-stream": "TextCompletionChunk",
+                    },
                 },
                 **_errors(*post_errors),
             },
-            "streaming": False,
+            "streaming": True,
             "tag": "inference",
-            "summary": "Score prompt-token log probabilities.",
+            "summary": "Generate text from prompts (vLLM's completions), or score prompt-token log probabilities.",
         },
         {
             "operation_id": "createBatchCompletion",

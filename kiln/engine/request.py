@@ -44,10 +44,16 @@ class SamplingParams:
     ignore_eos: bool = False
     seed: int | None = None
     thinking: ThinkingBudgetSpec | None = None  # only when a budget applies
+    # Logprobs of each generated token and of its `logprobs` most likely alternatives, from
+    # the distribution the sampler used (after penalties and temperature); None: not wanted.
+    logprobs: int | None = None
+    stop_token_ids: tuple[int, ...] = ()  # generating one of these stops (stop_reason: the id)
 
     def __post_init__(self) -> None:
         if self.max_tokens < 0:
             raise ValueError("max_tokens must be >= 0")
+        if self.logprobs is not None and self.logprobs < 0:
+            raise ValueError("logprobs must be >= 0")
 
     @property
     def uses_penalties(self) -> bool:

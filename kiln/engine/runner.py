@@ -108,7 +108,8 @@ class ModelRunner:
             if not seqs:
                 return ModelRunnerOutput({}, errors)
         tokens, logprobs = self.sampler.sample(logits, seqs)
+        tops = self.sampler.token_logprobs(logits, seqs, tokens)
         return ModelRunnerOutput({
-            s.request_id: SampledToken(t, lp)
-            for s, t, lp in zip(seqs, tokens, logprobs, strict=True)
+            s.request_id: SampledToken(t, lp, top)
+            for s, t, lp, top in zip(seqs, tokens, logprobs, tops, strict=True)
         }, errors)
