@@ -66,6 +66,12 @@ def semantically_valid(path: str, body: object, path_params: dict[str, object] |
             return bool(len(prompts) * n <= 64)
     if path == "/v1/completions":
         return _completion_valid(body)
+    if path == "/v1/chat/completions":
+        if any(name in body and body[name] not in unsupported._NEUTRAL[name]
+               for name in unsupported.CHAT_FIELDS):
+            return False
+        if body.get("top_logprobs") is not None and body.get("logprobs") is not True:
+            return False
     return True
 
 

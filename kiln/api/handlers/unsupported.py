@@ -48,6 +48,23 @@ CHAT_FIELDS = ("logit_bias", "min_tokens", "include_stop_str_in_output", "contin
 COMPLETION_FIELDS = tuple(k for k in _NEUTRAL if k != "continue_final_message")
 
 
+def chat_extras(req: Any) -> dict[str, Any]:
+    """Chat's vLLM/OpenAI generation extras as SamplingParams fields (after refusing the ones
+    not implemented): logprobs (top_logprobs alternatives; top_logprobs needs logprobs: true)
+    and stop_token_ids."""
+    check(req, CHAT_FIELDS)
+    top = getattr(req, "top_logprobs", None)
+    want = getattr(req, "logprobs", None) is True
+    if top not in (UNSET, None) and not want:
+        raise ApiError(400, "chat_invalid_request", "top_logprobs requires logprobs: true",
+                       param="top_logprobs")
+    stop_ids = getattr(req, "stop_token_ids", None)
+    return {
+        "logprobs": (0 if top in (UNSET, None) else int(top)) if want else None,
+        "stop_token_ids": tuple(int(t) for t in stop_ids or ()) if stop_ids is not UNSET else (),
+    }
+
+
 def unsupported(param: str, why: str) -> ApiError:
     return ApiError(400, CODE, f"{param} is not supported by this server: {why}", param=param)
 
