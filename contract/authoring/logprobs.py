@@ -28,8 +28,10 @@ CHAT_ADDED_FIELDS: list[Field] = [
     F("stop_token_ids", False, nullable({"type": "array", "items": {"$ref": "#/$defs/NonNegativeInteger"}}),
       "Generating one of these token IDs stops the choice (vLLM).", default=[]),
     F("logit_bias", False, nullable({"type": "object", "propertyNames": {"pattern": "^[0-9]+$"},
-                                      "additionalProperties": {"type": "number"}}), _REJECTED),
-    F("min_tokens", False, {"type": "integer", "minimum": 0}, _REJECTED, default=0),
+                                      "additionalProperties": {"type": "number"}}),
+      "Token ID (decimal string) -> bias added to its logit before sampling; values clamped to -100..100."),
+    F("min_tokens", False, {"type": "integer", "minimum": 0},
+      "EOS and stop_token_ids cannot be generated before this many tokens (with stop strings: a 400 unsupported_parameter).", default=0),
     F("include_stop_str_in_output", False, {"type": "boolean"}, _REJECTED, default=False),
     F("continue_final_message", False, {"type": "boolean"}, _REJECTED, default=False),
 ]

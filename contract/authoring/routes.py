@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .common import Schema
+from .tokenizer import tokenizer_routes
 
 _ERROR_TEXT = {
     "400": "Invalid request (malformed JSON, contract violation, or a semantic rule).",
@@ -232,4 +233,5 @@ def routes() -> list[Schema]:
             "tag": "meta",
             "summary": "The OpenAPI document of this server.",
         },
+        *tokenizer_routes(_errors("400", "401", "404", "413", "415", "500")),
     ]

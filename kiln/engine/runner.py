@@ -107,6 +107,7 @@ class ModelRunner:
             logits, seqs = logits[good], [seqs[i] for i in good]
             if not seqs:
                 return ModelRunnerOutput({}, errors)
+        logits = self.sampler.process(logits, seqs)  # after the check: masks write -inf
         tokens, logprobs = self.sampler.sample(logits, seqs)
         tops = self.sampler.token_logprobs(logits, seqs, tokens)
         return ModelRunnerOutput({

@@ -44,6 +44,29 @@ class Sampler:
         tokens, logprobs = sample(logits, self.build(seqs, int(logits.shape[1])))
         return [int(t) for t in tokens.tolist()], [float(x) for x in logprobs.tolist()]
 
+    def process(self, logits: torch.Tensor, seqs: Sequence[ScheduledSeq]) -> torch.Tensor:
+        """allowed_token_ids, logit_bias and min_tokens on the rows that set them (a copy of
+        ``logits`` when any row does; other rows keep their values bit for bit)."""
+        rows = [i for i, s in enumerate(seqs) if s.sampling.processes_logits]
+        if not rows:
+            return logits
+        out = logits.clone()
+        dev = out.device
+        for i in rows:
+            p, row = seqs[i].sampling, out[i]
+            if p.allowed_token_ids is not None:
+                keep = torch.tensor(p.allowed_token_ids, dtype=torch.long, device=dev)
+                kept = row[keep].clone()
+                row.fill_(float("-inf"))
+                row[keep] = kept
+            if p.logit_bias:
+                ids = torch.tensor([t for t, _ in p.logit_bias], dtype=torch.long, device=dev)
+                bias = torch.tensor([b for _, b in p.logit_bias], dtype=row.dtype, device=dev)
+                row.index_add_(0, ids, bias)
+            if p.min_tokens_ids and len(seqs[i].output_token_ids) < p.min_tokens:
+                row[torch.tensor(p.min_tokens_ids, dtype=torch.long, device=dev)] = float("-inf")
+        return out
+
     def token_logprobs(self, logits: torch.Tensor, seqs: Sequence[ScheduledSeq],
                        tokens: Sequence[int]) -> list[TokenLogprobs | None]:
         """For the rows whose request wants logprobs: the sampled token's logprob and the top
@@ -70,8 +93,11 @@ class Sampler:
         top_lp = lp.gather(1, ids).tolist()
         for j, (i, s) in enumerate(zip(want, sub, strict=True)):
             n = int(s.sampling.logprobs or 0)
-            out[i] = TokenLogprobs(float(chosen_lp[j]), tuple(ids[j, :n].tolist()),
-                                   tuple(top_lp[j][:n]))
+            # a masked token (allowed_token_ids, min_tokens) has logprob -inf: not an alternative
+            top = [(t, v) for t, v in zip(ids[j, :n].tolist(), top_lp[j][:n], strict=True)
+                   if v != float("-inf")]
+            out[i] = TokenLogprobs(float(chosen_lp[j]), tuple(t for t, _ in top),
+                                   tuple(v for _, v in top))
         return out
 
     def columns(self, seqs: Sequence[ScheduledSeq]) -> dict[str, torch.Tensor]:

@@ -40,8 +40,9 @@ def test_no_logprobs_unless_asked(client: TestClient, backend: FakeBackend) -> N
 @pytest.mark.parametrize(("body", "code", "param"), [
     ({"top_logprobs": 21, "logprobs": True}, "chat_invalid_request", "top_logprobs"),
     ({"top_logprobs": 2}, "chat_invalid_request", "top_logprobs"),
-    ({"logit_bias": {"5": 10}}, "unsupported_parameter", "logit_bias"),
-    ({"min_tokens": 3}, "unsupported_parameter", "min_tokens"),
+    ({"logit_bias": {"1000": 10}}, "chat_invalid_request", "logit_bias"),
+    ({"min_tokens": 3, "max_tokens": 2}, "chat_invalid_request", "min_tokens"),
+    ({"min_tokens": 3, "stop": ["x"]}, "unsupported_parameter", "min_tokens"),
     ({"include_stop_str_in_output": True}, "unsupported_parameter", "include_stop_str_in_output"),
     ({"continue_final_message": True}, "unsupported_parameter", "continue_final_message"),
 ])
@@ -52,11 +53,13 @@ def test_refusals(client: TestClient, body: dict[str, Any], code: str, param: st
     assert (err["code"], err["param"]) == (code, param)
 
 
-def test_stop_token_ids_reach_the_engine(client: TestClient, backend: FakeBackend) -> None:
-    r = client.post(CHAT, json={"messages": MSG, "stop_token_ids": [9, 10], "min_tokens": 0,
-                                "logit_bias": {}})
+def test_extras_reach_the_engine(client: TestClient, backend: FakeBackend) -> None:
+    r = client.post(CHAT, json={"messages": MSG, "stop_token_ids": [9, 10], "min_tokens": 2,
+                                "logit_bias": {"4": -200}})
     assert r.status_code == 200, r.text
-    assert backend.submitted[-1].sampling.stop_token_ids == (9, 10)
+    p = backend.submitted[-1].sampling
+    assert p.stop_token_ids == (9, 10) and p.logit_bias == ((4, -100.0),)
+    assert (p.min_tokens, p.min_tokens_ids) == (2, (2, 9, 10))
 
 
 def test_logprobs_in_stream_chunks(client: TestClient, backend: FakeBackend) -> None:

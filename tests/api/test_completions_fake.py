@@ -94,9 +94,8 @@ def test_stop_token_ids_and_return_token_ids(client: TestClient, backend: FakeBa
 
 
 @pytest.mark.parametrize(("field", "value"), [
-    ("suffix", "x"), ("logit_bias", {"5": 1.0}), ("use_beam_search", True), ("min_tokens", 2),
-    ("include_stop_str_in_output", True), ("truncate_prompt_tokens", 3), ("bad_words", ["a"]),
-    ("allowed_token_ids", [1]), ("priority", 1), ("cache_salt", "s"), ("prompt_embeds", "x"),
+    ("suffix", "x"), ("use_beam_search", True),
+    ("truncate_prompt_tokens", 3), ("bad_words", ["a"]), ("priority", 1), ("cache_salt", "s"), ("prompt_embeds", "x"),
     ("kv_transfer_params", {}), ("response_format", {"type": "json_object"}),
     ("structured_outputs", {"json": {}}), ("skip_special_tokens", False),
     ("thinking_token_budget", 5), ("repetition_detection", {"min_count": 2}),
@@ -187,3 +186,37 @@ def test_stream_interval_groups_tokens(client: TestClient, backend: FakeBackend)
     r = client.post(URL, json={"prompt": "a", "max_tokens": 7, "stream": True, "stream_interval": 3})
     texts = [e["choices"][0]["text"] for e in events(r.text)[:-1]]
     assert texts == ["a", "bcd", "efg"]
+
+
+def test_logits_extras_reach_the_engine(client: TestClient, backend: FakeBackend) -> None:
+    post(client, prompt="a", max_tokens=4, logit_bias={"7": 150, "5": -3.5},
+         allowed_token_ids=[9, 5, 9], min_tokens=2, stop_token_ids=[11])
+    p = backend.submitted[-1].sampling
+    assert p.logit_bias == ((5, -3.5), (7, 100.0))  # clamped to +-100
+    assert p.allowed_token_ids == (5, 9)
+    assert (p.min_tokens, p.min_tokens_ids) == (2, (2, 11))  # EOS and the stop token ids
+    post(client, prompt="a", max_tokens=4, min_tokens=2, ignore_eos=True)
+    assert backend.submitted[-1].sampling.min_tokens_ids == ()
+
+
+@pytest.mark.parametrize(("body", "param", "code"), [
+    ({"logit_bias": {"1000": 1}}, "logit_bias", "completion_invalid_request"),
+    ({"allowed_token_ids": [1000]}, "allowed_token_ids", "completion_invalid_request"),
+    ({"allowed_token_ids": []}, "allowed_token_ids", "completion_invalid_request"),
+    ({"min_tokens": 5, "max_tokens": 4}, "min_tokens", "completion_invalid_request"),
+    ({"min_tokens": 1, "stop": "x"}, "min_tokens", "unsupported_parameter"),
+])
+def test_logits_extras_checks(client: TestClient, body: dict[str, Any], param: str, code: str
+                              ) -> None:
+    r = client.post(URL, json={"prompt": "a", **body})
+    assert r.status_code == 400, r.text
+    assert (r.json()["error"]["param"], r.json()["error"]["code"]) == (param, code)
+
+
+def test_include_stop_str_in_output(client: TestClient, backend: FakeBackend) -> None:
+    backend.reply, backend.stop_string = "abc", "d"
+    body = post(client, prompt="a", max_tokens=8, stop="d", include_stop_str_in_output=True)
+    assert body["choices"][0]["text"] == "abcd"
+    assert body["choices"][0]["stop_reason"] == "d"
+    plain = post(client, prompt="a", max_tokens=8, stop="d")
+    assert plain["choices"][0]["text"] == "abc"

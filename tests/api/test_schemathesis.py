@@ -66,11 +66,35 @@ def semantically_valid(path: str, body: object, path_params: dict[str, object] |
             return bool(len(prompts) * n <= 64)
     if path == "/v1/completions":
         return _completion_valid(body)
+    if path == "/tokenize":
+        return ("prompt" in body) != ("messages" in body)
+    if path == "/detokenize":
+        tokens = body.get("tokens")
+        return not (isinstance(tokens, list) and any(_number(t) and t >= VOCAB for t in tokens))
     if path == "/v1/chat/completions":
         if any(name in body and body[name] not in unsupported._NEUTRAL[name]
                for name in unsupported.CHAT_FIELDS):
             return False
         if body.get("top_logprobs") is not None and body.get("logprobs") is not True:
+            return False
+        if not _extras_valid(body):
+            return False
+    return True
+
+
+def _extras_valid(body: dict[str, Any]) -> bool:
+    """logit_bias / allowed_token_ids within the vocabulary; min_tokens <= max_tokens and
+    without stop strings."""
+    bias, allowed = body.get("logit_bias"), body.get("allowed_token_ids")
+    if isinstance(bias, dict) and any(int(k) >= VOCAB for k in bias):
+        return False
+    if isinstance(allowed, list) and any(_number(t) and t >= VOCAB for t in allowed):
+        return False
+    min_tokens, max_tokens, stop = body.get("min_tokens"), body.get("max_tokens"), body.get("stop")
+    if _number(min_tokens) and min_tokens > 0:
+        if _number(max_tokens) and min_tokens > max_tokens:
+            return False
+        if stop:
             return False
     return True
 
@@ -82,6 +106,8 @@ def _completion_valid(body: dict[str, Any]) -> bool:
            for name in unsupported.COMPLETION_FIELDS):
         return False
     if body.get("response_format") not in (None, {"type": "text"}):
+        return False
+    if not _extras_valid(body):
         return False
     prompt, k, n = body.get("prompt"), body.get("prompt_logprobs"), body.get("n") or 1
     prompts = [prompt] if isinstance(prompt, str) or (

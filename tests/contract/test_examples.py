@@ -232,6 +232,9 @@ def test_routes() -> None:
         ("POST", "/v1/adapters/load"),
         ("POST", "/v1/adapters/unload"),
         ("DELETE", "/v1/adapters/{name}"),
+        ("POST", "/tokenize"),
+        ("POST", "/detokenize"),
+        ("GET", "/tokenizer_info"),
     }
     chat = next(r for r in table if r["path"] == "/v1/chat/completions")
     assert chat["responses"]["200"]["media_types"] == {

@@ -65,6 +65,8 @@ ADDED = {
     "AdapterInfo", "AdapterList", "AdapterLoadRequest", "AdapterStatusResponse",
     "CompletionLogprobs", "ChatLogprobs", "ChatTokenLogprob", "ChatTopLogprob",
     "TextCompletionChunk", "TextCompletionChunkChoice",
+    "TokenizeRequest", "TokenizeResponse", "DetokenizeRequest", "DetokenizeResponse",
+    "TokenizerInfoResponse",
 }
 
 

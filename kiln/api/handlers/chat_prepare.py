@@ -14,8 +14,8 @@ from msgspec import UNSET
 
 from kiln.api._generated import wire
 from kiln.api.errors import ApiError
-from kiln.api.handlers import unsupported
 from kiln.api.handlers.adapters import select
+from kiln.api.handlers.extras import chat_extras
 from kiln.api.handlers.models import resolve_model
 from kiln.api.handlers.params import (
     choice_seed,
@@ -264,7 +264,7 @@ async def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> Prep
     seed = opt(req.seed)
     if rollout and seed is None:
         seed = secrets.randbits(64)  # drawn here so that the record can state it
-    extras = unsupported.chat_extras(req)
+    extras = chat_extras(req, backend.tokenizer, stop, requested)
     params = [
         replace(
             sampling_params(

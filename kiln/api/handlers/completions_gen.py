@@ -22,6 +22,7 @@ from kiln.api.backend import PositionScore
 from kiln.api.encode import json_response
 from kiln.api.errors import ApiError
 from kiln.api.handlers.adapters import Selection
+from kiln.api.handlers.extras import logits_extras
 from kiln.api.handlers.generation import Admitted, Completion, collect, submit_all, until_disconnect
 from kiln.api.handlers.logprobs import CompletionLogprobs
 from kiln.api.handlers.params import NEUTRAL, choice_seed, normalize_stop, opt, sampling_params
@@ -53,6 +54,7 @@ class Prepared:
     return_token_ids: bool
     include_usage: bool
     stream_interval: int
+    include_stop: bool = False  # include_stop_str_in_output: a matched stop string ends the text
     echo_scores: list[list[PositionScore]] = field(default_factory=list)
 
     def prompt_of(self, index: int) -> int:
@@ -90,7 +92,7 @@ def _tokenize(state: AppState, req: Any) -> tuple[list[list[int]], list[str]]:
                           f"(size {vocab})", "prompt")
             texts.append(tok.decode(ids))
         if not ids:
-            raise bad(f"{where} tokenizes to 0 tokens", "prompt")
+            raise bad(f"prompt tokenizes to 0 tokens ({where})", "prompt")
         if len(ids) >= limit:
             raise ApiError(400, "context_length_exceeded",
                            f"{where} has {len(ids)} tokens; the maximum context length is {limit}",
@@ -123,6 +125,9 @@ def prepare(state: AppState, req: Any, selection: Selection, model: str, *,
                       "logprobs")
     stop = normalize_stop(opt(req.stop))
     stop_ids = tuple(int(t) for t in (opt(req.stop_token_ids) or ()))
+    wanted = opt(req.max_tokens) if max_tokens_given else DEFAULT_MAX_TOKENS
+    extras = logits_extras(req, state.backend.tokenizer, code=ERROR_CODE, stop=stop,
+                           stop_token_ids=stop_ids, max_tokens=wanted)
     params: list[SamplingParams] = []
     for p, ids in enumerate(prompts):
         for c in range(n):
@@ -132,7 +137,7 @@ def prepare(state: AppState, req: Any, selection: Selection, model: str, *,
                 stop=stop, seed=choice_seed(req.seed, p * n + c), has_tools=False, base=NEUTRAL)
             params.append(dataclasses.replace(
                 base, logprobs=None if logprobs is None else int(logprobs),
-                stop_token_ids=stop_ids))
+                stop_token_ids=stop_ids, **extras))
     options = opt(req.stream_options)
     rid = opt(req.request_id)
     return Prepared(
@@ -142,7 +147,8 @@ def prepare(state: AppState, req: Any, selection: Selection, model: str, *,
         as_ids=bool(opt(req.return_tokens_as_token_ids)),
         return_token_ids=bool(opt(req.return_token_ids)),
         include_usage=bool(options is not None and opt(options.include_usage)),
-        stream_interval=int(opt(req.stream_interval) or 1))
+        stream_interval=int(opt(req.stream_interval) or 1),
+        include_stop=bool(req.include_stop_str_in_output))
 
 
 async def score_echoes(state: AppState, prep: Prepared) -> None:
@@ -177,9 +183,16 @@ def echo_logprobs(state: AppState, prep: Prepared, p: int) -> CompletionLogprobs
     return lps
 
 
+def stop_text(prep: Prepared, finish: str | None, stop_reason: str | int | None) -> str:
+    """The matched stop string when include_stop_str_in_output asks for it."""
+    ok = prep.include_stop and finish == "stop" and isinstance(stop_reason, str)
+    return str(stop_reason) if ok else ""
+
+
 def choice_body(state: AppState, prep: Prepared, index: int, c: Completion) -> dict[str, Any]:
     p = prep.prompt_of(index)
-    text = (prep.echo_texts[p] if prep.echo else "") + c.text
+    text = ((prep.echo_texts[p] if prep.echo else "") + c.text
+            + stop_text(prep, c.finish_reason, c.stop_reason))
     choice: dict[str, Any] = {"index": index, "text": text, "logprobs": None,
                               "finish_reason": finish_reason(c), "stop_reason": c.stop_reason}
     if prep.logprobs is not None:

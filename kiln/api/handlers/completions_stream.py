@@ -9,7 +9,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from kiln.api.handlers.completions_gen import Prepared, echo_logprobs, usage
+from kiln.api.handlers.completions_gen import Prepared, echo_logprobs, stop_text, usage
 from kiln.api.handlers.generation import Admitted, Completion
 from kiln.api.handlers.logprobs import CompletionLogprobs
 from kiln.api.sse import DONE, event
@@ -34,10 +34,8 @@ class _Choice:
         p = prep.prompt_of(index)
         if prep.echo:
             self.text = prep.echo_texts[p]
-            self.ids = []
         if prep.logprobs is not None:
             self.logprobs = echo_logprobs(state, prep, p)
-        self.prompt_ids = self.prompt if prep.return_token_ids else None
 
 
 class _Stream:
@@ -126,6 +124,7 @@ async def frames(state: AppState, prep: Prepared, streams: list[Admitted],
                     yield DONE
                     return
                 completion_tokens += out.num_output_tokens
+                ch.text += stop_text(prep, out.finish_reason, out.stop_reason)
                 yield sse.chunk(ch, out.finish_reason or "stop", out.stop_reason)
                 continue
             since[i] += len(out.new_token_ids)

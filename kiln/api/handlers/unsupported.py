@@ -14,17 +14,14 @@ CODE = "unsupported_parameter"
 # field -> the values that mean "not set" (missing is always fine)
 _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "suffix": (None,),
-    "logit_bias": (None, {}),
     "use_beam_search": (False,),
     "watermarking": (None, False),
     "length_penalty": (1.0,),
     "include_stop_str_in_output": (False,),
-    "min_tokens": (0,),
     "skip_special_tokens": (True,),
     "spaces_between_special_tokens": (True,),
     "truncate_prompt_tokens": (None,),
     "truncation_side": (None,),
-    "allowed_token_ids": (None,),
     "logprob_token_ids": (None,),
     "bad_words": ([],),
     "prompt_embeds": (None,),
@@ -44,25 +41,9 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "continue_final_message": (False,),
 }
 # Chat's share of them (the fields chat's contract gained for issue 25 but does not implement).
-CHAT_FIELDS = ("logit_bias", "min_tokens", "include_stop_str_in_output", "continue_final_message")
-COMPLETION_FIELDS = tuple(k for k in _NEUTRAL if k != "continue_final_message")
-
-
-def chat_extras(req: Any) -> dict[str, Any]:
-    """Chat's vLLM/OpenAI generation extras as SamplingParams fields (after refusing the ones
-    not implemented): logprobs (top_logprobs alternatives; top_logprobs needs logprobs: true)
-    and stop_token_ids."""
-    check(req, CHAT_FIELDS)
-    top = getattr(req, "top_logprobs", None)
-    want = getattr(req, "logprobs", None) is True
-    if top not in (UNSET, None) and not want:
-        raise ApiError(400, "chat_invalid_request", "top_logprobs requires logprobs: true",
-                       param="top_logprobs")
-    stop_ids = getattr(req, "stop_token_ids", None)
-    return {
-        "logprobs": (0 if top in (UNSET, None) else int(top)) if want else None,
-        "stop_token_ids": tuple(int(t) for t in stop_ids or ()) if stop_ids is not UNSET else (),
-    }
+CHAT_FIELDS = ("include_stop_str_in_output", "continue_final_message")
+COMPLETION_FIELDS = tuple(k for k in _NEUTRAL
+                          if k not in ("continue_final_message", "include_stop_str_in_output"))
 
 
 def unsupported(param: str, why: str) -> ApiError:
