@@ -125,6 +125,8 @@ def cap_scoring_body(body: dict[str, Any]) -> dict[str, Any]:
 def _cap_min_tokens(out: dict[str, Any]) -> None:
     """min_tokens may not pass the capped max_tokens (a 400 otherwise)."""
     cap = out.get("max_tokens")
+    if cap is None:  # chat: max_tokens wins over max_completion_tokens when non-null
+        cap = out.get("max_completion_tokens")
     if _is_int(out.get("min_tokens")) and _is_int(cap):
         out["min_tokens"] = min(out["min_tokens"], cap)
 

@@ -90,7 +90,11 @@ def _extras_valid(body: dict[str, Any]) -> bool:
         return False
     if isinstance(allowed, list) and any(_number(t) and t >= VOCAB for t in allowed):
         return False
-    min_tokens, max_tokens, stop = body.get("min_tokens"), body.get("max_tokens"), body.get("stop")
+    min_tokens, stop = body.get("min_tokens"), body.get("stop")
+    # chat: max_tokens wins over max_completion_tokens when both are non-null
+    max_tokens = body.get("max_tokens")
+    if max_tokens is None:
+        max_tokens = body.get("max_completion_tokens")
     if _number(min_tokens) and min_tokens > 0:
         if _number(max_tokens) and min_tokens > max_tokens:
             return False
