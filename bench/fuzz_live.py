@@ -40,6 +40,9 @@ from bench.live_server import PYTHON, RESULTS, ROOT, running_server, write_rando
 MAX_TOKENS = 4
 MAX_N = 2
 MAX_BATCH_PROMPTS = 4
+# A generated completion's cost on a CPU: few prompts of few tokens (scoring bodies keep theirs).
+MAX_GENERATION_PROMPTS = 2
+MAX_GENERATION_PROMPT_TOKENS = 64
 # Scoring cost grows faster than linearly with prompt length on a CPU (4096 tokens: ~40 s).
 MAX_SCORING_PROMPT_TOKENS = int(os.environ.get("KILN_FUZZ_MAX_PROMPT_TOKENS", "512"))
 ACCEPTED_LOG_ENV = "KILN_FUZZ_ACCEPTED_LOG"
@@ -83,20 +86,49 @@ def cap_body(path: str, body: dict[str, Any]) -> dict[str, Any]:
         out["max_tokens"] = MAX_TOKENS
     if _is_int(out.get("n")):
         out["n"] = min(out["n"], MAX_N)
+    _cap_min_tokens(out)
     prompts = out.get("prompts")
     if path == "/v1/completions/batch" and isinstance(prompts, list):
         out["prompts"] = prompts[:MAX_BATCH_PROMPTS]
     return out
 
 
+def _cap_prompt(prompt: Any, tokens: int = MAX_SCORING_PROMPT_TOKENS) -> Any:
+    if isinstance(prompt, list) and len(prompt) > tokens:
+        return prompt[:tokens]
+    if isinstance(prompt, str) and len(prompt) > 4 * tokens:
+        return prompt[: 4 * tokens]
+    return prompt
+
+
 def cap_scoring_body(body: dict[str, Any]) -> dict[str, Any]:
-    """A copy of a valid `/v1/completions` body with a bounded prompt length."""
+    """A copy of a valid `/v1/completions` body with a bounded prompt length; a generation body
+    (no prompt_logprobs) also gets few prompts, choices and tokens (a missing or null max_tokens
+    would be 16 or the whole context window)."""
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) > MAX_SCORING_PROMPT_TOKENS:
-        return {**body, "prompt": prompt[:MAX_SCORING_PROMPT_TOKENS]}
-    if isinstance(prompt, str) and len(prompt) > 4 * MAX_SCORING_PROMPT_TOKENS:
-        return {**body, "prompt": prompt[: 4 * MAX_SCORING_PROMPT_TOKENS]}
-    return body
+    out = dict(body)
+    scoring = body.get("prompt_logprobs") is not None
+    tokens = MAX_SCORING_PROMPT_TOKENS if scoring else MAX_GENERATION_PROMPT_TOKENS
+    if isinstance(prompt, list) and prompt and not all(_is_int(t) for t in prompt):
+        out["prompt"] = [_cap_prompt(p, tokens) for p in prompt[:MAX_GENERATION_PROMPTS]]
+    else:
+        out["prompt"] = _cap_prompt(prompt, tokens)
+    if not scoring:
+        mt = out.get("max_tokens")
+        out["max_tokens"] = min(mt, MAX_TOKENS) if _is_int(mt) else MAX_TOKENS
+        if _is_int(out.get("n")):
+            out["n"] = min(out["n"], MAX_N)
+        _cap_min_tokens(out)
+    return out
+
+
+def _cap_min_tokens(out: dict[str, Any]) -> None:
+    """min_tokens may not pass the capped max_tokens (a 400 otherwise)."""
+    cap = out.get("max_tokens")
+    if cap is None:  # chat: max_tokens wins over max_completion_tokens when non-null
+        cap = out.get("max_completion_tokens")
+    if _is_int(out.get("min_tokens")) and _is_int(cap):
+        out["min_tokens"] = min(out["min_tokens"], cap)
 
 
 def _body_is_positive(case: Any) -> bool:

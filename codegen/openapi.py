@@ -85,6 +85,20 @@ def _sse_event_schema(main: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _event_of(name: str) -> dict[str, Any]:
+    """One server-sent event whose data is `[DONE]` or JSON of definition ``name`` (or the
+    error envelope)."""
+    events = [_schema_ref(name), _schema_ref("ErrorResponse")]
+    return {
+        "type": "object",
+        "required": ["data"],
+        "properties": {"data": {"type": "string", "anyOf": [
+            {"const": "[DONE]"},
+            {"contentMediaType": "application/json", "contentSchema": {"anyOf": events}},
+        ]}},
+    }
+
+
 def _operation(route: dict[str, Any], examples: dict[str, Any]) -> dict[str, Any]:
     op: dict[str, Any] = {
         "operationId": route["operation_id"],
@@ -109,7 +123,9 @@ def _operation(route: dict[str, Any], examples: dict[str, Any]) -> dict[str, Any
     for status, resp in sorted(route.get("responses", {}).items()):
         content: dict[str, Any] = {}
         for media_type, name in resp.get("media_types", {}).items():
-            if media_type == "text/event-stream":
+            if media_type == "text/event-stream" and name != "ChatCompletionChunkStream":
+                content[media_type] = {"schema": _event_of(name)}
+            elif media_type == "text/event-stream":
                 content[media_type] = {"schema": _schema_ref(SSE_EVENT)}
             else:
                 content[media_type] = {"schema": _schema_ref(name)}

@@ -40,12 +40,24 @@ def strip_assertions(node: Any) -> Any:
                 out[key] = kept
             continue
         if key in ("anyOf", "oneOf") and isinstance(value, list):
-            kept = [strip_assertions(v) for v in value if not _is_required_only(v)]
+            kept = _one_array([strip_assertions(v) for v in value if not _is_required_only(v)])
             if kept:
                 out[key] = kept
             continue
         out[key] = strip_assertions(value)
     return out
+
+
+def _one_array(branches: list[Any]) -> list[Any]:
+    """msgspec refuses a union of two array types (a completions prompt is token IDs, a list of
+    them, or a list of texts): such branches become one plain array, whose items the contract's
+    own validator has already checked."""
+    arrays = [b for b in branches if isinstance(b, dict) and b.get("type") == "array"]
+    if len(arrays) < 2:
+        return branches
+    first = branches.index(arrays[0])
+    rest = [b for b in branches if not (isinstance(b, dict) and b.get("type") == "array")]
+    return [*rest[:first], {"type": "array"}, *rest[first:]]
 
 
 def _class_name(name: str) -> str:

@@ -18,6 +18,7 @@ from .rollout import rollout_defs
 from .routes import routes
 from .scalars import scalar_defs
 from .thinking_budget import thinking_budget_schema
+from .tokenizer import tokenizer_defs
 
 
 def inference_defs() -> dict[str, Schema]:
@@ -42,6 +43,7 @@ def inference_defs() -> dict[str, Schema]:
 def inference_schema() -> Schema:
     defs = inference_defs()
     defs.update(added_defs())
+    defs.update(tokenizer_defs())
     return {
         "$schema": DIALECT,
         "$id": BASE_URI + MAIN_FILE,

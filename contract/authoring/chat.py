@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .common import F, Schema, leaf, obj
+from .logprobs import CHOICE_LOGPROBS
 
 
 def chat_response_defs() -> dict[str, Schema]:
@@ -250,6 +251,7 @@ def chat_response_defs() -> dict[str, Schema]:
                 {"$ref": "#/$defs/RolloutProvenanceV1"},
                 "Exact behavior-policy provenance when requested.",
             ),
+            CHOICE_LOGPROBS,
         ],
         closed=True,
         annotations={"x-kiln-rust-type": "Choice"},
@@ -265,6 +267,7 @@ def chat_response_defs() -> dict[str, Schema]:
                 {"$ref": "#/$defs/FinishReason"},
                 "Why generation ended; present only on the terminal chunk.",
             ),
+            CHOICE_LOGPROBS,
         ],
         closed=True,
         annotations={"x-kiln-rust-type": "ChunkChoice"},

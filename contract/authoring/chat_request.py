@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .common import PARALLEL_TOOL_CALLS, SAMPLING_FIELDS, F, Schema, n_choices, obj
+from .logprobs import CHAT_ADDED_FIELDS
 
 
 def chat_request_defs() -> dict[str, Schema]:
@@ -147,6 +148,7 @@ def chat_request_defs() -> dict[str, Schema]:
                 default=False,
             ),
             PARALLEL_TOOL_CALLS,
+            *CHAT_ADDED_FIELDS,
         ],
         closed=False,
         rules={

@@ -138,8 +138,8 @@ SAMPLING_FIELDS: list[Field] = [
     F(
         "top_k",
         False,
-        {"$ref": "#/$defs/NullableUint32"},
-        "Maximum candidate count for top-k filtering. Null uses the selected preset or runtime default.",
+        nullable({"type": "integer", "minimum": -1, "maximum": UINT32_MAX}),
+        "Maximum candidate count for top-k filtering; 0 and -1 (vLLM's spelling) turn it off. Null uses the selected preset or runtime default.",
     ),
     F(
         "min_p",

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from .common import MAX_PROMPT_TOKENS, UINT32_MAX, F, Schema, nullable, obj
+from .common import F, Schema, obj
+from .completions_request import MAX_COMPLETION_CHOICES, completion_request_defs
+from .logprobs import GENERATED_CHOICE_FIELDS, logprob_defs
 
 
 def completion_defs() -> dict[str, Schema]:
@@ -44,21 +46,21 @@ def completion_defs() -> dict[str, Schema]:
         annotations={"x-kiln-rust-type": "BTreeMap<String, PromptLogprobEntry>"},
     )
     defs["TextCompletionChoice"] = obj(
-        "Prompt log probabilities and termination status for one scored prompt.",
+        "One completion choice: generated text (or, in prompt-logprob scoring mode, the scored prompt).",
         [
             F(
                 "index",
                 True,
                 {"$ref": "#/$defs/NonNegativeInteger"},
-                "Zero-based choice index; always zero for this endpoint.",
+                "Zero-based choice index, prompt-major: prompt p, choice c is p * n + c (0 in scoring mode).",
             ),
             F(
                 "text",
                 True,
                 {"type": "string"},
-                "Generated text; empty in prompt-logprob scoring mode.",
+                "Generated text (after the prompt when echo is set); empty in prompt-logprob scoring mode.",
             ),
-            F("finish_reason", True, {"$ref": "#/$defs/FinishReason"}, "Why prompt scoring ended."),
+            F("finish_reason", True, {"$ref": "#/$defs/FinishReason"}, "Why generation (or prompt scoring) ended."),
             F(
                 "prompt_logprobs",
                 False,
@@ -68,85 +70,13 @@ def completion_defs() -> dict[str, Schema]:
                 },
                 "One entry per prompt token. The first is null; later maps contain the observed token plus requested top-K candidates.",
             ),
+            *GENERATED_CHOICE_FIELDS,
         ],
         closed=True,
         annotations={"x-kiln-rust-type": "TextCompletionChoice"},
     )
-    defs["TextCompletionRequest"] = obj(
-        "Score prompt-token log probabilities through the compatibility completions endpoint.",
-        [
-            F(
-                "model",
-                False,
-                {"$ref": "#/$defs/NullableString"},
-                "Must match the served base model when non-null.",
-            ),
-            F(
-                "prompt",
-                True,
-                {
-                    "oneOf": [
-                        {"type": "string"},
-                        {
-                            "type": "array",
-                            "items": {"type": "integer", "minimum": 0, "maximum": UINT32_MAX},
-                            "minItems": 1,
-                            "maxItems": MAX_PROMPT_TOKENS,
-                        },
-                    ]
-                },
-                "Text or raw token IDs. The tokenized prompt is capped at 4096 and the served context length.",
-            ),
-            F(
-                "max_tokens",
-                False,
-                nullable({"type": "integer", "minimum": 0, "maximum": 1}),
-                "Must be null, 0, or 1. This endpoint scores prompt log probabilities; it does not provide general text generation.",
-                default=1,
-            ),
-            F(
-                "prompt_logprobs",
-                True,
-                {"type": "integer", "minimum": 0, "maximum": 256},
-                "Requested top K. The runtime also caps K by vocabulary size and total returned candidates at 65536.",
-            ),
-            F(
-                "n",
-                False,
-                nullable({"const": 1}),
-                "Compatibility field. Missing, null, and 1 all request the single supported choice.",
-                default=1,
-            ),
-            F(
-                "stream",
-                False,
-                {"const": False},
-                "Prompt-logprob scoring is non-streaming only.",
-                default=False,
-            ),
-            F(
-                "add_special_tokens",
-                False,
-                {"type": "boolean"},
-                "Tokenizer special-token insertion for text prompts; ignored for token-ID prompts.",
-                default=True,
-            ),
-        ],
-        closed=False,
-        annotations={
-            "x-kiln-field-schema-status": "complete",
-            "x-kiln-rust-type": "TextCompletionRequest",
-            "x-kiln-semantic-constraints": [
-                "the tokenized prompt is non-empty and has at most min(4096, served context length) tokens",
-                "raw token IDs and prompt_logprobs do not exceed the served vocabulary",
-                "scored positions * (prompt_logprobs + 1) <= 65536",
-                "real scoring rejects an active LoRA until adapter revision identity can be pinned",
-            ],
-            "x-kiln-unknown-field-policy": "accepted_and_ignored",
-        },
-    )
     defs["TextCompletionResponse"] = obj(
-        "Prompt-token log probabilities, identity, and token usage for one scored prompt.",
+        "Generated completions (or one scored prompt's log probabilities), identity, and token usage.",
         [
             F("id", True, {"type": "string", "pattern": "^cmpl-"}, "Unique completion identifier."),
             F(
@@ -161,7 +91,7 @@ def completion_defs() -> dict[str, Schema]:
                 {"$ref": "#/$defs/UnixSeconds"},
                 "Created. Whole seconds since the Unix epoch.",
             ),
-            F("model", True, {"type": "string"}, "Served base-model ID used for scoring."),
+            F("model", True, {"type": "string"}, "Served model (or adapter) ID."),
             F(
                 "system_fingerprint",
                 True,
@@ -175,9 +105,9 @@ def completion_defs() -> dict[str, Schema]:
                     "type": "array",
                     "items": {"$ref": "#/$defs/TextCompletionChoice"},
                     "minItems": 1,
-                    "maxItems": 1,
+                    "maxItems": MAX_COMPLETION_CHOICES,
                 },
-                "The single prompt-scoring choice.",
+                "The choices, prompt-major (the single scored prompt in scoring mode).",
             ),
             F(
                 "usage",
@@ -192,4 +122,6 @@ def completion_defs() -> dict[str, Schema]:
             "x-kiln-rust-type": "TextCompletionResponse",
         },
     )
+    defs.update(completion_request_defs())
+    defs.update(logprob_defs())
     return defs

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .common import Schema
+from .tokenizer import tokenizer_routes
 
 _ERROR_TEXT = {
     "400": "Invalid request (malformed JSON, contract violation, or a semantic rule).",
@@ -58,14 +59,17 @@ def routes() -> list[Schema]:
             "request": "TextCompletionRequest",
             "responses": {
                 "200": {
-                    "description": "Prompt-token log probabilities for the scored prompt.",
-                    "media_types": {"application/json": "TextCompletionResponse"},
+                    "description": "Generated completions (an SSE stream of `TextCompletionChunk` events when `stream` is true), or the scored prompt's log probabilities.",
+                    "media_types": {
+                        "application/json": "TextCompletionResponse",
+                        "text/event-stream": "TextCompletionChunk",
+                    },
                 },
                 **_errors(*post_errors),
             },
-            "streaming": False,
+            "streaming": True,
             "tag": "inference",
-            "summary": "Score prompt-token log probabilities.",
+            "summary": "Generate text from prompts (vLLM's completions), or score prompt-token log probabilities.",
         },
         {
             "operation_id": "createBatchCompletion",
@@ -229,4 +233,5 @@ def routes() -> list[Schema]:
             "tag": "meta",
             "summary": "The OpenAPI document of this server.",
         },
+        *tokenizer_routes(_errors("400", "401", "404", "413", "415", "500")),
     ]

@@ -26,6 +26,10 @@ def _presented_key(scope: Scope) -> str | None:
     return None
 
 
+# vLLM's tokenizer routes sit outside /v1; they run the tokenizer, so the key guards them too.
+TOKENIZER_ROUTES = frozenset({"/tokenize", "/detokenize", "/tokenizer_info"})
+
+
 class ApiKeyMiddleware:
     def __init__(self, app: ASGIApp, keys: tuple[str, ...], protect_metrics: bool) -> None:
         self.app = app
@@ -33,7 +37,7 @@ class ApiKeyMiddleware:
         self.protect_metrics = protect_metrics
 
     def protects(self, path: str) -> bool:
-        return path.startswith("/v1/") or path == "/v1" or (
+        return path.startswith("/v1/") or path == "/v1" or path in TOKENIZER_ROUTES or (
             self.protect_metrics and path == "/metrics"
         )
 

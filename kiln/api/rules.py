@@ -63,6 +63,11 @@ SEMANTIC_CHECKS: dict[str, str] = {
     "real scoring rejects an active LoRA until adapter revision identity can be pinned":
         "DESIGN §6: scoring runs under the base model or the adapter `model` names; there is no "
         "server-wide active LoRA to reject",
+    "exactly one of prompt and messages": "kiln.api.handlers.tokenizer.tokenize",
+    "token IDs are below the vocabulary size": "kiln.api.handlers.tokenizer.detokenize",
+    "prompts * n <= 64; a seed field this server does not implement, set to anything but its "
+    "default, is a 400 unsupported_parameter":
+        "kiln.api.handlers.completions_gen.prepare, kiln.api.handlers.unsupported.check",
 }
 
 # response-side invariants: what the server guarantees about what it emits

@@ -53,9 +53,20 @@ class SchedulerOutput:
 
 
 @dataclass(frozen=True)
+class TokenLogprobs:
+    """A generated token's logprob and its most likely alternatives (ids descending by
+    logprob, ties to the lower id), under the distribution the sampler used."""
+
+    logprob: float
+    top_ids: tuple[int, ...]
+    top_logprobs: tuple[float, ...]
+
+
+@dataclass(frozen=True)
 class SampledToken:
     token_id: int
     logprob: float
+    top: TokenLogprobs | None = None  # when the request asked for logprobs
 
 
 @dataclass(frozen=True)
@@ -87,6 +98,9 @@ class RequestOutput:
     # Per new token: forced by the thinking budget (not sampled; its logprob is meaningless).
     new_forced: list[bool] = field(default_factory=list)
     thinking_outcome: Outcome | None = None  # on the final output when a budget applied
+    # Per new token when the request asked for logprobs (None for a token the thinking budget
+    # forced: it was not sampled from any distribution)
+    new_top_logprobs: list[TokenLogprobs | None] = field(default_factory=list)
     # time.monotonic() when the engine produced these tokens: the instant the request's
     # metrics recorded the last of them, so token timings and TTFT/ITL agree
     ready_time: float | None = None

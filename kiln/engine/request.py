@@ -44,10 +44,26 @@ class SamplingParams:
     ignore_eos: bool = False
     seed: int | None = None
     thinking: ThinkingBudgetSpec | None = None  # only when a budget applies
+    # Logprobs of each generated token and of its `logprobs` most likely alternatives, from
+    # the distribution the sampler used (after penalties and temperature); None: not wanted.
+    logprobs: int | None = None
+    stop_token_ids: tuple[int, ...] = ()  # generating one of these stops (stop_reason: the id)
+    # vLLM's logits processors, applied to the raw logits before penalties and sampling:
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit)
+    allowed_token_ids: tuple[int, ...] | None = None  # only these can be sampled
+    min_tokens: int = 0  # until this many tokens are out, min_tokens_ids cannot be sampled
+    min_tokens_ids: tuple[int, ...] = ()  # EOS (unless ignore_eos) and stop_token_ids
 
     def __post_init__(self) -> None:
         if self.max_tokens < 0:
             raise ValueError("max_tokens must be >= 0")
+        if self.logprobs is not None and self.logprobs < 0:
+            raise ValueError("logprobs must be >= 0")
+
+    @property
+    def processes_logits(self) -> bool:
+        return bool(self.logit_bias) or self.allowed_token_ids is not None or (
+            self.min_tokens > 0 and bool(self.min_tokens_ids))
 
     @property
     def uses_penalties(self) -> bool:

@@ -107,8 +107,10 @@ class ModelRunner:
             logits, seqs = logits[good], [seqs[i] for i in good]
             if not seqs:
                 return ModelRunnerOutput({}, errors)
+        logits = self.sampler.process(logits, seqs)  # after the check: masks write -inf
         tokens, logprobs = self.sampler.sample(logits, seqs)
+        tops = self.sampler.token_logprobs(logits, seqs, tokens)
         return ModelRunnerOutput({
-            s.request_id: SampledToken(t, lp)
-            for s, t, lp in zip(seqs, tokens, logprobs, strict=True)
+            s.request_id: SampledToken(t, lp, top)
+            for s, t, lp, top in zip(seqs, tokens, logprobs, tops, strict=True)
         }, errors)

@@ -15,8 +15,10 @@ import torch
 from kiln_kernels.sampling import SamplingTensors, sample
 from kiln_kernels.sampling.native import FLOAT_COLUMNS, INT_COLUMNS, sample_rows
 from kiln_kernels.sampling.params import to_int64_bits
+from kiln_kernels.sampling.reference import GREEDY_TEMPERATURE, apply_penalties
 
-from kiln.engine.outputs import ScheduledSeq
+from kiln.engine.outputs import ScheduledSeq, TokenLogprobs
+from kiln.engine.scoring import top_k_ids
 
 
 class Sampler:
@@ -41,6 +43,62 @@ class Sampler:
                 return native
         tokens, logprobs = sample(logits, self.build(seqs, int(logits.shape[1])))
         return [int(t) for t in tokens.tolist()], [float(x) for x in logprobs.tolist()]
+
+    def process(self, logits: torch.Tensor, seqs: Sequence[ScheduledSeq]) -> torch.Tensor:
+        """allowed_token_ids, logit_bias and min_tokens on the rows that set them (a copy of
+        ``logits`` when any row does; other rows keep their values bit for bit)."""
+        rows = [i for i, s in enumerate(seqs) if s.sampling.processes_logits]
+        if not rows:
+            return logits
+        out = logits.clone()
+        dev = out.device
+        for i in rows:
+            p, row = seqs[i].sampling, out[i]
+            if p.allowed_token_ids is not None:
+                keep = torch.tensor(p.allowed_token_ids, dtype=torch.long, device=dev)
+                kept = row[keep].clone()
+                row.fill_(float("-inf"))
+                row[keep] = kept
+            if p.logit_bias:
+                ids = torch.tensor([t for t, _ in p.logit_bias], dtype=torch.long, device=dev)
+                bias = torch.tensor([b for _, b in p.logit_bias], dtype=row.dtype, device=dev)
+                row.index_add_(0, ids, bias)
+            if p.min_tokens_ids and len(seqs[i].output_token_ids) < p.min_tokens:
+                row[torch.tensor(p.min_tokens_ids, dtype=torch.long, device=dev)] = float("-inf")
+        return out
+
+    def token_logprobs(self, logits: torch.Tensor, seqs: Sequence[ScheduledSeq],
+                       tokens: Sequence[int]) -> list[TokenLogprobs | None]:
+        """For the rows whose request wants logprobs: the sampled token's logprob and the top
+        alternatives under the distribution the sampler drew from before its filters: the
+        penalized logits over the temperature (a greedy row: the penalized logits alone), in
+        float32. A greedy row without penalties is torch.log_softmax of its logits, as the
+        scoring route computes it."""
+        want = [i for i, s in enumerate(seqs) if s.sampling.logprobs is not None]
+        out: list[TokenLogprobs | None] = [None] * len(seqs)
+        if not want:
+            return out
+        sub = [seqs[i] for i in want]
+        rows = logits[want].to(torch.float32)
+        if any(s.sampling.uses_penalties for s in sub):
+            rows = apply_penalties(rows, self.build(sub, int(logits.shape[1])))
+        temps = [1.0 if _greedy(s) else s.sampling.temperature for s in sub]
+        if any(t != 1.0 for t in temps):
+            rows = rows / torch.tensor(temps, dtype=torch.float32, device=rows.device)[:, None]
+        lp = torch.log_softmax(rows, dim=-1)
+        k = max(int(s.sampling.logprobs or 0) for s in sub)
+        ids = top_k_ids(lp, k)
+        chosen = torch.tensor([tokens[i] for i in want], dtype=torch.int64, device=lp.device)
+        chosen_lp = lp.gather(1, chosen[:, None]).flatten().tolist()
+        top_lp = lp.gather(1, ids).tolist()
+        for j, (i, s) in enumerate(zip(want, sub, strict=True)):
+            n = int(s.sampling.logprobs or 0)
+            # a masked token (allowed_token_ids, min_tokens) has logprob -inf: not an alternative
+            top = [(t, v) for t, v in zip(ids[j, :n].tolist(), top_lp[j][:n], strict=True)
+                   if v != float("-inf")]
+            out[i] = TokenLogprobs(float(chosen_lp[j]), tuple(t for t, _ in top),
+                                   tuple(v for _, v in top))
+        return out
 
     def columns(self, seqs: Sequence[ScheduledSeq]) -> dict[str, torch.Tensor]:
         """The rows' sampling parameters, one [B] tensor each (SamplingTensors' names): two
@@ -97,6 +155,10 @@ class Sampler:
             self._zero_mask = torch.zeros((max(b, 8), vocab), dtype=torch.bool,
                                           device=self.device)
         return self._zero_mask[:b]
+
+
+def _greedy(s: ScheduledSeq) -> bool:
+    return s.sampling.temperature < GREEDY_TEMPERATURE or s.sampling.top_k == 1
 
 
 def _parameters(seqs: Sequence[ScheduledSeq]

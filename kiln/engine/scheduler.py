@@ -278,7 +278,10 @@ class Scheduler:
             token, logprob, forced = st.accept(tok.token_id, tok.logprob, now * 1000.0)
             st.metrics.record_token(now, PHASE_PREEMPTED if st.preempted_since_token else phase)
             st.preempted_since_token = False
-            outputs.append(self._on_token(st, ([token], [logprob], [forced])))
+            out = self._on_token(st, ([token], [logprob], [forced]))
+            if tok.top is not None:
+                out.new_top_logprobs = [None if forced else tok.top]
+            outputs.append(out)
         return outputs
 
     def _register_full_blocks(self, st: RequestState) -> None:
@@ -295,6 +298,8 @@ class Scheduler:
         token_id = new[0][0]
         if token_id in self.eos_token_ids and not st.request.sampling.ignore_eos:
             reason = "stop"
+        elif token_id in st.request.sampling.stop_token_ids:
+            reason, stop_reason = "stop", token_id
         elif st.stop_checker is not None:
             text, matched = st.stop_checker.push(token_id)
             if matched is not None:

@@ -15,7 +15,7 @@ from kiln.adapters import AdapterStore
 from kiln.api.backend import PositionScore
 from kiln.engine.errors import EngineError
 from kiln.engine.metrics import RequestMetrics
-from kiln.engine.outputs import RequestOutput
+from kiln.engine.outputs import RequestOutput, TokenLogprobs
 from kiln.engine.request import Request
 from kiln.provenance import PolicyIdentity
 
@@ -181,7 +181,17 @@ class FakeBackend:
             seed=request.sampling.seed or 0,
             metrics=metrics if finished else None,
             error="injected failure" if reason == "error" else None,
+            new_top_logprobs=self._tops(request, ids),
         )
+
+    @staticmethod
+    def _tops(request: Request, ids: list[int]) -> list[TokenLogprobs | None]:
+        """As the mock scorer: logprob(token) = -token_id / 100; the top ids are 3, 4, ..."""
+        k = request.sampling.logprobs
+        if k is None:
+            return []
+        top = tuple(range(3, 3 + k))
+        return [TokenLogprobs(-t / 100, top, tuple(-i / 100 for i in top)) for t in ids]
 
     async def score(
         self, prompt_ids: list[int], top_k: int, lora: tuple[tuple[Any, float], ...] = ()

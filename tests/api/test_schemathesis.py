@@ -7,12 +7,14 @@ import atexit
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import schemathesis
 from hypothesis import HealthCheck, Phase, settings
 
 from kiln.adapters import InvalidAdapterName, validate_name
 from kiln.api.app import build_app
+from kiln.api.handlers import unsupported
 from kiln.config import ServerConfig
 from tests.api.fake_backend import VOCAB, FakeBackend
 
@@ -63,13 +65,79 @@ def semantically_valid(path: str, body: object, path_params: dict[str, object] |
         if isinstance(prompts, list) and _number(n):
             return bool(len(prompts) * n <= 64)
     if path == "/v1/completions":
-        prompt, k = body.get("prompt"), body.get("prompt_logprobs")
-        if isinstance(prompt, list) and any(_number(t) and t >= VOCAB for t in prompt):
+        return _completion_valid(body)
+    if path == "/tokenize":
+        return ("prompt" in body) != ("messages" in body)
+    if path == "/detokenize":
+        tokens = body.get("tokens")
+        return not (isinstance(tokens, list) and any(_number(t) and t >= VOCAB for t in tokens))
+    if path == "/v1/chat/completions":
+        if any(name in body and body[name] not in unsupported._NEUTRAL[name]
+               for name in unsupported.CHAT_FIELDS):
             return False
-        if isinstance(prompt, str) and len(prompt.encode()) + 1 > 4096:
+        if body.get("top_logprobs") is not None and body.get("logprobs") is not True:
             return False
-        if isinstance(prompt, list | str) and _number(k) and len(prompt) * (k + 1) > 65_536:
+        if not _extras_valid(body):
             return False
+    return True
+
+
+def _extras_valid(body: dict[str, Any]) -> bool:
+    """logit_bias / allowed_token_ids within the vocabulary; min_tokens <= max_tokens and
+    without stop strings."""
+    bias, allowed = body.get("logit_bias"), body.get("allowed_token_ids")
+    if isinstance(bias, dict) and any(int(k) >= VOCAB for k in bias):
+        return False
+    if isinstance(allowed, list) and any(_number(t) and t >= VOCAB for t in allowed):
+        return False
+    min_tokens, stop = body.get("min_tokens"), body.get("stop")
+    # chat: max_tokens wins over max_completion_tokens when both are non-null
+    max_tokens = body.get("max_tokens")
+    if max_tokens is None:
+        max_tokens = body.get("max_completion_tokens")
+    if _number(min_tokens) and min_tokens > 0:
+        if _number(max_tokens) and min_tokens > max_tokens:
+            return False
+        if stop:
+            return False
+    return True
+
+
+def _completion_valid(body: dict[str, Any]) -> bool:
+    """What /v1/completions rightly refuses beyond the schema: unsupported fields set, the
+    prompts x n cap, and the scoring mode's own rules."""
+    if any(name in body and body[name] not in unsupported._NEUTRAL[name]
+           for name in unsupported.COMPLETION_FIELDS):
+        return False
+    if body.get("response_format") not in (None, {"type": "text"}):
+        return False
+    if not _extras_valid(body):
+        return False
+    prompt, k, n = body.get("prompt"), body.get("prompt_logprobs"), body.get("n") or 1
+    prompts = [prompt] if isinstance(prompt, str) or (
+        isinstance(prompt, list) and all(_number(t) for t in prompt)) else list(prompt or [])
+    if not _number(n) or len(prompts) * n > 64:
+        return False
+    flat = [t for p in prompts if isinstance(p, list) for t in p]
+    if any(_number(t) and t >= VOCAB for t in flat):
+        return False
+    if any(isinstance(p, str) and len(p.encode()) + 1 >= 4096 for p in prompts):
+        return False
+    if any(isinstance(p, str) and not p and body.get("add_special_tokens") is False
+           for p in prompts):
+        return False
+    if k is None:
+        lp = body.get("logprobs")
+        longest = max((len(p) + 1 for p in prompts), default=0)
+        return not (body.get("echo") and _number(lp) and longest * (lp + 1) > 65_536)
+    if body.get("max_tokens") not in (None, 0, 1):
+        return False  # prompt_logprobs beside generation: unsupported_parameter
+    if len(prompts) != 1 or n != 1 or body.get("stream") or any(
+            body.get(f) not in (None, False) for f in
+            ("echo", "logprobs", "return_token_ids", "return_tokens_as_token_ids")):
+        return False
+    if isinstance(prompt, list | str) and _number(k):
+        return not len(prompt) * (k + 1) > 65_536
     return True
 
 

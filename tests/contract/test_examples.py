@@ -134,12 +134,23 @@ def test_text_completion_rules_from_descriptions() -> None:
         {"n": None},
         {"stream": False},
         {"prompt": [0, 5]},
-    ):
-        assert validator.is_valid({**base, **ok}), ok
-    for bad in (
+        # vLLM's generation request (issue 25): the same definition
         {"max_tokens": 2},
         {"n": 2},
         {"stream": True},
+        {"prompt": ["a", "b"]},
+        {"prompt": [[1, 2], [3]]},
+        {"logprobs": 20, "echo": True, "top_k": -1},
+    ):
+        assert validator.is_valid({**base, **ok}), ok
+    for bad in (
+        {"n": 0},
+        {"n": 65},
+        {"logprobs": 21},
+        {"prompt": [[]]},
+        {"prompt": None},
+        {"prompt": [1, "a"]},
+        {"stop": ["a", "b", "c", "d", "e"]},
         {"prompt": []},
         {"prompt": [-1]},
         {"prompt": [0] * 4097},
@@ -221,6 +232,9 @@ def test_routes() -> None:
         ("POST", "/v1/adapters/load"),
         ("POST", "/v1/adapters/unload"),
         ("DELETE", "/v1/adapters/{name}"),
+        ("POST", "/tokenize"),
+        ("POST", "/detokenize"),
+        ("GET", "/tokenizer_info"),
     }
     chat = next(r for r in table if r["path"] == "/v1/chat/completions")
     assert chat["responses"]["200"]["media_types"] == {

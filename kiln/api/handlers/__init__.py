@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 from starlette.requests import Request
 from starlette.responses import Response
 
-from kiln.api.handlers import adapters, batch, chat, completions, meta, models
+from kiln.api.handlers import adapters, batch, chat, completions, meta, models, tokenizer
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 
@@ -21,6 +21,9 @@ HANDLERS: dict[tuple[str, str], Endpoint] = {
     ("POST", "/v1/adapters/load"): adapters.load,
     ("POST", "/v1/adapters/unload"): adapters.unload,
     ("DELETE", "/v1/adapters/{name}"): adapters.delete,
+    ("POST", "/tokenize"): tokenizer.tokenize,
+    ("POST", "/detokenize"): tokenizer.detokenize,
+    ("GET", "/tokenizer_info"): tokenizer.info,
     ("GET", "/health"): meta.health,
     ("GET", "/metrics"): meta.prometheus,
     ("GET", "/openapi.json"): meta.openapi,

@@ -24,6 +24,7 @@ from kiln.api.handlers.generation import (
     submit_all,
     until_disconnect,
 )
+from kiln.api.handlers.logprobs import chat_content
 from kiln.api.handlers.perf import performance
 from kiln.api.rules import check_chat
 from kiln.api.sse import EventStream
@@ -159,6 +160,9 @@ def response_body(
             message["tool_calls"] = [call.wire() for call in calls]
             finish = "length" if finish == "length" else "tool_calls"  # a cut call is told
         choice: dict[str, Any] = {"index": index, "message": message, "finish_reason": finish}
+        if prepared.logprobs is not None:
+            choice["logprobs"] = {"content": chat_content(
+                state.backend.tokenizer, prepared.prompt_ids, c.token_ids, c.tops)}
         if prepared.budget_applied and c.thinking_outcome is not None:
             choice["thinking_budget"] = c.thinking_outcome.wire()
         if prepared.rollout:

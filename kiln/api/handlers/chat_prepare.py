@@ -15,6 +15,7 @@ from msgspec import UNSET
 from kiln.api._generated import wire
 from kiln.api.errors import ApiError
 from kiln.api.handlers.adapters import select
+from kiln.api.handlers.extras import chat_extras
 from kiln.api.handlers.models import resolve_model
 from kiln.api.handlers.params import (
     choice_seed,
@@ -56,6 +57,7 @@ class PreparedChat:
     messages: list[dict[str, Any]] = field(default_factory=list)
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     rollout: bool = False
+    logprobs: int | None = None  # alternatives per token when the request set logprobs: true
     tools: list[Any] | None = None  # set only when tool-call parsing is on
     parallel_tool_calls: bool = True
     budget_applied: bool = False
@@ -262,6 +264,7 @@ async def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> Prep
     seed = opt(req.seed)
     if rollout and seed is None:
         seed = secrets.randbits(64)  # drawn here so that the record can state it
+    extras = chat_extras(req, backend.tokenizer, stop, requested)
     params = [
         replace(
             sampling_params(
@@ -272,6 +275,7 @@ async def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> Prep
                 has_tools=bool(tools),
             ),
             thinking=spec,
+            **extras,
         )
         for i in range(n)
     ]
@@ -304,4 +308,5 @@ async def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> Prep
         messages=messages,
         template_kwargs=kwargs,
         rollout=rollout,
+        logprobs=extras["logprobs"],
     )

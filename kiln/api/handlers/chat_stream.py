@@ -14,6 +14,7 @@ from typing import Any
 
 from kiln.api.handlers.chat_prepare import PreparedChat
 from kiln.api.handlers.generation import Completion
+from kiln.api.handlers.logprobs import chat_content
 from kiln.api.handlers.perf import performance
 from kiln.api.sse import DONE, event
 from kiln.api.state import AppState
@@ -38,9 +39,14 @@ class _Chunks:
             "created": int(time.time()),
             "model": model,
         }
+        # logprobs content of tokens not sent yet: the next chunk of the choice carries them
+        self.pending: list[dict[str, Any]] = []
 
     def choice(self, delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
         choice: dict[str, Any] = {"index": 0, "delta": delta}
+        if self.pending:
+            choice["logprobs"] = {"content": self.pending}
+            self.pending = []
         if finish is not None:
             choice["finish_reason"] = finish
         return event({**self.base, "choices": [choice], **extra})
@@ -148,6 +154,7 @@ async def frames(
     deadline = asyncio.get_running_loop().time() + timeout - (time.perf_counter() - started)
     timed_out = False
     it = aiter(outputs)
+    context = list(prepared.prompt_ids[-8:])  # the tokens before the next one (logprob texts)
     try:
         while True:
             try:
@@ -160,6 +167,10 @@ async def frames(
                 break
             received = time.monotonic()
             tally.add(out)
+            if prepared.logprobs is not None:
+                chunks.pending.extend(chat_content(state.backend.tokenizer, context,
+                                                   out.new_token_ids, out.new_top_logprobs))
+                context.extend(out.new_token_ids)
             # one write per engine output: its deltas and token timings as one body chunk
             batch = tools.frames(splitter.push(out.text_delta))
             if prepared.explicit_performance:

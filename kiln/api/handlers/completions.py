@@ -1,4 +1,6 @@
-"""POST /v1/completions: prompt-logprob scoring (reference §8). No generation happens."""
+"""POST /v1/completions: vLLM's completions request. With `prompt_logprobs` and `max_tokens`
+missing, null, 0 or 1 it is Kiln's prompt-logprob scoring (reference §8), exactly as before: no
+generation happens. Anything else generates (completions_gen, completions_stream)."""
 
 from __future__ import annotations
 
@@ -17,11 +19,13 @@ from kiln.api._generated import wire
 from kiln.api.body import read_json_body
 from kiln.api.encode import json_response
 from kiln.api.errors import ApiError
+from kiln.api.handlers import completions_gen, completions_stream, unsupported
 from kiln.api.handlers.adapters import BASE, Selection, select
 from kiln.api.handlers.generation import engine_error, until_disconnect
 from kiln.api.handlers.models import resolve_model
 from kiln.api.handlers.params import opt
-from kiln.api.state import app_state
+from kiln.api.sse import EventStream
+from kiln.api.state import AppState, app_state, request_id
 from kiln.engine.errors import EngineError
 from kiln.provenance import adapter_identity, compact_json
 from kiln.text.detokenizer import decode_in_context
@@ -36,20 +40,64 @@ def _bad(message: str, param: str | None = None) -> ApiError:
     return ApiError(400, ERROR_CODE, message, param=param)
 
 
+def is_scoring(req: Any, given: dict[str, Any]) -> bool:
+    """prompt_logprobs with max_tokens missing, null, 0 or 1 (``given``: the decoded body, since
+    the struct fills max_tokens' default of 16 in)."""
+    return opt(req.prompt_logprobs) is not None and given.get("max_tokens") in (None, 0, 1)
+
+
 async def create(request: Request) -> Response:
+    started, arrived = time.perf_counter(), time.monotonic()
     state = app_state(request)
     backend = state.backend
     body = await read_json_body(request, state.config.max_body_bytes)
     req = state.contract.parse("TextCompletionRequest", body, wire.TextCompletionRequest, ERROR_CODE)
-    # DESIGN §6: scores under the base model, or under the adapter `model` names
+    # DESIGN §6: runs under the base model, or under the adapter `model` names
     _, model_adapter = resolve_model(backend, opt(req.model))
+    unsupported.check(req, unsupported.COMPLETION_FIELDS)
     selection = (
         await select(backend, UNSET, UNSET, model_adapter, tri_state=False)
         if model_adapter else BASE
     )
+    given = state.contract.decode(body)  # an object: parse accepted it
+    if is_scoring(req, given):
+        return await _score(request, state, req, selection, model_adapter)
+    if opt(req.prompt_logprobs) is not None:
+        raise unsupported.unsupported(
+            "prompt_logprobs", "prompt logprobs beside generation are not implemented; score "
+            "with max_tokens 0 (or echo with logprobs)")
+    prep = completions_gen.prepare(state, req, selection, model_adapter or backend.model_id,
+                                   max_tokens_given="max_tokens" in given)
+    fingerprint = teacher_fingerprint(backend, selection)
+    rid = request_id(request) or prep.completion_id
+    if opt(req.stream):
+        await until_disconnect(request, completions_gen.score_echoes(state, prep))
+        streams = completions_gen.start(state, prep, rid, arrived)
+
+        async def close() -> None:
+            for s in streams:
+                await s.aclose()
+
+        return EventStream(completions_stream.frames(state, prep, streams, started),
+                           on_close=close)
+    return await completions_gen.respond(request, state, prep, rid, arrived, fingerprint)
+
+
+async def _score(request: Request, state: AppState, req: Any, selection: Selection,
+                 model_adapter: str | None) -> Response:
+    backend = state.backend
     n = opt(req.n)
     if n is not None and n != 1:
         raise _bad("n must be 1 (or null) for prompt scoring", "n")
+    if opt(req.stream):
+        raise _bad("prompt scoring is non-streaming only (stream must be false)", "stream")
+    for name in ("echo", "logprobs", "return_token_ids", "return_tokens_as_token_ids"):
+        if opt(getattr(req, name)) not in (None, False):
+            raise unsupported.unsupported(
+                name, "it does not apply to prompt scoring (prompt_logprobs with max_tokens 0); "
+                      "vLLM's way, echo with logprobs and max_tokens 0, needs no prompt_logprobs")
+    if not isinstance(req.prompt, str) and not all(type(t) is int for t in req.prompt):
+        raise _bad("prompt scoring takes one prompt (a text or a token-ID list)", "prompt")
     k = int(req.prompt_logprobs)
     vocab = backend.tokenizer.vocab_size
     if k > vocab:

@@ -14,7 +14,7 @@ from kiln.api.errors import ApiError
 from kiln.api.state import AppState, app_state
 from kiln.engine.errors import EngineError
 from kiln.engine.metrics import RequestMetrics
-from kiln.engine.outputs import RequestOutput
+from kiln.engine.outputs import RequestOutput, TokenLogprobs
 from kiln.engine.request import Request, SamplingParams
 from kiln.text.budget import Outcome
 
@@ -37,6 +37,7 @@ class Completion:
     metrics: RequestMetrics | None = None
     error: str | None = None
     forced: list[bool] = field(default_factory=list)
+    tops: list[TokenLogprobs | None] = field(default_factory=list)  # when logprobs were asked
     thinking_outcome: Outcome | None = None
 
     def observe(self) -> None:
@@ -60,6 +61,7 @@ class Completion:
         self.token_ids.extend(out.new_token_ids)
         self.logprobs.extend(out.new_logprobs)
         self.forced.extend(out.new_forced)
+        self.tops.extend(out.new_top_logprobs)
         self.num_prompt_tokens = out.num_prompt_tokens
         self.num_output_tokens = out.num_output_tokens
         self.num_cached_tokens = out.num_cached_tokens
@@ -88,6 +90,7 @@ def submit(
     params: SamplingParams,
     lora: tuple[tuple[Any, float], ...] = (),
     arrival: float | None = None,
+    prompt_param: str = "messages",
 ) -> Admitted:
     """Admit one engine request (429 past the gate's capacity); the returned iterator releases
     its gate slot when it is closed or exhausted. ``arrival`` (``time.monotonic()``) is when
@@ -102,7 +105,7 @@ def submit(
         outputs = state.backend.submit(request)
     except EngineError as exc:
         state.gate.leave()
-        raise engine_error(exc) from None
+        raise engine_error(exc, prompt_param) from None
     except BaseException:
         state.gate.leave()
         raise
@@ -111,7 +114,7 @@ def submit(
 
 def submit_all(
     state: AppState, items: list[tuple[str, list[int], SamplingParams, tuple[tuple[Any, float], ...]]],
-    arrival: float | None = None, *, code: str,
+    arrival: float | None = None, *, code: str, prompt_param: str = "messages",
 ) -> list[Admitted]:
     """Admit several engine requests, all or none: on a failure the admitted ones are closed.
     More than the gate ever holds is a 400 (``code``), not a 429 that no retry could pass."""
@@ -125,7 +128,8 @@ def submit_all(
     admitted: list[Admitted] = []
     try:
         for request_id, prompt_ids, params, lora in items:
-            admitted.append(submit(state, request_id, prompt_ids, params, lora, arrival))
+            admitted.append(submit(state, request_id, prompt_ids, params, lora, arrival,
+                                   prompt_param))
     except BaseException:
         for a in admitted:
             a.close_now()

@@ -46,6 +46,8 @@ _ALIASES = {
     "qwen3.5-non-thinking-reasoning": "qwen3-non-thinking-reasoning",
 }
 DEFAULT_PRESET = "qwen3-thinking-general"
+# vLLM's defaults with no generation config: every filter and penalty off, temperature 1.
+NEUTRAL = Preset(1.0, 1.0, 0, 0.0, 1.0, 0.0, 0.0)
 
 
 def opt(value: Any) -> Any:
@@ -96,16 +98,33 @@ def _num(value: Any, default: float) -> float:
     return f if math.isfinite(f) else default
 
 
+def is_greedy(temperature: float, top_k: int) -> bool:
+    """Reference §5.2: temperature 0, or top_k 1 (at a finite positive temperature)."""
+    return temperature == 0.0 or (top_k == 1 and math.isfinite(temperature) and temperature > 0)
+
+
 def sampling_params(
-    req: Any, *, max_tokens: int, stop: tuple[str, ...], seed: int | None, has_tools: bool
+    req: Any, *, max_tokens: int, stop: tuple[str, ...], seed: int | None, has_tools: bool,
+    base: Preset | None = None,
 ) -> SamplingParams:
-    """Build the engine's SamplingParams from a chat or batch wire request."""
-    preset = PRESETS[preset_name(opt(getattr(req, "sampling_preset", None)), has_tools)]
-    top_k = opt(req.top_k)
+    """Build the engine's SamplingParams from a chat, batch or completions wire request.
+
+    The request's own fields win; the rest come from the named preset, else ``base`` (when
+    given), else Kiln's default preset. A greedy request (temperature 0 or top_k 1) takes
+    penalties only from its own fields or a preset it names (DESIGN §6): the default preset's
+    presence penalty must not change the argmax."""
+    named = opt(getattr(req, "sampling_preset", None))
+    preset = PRESETS[preset_name(named, has_tools)] if base is None or named is not None else base
+    top_k_req = opt(req.top_k)
+    # top_k: -1 is vLLM's "off", as 0 is Kiln's
+    top_k = preset.top_k if top_k_req is None else max(0, int(top_k_req))
+    temperature = _num(req.temperature, preset.temperature)
+    if is_greedy(temperature, top_k) and named is None:
+        preset = NEUTRAL
     return SamplingParams(
-        temperature=_num(req.temperature, preset.temperature),
+        temperature=temperature,
         top_p=_num(req.top_p, preset.top_p),
-        top_k=preset.top_k if top_k is None else int(top_k),
+        top_k=top_k,
         min_p=_num(req.min_p, preset.min_p),
         presence_penalty=_num(req.presence_penalty, preset.presence_penalty),
         frequency_penalty=_num(req.frequency_penalty, preset.frequency_penalty),

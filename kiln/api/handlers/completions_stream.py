@@ -1,0 +1,143 @@
+"""The completions SSE stream: `text_completion` chunks of every choice as they advance (each
+choice's first chunk carries its echo), the finish on each choice's last chunk, an optional
+usage chunk with no choices, then `[DONE]`. Closing the stream aborts every engine request."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from kiln.api.handlers.completions_gen import Prepared, echo_logprobs, stop_text, usage
+from kiln.api.handlers.generation import Admitted, Completion
+from kiln.api.handlers.logprobs import CompletionLogprobs
+from kiln.api.sse import DONE, event
+from kiln.api.state import AppState
+from kiln.engine.outputs import RequestOutput
+
+_END = object()
+
+
+class _Choice:
+    """One choice's running state: pending text/tokens until its next chunk."""
+
+    def __init__(self, state: AppState, prep: Prepared, index: int) -> None:
+        self.index = index
+        self.prompt = prep.prompts[prep.prompt_of(index)]
+        self.context = list(self.prompt)
+        self.logprobs: CompletionLogprobs | None = None
+        self.text = ""
+        self.ids: list[int] = []
+        self.sent_first = False
+        self.tally = Completion()  # records the request's metrics when it finishes
+        p = prep.prompt_of(index)
+        if prep.echo:
+            self.text = prep.echo_texts[p]
+        if prep.logprobs is not None:
+            self.logprobs = echo_logprobs(state, prep, p)
+
+
+class _Stream:
+    def __init__(self, state: AppState, prep: Prepared) -> None:
+        self.state, self.prep = state, prep
+        self.base = {"id": prep.completion_id, "object": "text_completion",
+                     "created": int(time.time()), "model": prep.model}
+
+    def chunk(self, ch: _Choice, finish: str | None = None,
+              stop_reason: str | int | None = None) -> bytes:
+        choice: dict[str, Any] = {"index": ch.index, "text": ch.text, "logprobs": None,
+                                  "finish_reason": finish, "stop_reason": stop_reason}
+        if ch.logprobs is not None:
+            choice["logprobs"] = ch.logprobs.wire()
+            ch.logprobs = CompletionLogprobs(as_ids=self.prep.as_ids, offset=ch.logprobs.offset)
+        if self.prep.return_token_ids:
+            if not ch.sent_first:
+                choice["prompt_token_ids"] = ch.prompt
+            choice["token_ids"] = ch.ids
+        ch.text, ch.ids, ch.sent_first = "", [], True
+        return event({**self.base, "choices": [choice]})
+
+    def add(self, ch: _Choice, out: RequestOutput) -> None:
+        ch.tally.add(out)
+        ch.text += out.text_delta
+        ch.ids.extend(out.new_token_ids)
+        if ch.logprobs is not None:
+            ch.logprobs.add_generated(self.state.backend.tokenizer, ch.context,
+                                      out.new_token_ids, out.new_top_logprobs)
+        ch.context.extend(out.new_token_ids)
+
+
+def _error(message: str) -> bytes:
+    return event({"error": {"message": message, "type": "server_error", "param": None,
+                            "code": "generation_error"}})
+
+
+async def frames(state: AppState, prep: Prepared, streams: list[Admitted],
+                 started: float) -> AsyncIterator[bytes]:
+    sse = _Stream(state, prep)
+    choices = [_Choice(state, prep, i) for i in range(len(prep.params))]
+    live = [i for i, p in enumerate(prep.params) if p.max_tokens > 0]
+    queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+
+    async def pump(i: int, outputs: Admitted) -> None:
+        try:
+            async for out in outputs:
+                queue.put_nowait((i, out))
+                if out.finished:
+                    break
+        finally:
+            queue.put_nowait((i, _END))
+
+    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in zip(live, streams, strict=True)]
+    completion_tokens = 0
+    timeout = state.config.request_timeout_s
+    deadline = asyncio.get_running_loop().time() + timeout - (time.perf_counter() - started)
+    try:
+        for i, p in enumerate(prep.params):  # echo first; a max_tokens 0 choice is done at once
+            ch = choices[i]
+            if p.max_tokens == 0:
+                yield sse.chunk(ch, "length")
+            elif ch.text or (ch.logprobs is not None and ch.logprobs.tokens):
+                yield sse.chunk(ch)
+        pending, since = set(live), {i: 0 for i in live}
+        while pending:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    i, out = await queue.get()
+            except TimeoutError:
+                yield _error(f"streaming generation timed out after {round(timeout * 1000)} ms")
+                yield DONE
+                return
+            ch = choices[i]
+            if out is _END:
+                if i in pending:  # ended without a finished output
+                    yield _error("generation ended without a result")
+                    yield DONE
+                    return
+                continue
+            sse.add(ch, out)
+            if out.finished:
+                pending.discard(i)
+                if out.finish_reason in ("error", "abort"):
+                    yield _error(out.error or "generation failed")
+                    yield DONE
+                    return
+                completion_tokens += out.num_output_tokens
+                ch.text += stop_text(prep, out.finish_reason, out.stop_reason)
+                yield sse.chunk(ch, out.finish_reason or "stop", out.stop_reason)
+                continue
+            since[i] += len(out.new_token_ids)
+            first = not ch.sent_first
+            if (first or since[i] >= prep.stream_interval) and (
+                    ch.text or (ch.logprobs is not None and ch.logprobs.tokens)):
+                since[i] = 0
+                yield sse.chunk(ch)
+        if prep.include_usage:
+            yield event({**sse.base, "choices": [], "usage": usage(prep, completion_tokens)})
+        yield DONE
+    finally:
+        for t in tasks:
+            t.cancel()
+        for s in streams:
+            await s.aclose()

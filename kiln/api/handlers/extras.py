@@ -1,0 +1,75 @@
+"""vLLM's logits extras on completions and chat -> SamplingParams fields, checked against the
+served vocabulary: ``logit_bias`` (decimal token-ID keys, values clamped to ±100),
+``allowed_token_ids``, and ``min_tokens`` (EOS and the stop token IDs cannot be sampled before
+it; with stop strings a 400, since those are still matched from the first token)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from msgspec import UNSET
+
+from kiln.api.errors import ApiError
+from kiln.api.handlers.params import opt
+from kiln.api.handlers.unsupported import CHAT_FIELDS, check, unsupported
+
+LOGIT_BIAS_LIMIT = 100.0  # OpenAI's and vLLM's range
+
+
+def _ids_in_vocab(ids: list[int], vocab: int, param: str, code: str) -> None:
+    bad = [t for t in ids if t >= vocab]
+    if bad:
+        raise ApiError(400, code, f"{param} names token id {bad[0]}, outside the vocabulary "
+                                  f"(size {vocab})", param=param)
+
+
+def logits_extras(req: Any, tokenizer: Any, *, code: str, stop: tuple[str, ...],
+                  stop_token_ids: tuple[int, ...], max_tokens: int | None) -> dict[str, Any]:
+    vocab = int(tokenizer.vocab_size)
+    out: dict[str, Any] = {}
+    bias = opt(getattr(req, "logit_bias", None))
+    if bias:
+        pairs = [(int(k), max(-LOGIT_BIAS_LIMIT, min(LOGIT_BIAS_LIMIT, float(v))))
+                 for k, v in bias.items()]
+        _ids_in_vocab([t for t, _ in pairs], vocab, "logit_bias", code)
+        out["logit_bias"] = tuple(sorted(pairs))
+    allowed = opt(getattr(req, "allowed_token_ids", None))
+    if allowed is not None:
+        if not allowed:
+            raise ApiError(400, code, "allowed_token_ids must name at least one token",
+                           param="allowed_token_ids")
+        _ids_in_vocab(list(allowed), vocab, "allowed_token_ids", code)
+        out["allowed_token_ids"] = tuple(sorted({int(t) for t in allowed}))
+    min_tokens = int(opt(getattr(req, "min_tokens", 0)) or 0)
+    if min_tokens:
+        if max_tokens is not None and min_tokens > max_tokens:
+            raise ApiError(400, code, f"min_tokens ({min_tokens}) must not exceed max_tokens "
+                                      f"({max_tokens})", param="min_tokens")
+        if stop:
+            raise unsupported("min_tokens", "min_tokens with stop strings is not implemented "
+                                            "(stop token IDs and EOS are)")
+        eos = () if bool(opt(getattr(req, "ignore_eos", False))) else tokenizer.eos_token_ids
+        out["min_tokens"] = min_tokens
+        out["min_tokens_ids"] = tuple(sorted({*eos, *stop_token_ids}))
+    return out
+
+
+def chat_extras(req: Any, tokenizer: Any, stop: tuple[str, ...], max_tokens: int | None
+                ) -> dict[str, Any]:
+    """Chat's vLLM/OpenAI generation extras as SamplingParams fields (after refusing the ones
+    not implemented): logprobs (top_logprobs alternatives; top_logprobs needs logprobs: true),
+    stop_token_ids, logit_bias and min_tokens."""
+    check(req, CHAT_FIELDS)
+    top = getattr(req, "top_logprobs", None)
+    want = getattr(req, "logprobs", None) is True
+    if top not in (UNSET, None) and not want:
+        raise ApiError(400, "chat_invalid_request", "top_logprobs requires logprobs: true",
+                       param="top_logprobs")
+    given = opt(getattr(req, "stop_token_ids", None))
+    stop_ids = tuple(int(t) for t in given or ())
+    return {
+        "logprobs": (0 if top in (UNSET, None) else int(top)) if want else None,
+        "stop_token_ids": stop_ids,
+        **logits_extras(req, tokenizer, code="chat_invalid_request", stop=stop,
+                        stop_token_ids=stop_ids, max_tokens=max_tokens),
+    }

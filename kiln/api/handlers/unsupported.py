@@ -1,0 +1,63 @@
+"""Seed fields this server does not implement: set to anything but their default, a 400
+`unsupported_parameter` naming the field, never a silent 200 (DESIGN §6)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from msgspec import UNSET
+
+from kiln.api.errors import ApiError
+
+CODE = "unsupported_parameter"
+
+# field -> the values that mean "not set" (missing is always fine)
+_NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "suffix": (None,),
+    "use_beam_search": (False,),
+    "watermarking": (None, False),
+    "length_penalty": (1.0,),
+    "include_stop_str_in_output": (False,),
+    "skip_special_tokens": (True,),
+    "spaces_between_special_tokens": (True,),
+    "truncate_prompt_tokens": (None,),
+    "truncation_side": (None,),
+    "logprob_token_ids": (None,),
+    "bad_words": ([],),
+    "prompt_embeds": (None,),
+    "structured_outputs": (None,),
+    "priority": (0,),
+    "session_id": (None,),
+    "routed_experts_prompt_start": (0,),
+    "return_token_offsets": (None, False),
+    "mm_payload": ("tensors",),
+    "return_mm_kwargs": (None,),
+    "cache_salt": (None,),
+    "kv_transfer_params": (None,),
+    "ec_transfer_params": (None,),
+    "vllm_xargs": (None,),
+    "repetition_detection": (None,),
+    "thinking_token_budget": (None, -1),
+    "continue_final_message": (False,),
+}
+# Chat's share of them (the fields chat's contract gained for issue 25 but does not implement).
+CHAT_FIELDS = ("include_stop_str_in_output", "continue_final_message")
+COMPLETION_FIELDS = tuple(k for k in _NEUTRAL
+                          if k not in ("continue_final_message", "include_stop_str_in_output"))
+
+
+def unsupported(param: str, why: str) -> ApiError:
+    return ApiError(400, CODE, f"{param} is not supported by this server: {why}", param=param)
+
+
+def check(req: Any, fields: tuple[str, ...]) -> None:
+    for name in fields:
+        value = getattr(req, name, UNSET)
+        if value is UNSET or value in _NEUTRAL[name]:  # the contract keeps bools and numbers apart
+            continue
+        raise unsupported(name, f"only {_NEUTRAL[name][0]!r} (the default) is accepted, "
+                                f"got {value!r}")
+    fmt = getattr(req, "response_format", UNSET)
+    if fmt not in (UNSET, None) and fmt != {"type": "text"}:
+        raise unsupported("response_format", 'structured outputs are not implemented yet; '
+                                             'only {"type": "text"} (or null) is accepted')

@@ -1,0 +1,76 @@
+"""Chat logprobs and vLLM extras through the HTTP edge, on the engine double."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+
+from kiln.api.contract import contract
+from tests.api.fake_backend import FakeBackend
+
+CHAT = "/v1/chat/completions"
+MSG = [{"role": "user", "content": "hi"}]
+
+
+def test_logprobs_in_json(client: TestClient, backend: FakeBackend) -> None:
+    backend.reply = "ok!"
+    r = client.post(CHAT, json={"messages": MSG, "logprobs": True, "top_logprobs": 2})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert contract().first_violation("ChatCompletionResponse", body) is None
+    content = body["choices"][0]["logprobs"]["content"]
+    assert backend.submitted[-1].sampling.logprobs == 2
+    assert [e["token"] for e in content] == ["o", "k", "!", ""]  # the double ends with EOS
+    assert content[0]["logprob"] == -(ord("o") + 3) / 100
+    assert content[0]["bytes"] == [ord("o")]
+    assert [t["logprob"] for t in content[0]["top_logprobs"]] == [-0.03, -0.04]
+
+
+def test_no_logprobs_unless_asked(client: TestClient, backend: FakeBackend) -> None:
+    body = client.post(CHAT, json={"messages": MSG}).json()
+    assert "logprobs" not in body["choices"][0]
+    assert backend.submitted[-1].sampling.logprobs is None
+    client.post(CHAT, json={"messages": MSG, "logprobs": True})
+    assert backend.submitted[-1].sampling.logprobs == 0
+
+
+@pytest.mark.parametrize(("body", "code", "param"), [
+    ({"top_logprobs": 21, "logprobs": True}, "chat_invalid_request", "top_logprobs"),
+    ({"top_logprobs": 2}, "chat_invalid_request", "top_logprobs"),
+    ({"logit_bias": {"1000": 10}}, "chat_invalid_request", "logit_bias"),
+    ({"min_tokens": 3, "max_tokens": 2}, "chat_invalid_request", "min_tokens"),
+    ({"min_tokens": 3, "stop": ["x"]}, "unsupported_parameter", "min_tokens"),
+    ({"include_stop_str_in_output": True}, "unsupported_parameter", "include_stop_str_in_output"),
+    ({"continue_final_message": True}, "unsupported_parameter", "continue_final_message"),
+])
+def test_refusals(client: TestClient, body: dict[str, Any], code: str, param: str) -> None:
+    r = client.post(CHAT, json={"messages": MSG, **body})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert (err["code"], err["param"]) == (code, param)
+
+
+def test_extras_reach_the_engine(client: TestClient, backend: FakeBackend) -> None:
+    r = client.post(CHAT, json={"messages": MSG, "stop_token_ids": [9, 10], "min_tokens": 2,
+                                "logit_bias": {"4": -200}})
+    assert r.status_code == 200, r.text
+    p = backend.submitted[-1].sampling
+    assert p.stop_token_ids == (9, 10) and p.logit_bias == ((4, -100.0),)
+    assert (p.min_tokens, p.min_tokens_ids) == (2, (2, 9, 10))
+
+
+def test_logprobs_in_stream_chunks(client: TestClient, backend: FakeBackend) -> None:
+    backend.reply = "abc"
+    r = client.post(CHAT, json={"messages": MSG, "stream": True, "logprobs": True,
+                                "top_logprobs": 1})
+    chunks = [json.loads(line[6:]) for line in r.text.splitlines()
+              if line.startswith("data: {")]
+    for c in chunks:
+        assert contract().first_violation("ChatCompletionChunk", c) is None, c
+    content = [e for c in chunks for ch in c["choices"] for e in
+               ((ch.get("logprobs") or {}).get("content") or [])]
+    assert [e["token"] for e in content] == ["a", "b", "c", ""]
+    assert all(len(e["top_logprobs"]) == 1 for e in content)
