@@ -219,3 +219,12 @@ def sampling_scale(logits: torch.Tensor, p: Any) -> float:
     temps = p.temperature[p.temperature >= 1e-5]
     t = float(temps.min()) if temps.numel() else 1.0
     return (float(logits.abs().max()) * rep + pen) / t
+
+
+def same_logits_logprob_atol(vocab: int, logprob: float) -> float:
+    """Two log_softmax evaluations of the *same* float32 logits (another row grouping, another
+    kernel): the exp-sum over the vocabulary in another order (probabilistic, lambda sqrt(V) u
+    relative, which is the log's absolute error), an exp and a log of a few ulps, and the
+    subtraction x - max - lse rounding at its magnitude (<= |logprob| + 2 log V)."""
+    one = LAMBDA * math.sqrt(vocab) * U32 + 4 * U32 + 2 * U32 * (abs(logprob) + 2 * math.log(vocab))
+    return 2 * one

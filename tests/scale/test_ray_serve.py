@@ -15,6 +15,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+# Everything on loopback: with this unset, Ray binds its GCS and raylet to the machine's
+# reachable address even when told 127.0.0.1 (ray._private.services.resolve_ip_for_localhost).
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
 
