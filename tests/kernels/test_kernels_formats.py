@@ -5,8 +5,6 @@ and weights of different formats stack row-wise into one product."""
 
 from __future__ import annotations
 
-import gguf
-import numpy as np
 import pytest
 import torch
 from kiln_kernels.quant import (
@@ -21,41 +19,13 @@ from kiln_kernels.quant import (
 from kiln_kernels.quant.build import PORTABLE_FLAGS
 from kiln_kernels.quant.formats import RAW_BLOCK, untile_raw
 
+from tests.gguf_blocks import gguf_dequantize, random_raw
 from tests.numerics import matmul_bound
 
 pytestmark = pytest.mark.skipif(not kernels_available(), reason="no C compiler for the kernels")
 
 NEW_TYPES = ["Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "F16", "BF16", "F32"]
 K_TYPES = {"Q4_K", "Q5_K", "Q6_K"}
-# byte offsets of each type's fp16 fields (random bytes there could be inf/nan or huge)
-HALF_FIELDS = {"Q5_0": (0,), "Q5_1": (0, 2), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
-
-
-def random_raw(ggml_type: str, rows: int, k: int, seed: int = 0) -> torch.Tensor:
-    """Valid raw GGML rows (uint8 ``[rows, k / qk * block]``): random quants, scales and mins,
-    sane fp16 fields (d in [1e-3, 2.1e-2], mins negative), random floats for F16/BF16/F32."""
-    gen = torch.Generator().manual_seed(seed)
-    qk, size = GGML_TYPES[ggml_type]
-    nb = k // qk
-    if ggml_type in ("F16", "BF16", "F32"):
-        w = torch.randn(rows, k, generator=gen) * 0.1
-        dtype = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32}[ggml_type]
-        return w.to(dtype).contiguous().view(torch.uint8).reshape(rows, -1)
-    raw = torch.randint(0, 256, (rows, nb, size), dtype=torch.uint8, generator=gen)
-    for i, at in enumerate(HALF_FIELDS[ggml_type]):
-        v = torch.rand(rows, nb, generator=gen) * 0.02 + 1e-3
-        if i == 1 and ggml_type == "Q5_1":
-            v = -5 * v  # Q5_1's m is the block's minimum
-        raw[:, :, at:at + 2] = v.to(torch.float16).view(torch.uint8).reshape(rows, nb, 2)
-    return raw.reshape(rows, -1)
-
-
-def gguf_dequantize(raw: torch.Tensor, ggml_type: str) -> torch.Tensor:
-    qtype = getattr(gguf.GGMLQuantizationType, ggml_type)
-    out = gguf.quants.dequantize(raw.numpy(), qtype)
-    return torch.from_numpy(np.asarray(out, dtype=np.float32).copy()).reshape(raw.shape[0], -1)
-
-
 def width(ggml_type: str, blocks: int) -> int:
     return GGML_TYPES[ggml_type][0] * blocks
 
