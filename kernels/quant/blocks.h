@@ -65,18 +65,29 @@ static inline float kf_weight(int fmt, const uint8_t *blk, int r, int e) {
     }
 }
 
+/* Per-row scales of a K-quant tile block (kf_unpack's s: 16 floats a row; nothing to do for
+ * the other formats). */
+static inline __attribute__((always_inline)) void kf_prep(int fmt, const uint8_t *blk, int r,
+                                                         float *s) {
+    if (fmt == KF_Q4_K) k_prep(0, blk + Q4_K_BLOCK * r, s);
+    if (fmt == KF_Q5_K) k_prep(0, blk + Q5_K_BLOCK * r, s);
+    if (fmt == KF_Q6_K) k_prep(1, blk + Q6_K_BLOCK * r, s);
+}
+
 #if defined(__AVX512F__)
-/* Weights 32j..32j+15 (lo) and 32j+16..32j+31 (hi) of row r of tile block blk. */
+/* Weights 32j..32j+15 (lo) and 32j+16..32j+31 (hi) of row r of tile block blk (s: that row's
+ * kf_prep scales). */
 static inline __attribute__((always_inline)) void kf_unpack(int fmt, const uint8_t *blk, int r,
-                                                           int j, __m512 *lo, __m512 *hi) {
+                                                           int j, const float *s, __m512 *lo,
+                                                           __m512 *hi) {
     switch (fmt) {
     case KF_Q4: u_q4(blk, r, lo, hi); break;
     case KF_Q8: u_q8(blk, r, lo, hi); break;
     case KF_Q5_0: u_q5_0(blk, r, lo, hi); break;
     case KF_Q5_1: u_q5_1(blk, r, lo, hi); break;
-    case KF_Q4_K: u_q4_k(blk, r, j, lo, hi); break;
-    case KF_Q5_K: u_q5_k(blk, r, j, lo, hi); break;
-    case KF_Q6_K: u_q6_k(blk, r, j, lo, hi); break;
+    case KF_Q4_K: u_q4_k(blk, r, j, s, lo, hi); break;
+    case KF_Q5_K: u_q5_k(blk, r, j, s, lo, hi); break;
+    case KF_Q6_K: u_q6_k(blk, r, j, s, lo, hi); break;
     case KF_F16: u_f16(blk, r, lo, hi); break;
     case KF_BF16: u_bf16(blk, r, lo, hi); break;
     default: u_f32(blk, r, lo, hi); break;

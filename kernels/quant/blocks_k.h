@@ -64,40 +64,52 @@ static inline float w_q6_k(const uint8_t *blk, int r, int e) {
     return d * (float)((lo | hi << 4) - 32);
 }
 
+/* A super-block's float scales, once per row (then broadcast from memory by the sub-blocks):
+ * Q4_K / Q5_K s[j] = d * sc_j, s[8 + j] = -(dmin * m_j); Q6_K s[i] = d * sc_i (i < 16). */
+static inline __attribute__((always_inline)) void k_prep(int q6, const uint8_t *p, float *s) {
+    if (q6) {
+        const float d = kiln_half(p + 208);
+        for (int i = 0; i < 16; i++) s[i] = d * (float)(int8_t)p[192 + i];
+        return;
+    }
+    const float d = kiln_half(p), dmin = kiln_half(p + 2);
+    for (int j = 0; j < 8; j++) {
+        int sc, mn;
+        k_scale_min(p + 4, j, &sc, &mn);
+        s[j] = d * (float)sc;
+        s[8 + j] = -(dmin * (float)mn);
+    }
+}
+
 #if defined(__AVX512F__)
-/* Sub-block j of row r: weights 0..15 into lo, 16..31 into hi. */
+/* Sub-block j of row r (its scales s from k_prep): weights 0..15 into lo, 16..31 into hi. */
 static inline __attribute__((always_inline)) void u_q4_k(const uint8_t *blk, int r, int j,
-                                                        __m512 *lo, __m512 *hi) {
-    const uint8_t *p = blk + Q4_K_BLOCK * r;
-    float d, m;
-    k_dm(p, j, &d, &m);
-    const __m512 tab = _mm512_fmadd_ps(_mm512_set1_ps(d), kiln_iota(), _mm512_set1_ps(-m));
-    const uint8_t *q = p + 16 + 32 * (j / 2);
-    const __m128i sh = _mm_cvtsi32_si128(4 * (j & 1));
-    const __m512i a = _mm512_srl_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)q)), sh);
-    const __m512i b = _mm512_srl_epi32(
-        _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + 16))), sh);
+                                                        const float *s, __m512 *lo, __m512 *hi) {
+    const uint8_t *q = blk + Q4_K_BLOCK * r + 16 + 32 * (j / 2);
+    const __m512 tab = _mm512_fmadd_ps(_mm512_set1_ps(s[j]), kiln_iota(), _mm512_set1_ps(s[8 + j]));
+    __m512i a = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)q));
+    __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + 16)));
+    if (j & 1) {
+        a = _mm512_srli_epi32(a, 4);
+        b = _mm512_srli_epi32(b, 4);
+    }
     *lo = _mm512_permutexvar_ps(a, tab); /* vpermps reads the low 4 bits */
     *hi = _mm512_permutexvar_ps(b, tab);
 }
 
 static inline __attribute__((always_inline)) void u_q5_k(const uint8_t *blk, int r, int j,
-                                                        __m512 *lo, __m512 *hi) {
+                                                        const float *s, __m512 *lo, __m512 *hi) {
     const uint8_t *p = blk + Q5_K_BLOCK * r;
-    float d, m;
-    k_dm(p, j, &d, &m);
-    const __m512 vd = _mm512_set1_ps(d), vm = _mm512_set1_ps(-m);
+    const __m512 vd = _mm512_set1_ps(s[j]), vm = _mm512_set1_ps(s[8 + j]);
     const __m512 lo_tab = _mm512_fmadd_ps(vd, kiln_iota(), vm);
     const __m512 hi_tab = _mm512_fmadd_ps(vd, _mm512_add_ps(kiln_iota(), _mm512_set1_ps(16.0f)),
                                           vm);
     const uint8_t *q = p + 48 + 32 * (j / 2);
-    const __m128i sh = _mm_cvtsi32_si128(4 * (j & 1));
     const __m512i nib = _mm512_set1_epi32(0x0F), bit = _mm512_set1_epi32(1 << j);
     const __m512i sixteen = _mm512_set1_epi32(16);
     for (int h = 0; h < 2; h++) {
-        __m512i v = _mm512_and_si512(
-            _mm512_srl_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + 16 * h))),
-                             sh), nib);
+        __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + 16 * h)));
+        v = (j & 1) ? _mm512_srli_epi32(v, 4) : _mm512_and_si512(v, nib);
         const __m512i qh = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 16 + 16 * h)));
         v = _mm512_mask_or_epi32(v, _mm512_test_epi32_mask(qh, bit), v, sixteen);
         const __m512 w = _mm512_permutex2var_ps(lo_tab, v, hi_tab);
@@ -105,23 +117,22 @@ static inline __attribute__((always_inline)) void u_q5_k(const uint8_t *blk, int
     }
 }
 
+/* Q6_K: w = (d * sc) * (q - 32) as (d * sc) * lo4 + (d * sc) * (16 * hi2 - 32): both products
+ * and their sum are exact (the sum is the exact weight), two 16-entry tables. */
 static inline __attribute__((always_inline)) void u_q6_k(const uint8_t *blk, int r, int j,
-                                                        __m512 *lo, __m512 *hi) {
+                                                        const float *s, __m512 *lo, __m512 *hi) {
     const uint8_t *p = blk + Q6_K_BLOCK * r;
-    const float d = kiln_half(p + 208);
     const uint8_t *ql = p + 64 * (j / 4) + 32 * (j & 1), *qh = p + 128 + 32 * (j / 4);
-    const __m128i lsh = _mm_cvtsi32_si128(4 * ((j >> 1) & 1)), hsh = _mm_cvtsi32_si128(2 * (j & 3));
+    const __m512 hi_c = _mm512_setr_ps(-32, -16, 0, 16, -32, -16, 0, 16, -32, -16, 0, 16, -32,
+                                       -16, 0, 16); /* 16 * (i & 3) - 32 */
     for (int h = 0; h < 2; h++) {
-        const __m512i a = _mm512_and_si512(
-            _mm512_srl_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(ql + 16 * h))),
-                             lsh), _mm512_set1_epi32(0x0F));
-        const __m512i b = _mm512_and_si512(
-            _mm512_srl_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(qh + 16 * h))),
-                             hsh), _mm512_set1_epi32(3));
-        const __m512i q = _mm512_sub_epi32(_mm512_or_si512(a, _mm512_slli_epi32(b, 4)),
-                                           _mm512_set1_epi32(32));
-        const float s = d * (float)(int8_t)p[192 + 2 * j + h];
-        const __m512 w = _mm512_mul_ps(_mm512_set1_ps(s), _mm512_cvtepi32_ps(q));
+        const __m512 vd = _mm512_set1_ps(s[2 * j + h]);
+        __m512i a = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(ql + 16 * h)));
+        if ((j >> 1) & 1) a = _mm512_srli_epi32(a, 4);
+        __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(qh + 16 * h)));
+        if (j & 3) b = _mm512_srli_epi32(b, 2 * (j & 3));
+        const __m512 w = _mm512_add_ps(_mm512_permutexvar_ps(a, _mm512_mul_ps(vd, kiln_iota())),
+                                       _mm512_permutexvar_ps(b, _mm512_mul_ps(vd, hi_c)));
         if (h) *hi = w; else *lo = w;
     }
 }

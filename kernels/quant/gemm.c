@@ -57,22 +57,27 @@ static inline __attribute__((always_inline)) void block_pass(
     __m512 acc[8][4];
     for (int i = 0; i < MR; i++)
         for (int r = 0; r < RR; r++) acc[i][r] = _mm512_setzero_ps();
-    const int64_t nb = K / 32, subs = kf_qk(fmt) / 32, tb = kf_tile(fmt), per32 = tb / subs;
+    const int64_t subs = kf_qk(fmt) / 32, tb = kf_tile(fmt), per32 = tb / subs;
     const float *xb = x + m0 * K;
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *blk = tile + (b / subs) * tb;
-        const int j = (int)(b % subs);
-        for (int64_t o = 0; o < per32; o += 64)
-            _mm_prefetch((const char *)(tile + b * per32 + PREFETCH + o), _MM_HINT_T0);
-        __m512 lo[4], hi[4];
-        for (int r = 0; r < RR; r++) kf_unpack(fmt, blk, r0 + r, j, &lo[r], &hi[r]);
-        for (int i = 0; i < MR; i++) {
-            const __m512 x0 = _mm512_loadu_ps(xb + i * K + b * 32);
-            for (int r = 0; r < RR; r++) acc[i][r] = _mm512_fmadd_ps(lo[r], x0, acc[i][r]);
-        }
-        for (int i = 0; i < MR; i++) {
-            const __m512 x1 = _mm512_loadu_ps(xb + i * K + b * 32 + 16);
-            for (int r = 0; r < RR; r++) acc[i][r] = _mm512_fmadd_ps(hi[r], x1, acc[i][r]);
+    float s[4][16]; /* K-quants: each row's scales of the super-block */
+    for (int64_t sb = 0; sb < K / (32 * subs); sb++) {
+        const uint8_t *blk = tile + sb * tb;
+        for (int r = 0; r < RR; r++) kf_prep(fmt, blk, r0 + r, s[r]);
+#pragma GCC unroll 8
+        for (int j = 0; j < subs; j++) { /* unrolled: the sub-block's offsets are constants */
+            const int64_t b = sb * subs + j;
+            for (int64_t o = 0; o < per32; o += 64)
+                _mm_prefetch((const char *)(tile + b * per32 + PREFETCH + o), _MM_HINT_T0);
+            __m512 lo[4], hi[4];
+            for (int r = 0; r < RR; r++) kf_unpack(fmt, blk, r0 + r, j, s[r], &lo[r], &hi[r]);
+            for (int i = 0; i < MR; i++) {
+                const __m512 x0 = _mm512_loadu_ps(xb + i * K + b * 32);
+                for (int r = 0; r < RR; r++) acc[i][r] = _mm512_fmadd_ps(lo[r], x0, acc[i][r]);
+            }
+            for (int i = 0; i < MR; i++) {
+                const __m512 x1 = _mm512_loadu_ps(xb + i * K + b * 32 + 16);
+                for (int r = 0; r < RR; r++) acc[i][r] = _mm512_fmadd_ps(hi[r], x1, acc[i][r]);
+            }
         }
     }
     if (RR == 4) {
@@ -146,10 +151,12 @@ static inline __attribute__((always_inline)) int tile_panel(int fmt, const float
     float *panel = panel_buffer(4 * K);
     if (!panel) return 0;
     const int64_t subs = kf_qk(fmt) / 32, tb = kf_tile(fmt);
+    float s[4][16];
     for (int64_t b = 0; b < K / 32; b++)
         for (int r = 0; r < 4; r++) {
             __m512 lo, hi;
-            kf_unpack(fmt, tile + (b / subs) * tb, r, (int)(b % subs), &lo, &hi);
+            if (b % subs == 0) kf_prep(fmt, tile + (b / subs) * tb, r, s[r]);
+            kf_unpack(fmt, tile + (b / subs) * tb, r, (int)(b % subs), s[r], &lo, &hi);
             _mm512_store_ps(panel + r * K + 32 * b, lo);
             _mm512_store_ps(panel + r * K + 32 * b + 16, hi);
         }
