@@ -29,6 +29,7 @@ BENCHES = {
     "scoring_stall": "bench.bench_scoring_stall",
     "lora": "bench.bench_lora",
     "lora_engine": "bench.bench_lora_engine",
+    "peer": "bench.bench_peer",
 }
 
 
