@@ -22,8 +22,8 @@ _UNIT = {"Q4_0": (1 / 8,), "Q4_1": (1 / 8, -1.0), "Q8_0": (1 / 128,), "Q5_0": (1
 
 def random_raw(ggml_type: str, rows: int, k: int, seed: int = 0,
                amp: float | None = None) -> torch.Tensor:
-    """Raw GGML rows (uint8 ``[rows, k / qk * block]``). ``amp`` None: fp16 scales in
-    [1e-3, 2.1e-2] (mins negative) over fully random bytes; else weights of about +-amp (Q6_K's
+    """Raw GGML rows (uint8 ``[rows, k / qk * block]``). ``amp`` None: fp16 scales of either
+    sign, |d| in [1e-3, 2.1e-2] (mins negative) over fully random bytes; else weights of about +-amp (Q6_K's
     scales then in -16..16). F16 / BF16 / F32: normal floats of deviation 0.1 (or amp)."""
     gen = torch.Generator().manual_seed(seed)
     qk, size = GGML_TYPES[ggml_type]
@@ -42,6 +42,8 @@ def random_raw(ggml_type: str, rows: int, k: int, seed: int = 0,
             v = jitter * 0.02 + 1e-3
             if i == 1 and ggml_type in ("Q4_1", "Q5_1"):
                 v = -5 * v  # Q4_1's and Q5_1's m is the block's minimum
+            elif i == 0:  # scales of either sign (llama.cpp's Q5_0 / Q8_0 d is often < 0)
+                v = torch.where(torch.rand(rows, nb, generator=gen) < 0.5, -v, v)
         else:
             v = (0.5 + jitter) * amp * _UNIT[ggml_type][i]
         raw[:, :, at:at + 2] = v.to(torch.float16).view(torch.uint8).reshape(rows, nb, 2)

@@ -59,6 +59,7 @@ __all__ = [
     "dequantize_tiles",
     "gemm_ref",
     "kernels_available",
+    "pack_dense",
     "pack_ggml",
     "quant_gemm",
     "tile_rows",
@@ -258,3 +259,16 @@ def pack_ggml(raw: torch.Tensor, ggml_type: str) -> PackedWeight:
     first = 4 if ggml_type == "Q4_1" else 2
     qs = blocks[:, :, first:first + 16].reshape(n, nb * 16)
     return PackedWeight("q4", tile_rows("q4", qs, torch.stack((d, m), dim=-1)))
+
+
+DENSE_FORMATS = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32"}
+
+
+def pack_dense(w: torch.Tensor) -> PackedWeight:
+    """Tile a float16 / bfloat16 / float32 matrix ``[N, K]`` (N a multiple of 4, K of 32) as it
+    is: two (or four) bytes a weight, widened exactly in registers."""
+    fmt = DENSE_FORMATS.get(w.dtype)
+    if fmt is None or w.dim() != 2 or w.shape[1] % 32 or not w.shape[1]:
+        raise ValueError(f"cannot tile a {w.dtype} tensor of shape {tuple(w.shape)}")
+    raw = w.contiguous().view(torch.uint8).reshape(w.shape[0], -1)
+    return PackedWeight(fmt, tile_raw(raw, RAW_BLOCK[fmt]))  # type: ignore[arg-type]

@@ -65,13 +65,41 @@ static inline float kf_weight(int fmt, const uint8_t *blk, int r, int e) {
     }
 }
 
-/* Per-row scales of a K-quant tile block (kf_unpack's s: 16 floats a row; nothing to do for
- * the other formats). */
-static inline __attribute__((always_inline)) void kf_prep(int fmt, const uint8_t *blk, int r,
-                                                         float *s) {
-    if (fmt == KF_Q4_K) k_prep(0, blk + Q4_K_BLOCK * r, s);
-    if (fmt == KF_Q5_K) k_prep(0, blk + Q5_K_BLOCK * r, s);
-    if (fmt == KF_Q6_K) k_prep(1, blk + Q6_K_BLOCK * r, s);
+/* The float scales of rows r0..r0+RR-1 of a tile block, written to s[r] (16 floats a row) and
+ * read back by kf_unpack as broadcasts from memory (load-port work; the conversions and the
+ * register broadcasts they replace all compete for the shuffle port): K-quants per row
+ * (k_prep); Q5_0 / Q5_1 d (and m) of the rows' blocks converted together. */
+static inline __attribute__((always_inline)) void kf_prep(int fmt, const uint8_t *blk, int r0,
+                                                         int RR, float (*s)[16]) {
+    for (int r = 0; r < RR; r++) {
+        if (fmt == KF_Q4_K) k_prep(0, blk + Q4_K_BLOCK * (r0 + r), s[r]);
+        if (fmt == KF_Q5_K) k_prep(0, blk + Q5_K_BLOCK * (r0 + r), s[r]);
+        if (fmt == KF_Q6_K) k_prep(1, blk + Q6_K_BLOCK * (r0 + r), s[r]);
+    }
+    if (fmt == KF_Q5_0 || fmt == KF_Q5_1) {
+        /* the rows' fp16 fields gathered in integer registers, then one conversion (a vector
+         * load over several narrow stores would stall on store forwarding) */
+        const int bs = fmt == KF_Q5_0 ? Q5_0_BLOCK : Q5_1_BLOCK, per = fmt == KF_Q5_0 ? 1 : 2;
+        uint64_t lanes[2] = {0, 0};
+        for (int r = 0; r < RR; r++)
+            for (int i = 0; i < per; i++) {
+                uint16_t h;
+                memcpy(&h, blk + bs * (r0 + r) + 2 * i, 2);
+                const int at = per * r + i;
+                lanes[at / 4] |= (uint64_t)h << (16 * (at % 4));
+            }
+        float f[8];
+#if defined(__AVX512F__)
+        _mm256_storeu_ps(f, _mm256_cvtph_ps(_mm_set_epi64x((long long)lanes[1],
+                                                           (long long)lanes[0])));
+#else
+        for (int i = 0; i < 8; i++) f[i] = kiln_half_to_float((uint16_t)(lanes[i / 4] >> (16 * (i % 4))));
+#endif
+        for (int r = 0; r < RR; r++) {
+            s[r][0] = f[per * r];
+            s[r][1] = f[per * r + per - 1];
+        }
+    }
 }
 
 #if defined(__AVX512F__)
@@ -83,8 +111,8 @@ static inline __attribute__((always_inline)) void kf_unpack(int fmt, const uint8
     switch (fmt) {
     case KF_Q4: u_q4(blk, r, lo, hi); break;
     case KF_Q8: u_q8(blk, r, lo, hi); break;
-    case KF_Q5_0: u_q5_0(blk, r, lo, hi); break;
-    case KF_Q5_1: u_q5_1(blk, r, lo, hi); break;
+    case KF_Q5_0: u_q5_0(blk, r, s, lo, hi); break;
+    case KF_Q5_1: u_q5_1(blk, r, s, lo, hi); break;
     case KF_Q4_K: u_q4_k(blk, r, j, s, lo, hi); break;
     case KF_Q5_K: u_q5_k(blk, r, j, s, lo, hi); break;
     case KF_Q6_K: u_q6_k(blk, r, j, s, lo, hi); break;

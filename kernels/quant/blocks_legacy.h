@@ -76,32 +76,32 @@ static inline __attribute__((always_inline)) void u_q8(const uint8_t *blk, int r
                                 _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 16)))));
 }
 
-/* Q5_0 / Q5_1: the 5-bit indices of weights 0..15 and 16..31 (qh at p, qs at p + 4) into two
- * 16-entry tables (lo_tab: q = 0..15, hi_tab: q = 16..31; vpermt2ps reads bit 4 as the table). */
+/* Q5_0 / Q5_1: weights 0..15 and 16..31 (qh at p, qs at p + 4) from two 16-entry tables
+ * (lo_tab: q = 0..15, hi_tab: q = 16..31): vpermps on the low 4 bits from lo_tab, then again
+ * from hi_tab in the lanes whose fifth bit (a mask loaded from qh) is set. */
 static inline __attribute__((always_inline)) void u_q5(const uint8_t *p, __m512 lo_tab,
                                                       __m512 hi_tab, __m512 *lo, __m512 *hi) {
-    const uint32_t qh = kiln_u32(p);
+    uint16_t ml, mh;
+    memcpy(&ml, p, 2);
+    memcpy(&mh, p + 2, 2);
     const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 4)));
-    const __m512i sixteen = _mm512_set1_epi32(16);
-    __m512i il = _mm512_and_si512(b, _mm512_set1_epi32(0x0F)), ih = _mm512_srli_epi32(b, 4);
-    il = _mm512_mask_or_epi32(il, (__mmask16)(qh & 0xFFFFu), il, sixteen);
-    ih = _mm512_mask_or_epi32(ih, (__mmask16)(qh >> 16), ih, sixteen);
-    *lo = _mm512_permutex2var_ps(lo_tab, il, hi_tab);
-    *hi = _mm512_permutex2var_ps(lo_tab, ih, hi_tab);
+    const __m512i bh = _mm512_srli_epi32(b, 4);
+    *lo = _mm512_mask_permutexvar_ps(_mm512_permutexvar_ps(b, lo_tab), (__mmask16)ml, b, hi_tab);
+    *hi = _mm512_mask_permutexvar_ps(_mm512_permutexvar_ps(bh, lo_tab), (__mmask16)mh, bh,
+                                     hi_tab);
 }
 
-static inline __attribute__((always_inline)) void u_q5_0(const uint8_t *blk, int r, __m512 *lo,
-                                                        __m512 *hi) {
-    const uint8_t *p = blk + Q5_0_BLOCK * r;
-    const __m512 vd = _mm512_set1_ps(kiln_half(p));
+static inline __attribute__((always_inline)) void u_q5_0(const uint8_t *blk, int r,
+                                                        const float *s, __m512 *lo, __m512 *hi) {
+    const __m512 vd = _mm512_set1_ps(s[0]); /* kf_prep: d */
     const __m512 lo_tab = _mm512_mul_ps(vd, _mm512_sub_ps(kiln_iota(), _mm512_set1_ps(16.0f)));
-    u_q5(p + 2, lo_tab, _mm512_mul_ps(vd, kiln_iota()), lo, hi); /* d * (q - 16): exact */
+    u_q5(blk + Q5_0_BLOCK * r + 2, lo_tab, _mm512_mul_ps(vd, kiln_iota()), lo, hi); /* exact */
 }
 
-static inline __attribute__((always_inline)) void u_q5_1(const uint8_t *blk, int r, __m512 *lo,
-                                                        __m512 *hi) {
+static inline __attribute__((always_inline)) void u_q5_1(const uint8_t *blk, int r,
+                                                        const float *s, __m512 *lo, __m512 *hi) {
     const uint8_t *p = blk + Q5_1_BLOCK * r;
-    const __m512 vd = _mm512_set1_ps(kiln_half(p)), vm = _mm512_set1_ps(kiln_half(p + 2));
+    const __m512 vd = _mm512_set1_ps(s[0]), vm = _mm512_set1_ps(s[1]); /* kf_prep: d, m */
     const __m512 lo_tab = _mm512_fmadd_ps(vd, kiln_iota(), vm);
     const __m512 hi_tab = _mm512_fmadd_ps(vd, _mm512_add_ps(kiln_iota(), _mm512_set1_ps(16.0f)),
                                           vm);

@@ -59,10 +59,10 @@ static inline __attribute__((always_inline)) void block_pass(
         for (int r = 0; r < RR; r++) acc[i][r] = _mm512_setzero_ps();
     const int64_t subs = kf_qk(fmt) / 32, tb = kf_tile(fmt), per32 = tb / subs;
     const float *xb = x + m0 * K;
-    float s[4][16]; /* K-quants: each row's scales of the super-block */
+    float s[4][16]; /* kf_prep: each row's float scales of the (super-)block */
     for (int64_t sb = 0; sb < K / (32 * subs); sb++) {
         const uint8_t *blk = tile + sb * tb;
-        for (int r = 0; r < RR; r++) kf_prep(fmt, blk, r0 + r, s[r]);
+        kf_prep(fmt, blk, r0, RR, s);
 #pragma GCC unroll 8
         for (int j = 0; j < subs; j++) { /* unrolled: the sub-block's offsets are constants */
             const int64_t b = sb * subs + j;
@@ -155,7 +155,7 @@ static inline __attribute__((always_inline)) int tile_panel(int fmt, const float
     for (int64_t b = 0; b < K / 32; b++)
         for (int r = 0; r < 4; r++) {
             __m512 lo, hi;
-            if (b % subs == 0) kf_prep(fmt, tile + (b / subs) * tb, r, s[r]);
+            if (b % subs == 0 && r == 0) kf_prep(fmt, tile + (b / subs) * tb, 0, 4, s);
             kf_unpack(fmt, tile + (b / subs) * tb, r, (int)(b % subs), s[r], &lo, &hi);
             _mm512_store_ps(panel + r * K + 32 * b, lo);
             _mm512_store_ps(panel + r * K + 32 * b + 16, hi);

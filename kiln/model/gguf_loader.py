@@ -16,7 +16,7 @@ from kiln_kernels.quant import GGML_TYPES, PackedWeight, pack_ggml
 from kiln.model.base import CausalLM
 from kiln.model.config import ModelConfig, UnsupportedModelError, config_from_gguf
 from kiln.model.gguf_tokenizer import tokenizer_from_gguf
-from kiln.model.quantized import attach_packed, enabled, release_float32
+from kiln.model.quantized import enabled, install_packed
 from kiln.model.weights import WeightLoadError, WeightSink, empty_model, progress
 from kiln.text.tokenizer import Tokenizer
 
@@ -176,16 +176,7 @@ def load_gguf(path: str | Path, dtype: torch.dtype, device: torch.device) -> GGU
     if unpacked:
         log.warning("GGUF matrices on the float32 torch path (no C step for this model): %s",
                     "; ".join(f"{why}: {', '.join(names)}" for why, names in unpacked.items()))
-    if packed:
-        attach_packed(model, packed)
-        if model.fused is not None:  # every step runs in C: the float32 copies would idle
-            release_float32(model)
-    released = {n for n, p in model.named_parameters() if p.is_meta}
-    for name, pw in deferred.items():
-        if name in released:
-            sink.held_elsewhere(name, (pw.out_features, pw.in_features))
-        else:
-            sink.put(name, pw.dequantize())
+    install_packed(model, sink, deferred)
     sink.finish()
     template = meta.get("tokenizer.chat_template")
     return GGUFContents(model=model, config=cfg, tokenizer=tokenizer_from_gguf(meta),

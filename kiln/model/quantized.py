@@ -33,6 +33,7 @@ from torch import nn
 if TYPE_CHECKING:
     from kiln.model.base import CausalLM
     from kiln.model.layers import DecoderLayer
+    from kiln.model.weights import WeightSink
 
 log = logging.getLogger("kiln.model")
 
@@ -243,3 +244,19 @@ def float32_state_dict(model: CausalLM) -> dict[str, torch.Tensor]:
     (gguf-py's float32 values): the weights for another framework's reference model."""
     with packed_disabled(model):
         return dict(model.state_dict())
+
+
+def install_packed(model: CausalLM, sink: WeightSink, packed: dict[str, PackedWeight]) -> None:
+    """A loader's last step for the weights it packed (and did not write as float32): attach
+    them; when every step then runs in C, release the float32 placeholders (the loaded weights
+    never get a float32 copy); else write their float32 values after all."""
+    if packed:
+        attach_packed(model, packed)
+        if model.fused is not None:  # every step runs in C: the float32 copies would idle
+            release_float32(model)
+    released = {n for n, p in model.named_parameters() if p.is_meta}
+    for name, pw in packed.items():
+        if name in released:
+            sink.held_elsewhere(name, (pw.out_features, pw.in_features))
+        else:
+            sink.put(name, pw.dequantize())

@@ -48,6 +48,21 @@ def test_weights_are_gguf_bit_for_bit(ggml_type: str) -> None:
 
 
 @pytest.mark.parametrize("ggml_type", NEW_TYPES)
+def test_products_use_gguf_weights_bit_for_bit(ggml_type: str) -> None:
+    """The in-register dequantization itself: one-hot activation rows pick single weights out
+    of the products, which must then be gguf-py's values exactly (every other term is a zero
+    product); K rows take the L1-panel path, 5 rows the register-blocked one."""
+    k = width(ggml_type, 2)
+    raw = random_raw(ggml_type, 8, k, seed=7)
+    want = gguf_dequantize(raw, ggml_type).t()  # [K, N]: row i is every weight of column i
+    got = pack_ggml(raw, ggml_type).matmul(torch.eye(k))
+    nonzero = want != 0  # a zero weight's sign can go either way in the sum
+    assert torch.equal(got[nonzero], want[nonzero])
+    few = pack_ggml(raw, ggml_type).matmul(torch.eye(k)[3:8].contiguous())
+    assert torch.equal(few[nonzero[3:8]], want[3:8][nonzero[3:8]])
+
+
+@pytest.mark.parametrize("ggml_type", NEW_TYPES)
 def test_tiles_hold_the_files_blocks(ggml_type: str) -> None:
     """The tiles are the rows' blocks, byte for byte, only interleaved 4 rows at a time."""
     raw = random_raw(ggml_type, 8, width(ggml_type, 2), seed=1)

@@ -150,3 +150,42 @@ def test_a_matrix_without_a_kernel_is_logged(tmp_path: Path,
     assert lm.model.fused is None
     assert torch.equal(float32_state_dict(lm.model)[name], tensors[name])
     assert isinstance(lm.model.model.layers[0].mlp.packed_down, PackedWeight)  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("arch", "dtype"), [("qwen3", torch.bfloat16), ("llama", torch.float16)])
+def test_half_precision_hf_folder_runs_in_c(tmp_path: Path, arch: str,
+                                            dtype: torch.dtype) -> None:
+    """An HF folder in bfloat16 / float16: its matrices are held as they are (two bytes a
+    weight, no float32 copy), every step runs in C, and the logits match the torch path on the
+    exactly widened weights."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from tests.tiny_models import QWEN3_TEMPLATE, tiny_tokenizer
+
+    cfg = k_config(arch, tie=arch == "llama")
+    tensors = {n: t.to(dtype) for n, t in random_tensors(cfg, seed=9).items()}
+    tmp_path.mkdir(exist_ok=True)
+    tiny_tokenizer().save(str(tmp_path / "tokenizer.json"))
+    hf = cfg.to_hf()
+    hf["torch_dtype"] = str(dtype).removeprefix("torch.")
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(
+        {"eos_token": "<|im_end|>", "chat_template": QWEN3_TEMPLATE.read_text(encoding="utf-8")}))
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    lm = load_model(str(tmp_path), dtype="float32")
+    assert lm.model.fused is not None, "a half-precision folder should run every step in C"
+    layer = lm.model.model.layers[0]
+    assert layer.self_attn.q_proj.weight.is_meta  # type: ignore[union-attr]
+    widened = {n: t.to(torch.float32) for n, t in tensors.items()}
+    held = float32_state_dict(lm.model)
+    for name in ("model.layers.1.mlp.down_proj.weight", "model.embed_tokens.weight"):
+        assert torch.equal(held[name], widened[name])
+    ref = model_from_tensors(cfg, widened)
+    ids = [1, 40, 41, 300, 7, 9, 2, 100]
+    got = lm.model(build_forward_batch([(ids, 0, [0, 1])], 4, logits="all"),
+                   KVCache(cfg, 4, 4, torch.float32, torch.device("cpu"), heads_major=True))
+    want = ref._torch_forward(build_forward_batch([(ids, 0, [0, 1])], 4, logits="all"),
+                              KVCache(cfg, 4, 4, torch.float32, torch.device("cpu")))
+    assert_logits_close(got, want, cfg, len(ids))  # same weights, another summation order
