@@ -19,6 +19,7 @@ BENCHES = {
     "engine": "bench.bench_engine",
     "kernels": "bench.kernels.bench_kernels",
     "quant": "bench.bench_quant",
+    "formats": "bench.bench_formats",
     "gemm_ceiling": "bench.bench_gemm_ceiling",
     "sampling": "bench.bench_sampling",
     "step": "bench.bench_step",

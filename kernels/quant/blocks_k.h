@@ -73,12 +73,30 @@ static inline __attribute__((always_inline)) void k_prep(int q6, const uint8_t *
         return;
     }
     const float d = kiln_half(p), dmin = kiln_half(p + 2);
+#if defined(__AVX512F__)
+    /* k_scale_min for all 8 sub-blocks at once, 4 bytes a word: a = bytes 0..3, b = 4..7,
+     * c = 8..11 of the packed scales */
+    uint32_t a, b, c;
+    memcpy(&a, p + 4, 4);
+    memcpy(&b, p + 8, 4);
+    memcpy(&c, p + 12, 4);
+    const uint64_t sc = (uint64_t)(a & 0x3F3F3F3Fu) |
+                        (uint64_t)((c & 0x0F0F0F0Fu) | ((a >> 2) & 0x30303030u)) << 32;
+    const uint64_t mn = (uint64_t)(b & 0x3F3F3F3Fu) |
+                        (uint64_t)(((c >> 4) & 0x0F0F0F0Fu) | ((b >> 2) & 0x30303030u)) << 32;
+    const __m256 fsc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc)));
+    const __m256 fmn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mn)));
+    _mm256_storeu_ps(s, _mm256_mul_ps(_mm256_set1_ps(d), fsc));
+    /* -(dmin * m): the product is exact, so negating dmin first gives the same bits */
+    _mm256_storeu_ps(s + 8, _mm256_mul_ps(_mm256_set1_ps(-dmin), fmn));
+#else
     for (int j = 0; j < 8; j++) {
         int sc, mn;
         k_scale_min(p + 4, j, &sc, &mn);
         s[j] = d * (float)sc;
         s[8 + j] = -(dmin * (float)mn);
     }
+#endif
 }
 
 #if defined(__AVX512F__)
