@@ -19,6 +19,7 @@ BENCHES = {
     "engine": "bench.bench_engine",
     "kernels": "bench.kernels.bench_kernels",
     "quant": "bench.bench_quant",
+    "formats": "bench.bench_formats",
     "gemm_ceiling": "bench.bench_gemm_ceiling",
     "sampling": "bench.bench_sampling",
     "step": "bench.bench_step",
@@ -31,6 +32,7 @@ BENCHES = {
     "lora_engine": "bench.bench_lora_engine",
     "metrics_scrape": "bench.bench_metrics_scrape",
     "hostile": "bench.bench_hostile",
+    "peer": "bench.bench_peer",
 }
 
 

@@ -10,6 +10,7 @@ import functools
 import json
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors.torch import save_file
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -187,10 +188,13 @@ def _gguf_name(hf: str) -> str:
 
 
 def write_tiny_gguf(path: Path, cfg: ModelConfig, tensors: dict[str, torch.Tensor],
-                    q8: bool = False) -> Path:
+                    q8: bool = False,
+                    blocks: dict[str, tuple[torch.Tensor, str]] | None = None) -> Path:
     """Write ``tensors`` (HF names, fp32) as an F32 GGUF the way llama.cpp's converter does:
     llama q/k rows permuted for GGML RoPE, tokenizer and chat template in the metadata.
-    ``q8``: every matrix (projections, embedding, head) as Q8_0 blocks instead."""
+    ``q8``: every matrix (projections, embedding, head) as Q8_0 blocks instead. ``blocks``: HF
+    name -> (raw GGML rows uint8 [N, bytes] in HF row order, GGML type name), written as they
+    are in place of the float tensor of that name."""
     import gguf
 
     tok = tiny_tokenizer()
@@ -219,12 +223,16 @@ def write_tiny_gguf(path: Path, cfg: ModelConfig, tensors: dict[str, torch.Tenso
     w.add_add_bos_token(False)
     w.add_chat_template(QWEN3_TEMPLATE.read_text(encoding="utf-8"))
     for name in sorted(tensors):
-        arr = tensors[name].numpy().astype("float32")
+        raw = None if blocks is None else blocks.get(name)
+        arr = tensors[name].numpy().astype("float32") if raw is None else raw[0].numpy()
         if cfg.arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
             heads = cfg.num_heads if "q_proj" in name else cfg.num_kv_heads
             out, inp = arr.shape
             arr = arr.reshape(heads, 2, out // heads // 2, inp).swapaxes(1, 2).reshape(out, inp)
-        if q8 and arr.ndim == 2:
+        if raw is not None:
+            qtype = getattr(gguf.GGMLQuantizationType, raw[1])
+            w.add_tensor(_gguf_name(name), np.ascontiguousarray(arr), raw_dtype=qtype)
+        elif q8 and arr.ndim == 2:
             qtype = gguf.GGMLQuantizationType.Q8_0
             w.add_tensor(_gguf_name(name), gguf.quants.quantize(arr, qtype), raw_dtype=qtype)
         else:

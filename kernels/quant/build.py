@@ -27,7 +27,8 @@ from pathlib import Path
 HERE = Path(__file__).parent
 SOURCES = (HERE / "gemm.c", HERE / "decode.c", HERE / "attention.c", HERE / "vmath.c",
            HERE / "counter.c", HERE / "sample.c", HERE / "top_p.c")
-HEADERS = (HERE / "quant.h", HERE / "decode.h", HERE / "vmath.h", HERE / "counter.h",
+HEADERS = (HERE / "quant.h", HERE / "blocks.h", HERE / "blocks_legacy.h", HERE / "blocks_k.h",
+           HERE / "blocks_float.h", HERE / "decode.h", HERE / "vmath.h", HERE / "counter.h",
            HERE / "sample.h")
 NATIVE_FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-shared",
                 "-fPIC")
@@ -89,7 +90,7 @@ def build(flags: tuple[str, ...] = NATIVE_FLAGS) -> Path:
     os.close(fd)
     try:
         proc = subprocess.run([cc, *flags, f"-I{HERE}", *map(str, SOURCES), "-o", tmp, "-lm"],
-                              capture_output=True, text=True, timeout=120)
+                              capture_output=True, text=True, timeout=600)
         if proc.returncode != 0:
             raise KernelBuildError(f"{cc} failed on the quant kernels: {proc.stderr.strip()[-2000:]}")
         os.replace(tmp, target)

@@ -43,6 +43,9 @@ int64_t kiln_decode_scratch_floats(const KilnDecodeModel *md, int64_t M, int64_t
 #define ROWS_PER_TASK 8
 
 static const float *fptr(const int64_t *row, int f) { return (const float *)(intptr_t)row[f]; }
+static const KilnWeight *wptr(const int64_t *row, int f) {
+    return (const KilnWeight *)(intptr_t)row[f];
+}
 
 static void rms_norm(const float *x, const float *w, float *out, int64_t n, float eps) {
     const float r = 1.0f / sqrtf(kiln_dot(x, x, n) / (float)n + eps);
@@ -175,30 +178,26 @@ void kiln_decode_step(const KilnDecodeModel *md, const KilnDecodeStep *st, int n
 #pragma omp for schedule(static)
             for (int64_t m = 0; m < M; m++)
                 rms_norm(x + m * H, fptr(row, F_IN_NORM), h + m * H, H, md->eps);
-            kiln_gemm_tiles((int)row[F_QKV_Q8], h, M, H, (const uint8_t *)(intptr_t)row[F_QKV],
-                            nqkv, qkv);
+            kiln_gemm_weight(wptr(row, F_QKV), h, M, qkv);
             const int64_t nq = md->heads * hd, nk = md->kv_heads * hd;
             lora_apply(st, l, 0, h, H, H, qkv, nqkv, nq);
             lora_apply(st, l, 1, h, H, H, qkv + nq, nqkv, nk);
             lora_apply(st, l, 2, h, H, H, qkv + nq + nk, nqkv, nk);
             attention_block(md, st, row, qkv, attn, scores, parts);
-            kiln_gemm_tiles((int)row[F_O_Q8], attn, M, nattn, (const uint8_t *)(intptr_t)row[F_O],
-                            H, tmp);
+            kiln_gemm_weight(wptr(row, F_O), attn, M, tmp);
             lora_apply(st, l, 3, attn, nattn, nattn, tmp, H, H);
 #pragma omp for schedule(static)
             for (int64_t m = 0; m < M; m++) {
                 for (int64_t i = 0; i < H; i++) x[m * H + i] += tmp[m * H + i];
                 rms_norm(x + m * H, fptr(row, F_POST_NORM), h + m * H, H, md->eps);
             }
-            kiln_gemm_tiles((int)row[F_GU_Q8], h, M, H, (const uint8_t *)(intptr_t)row[F_GU],
-                            2 * I, gu);
+            kiln_gemm_weight(wptr(row, F_GU), h, M, gu);
             lora_apply(st, l, 4, h, H, H, gu, 2 * I, I);
             lora_apply(st, l, 5, h, H, H, gu + I, 2 * I, I);
 #pragma omp for schedule(static)
             for (int64_t m = 0; m < M; m++)
                 kiln_silu_mul(gu + m * 2 * I, gu + m * 2 * I + I, act + m * I, I);
-            kiln_gemm_tiles((int)row[F_DOWN_Q8], act, M, I,
-                            (const uint8_t *)(intptr_t)row[F_DOWN], H, tmp);
+            kiln_gemm_weight(wptr(row, F_DOWN), act, M, tmp);
             lora_apply(st, l, 6, act, I, I, tmp, H, H);
 #pragma omp for schedule(static)
             for (int64_t t = 0; t < M * H; t++) x[t] += tmp[t];
@@ -206,7 +205,7 @@ void kiln_decode_step(const KilnDecodeModel *md, const KilnDecodeStep *st, int n
 #pragma omp for schedule(static)
         for (int64_t j = 0; j < st->L; j++)
             rms_norm(x + st->logit_rows[j] * H, md->final_norm, picked + j * H, H, md->eps);
-        kiln_gemm_tiles((int)md->head_q8, picked, st->L, H, md->head, md->vocab, st->logits);
+        kiln_gemm_weight(md->head, picked, st->L, st->logits);
 #if defined(__SSE__)
         _mm_setcsr(csr);
 #endif

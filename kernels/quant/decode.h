@@ -4,9 +4,12 @@
 #define KILN_DECODE_H
 #include <stdint.h>
 
-/* Fields of one layer in the layer table (int64: addresses, format flags). */
+#include "quant.h"
+
+/* Fields of one layer in the layer table (int64 addresses; the four projections are
+ * `const KilnWeight *`, quant.h). */
 enum {
-    F_QKV, F_QKV_Q8, F_O, F_O_Q8, F_GU, F_GU_Q8, F_DOWN, F_DOWN_Q8,
+    F_QKV, F_O, F_GU, F_DOWN,
     F_IN_NORM, F_POST_NORM, F_Q_NORM, F_K_NORM, F_Q_BIAS, F_K_BIAS, F_V_BIAS,
     F_K_CACHE, F_V_CACHE, F_COUNT
 };
@@ -16,8 +19,7 @@ typedef struct {
     float eps, scale;
     const int64_t *table; /* [layers][F_COUNT] */
     const float *final_norm;
-    const uint8_t *head;
-    int64_t head_q8;
+    const KilnWeight *head;
     int64_t kv_f16; /* the K/V caches hold IEEE half floats (else float32) */
     /* Element strides of a layer's K/V cache [blocks][block_size][kv_heads][head_dim] (head_dim
      * contiguous; any order of the other three, e.g. KV head before position in a block). */

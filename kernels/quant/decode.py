@@ -14,11 +14,10 @@ from dataclasses import dataclass
 
 import torch
 
-from . import NATIVE_FLAGS, PackedWeight, _library
+from . import FORMAT_IDS, MAX_PARTS, NATIVE_FLAGS, Packed, _library
 
 KV_DTYPES = (torch.float32, torch.float16)  # the cache element types decode.c reads
-LAYER_FIELDS = ("qkv", "qkv_q8", "o", "o_q8", "gate_up", "gate_up_q8", "down", "down_q8",
-                "in_norm", "post_norm", "q_norm", "k_norm", "q_bias", "k_bias", "v_bias",
+LAYER_FIELDS = ("qkv", "o", "gate_up", "down", "in_norm", "post_norm", "q_norm", "k_norm", "q_bias", "k_bias", "v_bias",
                 "k_cache", "v_cache")
 
 
@@ -26,9 +25,28 @@ class _Model(ctypes.Structure):
     _fields_ = [(n, ctypes.c_int64) for n in ("layers", "hidden", "inter", "heads", "kv_heads",
                                                "head_dim", "vocab", "block_size", "fields")] + [
         ("eps", ctypes.c_float), ("scale", ctypes.c_float), ("table", ctypes.c_void_p),
-        ("final_norm", ctypes.c_void_p), ("head", ctypes.c_void_p), ("head_q8", ctypes.c_int64),
+        ("final_norm", ctypes.c_void_p), ("head", ctypes.c_void_p),
         ("kv_f16", ctypes.c_int64), ("kv_sb", ctypes.c_int64), ("kv_sp", ctypes.c_int64),
         ("kv_sh", ctypes.c_int64)]
+
+
+class _Weight(ctypes.Structure):  # KilnWeight (quant.h)
+    _fields_ = [("parts", ctypes.c_int64), ("K", ctypes.c_int64),
+                ("fmt", ctypes.c_int64 * MAX_PARTS), ("rows", ctypes.c_int64 * MAX_PARTS),
+                ("data", ctypes.c_void_p * MAX_PARTS)]
+
+
+def weight_struct(w: Packed) -> _Weight:
+    """The C description of a packed weight (its tiles must outlive it)."""
+    parts = w.parts
+    if len(parts) > MAX_PARTS:
+        raise ValueError(f"a weight of {len(parts)} parts (at most {MAX_PARTS})")
+    pad = MAX_PARTS - len(parts)
+    return _Weight(parts=len(parts), K=w.in_features,
+                   fmt=(ctypes.c_int64 * MAX_PARTS)(*[FORMAT_IDS[p.fmt] for p in parts], *[0] * pad),
+                   rows=(ctypes.c_int64 * MAX_PARTS)(*[p.out_features for p in parts], *[0] * pad),
+                   data=(ctypes.c_void_p * MAX_PARTS)(*[p.tiles.data_ptr() for p in parts],
+                                                       *[None] * pad))
 
 
 def cache_strides(cache: torch.Tensor) -> tuple[int, int, int]:
@@ -94,10 +112,10 @@ MAX_GROUP = 16  # query heads per KV head that decode.c handles
 
 @dataclass(frozen=True)
 class DecodeLayer:
-    qkv: PackedWeight  # rows: q heads, then k heads, then v heads
-    o: PackedWeight
-    gate_up: PackedWeight  # rows: gate, then up
-    down: PackedWeight
+    qkv: Packed  # rows: q heads, then k heads, then v heads
+    o: Packed
+    gate_up: Packed  # rows: gate, then up
+    down: Packed
     in_norm: torch.Tensor
     post_norm: torch.Tensor
     q_norm: torch.Tensor | None = None  # qwen3
@@ -125,7 +143,7 @@ class DecodeWeights:
     eps: float
     layers: tuple[DecodeLayer, ...]
     final_norm: torch.Tensor
-    head: PackedWeight  # [vocab, hidden]
+    head: Packed  # [vocab, hidden]
 
     def bind(self, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor],
              flags: tuple[str, ...] = NATIVE_FLAGS) -> DecodeProgram:
@@ -146,6 +164,7 @@ class DecodeProgram:
             raise ValueError("one K and one V cache per layer")
         self.lib, self.weights = lib, w
         self._keep: list[torch.Tensor] = []
+        self._structs: list[_Weight] = []  # the weights' descriptions the table points at
         self._strides = cache_strides(k_caches[0])
         rows = [self._layer_row(layer, k, v) for layer, k, v in
                 zip(w.layers, k_caches, v_caches, strict=True)]
@@ -159,9 +178,15 @@ class DecodeProgram:
             kv_heads=w.kv_heads, head_dim=w.head_dim, vocab=self.vocab,
             block_size=self.block_size, fields=len(LAYER_FIELDS), eps=w.eps,
             scale=w.head_dim ** -0.5, table=self.table.data_ptr(),
-            final_norm=_addr(self._hold(_f32(w.final_norm))), head=w.head.tiles.data_ptr(),
-            head_q8=int(w.head.fmt == "q8"), kv_f16=int(self.kv_dtype == torch.float16),
+            final_norm=_addr(self._hold(_f32(w.final_norm))), head=self._weight(w.head),
+            kv_f16=int(self.kv_dtype == torch.float16),
             kv_sb=sb, kv_sp=sp, kv_sh=sh)
+
+    def _weight(self, pw: Packed) -> int:
+        """The address of ``pw``'s C description, kept (with its tiles) as long as the program."""
+        self._keep.extend(p.tiles for p in pw.parts)
+        self._structs.append(weight_struct(pw))
+        return ctypes.addressof(self._structs[-1])
 
     def _hold(self, t: torch.Tensor | None) -> torch.Tensor | None:
         if t is not None:
@@ -175,11 +200,10 @@ class DecodeProgram:
                 "down": (w.hidden, w.inter)}
         row: dict[str, int] = {}
         for name, (n, kk) in dims.items():
-            pw: PackedWeight = getattr(layer, name)
+            pw: Packed = getattr(layer, name)
             if (pw.out_features, pw.in_features) != (n, kk):
                 raise ValueError(f"{name} is {pw.out_features}x{pw.in_features}, not {n}x{kk}")
-            self._keep.append(pw.tiles)
-            row[name], row[f"{name}_q8"] = pw.tiles.data_ptr(), int(pw.fmt == "q8")
+            row[name] = self._weight(pw)
         for name in ("in_norm", "post_norm", "q_norm", "k_norm", "q_bias", "k_bias", "v_bias"):
             row[name] = _addr(self._hold(_f32(getattr(layer, name))))
         for name, cache in (("k_cache", k), ("v_cache", v)):

@@ -1,17 +1,12 @@
 /* Block-quantized weight x float32 activation products for small batches on the CPU.
  *
- * y[m][n] = sum_k x[m][k] * w[n][k], where w is stored in 32-wide blocks along k and each block
- * is dequantized in registers exactly as gguf-py dequantizes it, so the weights are
- * bit-identical to the float32 tensors the model holds:
- *   q4 (GGML Q4_0 / Q4_1): w = d * q + m, q in 0..15. d * q is exact in float32, so one fused
- *                          multiply-add rounds exactly like gguf-py's multiply-then-add.
- *   q8 (GGML Q8_0):         w = d * q, q in -128..127 (exact in float32).
+ * y[m][n] = sum_k x[m][k] * w[n][k], where w is stored in blocks along k (32 weights, or 256
+ * for the K-quants) and each 32 weights are dequantized in registers exactly as gguf-py
+ * dequantizes them, so the weights are bit-identical to the float32 tensors the model holds
+ * (the formats and their arithmetic: quant.h, blocks*.h).
  *
  * Layout: rows in tiles of 4 (N is a multiple of 4), tile g holding rows 4g..4g+3, block by
- * block, so one sequential stream feeds four outputs:
- *   q4 tile block (96 bytes):  float sc[4][2] = (d, m) per row, then uint8 qs[4][16]
- *                              (low nibble of byte j = element j, high nibble = element j+16);
- *   q8 tile block (144 bytes): float d[4], then int8 qs[4][32].
+ * block, so one sequential stream feeds four outputs.
  *
  * Every (m, n) output is accumulated in the same order whatever M is and however tiles are split
  * across threads (one vector accumulator: acc += w[0:16] * x[0:16], then acc += w[16:32] *
@@ -29,40 +24,12 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "quant.h"
+#include "blocks.h"
 
-#define Q4_TILE 96
-#define Q8_TILE 144
 #define PREFETCH 3072 /* bytes ahead in the tile stream (measured: 2-4 KiB is best here) */
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
-
-/* The 16 values d * j + m (j = 0..15): vpermps indexes it with the low 4 bits of each lane. */
-static inline __m512 q4_table(float d, float mn) {
-    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    return _mm512_fmadd_ps(_mm512_set1_ps(d), iota, _mm512_set1_ps(mn));
-}
-
-static inline __attribute__((always_inline)) void unpack(int q8, const uint8_t *blk, int r,
-                                                        __m512 *lo, __m512 *hi) {
-    if (q8) {
-        const float d = ((const float *)blk)[r];
-        const __m512 vd = _mm512_set1_ps(d);
-        const uint8_t *q = blk + 16 + 32 * r;
-        *lo = _mm512_mul_ps(vd, _mm512_cvtepi32_ps(
-                                    _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q))));
-        *hi = _mm512_mul_ps(vd, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-                                    _mm_loadu_si128((const __m128i *)(q + 16)))));
-    } else {
-        const float *sc = (const float *)blk;
-        const __m512 tab = q4_table(sc[2 * r], sc[2 * r + 1]);
-        const __m512i idx =
-            _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 32 + 16 * r)));
-        *lo = _mm512_permutexvar_ps(idx, tab);
-        *hi = _mm512_permutexvar_ps(_mm512_srli_epi32(idx, 4), tab);
-    }
-}
 
 /* The sums of four vectors, each by the same tree whatever its neighbours: lane j + lane j+8,
  * then + (j+4), + (j+2), + (j+1). Returns [sum a, sum b, sum c, sum d]. */
@@ -83,29 +50,34 @@ static inline __attribute__((always_inline)) __m128 reduce4(__m512 a, __m512 b, 
 }
 /* A (MR x RR) register block: activation rows [m0, m0 + MR) against tile rows [r0, r0 + RR),
  * over all K. Every output (m, n) is one accumulator: acc += lo * x[0:16]; acc += hi * x[16:32],
- * block by block, then one reduction, whatever MR/RR/M are. */
+ * 32 weights at a time, then one reduction, whatever MR/RR/M are. */
 static inline __attribute__((always_inline)) void block_pass(
-        int q8, int MR, int RR, const float *x, int64_t K, int64_t m0, int r0,
-        const uint8_t *tile, int64_t tile_bytes, float *y, int64_t N, int64_t n0) {
+        int fmt, int MR, int RR, const float *x, int64_t K, int64_t m0, int r0,
+        const uint8_t *tile, float *y, int64_t N, int64_t n0) {
     __m512 acc[8][4];
     for (int i = 0; i < MR; i++)
         for (int r = 0; r < RR; r++) acc[i][r] = _mm512_setzero_ps();
-    const int64_t nb = K / 32;
+    const int64_t subs = kf_qk(fmt) / 32, tb = kf_tile(fmt), per32 = tb / subs;
     const float *xb = x + m0 * K;
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *blk = tile + b * tile_bytes;
-        _mm_prefetch((const char *)(blk + PREFETCH), _MM_HINT_T0);
-        _mm_prefetch((const char *)(blk + PREFETCH + 64), _MM_HINT_T0);
-        if (q8) _mm_prefetch((const char *)(blk + PREFETCH + 128), _MM_HINT_T0);
-        __m512 lo[4], hi[4];
-        for (int r = 0; r < RR; r++) unpack(q8, blk, r0 + r, &lo[r], &hi[r]);
-        for (int i = 0; i < MR; i++) {
-            const __m512 x0 = _mm512_loadu_ps(xb + i * K + b * 32);
-            for (int r = 0; r < RR; r++) acc[i][r] = _mm512_fmadd_ps(lo[r], x0, acc[i][r]);
-        }
-        for (int i = 0; i < MR; i++) {
-            const __m512 x1 = _mm512_loadu_ps(xb + i * K + b * 32 + 16);
-            for (int r = 0; r < RR; r++) acc[i][r] = _mm512_fmadd_ps(hi[r], x1, acc[i][r]);
+    float s[4][16]; /* kf_prep: each row's float scales of the (super-)block */
+    for (int64_t sb = 0; sb < K / (32 * subs); sb++) {
+        const uint8_t *blk = tile + sb * tb;
+        kf_prep(fmt, blk, r0, RR, s);
+#pragma GCC unroll 8
+        for (int j = 0; j < subs; j++) { /* unrolled: the sub-block's offsets are constants */
+            const int64_t b = sb * subs + j;
+            for (int64_t o = 0; o < per32; o += 64)
+                _mm_prefetch((const char *)(tile + b * per32 + PREFETCH + o), _MM_HINT_T0);
+            __m512 lo[4], hi[4];
+            for (int r = 0; r < RR; r++) kf_unpack(fmt, blk, r0 + r, j, s[r], &lo[r], &hi[r]);
+            for (int i = 0; i < MR; i++) {
+                const __m512 x0 = _mm512_loadu_ps(xb + i * K + b * 32);
+                for (int r = 0; r < RR; r++) acc[i][r] = _mm512_fmadd_ps(lo[r], x0, acc[i][r]);
+            }
+            for (int i = 0; i < MR; i++) {
+                const __m512 x1 = _mm512_loadu_ps(xb + i * K + b * 32 + 16);
+                for (int r = 0; r < RR; r++) acc[i][r] = _mm512_fmadd_ps(hi[r], x1, acc[i][r]);
+            }
         }
     }
     if (RR == 4) {
@@ -129,7 +101,7 @@ static inline __attribute__((always_inline)) void block_pass(
 
 #define PASS(MR, RR)                                                                        \
     for (int r0 = 0; r0 < 4; r0 += RR)                                                      \
-        block_pass(q8, MR, RR, x, K, m0, r0, tile, tile_bytes, y, N, n0)
+        block_pass(fmt, MR, RR, x, K, m0, r0, tile, y, N, n0)
 
 /* Many rows (M >= PANEL_MIN): the tile's 4 weight rows are dequantized once into an L1 panel
  * (the same values unpack() gives), then PANEL_MR rows at a time run against it with every
@@ -173,16 +145,18 @@ static inline __attribute__((always_inline)) void panel_pass(int MR, const float
 }
 
 /* Returns 0 when no panel could be allocated (the caller then takes the register path). */
-static inline __attribute__((always_inline)) int tile_panel(int q8, const float *x, int64_t M,
+static inline __attribute__((always_inline)) int tile_panel(int fmt, const float *x, int64_t M,
                                                            int64_t K, const uint8_t *tile,
-                                                           int64_t tile_bytes, float *y,
-                                                           int64_t N, int64_t n0) {
+                                                           float *y, int64_t N, int64_t n0) {
     float *panel = panel_buffer(4 * K);
     if (!panel) return 0;
+    const int64_t subs = kf_qk(fmt) / 32, tb = kf_tile(fmt);
+    float s[4][16];
     for (int64_t b = 0; b < K / 32; b++)
         for (int r = 0; r < 4; r++) {
             __m512 lo, hi;
-            unpack(q8, tile + b * tile_bytes, r, &lo, &hi);
+            if (b % subs == 0 && r == 0) kf_prep(fmt, tile + (b / subs) * tb, 0, 4, s);
+            kf_unpack(fmt, tile + (b / subs) * tb, r, (int)(b % subs), s[r], &lo, &hi);
             _mm512_store_ps(panel + r * K + 32 * b, lo);
             _mm512_store_ps(panel + r * K + 32 * b + 16, hi);
         }
@@ -199,11 +173,10 @@ static inline __attribute__((always_inline)) int tile_panel(int q8, const float 
     return 1;
 }
 
-static inline __attribute__((always_inline)) void tile_all(int q8, const float *x, int64_t M,
+static inline __attribute__((always_inline)) void tile_all(int fmt, const float *x, int64_t M,
                                                           int64_t K, const uint8_t *tile,
-                                                          int64_t tile_bytes, float *y,
-                                                          int64_t N, int64_t n0) {
-    if (M >= PANEL_MIN && tile_panel(q8, x, M, K, tile, tile_bytes, y, N, n0)) return;
+                                                          float *y, int64_t N, int64_t n0) {
+    if (M >= PANEL_MIN && tile_panel(fmt, x, M, K, tile, y, N, n0)) return;
     int64_t m0 = 0;
     if (M > 8 && M <= 12) {
         /* 9-12 rows: (6, 4) and then (3-6, 4) against (8, 2) and then (1-4, x) (both
@@ -229,23 +202,14 @@ int kiln_quant_simd(void) { return 512; }
 
 #else
 /* Portable path: the same weights; one fixed summation order per output. */
-static float weight(int q8, const uint8_t *blk, int r, int j) {
-    if (q8) return ((const float *)blk)[r] * (float)(int8_t)blk[16 + 32 * r + j];
-    const float *sc = (const float *)blk;
-    const uint8_t byte = blk[32 + 16 * r + (j & 15)];
-    const float q = (float)(j < 16 ? (byte & 0x0F) : (byte >> 4));
-    return sc[2 * r] * q + sc[2 * r + 1];
-}
-
-static void tile_all(int q8, const float *x, int64_t M, int64_t K, const uint8_t *tile,
-                     int64_t tile_bytes, float *y, int64_t N, int64_t n0) {
-    const int64_t nb = K / 32;
+static void tile_all(int fmt, const float *x, int64_t M, int64_t K, const uint8_t *tile,
+                     float *y, int64_t N, int64_t n0) {
+    const int64_t qk = kf_qk(fmt), tb = kf_tile(fmt);
     for (int64_t m = 0; m < M; m++)
         for (int r = 0; r < 4; r++) {
             float acc = 0.0f;
-            for (int64_t b = 0; b < nb; b++)
-                for (int j = 0; j < 32; j++)
-                    acc += weight(q8, tile + b * tile_bytes, r, j) * x[m * K + b * 32 + j];
+            for (int64_t k = 0; k < K; k++)
+                acc += kf_weight(fmt, tile + (k / qk) * tb, r, (int)(k % qk)) * x[m * K + k];
             y[m * N + n0 + r] = acc;
         }
 }
@@ -253,52 +217,61 @@ static void tile_all(int q8, const float *x, int64_t M, int64_t K, const uint8_t
 int kiln_quant_simd(void) { return 0; }
 #endif
 
-/* Rows ids[0..n) of tiled weights w ([N/4][K/32][tile]) as float32 out [n][K]: the values the
- * products use (d * q, or d * q + m with d * q exact: one rounding). Returns the first index
- * of an id outside [0, N), or -1 when all are inside (nothing is written past a bad id). */
-int64_t kiln_dequant_rows(int q8, const uint8_t *w, int64_t N, int64_t K, const int64_t *ids,
+/* Rows ids[0..n) of tiled weights w ([N/4][K/qk][tile]) as float32 out [n][K]: the values the
+ * products use. Returns the first index of an id outside [0, N), or -1 when all are inside
+ * (nothing is written past a bad id). */
+int64_t kiln_dequant_rows(int fmt, const uint8_t *w, int64_t N, int64_t K, const int64_t *ids,
                           int64_t n, float *out) {
-    const int64_t tb = q8 ? Q8_TILE : Q4_TILE, nb = K / 32;
+    const int64_t qk = kf_qk(fmt), tb = kf_tile(fmt), nb = K / qk;
     for (int64_t t = 0; t < n; t++) {
         if (ids[t] < 0 || ids[t] >= N) return t;
-        const int64_t g = ids[t] / 4, r = ids[t] % 4;
+        const int64_t g = ids[t] / 4;
+        const int r = (int)(ids[t] % 4);
         for (int64_t b = 0; b < nb; b++) {
             const uint8_t *blk = w + (g * nb + b) * tb;
-            float *o = out + t * K + 32 * b;
-            if (q8) {
-                const float d = ((const float *)blk)[r];
-                const int8_t *q = (const int8_t *)(blk + 16 + 32 * r);
-                for (int j = 0; j < 32; j++) o[j] = d * (float)q[j];
-            } else {
-                const float d = ((const float *)blk)[2 * r], m = ((const float *)blk)[2 * r + 1];
-                const uint8_t *q = blk + 32 + 16 * r;
-                for (int j = 0; j < 16; j++) {
-                    o[j] = d * (float)(q[j] & 0x0F) + m;
-                    o[j + 16] = d * (float)(q[j] >> 4) + m;
-                }
-            }
+            float *o = out + t * K + qk * b;
+            for (int e = 0; e < qk; e++) o[e] = kf_weight(fmt, blk, r, e);
         }
     }
     return -1;
 }
 
-/* x float32 [M][K], w tiles [N/4][K/32][tile], y float32 [M][N]. */
-void kiln_gemm_tiles(int q8, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N,
+/* One tile of any format (each case its own specialization of the passes). */
+static void tile_any(int fmt, const float *x, int64_t M, int64_t K, const uint8_t *tile,
+                     float *y, int64_t N, int64_t n0) {
+    switch (fmt) {
+#define CASE(F) case F: tile_all(F, x, M, K, tile, y, N, n0); break;
+    CASE(KF_Q4) CASE(KF_Q8) CASE(KF_Q5_0) CASE(KF_Q5_1) CASE(KF_Q4_K) CASE(KF_Q5_K)
+    CASE(KF_Q6_K) CASE(KF_F16) CASE(KF_BF16) CASE(KF_F32)
+#undef CASE
+    default: break;
+    }
+}
+
+/* x float32 [M][K], w tiles [N/4][K/qk][tile], y float32 [M][N]. */
+void kiln_gemm_tiles(int fmt, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N,
                      float *y) {
-    const int64_t tile = q8 ? Q8_TILE : Q4_TILE;
-    const int64_t stride = (K / 32) * tile;
+    const int64_t stride = (K / kf_qk(fmt)) * kf_tile(fmt);
+#pragma omp for schedule(static)
+    for (int64_t g = 0; g < N / 4; g++) tile_any(fmt, x, M, K, w + g * stride, y, N, 4 * g);
+}
+
+void kiln_gemm_weight(const KilnWeight *w, const float *x, int64_t M, float *y) {
+    int64_t N = 0;
+    for (int64_t p = 0; p < w->parts; p++) N += w->rows[p];
 #pragma omp for schedule(static)
     for (int64_t g = 0; g < N / 4; g++) {
-        if (q8)
-            tile_all(1, x, M, K, w + g * stride, Q8_TILE, y, N, 4 * g);
-        else
-            tile_all(0, x, M, K, w + g * stride, Q4_TILE, y, N, 4 * g);
+        int64_t p = 0, first = 0; /* the part holding tile g, and its first tile */
+        while (g - first >= w->rows[p] / 4) first += w->rows[p++] / 4;
+        const int fmt = (int)w->fmt[p];
+        const int64_t stride = (w->K / kf_qk(fmt)) * kf_tile(fmt);
+        tile_any(fmt, x, M, w->K, w->data[p] + (g - first) * stride, y, N, 4 * g);
     }
 }
 
 /* One product on `nthreads` threads (its own parallel region). */
-void kiln_quant_gemm(int q8, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N,
+void kiln_quant_gemm(int fmt, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N,
                      float *y, int nthreads) {
 #pragma omp parallel num_threads(nthreads)
-    kiln_gemm_tiles(q8, x, M, K, w, N, y);
+    kiln_gemm_tiles(fmt, x, M, K, w, N, y);
 }

@@ -1,6 +1,7 @@
 """Torch references: the packed layouts written and read back, the float32 weight a packed
 weight stands for, and the product the kernels compute (``x @ w.T``).
 
+The q4 / q8 repacked layouts (the other formats keep their blocks: :mod:`.formats`).
 Row blocks (GGUF order, before tiling): q4 ``qs`` uint8 [N, K/2] + ``sc`` float32 [N, K/32, 2]
 (d, m); q8 ``qs`` int8 [N, K] + ``sc`` float32 [N, K/32]. Tiles (what the kernels read): rows in
 groups of 4, block by block - q4: 4 x (d, m) float32 then 4 x 16 bytes (96 bytes); q8: 4 x d
@@ -11,7 +12,10 @@ from __future__ import annotations
 
 import torch
 
-TILE_BYTES = {"q4": 96, "q8": 144}
+from .formats import RAW_BLOCK, TILE_BYTES, dequantize_raw, untile_raw
+
+__all__ = ["TILE_BYTES", "dequantize_q4", "dequantize_q8", "dequantize_tiles", "gemm_ref",
+           "tile_rows", "untile"]
 
 
 def tile_rows(fmt: str, qs: torch.Tensor, sc: torch.Tensor) -> torch.Tensor:
@@ -55,6 +59,9 @@ def dequantize_q8(qs: torch.Tensor, sc: torch.Tensor) -> torch.Tensor:
 
 
 def dequantize_tiles(fmt: str, tiles: torch.Tensor) -> torch.Tensor:
+    """The float32 weight ``[N, K]`` of tiles of any format (:mod:`.formats`)."""
+    if fmt in RAW_BLOCK:
+        return dequantize_raw(fmt, untile_raw(tiles, RAW_BLOCK[fmt]))
     qs, sc = untile(fmt, tiles)
     return dequantize_q4(qs, sc) if fmt == "q4" else dequantize_q8(qs, sc)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from kiln_kernels.quant import PackedWeight
+from kiln_kernels.quant import Packed, PackedWeight
 from torch import nn
 
 from kiln.model.attention import AttentionPlan, plan_attention
@@ -45,7 +45,7 @@ class CausalLM(nn.Module):
             None if cfg.tie_word_embeddings
             else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False))
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta)
-        self.packed_head: PackedWeight | None = None  # kiln.model.quantized.attach_packed
+        self.packed_head: Packed | None = None  # kiln.model.quantized.attach_packed
         self.packed_embedding: PackedWeight | None = None  # the token embedding's blocks
         self.has_packed = False  # any packed weights attached (then decode rows use them)
         self.fused: FusedDecoder | None = None  # the C step, when every weight is packed

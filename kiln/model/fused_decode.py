@@ -14,7 +14,7 @@ import weakref
 from typing import TYPE_CHECKING, cast
 
 import torch
-from kiln_kernels.quant import NATIVE_FLAGS, PackedWeight
+from kiln_kernels.quant import NATIVE_FLAGS, Packed
 from kiln_kernels.quant.decode import (
     KV_DTYPES,
     LORA_MODULES,
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 def decode_weights(model: CausalLM) -> DecodeWeights | None:
     """The C program's view of ``model``, or None when some projection is not packed."""
     cfg = model.config
-    head: PackedWeight | None = model.packed_head
+    head: Packed | None = model.packed_head
     if head is None:
         return None
     layers: list[DecodeLayer] = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,12 +11,12 @@ from typing import Any
 import gguf
 import numpy as np
 import torch
-from kiln_kernels.quant import GGML_BLOCK_BYTES, PackedWeight, pack_ggml
+from kiln_kernels.quant import GGML_TYPES, PackedWeight, pack_ggml
 
 from kiln.model.base import CausalLM
 from kiln.model.config import ModelConfig, UnsupportedModelError, config_from_gguf
 from kiln.model.gguf_tokenizer import tokenizer_from_gguf
-from kiln.model.quantized import attach_packed, enabled, release_float32
+from kiln.model.quantized import enabled, install_packed
 from kiln.model.weights import WeightLoadError, WeightSink, empty_model, progress
 from kiln.text.tokenizer import Tokenizer
 
@@ -37,6 +38,7 @@ _BLOCK_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+log = logging.getLogger("kiln.model")
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
 
 
@@ -115,16 +117,22 @@ def _row_permutation(cfg: ModelConfig, name: str) -> int | None:
     return None
 
 
-def _packable(tensor: Any) -> bool:
-    """A Q4_0 / Q4_1 / Q8_0 matrix whose rows come in fours (what the kernels' tiles take)."""
-    return (tensor.tensor_type.name in GGML_BLOCK_BYTES and len(tensor.shape) > 1
-            and int(tensor.shape[-1]) % 4 == 0)
+def _unpackable(tensor: Any) -> str | None:
+    """Why the kernels cannot hold this matrix (None: they can): its type has no kernel, or
+    its rows do not come in fours (the tiles' unit)."""
+    if tensor.tensor_type.name not in GGML_TYPES:
+        return f"type {tensor.tensor_type.name} has no CPU kernel"
+    if int(tensor.shape[-1]) % 4:
+        return f"{int(tensor.shape[-1])} rows, not a multiple of 4"
+    if int(tensor.shape[0]) % GGML_TYPES[tensor.tensor_type.name][0]:
+        return f"{int(tensor.shape[0])} columns, not whole blocks"
+    return None
 
 
 def _pack(tensor: Any, heads: int | None) -> PackedWeight:
     """A 2-D quantized tensor's raw blocks, rows in HF order, packed for the CPU kernels."""
     rows = int(tensor.shape[-1]) if len(tensor.shape) > 1 else 1
-    raw = np.asarray(tensor.data, dtype=np.uint8).reshape(rows, -1)
+    raw = np.ascontiguousarray(tensor.data).view(np.uint8).reshape(rows, -1)
     if heads is not None:
         raw = unpermute_qk(raw, heads)
     return pack_ggml(torch.from_numpy(np.array(raw, copy=True)), tensor.tensor_type.name)
@@ -147,10 +155,14 @@ def load_gguf(path: str | Path, dtype: torch.dtype, device: torch.device) -> GGU
     sink = WeightSink(model)
     packed: dict[str, PackedWeight] | None = {} if enabled(dtype, device) else None
     deferred: dict[str, PackedWeight] = {}  # packed; float32 values written only if needed
+    unpacked: dict[str, list[str]] = {}  # why -> the matrices kept as float32 for that reason
     for tensor in progress(reader.tensors, len(reader.tensors), "loading GGUF"):
         heads = _row_permutation(cfg, tensor.name)
         name = hf_name(tensor.name)
-        pw = _pack(tensor, heads) if _packable(tensor) else None
+        why = _unpackable(tensor) if len(tensor.shape) > 1 else "1-D"
+        if why != "1-D" and why is not None and packed is not None:
+            unpacked.setdefault(why, []).append(tensor.name)
+        pw = _pack(tensor, heads) if why is None else None
         if pw is not None and packed is not None:
             packed[name] = deferred[name] = pw
             continue
@@ -161,16 +173,10 @@ def load_gguf(path: str | Path, dtype: torch.dtype, device: torch.device) -> GGU
             weight = torch.from_numpy(arr if heads is None else unpermute_qk(arr, heads))
         sink.put(name, weight)
         del weight
-    if packed:
-        attach_packed(model, packed)
-        if model.fused is not None:  # every step runs in C: the float32 copies would idle
-            release_float32(model)
-    released = {n for n, p in model.named_parameters() if p.is_meta}
-    for name, pw in deferred.items():
-        if name in released:
-            sink.held_elsewhere(name, (pw.out_features, pw.in_features))
-        else:
-            sink.put(name, pw.dequantize())
+    if unpacked:
+        log.warning("GGUF matrices on the float32 torch path (no C step for this model): %s",
+                    "; ".join(f"{why}: {', '.join(names)}" for why, names in unpacked.items()))
+    install_packed(model, sink, deferred)
     sink.finish()
     template = meta.get("tokenizer.chat_template")
     return GGUFContents(model=model, config=cfg, tokenizer=tokenizer_from_gguf(meta),

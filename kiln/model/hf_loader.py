@@ -1,4 +1,8 @@
-"""Load a Hugging Face model folder: config.json, safetensors (sharded or single), tokenizer."""
+"""Load a Hugging Face model folder: config.json, safetensors (sharded or single), tokenizer.
+
+On the CPU (float32 models), bfloat16 / float16 matrices are held as they are, two bytes a
+weight, and widened exactly in registers by the C step (``kiln_kernels.quant.pack_dense``): no
+float32 copy of them is made when every step runs in C."""
 
 from __future__ import annotations
 
@@ -8,10 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from kiln_kernels.quant import PackedWeight, pack_dense
 from safetensors import SafetensorError, safe_open
 
 from kiln.model.base import CausalLM
 from kiln.model.config import ModelConfig
+from kiln.model.quantized import enabled, install_packed
 from kiln.model.weights import WeightLoadError, WeightSink, empty_model, progress
 from kiln.text.tokenizer import Tokenizer
 
@@ -77,6 +83,15 @@ def chat_template_source(folder: Path, tokenizer_config: dict[str, Any]) -> str 
     return None
 
 
+def _packable(name: str, t: torch.Tensor, tied: bool) -> bool:
+    """A bfloat16 / float16 projection, embedding or head the C step can hold as it is (rows in
+    fours, columns in 32s). Float32 checkpoints keep the torch path."""
+    return (t.dtype in (torch.bfloat16, torch.float16) and t.dim() == 2
+            and t.shape[0] % 4 == 0 and t.shape[1] % 32 == 0
+            and (name.endswith("_proj.weight") or name == "model.embed_tokens.weight"
+                 or (name == "lm_head.weight" and not tied)))
+
+
 def load_hf_folder(folder: str | Path, dtype: torch.dtype, device: torch.device) -> HFContents:
     root = Path(folder)
     hf_config = _read_json(root / "config.json")
@@ -90,14 +105,21 @@ def load_hf_folder(folder: str | Path, dtype: torch.dtype, device: torch.device)
                                   config=hf_config, generation_config=generation_config)
     model = empty_model(cfg, dtype, device)
     sink = WeightSink(model)
+    packing = enabled(dtype, device)
+    packed: dict[str, PackedWeight] = {}  # half-precision matrices, kept as they are
     for path in safetensors_files(root):
         try:
             with safe_open(str(path), framework="pt", device="cpu") as f:
                 keys = list(f.keys())
                 for key in progress(keys, len(keys), f"loading {path.name}"):
-                    sink.put(key, f.get_tensor(key))
+                    tensor = f.get_tensor(key)
+                    if packing and _packable(key, tensor, cfg.tie_word_embeddings):
+                        packed[key] = pack_dense(tensor)
+                    else:
+                        sink.put(key, tensor)
         except SafetensorError as exc:  # corrupt or truncated: a load error, not a traceback
             raise WeightLoadError(f"{path} is not a readable safetensors file: {exc}") from None
+    install_packed(model, sink, packed)
     sink.finish()
     return HFContents(model=model, config=cfg, tokenizer=tokenizer,
                       chat_template=chat_template_source(root, tokenizer_config),

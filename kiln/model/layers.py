@@ -10,7 +10,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
-from kiln_kernels.quant import PackedWeight
+from kiln_kernels.quant import Packed
 from torch import nn
 
 from kiln.model.attention import AttentionPlan, paged_attention
@@ -83,8 +83,8 @@ class SwiGLUMLP(nn.Module):
         self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
-        self.packed_gate_up: PackedWeight | None = None  # kiln.model.quantized.attach_packed
-        self.packed_down: PackedWeight | None = None
+        self.packed_gate_up: Packed | None = None  # kiln.model.quantized.attach_packed
+        self.packed_down: Packed | None = None
 
     def forward(self, x: torch.Tensor, lora: LoraHook | None = None,
                 route: RowRoute = NO_ROUTE) -> torch.Tensor:
@@ -116,8 +116,8 @@ class PagedSelfAttention(nn.Module):
         self.o_proj = nn.Linear(cfg.num_heads * hd, cfg.hidden_size, bias=False)
         self.q_norm: RMSNorm | None = RMSNorm(hd, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm: RMSNorm | None = RMSNorm(hd, cfg.rms_norm_eps) if cfg.qk_norm else None
-        self.packed_qkv: PackedWeight | None = None  # kiln.model.quantized.attach_packed
-        self.packed_o: PackedWeight | None = None
+        self.packed_qkv: Packed | None = None  # kiln.model.quantized.attach_packed
+        self.packed_o: Packed | None = None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 k_cache: torch.Tensor, v_cache: torch.Tensor, plan: AttentionPlan,

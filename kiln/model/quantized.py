@@ -1,7 +1,9 @@
 """Block-quantized GGUF weights on the CPU.
 
-A GGUF model's Q4_0 / Q4_1 / Q8_0 tensors are kept as :class:`~kiln_kernels.quant.PackedWeight`
-blocks (q/k/v and gate/up fused row-wise), holding gguf-py's float32 values bit for bit.
+A GGUF model's matrices in the formats of ``kiln_kernels.quant`` (Q4_0, Q4_1, Q8_0, Q5_0, Q5_1,
+Q4_K, Q5_K, Q6_K, F16, BF16, F32) are kept as :class:`~kiln_kernels.quant.PackedWeight` blocks
+(q/k/v and gate/up fused row-wise, as a ``PackedConcat`` where their formats differ), holding
+gguf-py's float32 values bit for bit.
 
 - When every projection and the head are packed, every step runs in C
   (:mod:`kiln.model.fused_decode`) and the projections' float32 copies are released
@@ -25,12 +27,13 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn.functional as F
-from kiln_kernels.quant import PackedWeight, kernels_available
+from kiln_kernels.quant import Packed, PackedWeight, kernels_available
 from torch import nn
 
 if TYPE_CHECKING:
     from kiln.model.base import CausalLM
     from kiln.model.layers import DecoderLayer
+    from kiln.model.weights import WeightSink
 
 log = logging.getLogger("kiln.model")
 
@@ -76,7 +79,7 @@ class PackedEmbedding(nn.Module):
         return F.embedding(ids, self.weight)
 
 
-def project(x: torch.Tensor, weight: torch.Tensor, packed: PackedWeight | None,
+def project(x: torch.Tensor, weight: torch.Tensor, packed: Packed | None,
             route: RowRoute) -> torch.Tensor:
     """``F.linear(x, weight)``, with the routed rows taken from the packed weight (every row,
     when :func:`release_float32` left only a placeholder of ``weight``)."""
@@ -93,7 +96,7 @@ def project(x: torch.Tensor, weight: torch.Tensor, packed: PackedWeight | None,
     return y
 
 
-def project_many(x: torch.Tensor, weights: list[torch.Tensor], packed: PackedWeight | None,
+def project_many(x: torch.Tensor, weights: list[torch.Tensor], packed: Packed | None,
                  route: RowRoute) -> list[torch.Tensor]:
     """Several projections of one input (q/k/v, gate/up); ``packed`` is their row-wise fusion."""
     sizes = [int(w.shape[0]) for w in weights]
@@ -123,13 +126,14 @@ def enabled(dtype: torch.dtype, device: torch.device) -> bool:
     return True
 
 
-def _fuse(packed: dict[str, PackedWeight], names: list[str]) -> PackedWeight | None:
+def _fuse(packed: dict[str, PackedWeight], names: list[str]) -> Packed | None:
+    """The row-wise fusion of these projections (a PackedConcat where their formats differ)."""
     parts = [packed.get(n) for n in names]
     if any(p is None for p in parts):
         return None
     try:
         return PackedWeight.cat([p for p in parts if p is not None])
-    except ValueError:  # mixed formats: leave these projections on float32
+    except ValueError:  # different widths: leave these projections on float32
         return None
 
 
@@ -166,7 +170,7 @@ def attach_packed(model: CausalLM, packed: dict[str, PackedWeight]) -> int:
     return total
 
 
-def _projection_groups(model: CausalLM) -> Iterator[tuple[PackedWeight | None, list[nn.Linear]]]:
+def _projection_groups(model: CausalLM) -> Iterator[tuple[Packed | None, list[nn.Linear]]]:
     """Every packed projection slot and its float32 modules, in the packed rows' order."""
     for module in model.model.layers:
         layer = cast("DecoderLayer", module)
@@ -240,3 +244,19 @@ def float32_state_dict(model: CausalLM) -> dict[str, torch.Tensor]:
     (gguf-py's float32 values): the weights for another framework's reference model."""
     with packed_disabled(model):
         return dict(model.state_dict())
+
+
+def install_packed(model: CausalLM, sink: WeightSink, packed: dict[str, PackedWeight]) -> None:
+    """A loader's last step for the weights it packed (and did not write as float32): attach
+    them; when every step then runs in C, release the float32 placeholders (the loaded weights
+    never get a float32 copy); else write their float32 values after all."""
+    if packed:
+        attach_packed(model, packed)
+        if model.fused is not None:  # every step runs in C: the float32 copies would idle
+            release_float32(model)
+    released = {n for n, p in model.named_parameters() if p.is_meta}
+    for name, pw in packed.items():
+        if name in released:
+            sink.held_elsewhere(name, (pw.out_features, pw.in_features))
+        else:
+            sink.put(name, pw.dequantize())

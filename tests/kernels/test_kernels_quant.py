@@ -100,8 +100,11 @@ def test_fused_projection_is_the_concatenation() -> None:
     both = PackedWeight.cat([a, b])
     x = torch.randn(2, 64)
     assert torch.equal(both.matmul(x), torch.cat([a.matmul(x), b.matmul(x)], dim=1))
-    with pytest.raises(ValueError):
-        PackedWeight.cat([a, pack_ggml(random_blocks("Q8_0", 4, 64), "Q8_0")])
+    c = pack_ggml(random_blocks("Q8_0", 4, 64), "Q8_0")  # another format: a PackedConcat
+    assert torch.equal(PackedWeight.cat([a, c]).matmul(x), torch.cat([a.matmul(x), c.matmul(x)],
+                                                                     dim=1))
+    with pytest.raises(ValueError):  # another width
+        PackedWeight.cat([a, pack_ggml(random_blocks("Q8_0", 4, 96), "Q8_0")])
 
 
 def test_bad_inputs_are_refused() -> None:

@@ -1,0 +1,186 @@
+"""Kiln against llama.cpp's ``llama-server`` on the same GGUF files, one after the other in one
+run, with the same client and sampling (greedy, ``ignore_eos``, 127.0.0.1 only).
+
+Per file and server: seconds from start to a healthy /health, single-stream decode tok/s (best
+of ``--repeats``), 8-stream aggregate tok/s, and the server's RSS after the runs. The rate of a
+stream is (tokens - 1) over the span from its first to its last content chunk (prefill left
+out), counted the same way for both servers; the single-stream figure is also given as a
+fraction of the memory-bandwidth bound (this machine's streaming read rate, measured in the
+same run, over the bytes of the file's tensors: each decoded token reads every weight once).
+
+The peer: ``bash bench/peers/build_llama_cpp.sh`` (llama.cpp from the llama-cpp-python 0.3.36
+sdist) and ``bash bench/peers/requantize.sh`` (the default model as Q4_K_M, Q5_K_M, Q6_K, Q8_0,
+F16) into build-peers/. Files or servers not there are skipped, and said so.
+
+Usage: python -m bench.bench_peer [--files A.gguf ...] [--tokens 128] [--repeats 3]
+Writes bench/results/peer.json (figures, no asserts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import platform
+import re
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.live_server import PYTHON, ROOT, Server, free_port, stop_server
+from bench.serving_client import STREAM_TIMEOUT_S, user_prompt
+
+RESULTS = ROOT / "bench" / "results" / "peer.json"
+PEERS = ROOT / "build-peers"
+LLAMA_SERVER = PEERS / "build" / "bin" / "llama-server"
+STARTUP_TIMEOUT_S = 300.0
+REQUANTIZED = ("Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0", "F16")
+
+
+def default_files() -> list[Path]:
+    from kiln.model.loader import default_model_path
+
+    files = [Path(default_model_path())]
+    files += [p for q in REQUANTIZED if (p := PEERS / "models" / f"smollm2-135m-{q}.gguf").is_file()]
+    return files
+
+
+@contextlib.contextmanager
+def started(kind: str, model: Path, log_path: Path, threads: int) -> Iterator[tuple[Server, float]]:
+    """A Kiln or llama-server process on a free 127.0.0.1 port; (server, seconds to healthy)."""
+    port = free_port()
+    if kind == "kiln":
+        cmd = [PYTHON, "-m", "kiln", "serve", "--host", "127.0.0.1", "--port", str(port),
+               "--log-level", "warning", "--drain-timeout-s", "5", "--model", str(model)]
+    else:
+        cmd = [str(LLAMA_SERVER), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
+               "-t", str(threads), "-c", "8192", "-np", "8", "--no-webui"]
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    server = Server(proc, f"http://127.0.0.1:{port}", log_path)
+    try:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{kind} exited with {proc.returncode}:\n{server.log_tail()}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(server.url + "/health", timeout=2).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{kind} not healthy after {STARTUP_TIMEOUT_S:.0f} s")
+            time.sleep(0.05)
+        yield server, time.perf_counter() - t0
+    finally:
+        stop_server(server)
+
+
+async def one_stream(client: httpx.AsyncClient, prompt: str, tokens: int) -> float:
+    """Decode tok/s of one greedy streamed chat request (content chunks' arrival times)."""
+    body = {"messages": [{"role": "user", "content": prompt}], "temperature": 0,
+            "max_tokens": tokens, "ignore_eos": True, "stream": True}
+    arrivals: list[float] = []
+    async with client.stream("POST", "/v1/chat/completions", json=body,
+                             timeout=STREAM_TIMEOUT_S) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread())[:300]!r}")
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            obj = json.loads(line[6:])
+            for choice in obj.get("choices") or []:
+                if (choice.get("delta") or {}).get("content"):
+                    arrivals.append(time.perf_counter())
+    if len(arrivals) < 2:
+        return 0.0
+    return (len(arrivals) - 1) / (arrivals[-1] - arrivals[0])
+
+
+async def measure(url: str, tokens: int, repeats: int, streams: int) -> dict[str, Any]:
+    async with httpx.AsyncClient(base_url=url) as client:
+        await one_stream(client, user_prompt(0), 16)  # warm-up
+        single = [await one_stream(client, user_prompt(100 + r), tokens) for r in range(repeats)]
+        multi = []
+        for r in range(repeats):
+            rates = await asyncio.gather(*(one_stream(client, user_prompt(200 + 10 * r + i),
+                                                      tokens) for i in range(streams)))
+            multi.append(sum(rates))
+    return {"single_tok_s": max(single), "single_all": single,
+            f"streams{streams}_tok_s": max(multi), f"streams{streams}_all": multi}
+
+
+def rss_mib(pid: int) -> float:
+    status = Path(f"/proc/{pid}/status").read_text()
+    m = re.search(r"VmRSS:\s+(\d+)", status)
+    return int(m[1]) / 1024 if m else float("nan")
+
+
+def tensor_bytes(path: Path) -> int:
+    from kiln.model.gguf_loader import FastGGUFReader
+
+    return sum(int(t.n_bytes) for t in FastGGUFReader(str(path)).tensors)
+
+
+def read_ceiling_gb_s() -> float:
+    import torch
+
+    big = torch.ones(128 * 1024 * 1024)
+    big.sum()
+    best = min(_timed(big.sum) for _ in range(5))
+    return big.numel() * 4 / best / 1e9
+
+
+def _timed(fn: Any) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--files", nargs="*", type=Path, default=None)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--streams", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=2, help="llama-server -t")
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    args = ap.parse_args()
+    files = args.files or default_files()
+    kinds = ["kiln"] + (["llama"] if LLAMA_SERVER.is_file() else [])
+    if "llama" not in kinds:
+        print(f"no {LLAMA_SERVER}: run bash bench/peers/build_llama_cpp.sh (Kiln only)")
+    ceiling = read_ceiling_gb_s()
+    out: dict[str, Any] = {"benchmark": "peer", "machine": platform.machine(),
+                           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                           "read_ceiling_gb_s": ceiling, "tokens": args.tokens, "files": {}}
+    print(f"streaming read ceiling {ceiling:.1f} GB/s")
+    for path in files:
+        size = tensor_bytes(path)
+        bound = ceiling * 1e9 / size
+        row: dict[str, Any] = {"tensor_mb": size / 1e6, "bound_tok_s": bound}
+        for kind in kinds:
+            log = ROOT / "bench" / "results" / f"peer-{kind}-{path.stem}.log"
+            with started(kind, path, log, args.threads) as (server, healthy_s):
+                fig = asyncio.run(measure(server.url, args.tokens, args.repeats, args.streams))
+                fig.update(healthy_s=healthy_s, rss_mib=rss_mib(server.pid),
+                           bound_fraction=fig["single_tok_s"] / bound)
+            row[kind] = fig
+            print(f"{path.name} {kind}: healthy {healthy_s:.1f} s, single "
+                  f"{fig['single_tok_s']:.1f} tok/s ({100 * fig['bound_fraction']:.0f}% of the "
+                  f"{bound:.0f} tok/s bound), {args.streams} streams "
+                  f"{fig[f'streams{args.streams}_tok_s']:.1f} tok/s, RSS {fig['rss_mib']:.0f} MiB",
+                  flush=True)
+        out["files"][path.name] = row
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

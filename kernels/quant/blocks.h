@@ -1,0 +1,126 @@
+/* Every weight format of the products (ids in quant.h): its tile geometry, the scalar weight
+ * (the portable path, row lookups) and the in-register unpack (AVX-512), which give the same
+ * float32 values: gguf-py's, bit for bit (each format's arithmetic is exact but for at most one
+ * rounding, done alike by both). Included by gemm.c. */
+#ifndef KILN_BLOCKS_H
+#define KILN_BLOCKS_H
+#include <stdint.h>
+#include <string.h>
+
+#include "quant.h"
+#include "vmath.h"
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+static inline float kiln_half(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, sizeof h);
+    return _cvtsh_ss(h);
+}
+#else
+static inline float kiln_half(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, sizeof h);
+    return kiln_half_to_float(h);
+}
+#endif
+
+#include "blocks_legacy.h" /* first: kiln_iota */
+#include "blocks_k.h"
+#include "blocks_float.h"
+
+/* Weights per block along k (32, or 256 for the K-quants). */
+static inline __attribute__((always_inline)) int kf_qk(int fmt) {
+    return fmt == KF_Q4_K || fmt == KF_Q5_K || fmt == KF_Q6_K ? 256 : 32;
+}
+
+/* Bytes of one tile block (4 rows). */
+static inline __attribute__((always_inline)) int64_t kf_tile(int fmt) {
+    switch (fmt) {
+    case KF_Q4: return Q4_TILE;
+    case KF_Q8: return Q8_TILE;
+    case KF_Q5_0: return 4 * Q5_0_BLOCK;
+    case KF_Q5_1: return 4 * Q5_1_BLOCK;
+    case KF_Q4_K: return 4 * Q4_K_BLOCK;
+    case KF_Q5_K: return 4 * Q5_K_BLOCK;
+    case KF_Q6_K: return 4 * Q6_K_BLOCK;
+    case KF_F16: case KF_BF16: return 4 * 64;
+    default: return 4 * 128; /* KF_F32 */
+    }
+}
+
+/* Weight e (0 .. qk-1) of row r of tile block blk. */
+static inline float kf_weight(int fmt, const uint8_t *blk, int r, int e) {
+    switch (fmt) {
+    case KF_Q4: return w_q4(blk, r, e);
+    case KF_Q8: return w_q8(blk, r, e);
+    case KF_Q5_0: return w_q5_0(blk, r, e);
+    case KF_Q5_1: return w_q5_1(blk, r, e);
+    case KF_Q4_K: return w_q4_k(blk, r, e);
+    case KF_Q5_K: return w_q5_k(blk, r, e);
+    case KF_Q6_K: return w_q6_k(blk, r, e);
+    case KF_F16: return w_f16(blk, r, e);
+    case KF_BF16: return w_bf16(blk, r, e);
+    default: return w_f32(blk, r, e);
+    }
+}
+
+/* The float scales of rows r0..r0+RR-1 of a tile block, written to s[r] (16 floats a row) and
+ * read back by kf_unpack as broadcasts from memory (load-port work; the conversions and the
+ * register broadcasts they replace all compete for the shuffle port): K-quants per row
+ * (k_prep); Q5_0 / Q5_1 d (and m) of the rows' blocks converted together. */
+static inline __attribute__((always_inline)) void kf_prep(int fmt, const uint8_t *blk, int r0,
+                                                         int RR, float (*s)[16]) {
+    for (int r = 0; r < RR; r++) {
+        if (fmt == KF_Q4_K) k_prep(0, blk + Q4_K_BLOCK * (r0 + r), s[r]);
+        if (fmt == KF_Q5_K) k_prep(0, blk + Q5_K_BLOCK * (r0 + r), s[r]);
+        if (fmt == KF_Q6_K) k_prep(1, blk + Q6_K_BLOCK * (r0 + r), s[r]);
+    }
+    if (fmt == KF_Q5_0 || fmt == KF_Q5_1) {
+        /* the rows' fp16 fields gathered in integer registers, then one conversion (a vector
+         * load over several narrow stores would stall on store forwarding) */
+        const int bs = fmt == KF_Q5_0 ? Q5_0_BLOCK : Q5_1_BLOCK, per = fmt == KF_Q5_0 ? 1 : 2;
+        uint64_t lanes[2] = {0, 0};
+        for (int r = 0; r < RR; r++)
+            for (int i = 0; i < per; i++) {
+                uint16_t h;
+                memcpy(&h, blk + bs * (r0 + r) + 2 * i, 2);
+                const int at = per * r + i;
+                lanes[at / 4] |= (uint64_t)h << (16 * (at % 4));
+            }
+        float f[8];
+#if defined(__AVX512F__)
+        _mm256_storeu_ps(f, _mm256_cvtph_ps(_mm_set_epi64x((long long)lanes[1],
+                                                           (long long)lanes[0])));
+#else
+        for (int i = 0; i < 8; i++) f[i] = kiln_half_to_float((uint16_t)(lanes[i / 4] >> (16 * (i % 4))));
+#endif
+        for (int r = 0; r < RR; r++) {
+            s[r][0] = f[per * r];
+            s[r][1] = f[per * r + per - 1];
+        }
+    }
+}
+
+#if defined(__AVX512F__)
+/* Weights 32j..32j+15 (lo) and 32j+16..32j+31 (hi) of row r of tile block blk (s: that row's
+ * kf_prep scales). */
+static inline __attribute__((always_inline)) void kf_unpack(int fmt, const uint8_t *blk, int r,
+                                                           int j, const float *s, __m512 *lo,
+                                                           __m512 *hi) {
+    switch (fmt) {
+    case KF_Q4: u_q4(blk, r, lo, hi); break;
+    case KF_Q8: u_q8(blk, r, lo, hi); break;
+    case KF_Q5_0: u_q5_0(blk, r, s, lo, hi); break;
+    case KF_Q5_1: u_q5_1(blk, r, s, lo, hi); break;
+    case KF_Q4_K: u_q4_k(blk, r, j, s, lo, hi); break;
+    case KF_Q5_K: u_q5_k(blk, r, j, s, lo, hi); break;
+    case KF_Q6_K: u_q6_k(blk, r, j, s, lo, hi); break;
+    case KF_F16: u_f16(blk, r, lo, hi); break;
+    case KF_BF16: u_bf16(blk, r, lo, hi); break;
+    default: u_f32(blk, r, lo, hi); break;
+    }
+}
+#endif
+
+#endif

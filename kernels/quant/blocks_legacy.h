@@ -1,0 +1,112 @@
+/* The 32-weight block formats: q4 / q8 (GGML Q4_0, Q4_1, Q8_0 with float32 scales, packed at
+ * load) and GGML Q5_0 / Q5_1 kept as the file's blocks. Each function gives the weights of row r
+ * of a tile block exactly as gguf-py's dequantize computes them:
+ *   q4:   w = d * q + m, q in 0..15 (d * q exact: one rounding, as an FMA);
+ *   q8:   w = d * q, q in -128..127 (exact);
+ *   Q5_0: w = d * (q - 16), q in 0..31 (exact; block: fp16 d, uint32 qh, 16 bytes qs);
+ *   Q5_1: w = d * q + m, q in 0..31 (d * q exact; block: fp16 d, fp16 m, uint32 qh, qs).
+ * In qs, the low nibble of byte j is weight j and the high nibble weight j + 16; bit j of qh is
+ * weight j's fifth bit. Included by blocks.h only. */
+#ifndef KILN_BLOCKS_LEGACY_H
+#define KILN_BLOCKS_LEGACY_H
+
+#define Q4_TILE 96  /* float sc[4][2] (d, m), then uint8 qs[4][16] */
+#define Q8_TILE 144 /* float d[4], then int8 qs[4][32] */
+#define Q5_0_BLOCK 22
+#define Q5_1_BLOCK 24
+
+static inline uint32_t kiln_u32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline float w_q4(const uint8_t *blk, int r, int j) {
+    const float *sc = (const float *)blk;
+    const uint8_t byte = blk[32 + 16 * r + (j & 15)];
+    return sc[2 * r] * (float)(j < 16 ? (byte & 0x0F) : (byte >> 4)) + sc[2 * r + 1];
+}
+
+static inline float w_q8(const uint8_t *blk, int r, int j) {
+    return ((const float *)blk)[r] * (float)(int8_t)blk[16 + 32 * r + j];
+}
+
+/* The 5-bit value of weight j of a Q5_0 / Q5_1 block whose qh is at p and qs at p + 4. */
+static inline int q5_value(const uint8_t *p, int j) {
+    const uint8_t byte = p[4 + (j & 15)];
+    return (j < 16 ? (byte & 0x0F) : (byte >> 4)) | (int)((kiln_u32(p) >> j) & 1u) << 4;
+}
+
+static inline float w_q5_0(const uint8_t *blk, int r, int j) {
+    const uint8_t *p = blk + Q5_0_BLOCK * r;
+    return kiln_half(p) * (float)(q5_value(p + 2, j) - 16);
+}
+
+static inline float w_q5_1(const uint8_t *blk, int r, int j) {
+    const uint8_t *p = blk + Q5_1_BLOCK * r;
+    return kiln_half(p) * (float)q5_value(p + 4, j) + kiln_half(p + 2);
+}
+
+#if defined(__AVX512F__)
+static inline __m512 kiln_iota(void) {
+    return _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+}
+
+/* The 16 values d * j + m (j = 0..15): vpermps indexes it with the low 4 bits of each lane. */
+static inline __m512 q4_table(float d, float mn) {
+    return _mm512_fmadd_ps(_mm512_set1_ps(d), kiln_iota(), _mm512_set1_ps(mn));
+}
+
+static inline __attribute__((always_inline)) void u_q4(const uint8_t *blk, int r, __m512 *lo,
+                                                      __m512 *hi) {
+    const float *sc = (const float *)blk;
+    const __m512 tab = q4_table(sc[2 * r], sc[2 * r + 1]);
+    const __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 32 + 16 * r)));
+    *lo = _mm512_permutexvar_ps(idx, tab);
+    *hi = _mm512_permutexvar_ps(_mm512_srli_epi32(idx, 4), tab);
+}
+
+static inline __attribute__((always_inline)) void u_q8(const uint8_t *blk, int r, __m512 *lo,
+                                                      __m512 *hi) {
+    const __m512 vd = _mm512_set1_ps(((const float *)blk)[r]);
+    const uint8_t *q = blk + 16 + 32 * r;
+    *lo = _mm512_mul_ps(vd, _mm512_cvtepi32_ps(
+                                _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q))));
+    *hi = _mm512_mul_ps(vd, _mm512_cvtepi32_ps(
+                                _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 16)))));
+}
+
+/* Q5_0 / Q5_1: weights 0..15 and 16..31 (qh at p, qs at p + 4) from two 16-entry tables
+ * (lo_tab: q = 0..15, hi_tab: q = 16..31): vpermps on the low 4 bits from lo_tab, then again
+ * from hi_tab in the lanes whose fifth bit (a mask loaded from qh) is set. */
+static inline __attribute__((always_inline)) void u_q5(const uint8_t *p, __m512 lo_tab,
+                                                      __m512 hi_tab, __m512 *lo, __m512 *hi) {
+    uint16_t ml, mh;
+    memcpy(&ml, p, 2);
+    memcpy(&mh, p + 2, 2);
+    const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 4)));
+    const __m512i bh = _mm512_srli_epi32(b, 4);
+    *lo = _mm512_mask_permutexvar_ps(_mm512_permutexvar_ps(b, lo_tab), (__mmask16)ml, b, hi_tab);
+    *hi = _mm512_mask_permutexvar_ps(_mm512_permutexvar_ps(bh, lo_tab), (__mmask16)mh, bh,
+                                     hi_tab);
+}
+
+static inline __attribute__((always_inline)) void u_q5_0(const uint8_t *blk, int r,
+                                                        const float *s, __m512 *lo, __m512 *hi) {
+    const __m512 vd = _mm512_set1_ps(s[0]); /* kf_prep: d */
+    const __m512 lo_tab = _mm512_mul_ps(vd, _mm512_sub_ps(kiln_iota(), _mm512_set1_ps(16.0f)));
+    u_q5(blk + Q5_0_BLOCK * r + 2, lo_tab, _mm512_mul_ps(vd, kiln_iota()), lo, hi); /* exact */
+}
+
+static inline __attribute__((always_inline)) void u_q5_1(const uint8_t *blk, int r,
+                                                        const float *s, __m512 *lo, __m512 *hi) {
+    const uint8_t *p = blk + Q5_1_BLOCK * r;
+    const __m512 vd = _mm512_set1_ps(s[0]), vm = _mm512_set1_ps(s[1]); /* kf_prep: d, m */
+    const __m512 lo_tab = _mm512_fmadd_ps(vd, kiln_iota(), vm);
+    const __m512 hi_tab = _mm512_fmadd_ps(vd, _mm512_add_ps(kiln_iota(), _mm512_set1_ps(16.0f)),
+                                          vm);
+    u_q5(p + 4, lo_tab, hi_tab, lo, hi);
+}
+#endif
+
+#endif
