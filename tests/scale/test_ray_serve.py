@@ -18,6 +18,10 @@ import pytest
 # Everything on loopback: with this unset, Ray binds its GCS and raylet to the machine's
 # reachable address even when told 127.0.0.1 (ray._private.services.resolve_ip_for_localhost).
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+# Serve kills a proxy that is not ready within 5 s (and one whose health check takes 10 s): on
+# a loaded machine it never came up. Generous bounds, so the verdict does not follow the load.
+for _var in ("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S"):
+    os.environ.setdefault(_var, "300")
 ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
 
