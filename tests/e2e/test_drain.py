@@ -27,6 +27,18 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def wait_healthy(url: str, timeout_s: float = 300.0) -> None:
+    """Until the server answers /health (bounded; a loaded CI only waits longer)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    raise AssertionError("server did not start")
+
+
 def test_sigterm_drains_in_flight_requests(tmp_path: Path) -> None:
     folder = write_tiny_llama(tmp_path / "m", seed=3)
     port = free_port()
@@ -39,15 +51,7 @@ def test_sigterm_drains_in_flight_requests(tmp_path: Path) -> None:
         env={**os.environ, "KILN_MAX_NUM_BATCHED_TOKENS": "64"},
     )
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        else:
-            raise AssertionError("server did not start")
+        wait_healthy(url)
         result: dict[str, object] = {}
         started = threading.Event()
 
@@ -101,15 +105,7 @@ def test_sigterm_does_not_wait_on_idle_or_half_sent_requests(tmp_path: Path) -> 
     )
     held: list[socket.socket] = []
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        else:
-            raise AssertionError("server did not start")
+        wait_healthy(url)
         head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\n"
                 b"Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n{")
         for i in range(40):
