@@ -42,7 +42,8 @@ def build_core(loaded: LoadedModel, config: EngineConfig) -> tuple[Scheduler, Mo
     from kiln.engine.runner import ModelRunner
     from kiln.text.detokenizer import IncrementalDetokenizer
 
-    runner = ModelRunner(loaded.model, loaded.config, config, loaded.dtype, loaded.device)
+    runner = ModelRunner(loaded.model, loaded.config, config, loaded.dtype, loaded.device,
+                         tokenizer=loaded.tokenizer)
     max_len = min(config.max_model_len or loaded.config.max_position, loaded.config.max_position)
     tok = loaded.tokenizer
 
@@ -258,6 +259,9 @@ class AsyncEngine:
                 if sink is not None:
                     batches.setdefault(sink[0], []).append((sink[1], out))
             self._refresh_stats_locked()
+        release = getattr(self.executor, "release", None)  # per-request state (grammars)
+        if release is not None:
+            release([out.request_id for out in outputs if out.finished])
         for loop, items in batches.items():
             try:
                 loop.call_soon_threadsafe(_deliver, items)

@@ -26,6 +26,7 @@ class Sampler:
         self.device = device
         self._zero_counts = torch.zeros((0, 0), dtype=torch.int32, device=device)
         self._zero_mask = torch.zeros((0, 0), dtype=torch.bool, device=device)
+        self._bit_shifts = torch.arange(32, dtype=torch.int32)
 
     def sample(
         self, logits: torch.Tensor, seqs: Sequence[ScheduledSeq]
@@ -43,6 +44,28 @@ class Sampler:
                 return native
         tokens, logprobs = sample(logits, self.build(seqs, int(logits.shape[1])))
         return [int(t) for t in tokens.tolist()], [float(x) for x in logprobs.tolist()]
+
+    def constrain(self, logits: torch.Tensor, masks: dict[int, bytes]) -> torch.Tensor:
+        """The grammar masks (llguidance bitmasks, row index -> bytes) applied: a disallowed
+        token's logit becomes -inf, and so does every id past the mask (padding beyond the
+        tokenizer's vocabulary). A copy of ``logits`` when any row is masked; other rows keep
+        their values bit for bit."""
+        if not masks:
+            return logits
+        rows = sorted(masks)
+        vocab = int(logits.shape[1])
+        words = torch.frombuffer(bytearray(b"".join(masks[i] for i in rows)),
+                                 dtype=torch.int32).view(len(rows), -1)
+        if self._bit_shifts.device != words.device:
+            self._bit_shifts = self._bit_shifts.to(words.device)
+        allowed = ((words[:, :, None] >> self._bit_shifts) & 1).view(len(rows), -1).bool()
+        if allowed.shape[1] < vocab:
+            allowed = torch.nn.functional.pad(allowed, (0, vocab - allowed.shape[1]))
+        allowed = allowed[:, :vocab].to(logits.device)
+        out = logits.clone()
+        idx = torch.tensor(rows, dtype=torch.long, device=logits.device)
+        out[idx] = out[idx].masked_fill(~allowed, float("-inf"))
+        return out
 
     def process(self, logits: torch.Tensor, seqs: Sequence[ScheduledSeq]) -> torch.Tensor:
         """allowed_token_ids, logit_bias and min_tokens on the rows that set them (a copy of

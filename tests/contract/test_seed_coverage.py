@@ -52,6 +52,9 @@ ADDED_FIELDS = {
         "include_stop_str_in_output", "continue_final_message")),
     ("Choice", "logprobs"),
     ("ChunkChoice", "logprobs"),
+    # issue 26: structured outputs on chat and batch
+    *((d, f) for d in ("ChatCompletionRequest", "BatchCompletionRequest")
+      for f in ("response_format", "structured_outputs")),
 }
 # Definitions that vLLM's completions request (seed vllm-completion-request.schema.json) has
 # replaced: tests/contract/test_vllm_seed_coverage.py checks them against that seed. Here they
@@ -67,6 +70,7 @@ ADDED = {
     "TextCompletionChunk", "TextCompletionChunkChoice",
     "TokenizeRequest", "TokenizeResponse", "DetokenizeRequest", "DetokenizeResponse",
     "TokenizerInfoResponse",
+    "ResponseFormat", "JsonSchemaResponseFormat", "StructuredOutputsParams",  # issue 26
 }
 
 
