@@ -12,15 +12,18 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from kiln.engine.config import EngineConfig
 from kiln.engine.errors import EngineError
-from kiln.engine.outputs import ModelRunnerOutput, RequestOutput, SchedulerOutput
+from kiln.engine.lora_mix import LoraMix
+from kiln.engine.outputs import ModelRunnerOutput, PositionScore, RequestOutput, SchedulerOutput
 from kiln.engine.request import Request
 from kiln.engine.scheduler import Scheduler
+from kiln.engine.score_queue import ScoringQueue
 from kiln.engine.stop import StopChecker
+from kiln.engine.stream import RequestStream
 
 if TYPE_CHECKING:
     from kiln.engine.runner import ModelRunner
@@ -76,6 +79,7 @@ class AsyncEngine:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._stats: dict[str, float] = scheduler.stats()
+        self._scoring = ScoringQueue(self.run_exclusive, lambda: scheduler.pool.num_blocks)
         self.num_steps = 0
         self.num_failed_steps = 0
 
@@ -125,18 +129,29 @@ class AsyncEngine:
             self._cv.notify()
         return queue
 
-    async def generate(self, req: Request) -> AsyncIterator[RequestOutput]:
-        """Outputs of ``req`` until it finishes; cancelling or closing the iterator aborts it."""
-        queue = self.add_request(req)
-        finished = False
-        try:
-            while not finished:
-                out = await queue.get()
-                finished = out.finished
-                yield out
-        finally:
-            if not finished:
-                self.abort(req.request_id)
+    def generate(self, req: Request) -> RequestStream:
+        """Admit ``req`` (EngineError on failure) and stream its outputs until it finishes;
+        cancelling or closing the stream aborts it."""
+        return RequestStream.over_queue(req.request_id, self.add_request(req), self.abort)
+
+    async def score(self, prompt_ids: Sequence[int], top_k: int,
+                    lora: LoraMix = ()) -> list[PositionScore]:
+        """Prompt-logprob scoring under the base model, or under the adapter mix ``lora``: one
+        chunk at a time alone on the model, with the engine's own steps in between, one job at a
+        time (kiln.engine.score_queue). Raises EngineError (a mix that can never run, blocks)
+        and ValueError (a bad prompt or top_k)."""
+        make_job = getattr(self.executor, "scoring_job", None)
+        if make_job is None:
+            raise TypeError("scoring needs an engine over a ModelRunner")
+        self.scheduler.check_lora(lora)  # as generation refuses it (a 400), not a 500 mid-job
+        return await self._scoring.run(make_job(self.scheduler.pool, prompt_ids, top_k, lora))
+
+    def kv_geometry(self) -> tuple[int, int, int]:
+        """The KV cache's blocks, tokens per block and bytes per block (all layers, K and V)."""
+        per_block = getattr(self.executor, "kv_bytes_per_block", None)
+        if not isinstance(per_block, int):
+            raise TypeError("the KV geometry needs an engine over a ModelRunner")
+        return self.scheduler.pool.num_blocks, self.scheduler.pool.block_size, per_block
 
     def abort(self, request_id: str) -> None:
         """Thread-safe; the request finishes with "abort" and its blocks are freed."""
@@ -165,8 +180,15 @@ class AsyncEngine:
         return call.future
 
     def stats(self) -> dict[str, float]:
+        """The scheduler's gauges, with scoring jobs counted as running (or waiting for the one
+        scoring slot): an engine busy scoring must not look idle to a load balancer."""
         with self._cv:
-            return dict(self._stats)
+            stats = dict(self._stats)
+        scoring = self._scoring.gauges()
+        stats.update(scoring)
+        stats["running"] = stats.get("running", 0.0) + scoring["scoring_running"]
+        stats["waiting"] = stats.get("waiting", 0.0) + scoring["scoring_waiting"]
+        return stats
 
     # -- engine thread ---------------------------------------------------------------------------
     def _run(self) -> None:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Collection
 from kiln.engine.block_pool import BlockPool
 from kiln.engine.config import EngineConfig
 from kiln.engine.errors import EngineError
-from kiln.engine.lora_mix import AdapterAdmission, check_mix
+from kiln.engine.lora_mix import AdapterAdmission, LoraMix, check_mix
 from kiln.engine.metrics import PHASE_DECODE, PHASE_PREEMPTED, PHASE_PREFILL
 from kiln.engine.outputs import ModelRunnerOutput, RequestOutput, ScheduledSeq, SchedulerOutput
 from kiln.engine.request import Request
@@ -84,9 +84,7 @@ class Scheduler:
                 f"The prompt has {n} tokens but the KV cache holds at most "
                 f"{self.kv_capacity_tokens - 1} prompt tokens.",
             )
-        error = check_mix(req.lora, self.config.max_lora_slots, self.config.max_lora_rank)
-        if error is not None:
-            raise EngineError("invalid_compose_request", error, 400)
+        self.check_lora(req.lora)
         window = min(self.max_model_len, self.kv_capacity_tokens) - n
         max_tokens = max(0, min(req.sampling.max_tokens, window))
         spec = req.sampling.thinking
@@ -95,6 +93,12 @@ class Scheduler:
             if error is not None:
                 raise EngineError("chat_invalid_request", error, 400)
         return max_tokens
+
+    def check_lora(self, mix: LoraMix) -> None:
+        """Raise EngineError (400) if the adapter mix ``mix`` can never run on this engine."""
+        error = check_mix(mix, self.config.max_lora_slots, self.config.max_lora_rank)
+        if error is not None:
+            raise EngineError("invalid_compose_request", error, 400)
 
     def add_request(self, req: Request, seed: int | None = None) -> RequestOutput | None:
         """Queue ``req``; returns its final output at once when it needs no model work."""
