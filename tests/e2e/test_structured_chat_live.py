@@ -5,7 +5,7 @@ left to itself, answers in prose and never calls a tool): the OpenAI SDK's ``par
 from __future__ import annotations
 
 import json
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 import httpx
@@ -30,7 +30,7 @@ TIME = {"type": "function", "function": {
         "zone": {"type": "string"}}, "required": ["zone"]}}}
 
 
-class Colour(str, Enum):
+class Colour(StrEnum):
     red = "red"
     green = "green"
 
