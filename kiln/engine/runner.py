@@ -159,7 +159,8 @@ class ModelRunner:
         if any(s.sampling.grammar is not None for s in seqs):
             logits, seqs = self._constrain(logits, seqs, errors)
         logits = self.sampler.process(logits, seqs)  # after the check: masks write -inf
-        if any(s.sampling.grammar is not None for s in seqs):
+        if any(s.sampling.grammar is not None and s.sampling.processes_logits for s in seqs):
+            # a grammar mask is never empty; with allowed_token_ids or min_tokens it can be
             alive = torch.isfinite(logits).any(dim=1).tolist()
             errors.update({s.request_id: NOTHING_ALLOWED
                            for s, ok in zip(seqs, alive, strict=True) if not ok})
