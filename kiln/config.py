@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from kiln.engine.config import KV_CACHE_DTYPES
+from kiln.engine.config import KV_CACHE_DTYPES, EngineConfig
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8420
@@ -311,3 +311,21 @@ def from_env(environ: Mapping[str, str] | None = None) -> ServerConfig:
 def process_settings(environ: Mapping[str, str] | None = None) -> ProcessSettings:
     """The process-wide settings from their `KILN_*` variables."""
     return ProcessSettings(**_env_values("process", environ))
+
+
+# -- the engine's share of the server configuration -------------------------------------------
+
+def engine_config(config: ServerConfig) -> EngineConfig:
+    """The engine settings (KV cache, batching, LoRA slots) of a server configuration."""
+    return EngineConfig(
+        block_size=config.block_size,
+        kv_memory_mb=config.kv_memory_mb,
+        kv_cache_dtype=config.kv_cache_dtype,
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_prefill_tokens_while_decoding=config.max_prefill_tokens_while_decoding,
+        prefill_cap_context=config.prefill_cap_context,
+        enable_prefix_caching=config.enable_prefix_caching,
+        max_model_len=config.max_model_len,
+        max_lora_slots=config.max_lora_slots,
+    )
