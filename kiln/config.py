@@ -121,7 +121,7 @@ SETTINGS: tuple[Setting, ...] = (
        "thinking budget in milliseconds for requests that set none"),
     _s("fold_reasoning_into_content", "bool", False, "also copy reasoning into content"),
     # operations
-    _s("log_level", "str", "info", "log level",
+    _s("log_level", "str", "info", "log level (the variable also takes trace)",
        choices=("critical", "error", "warning", "info", "debug")),
     _s("api_keys", "list", (),
        "require this bearer key on /v1 routes; repeatable (KILN_API_KEY: a "
@@ -225,7 +225,7 @@ class ServerConfig:
             value = getattr(self, name)
             if value is not None and not 0 <= value <= 2**32 - 1:
                 raise ConfigError(f"{name} must be in 0..4294967295, got {value}")
-        if self.dtype not in (None, "float32", "bfloat16", "float16", "auto"):
+        if self.dtype is not None and self.dtype not in setting("dtype").choices:
             raise ConfigError(f"dtype must be float32, bfloat16, float16 or auto, got {self.dtype}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ConfigError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
@@ -242,7 +242,7 @@ class ServerConfig:
             raise ConfigError(f"max_connections must be positive, got {self.max_connections}")
         if any(not k or k != k.strip() for k in self.api_keys):
             raise ConfigError("API keys must be non-empty and have no surrounding whitespace")
-        if self.log_level not in ("critical", "error", "warning", "info", "debug", "trace"):
+        if self.log_level not in (*setting("log_level").choices, "trace"):  # trace: env only
             raise ConfigError(f"unknown log level {self.log_level!r}")
 
     def with_overrides(self, **overrides: Any) -> ServerConfig:
