@@ -80,6 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--send-timeout-s", type=float,
                        help="abort a connection whose client takes no byte of our output for "
                             "this long (default 60)")
+    serve.add_argument("--default-sampling-preset",
+                       help="Kiln preset a request starts from when it names none (default: the "
+                            "model's generation_config.json, else vLLM's neutral values)")
+    serve.add_argument("--max-logprobs", type=int,
+                       help="most logprobs (completions) or top_logprobs (chat) a request may ask "
+                            "for; more is a 400 (default 20)")
     return parser
 
 

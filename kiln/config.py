@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from kiln.engine.config import KV_CACHE_DTYPES
+from kiln.presets import PRESETS, canonical_preset
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8420
@@ -61,6 +62,8 @@ class ServerConfig:
     keep_alive_s: float = 5.0
     max_connections: int = 1024
     send_timeout_s: float = 60.0
+    default_sampling_preset: str | None = None
+    max_logprobs: int = 20
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __repr__(self) -> str:  # never print API keys
@@ -101,6 +104,12 @@ class ServerConfig:
             raise ConfigError(f"max_connections must be positive, got {self.max_connections}")
         if any(not k or k != k.strip() for k in self.api_keys):
             raise ConfigError("API keys must be non-empty and have no surrounding whitespace")
+        if self.default_sampling_preset is not None and canonical_preset(
+                self.default_sampling_preset) is None:
+            raise ConfigError(f"default_sampling_preset {self.default_sampling_preset!r} is not a "
+                              f"preset ({', '.join(PRESETS)})")
+        if self.max_logprobs < 0:
+            raise ConfigError(f"max_logprobs must be >= 0, got {self.max_logprobs}")
         if self.log_level not in ("critical", "error", "warning", "info", "debug", "trace"):
             raise ConfigError(f"unknown log level {self.log_level!r}")
 
@@ -165,6 +174,8 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "KILN_KEEP_ALIVE_S": ("keep_alive_s", "float"),
     "KILN_MAX_CONNECTIONS": ("max_connections", "int"),
     "KILN_SEND_TIMEOUT_S": ("send_timeout_s", "float"),
+    "KILN_DEFAULT_SAMPLING_PRESET": ("default_sampling_preset", "str"),
+    "KILN_MAX_LOGPROBS": ("max_logprobs", "int"),
 }
 
 

@@ -37,6 +37,7 @@ from kiln.api.handlers.params import (
     opt,
     requested_max_tokens,
     sampling_params,
+    state_default,
 )
 from kiln.api.rules import check_batch
 from kiln.api.state import AppState, app_state, request_id
@@ -85,6 +86,7 @@ async def create(request: Request) -> Response:
         req.thinking_budget_tokens, req.thinking_budget_ms,
         state.config.default_thinking_budget_tokens, state.config.default_thinking_budget_ms,
     )
+    base = state_default(state)
     work: list[tuple[str, list[int], SamplingParams, tuple[tuple[Any, float], ...]]] = []
     for p, (ids, in_reasoning) in enumerate(prompts):
         max_tokens = effective_max_tokens(requested, len(ids), limit)
@@ -92,7 +94,7 @@ async def create(request: Request) -> Response:
         for c in range(n):
             item_seed = None if seed is None else (int(seed) + p * n + c) % U64
             params = sampling_params(
-                req, max_tokens=max_tokens, stop=stop, seed=item_seed, has_tools=bool(tools)
+                req, max_tokens=max_tokens, stop=stop, seed=item_seed, base=base
             )
             work.append((f"{rid}-{p}-{c}", ids, replace(params, thinking=spec), selection.lora))
     jobs = submit_all(state, work, code="batch_too_large")

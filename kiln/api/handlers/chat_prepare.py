@@ -24,6 +24,7 @@ from kiln.api.handlers.params import (
     opt,
     requested_max_tokens,
     sampling_params,
+    state_default,
 )
 from kiln.api.state import AppState
 from kiln.engine.request import SamplingParams, ThinkingBudgetSpec
@@ -265,6 +266,7 @@ async def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> Prep
     if rollout and seed is None:
         seed = secrets.randbits(64)  # drawn here so that the record can state it
     extras = chat_extras(req, backend.tokenizer, stop, requested)
+    base = state_default(state)
     params = [
         replace(
             sampling_params(
@@ -272,7 +274,7 @@ async def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> Prep
                 max_tokens=max_tokens,
                 stop=stop,
                 seed=choice_seed(seed, i),
-                has_tools=bool(tools),
+                base=base,
             ),
             thinking=spec,
             **extras,

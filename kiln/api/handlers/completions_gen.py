@@ -25,7 +25,13 @@ from kiln.api.handlers.adapters import Selection
 from kiln.api.handlers.extras import logits_extras
 from kiln.api.handlers.generation import Admitted, Completion, collect, submit_all, until_disconnect
 from kiln.api.handlers.logprobs import CompletionLogprobs
-from kiln.api.handlers.params import NEUTRAL, choice_seed, normalize_stop, opt, sampling_params
+from kiln.api.handlers.params import (
+    choice_seed,
+    normalize_stop,
+    opt,
+    sampling_params,
+    state_default,
+)
 from kiln.api.state import AppState
 from kiln.engine.request import SamplingParams
 
@@ -128,13 +134,14 @@ def prepare(state: AppState, req: Any, selection: Selection, model: str, *,
     wanted = opt(req.max_tokens) if max_tokens_given else DEFAULT_MAX_TOKENS
     extras = logits_extras(req, state.backend.tokenizer, code=ERROR_CODE, stop=stop,
                            stop_token_ids=stop_ids, max_tokens=wanted)
+    default = state_default(state)
     params: list[SamplingParams] = []
     for p, ids in enumerate(prompts):
         for c in range(n):
             base = sampling_params(
                 req, max_tokens=_max_tokens(req, max_tokens_given, len(ids),
                                        state.backend.max_model_len),
-                stop=stop, seed=choice_seed(req.seed, p * n + c), has_tools=False, base=NEUTRAL)
+                stop=stop, seed=choice_seed(req.seed, p * n + c), base=default)
             params.append(dataclasses.replace(
                 base, logprobs=None if logprobs is None else int(logprobs),
                 stop_token_ids=stop_ids, **extras))
