@@ -25,6 +25,7 @@ atexit.register(shutil.rmtree, _ADAPTERS, ignore_errors=True)
 for _name in ("style", "math"):
     (_ADAPTERS / _name).mkdir()
     (_ADAPTERS / _name / "adapter_config.json").write_text('{"r": 4, "lora_alpha": 8}')
+MAX_LOGPROBS = ServerConfig().max_logprobs
 APP = build_app(ServerConfig(), FakeBackend(reply="ok", adapter_dir=_ADAPTERS))
 schema = schemathesis.openapi.from_asgi("/openapi.json", APP)
 
@@ -62,6 +63,8 @@ def semantically_valid(path: str, body: object, path_params: dict[str, object] |
         return True
     if path == "/v1/completions/batch":
         prompts, n = body.get("prompts"), body.get("n")
+        if not _logprobs_valid(body):
+            return False
         if isinstance(prompts, list) and _number(n):
             return bool(len(prompts) * n <= 64)
     if path == "/v1/completions":
@@ -75,11 +78,24 @@ def semantically_valid(path: str, body: object, path_params: dict[str, object] |
         if any(name in body and body[name] not in unsupported._NEUTRAL[name]
                for name in unsupported.CHAT_FIELDS):
             return False
-        if body.get("top_logprobs") is not None and body.get("logprobs") is not True:
+        if not _logprobs_valid(body):
+            return False
+        if body.get("continue_final_message") is True:  # needs a final assistant message
+            return False
+        if body.get("stream") is True and (body.get("echo") is True
+                                           or body.get("return_token_ids") is True):
             return False
         if not _extras_valid(body):
             return False
     return True
+
+
+def _logprobs_valid(body: dict[str, Any]) -> bool:
+    """top_logprobs needs logprobs: true; both within the server's --max-logprobs (20)."""
+    top = body.get("top_logprobs")
+    if top is not None and body.get("logprobs") is not True:
+        return False
+    return not (_number(top) and top > MAX_LOGPROBS)
 
 
 def _extras_valid(body: dict[str, Any]) -> bool:
@@ -112,6 +128,8 @@ def _completion_valid(body: dict[str, Any]) -> bool:
     if body.get("response_format") not in (None, {"type": "text"}):
         return False
     if not _extras_valid(body):
+        return False
+    if _number(body.get("logprobs")) and body["logprobs"] > MAX_LOGPROBS:
         return False
     prompt, k, n = body.get("prompt"), body.get("prompt_logprobs"), body.get("n") or 1
     prompts = [prompt] if isinstance(prompt, str) or (

@@ -22,7 +22,7 @@ from kiln.api.backend import PositionScore
 from kiln.api.encode import json_response
 from kiln.api.errors import ApiError
 from kiln.api.handlers.adapters import Selection
-from kiln.api.handlers.extras import logits_extras
+from kiln.api.handlers.extras import check_logprobs, logits_extras
 from kiln.api.handlers.generation import Admitted, Completion, collect, submit_all, until_disconnect
 from kiln.api.handlers.logprobs import CompletionLogprobs
 from kiln.api.handlers.params import (
@@ -123,6 +123,7 @@ def prepare(state: AppState, req: Any, selection: Selection, model: str, *,
     if len(prompts) * n > MAX_CHOICES:
         raise bad(f"{len(prompts)} prompts x n={n} is more than {MAX_CHOICES} choices", "n")
     logprobs = opt(req.logprobs)
+    check_logprobs(logprobs, state.config.max_logprobs, "logprobs", ERROR_CODE)
     echo = bool(opt(req.echo))
     if echo and logprobs is not None:
         worst = max(len(p) - 1 for p in prompts) * (int(logprobs) + 1)

@@ -41,7 +41,7 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "continue_final_message": (False,),
 }
 # Chat's share of them (the fields chat's contract gained for issue 25 but does not implement).
-CHAT_FIELDS = ("include_stop_str_in_output", "continue_final_message")
+CHAT_FIELDS = ("include_stop_str_in_output",)
 COMPLETION_FIELDS = tuple(k for k in _NEUTRAL
                           if k not in ("continue_final_message", "include_stop_str_in_output"))
 
