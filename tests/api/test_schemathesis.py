@@ -136,6 +136,14 @@ def _completion_valid(body: dict[str, Any]) -> bool:
         isinstance(prompt, list) and all(_number(t) for t in prompt)) else list(prompt or [])
     if not _number(n) or len(prompts) * n > 64:
         return False
+    best_of = body.get("best_of")
+    if _number(best_of) and (best_of < n or len(prompts) * best_of > 64
+                             or (best_of > n and body.get("stream"))):
+        return False
+    if body.get("truncate_prompt_tokens") is not None:
+        return False  # 0, or -1 with a large max_tokens, leaves no prompt: a 400
+    if _number(body.get("thinking_token_budget")) and body["thinking_token_budget"] >= 0:
+        return False  # the budget's own checks (close sequence vs max_tokens and stops)
     flat = [t for p in prompts if isinstance(p, list) for t in p]
     if any(_number(t) and t >= VOCAB for t in flat):
         return False
@@ -149,7 +157,9 @@ def _completion_valid(body: dict[str, Any]) -> bool:
         longest = max((len(p) + 1 for p in prompts), default=0)
         return not (body.get("echo") and _number(lp) and longest * (lp + 1) > 65_536)
     if body.get("max_tokens") not in (None, 0, 1):
-        return False  # prompt_logprobs beside generation: unsupported_parameter
+        return not (_number(k) and k > MAX_LOGPROBS)  # prompt_logprobs beside generation
+    if best_of not in (None, 1):
+        return False
     if len(prompts) != 1 or n != 1 or body.get("stream") or any(
             body.get(f) not in (None, False) for f in
             ("echo", "logprobs", "return_token_ids", "return_tokens_as_token_ids")):

@@ -26,7 +26,7 @@ TYPES = {
 # Defaults that differ (none so far; a missing key must match the seed exactly).
 DEFAULTS: dict[str, Any] = {}
 # Added beside the seed's properties (CHANGELOG.md).
-ADDED = ["sampling_preset"]
+ADDED = ["sampling_preset", "best_of"]
 
 
 def seed() -> dict[str, Any]:
