@@ -9,7 +9,7 @@ from torch import nn
 from kiln.model.attention import AttentionPlan, plan_attention
 from kiln.model.batch import ForwardBatch
 from kiln.model.config import ModelConfig
-from kiln.model.fused_decode import FusedDecoder
+from kiln.model.cpu_step import CpuStep
 from kiln.model.kv_cache import KVCache
 from kiln.model.layers import DecoderLayer, LoraHook, RMSNorm, RotaryEmbedding
 from kiln.model.quantized import NO_ROUTE, PackedEmbedding, RowRoute, project
@@ -48,7 +48,7 @@ class CausalLM(nn.Module):
         self.packed_head: Packed | None = None  # kiln.model.quantized.attach_packed
         self.packed_embedding: PackedWeight | None = None  # the token embedding's blocks
         self.has_packed = False  # any packed weights attached (then decode rows use them)
-        self.fused: FusedDecoder | None = None  # the C step, when every weight is packed
+        self.fused: CpuStep | None = None  # the C step, when every weight is packed
 
     def output_weight(self) -> torch.Tensor:
         """The ``[vocab, hidden]`` output projection (the embedding when tied)."""

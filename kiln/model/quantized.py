@@ -6,7 +6,7 @@ Q4_K, Q5_K, Q6_K, F16, BF16, F32) are kept as :class:`~kiln_kernels.quant.Packed
 gguf-py's float32 values bit for bit.
 
 - When every projection and the head are packed, every step runs in C
-  (:mod:`kiln.model.fused_decode`) and the projections' float32 copies are released
+  (:mod:`kiln.model.cpu_step`) and the projections' float32 copies are released
   (:func:`release_float32`): the torch path, a fallback there, multiplies every row by the
   blocks. A packed token embedding (the head, when tied) is released too: lookups dequantize
   their rows (:class:`PackedEmbedding`).
@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn.functional as F
-from kiln_kernels.quant import Packed, PackedWeight, kernels_available
+from kiln_kernels.cpu import available as kernels_available
+from kiln_kernels.quant import Packed, PackedWeight
 from torch import nn
 
 if TYPE_CHECKING:
@@ -101,13 +102,13 @@ def project_many(x: torch.Tensor, weights: list[torch.Tensor], packed: Packed | 
     """Several projections of one input (q/k/v, gate/up); ``packed`` is their row-wise fusion."""
     sizes = [int(w.shape[0]) for w in weights]
     if packed is not None and weights[0].is_meta:  # released: every row from the blocks
-        return list(packed.matmul(x).split(sizes, dim=1))
+        return list(torch.split(packed.matmul(x), sizes, dim=1))
     if packed is None or route.rows is None:
         return [F.linear(x, w) for w in weights]
     if route.every:
-        return list(packed.matmul(x).split(sizes, dim=1))
+        return list(torch.split(packed.matmul(x), sizes, dim=1))
     outs = [F.linear(x, w) for w in weights]
-    fused = packed.matmul(x.index_select(0, route.rows)).split(sizes, dim=1)
+    fused = torch.split(packed.matmul(x.index_select(0, route.rows)), sizes, dim=1)
     for out, part in zip(outs, fused, strict=True):
         out.index_copy_(0, route.rows, part)
     return outs
@@ -158,10 +159,10 @@ def attach_packed(model: CausalLM, packed: dict[str, PackedWeight]) -> int:
     if model.packed_head is not None:
         total += model.packed_head.nbytes
     model.has_packed = total > 0
-    from kiln.model.fused_decode import FusedDecoder, decode_weights
+    from kiln.model.cpu_step import CpuStep, cpu_step_weights
 
-    weights = decode_weights(model)
-    model.fused = None if weights is None else FusedDecoder(weights)
+    weights = cpu_step_weights(model)
+    model.fused = None if weights is None else CpuStep(weights)
     # The embedding's blocks, for release_float32 (kept only where it runs: the head's, if tied)
     embedding = packed.get("model.embed_tokens.weight")
     model.packed_embedding = None if model.fused is None else embedding
@@ -214,7 +215,7 @@ def _materialize(model: CausalLM) -> list[tuple[nn.Module, torch.Tensor]]:
         if packed is None or not linears[0].weight.is_meta:
             continue
         rows = [int(lin.weight.shape[0]) for lin in linears]
-        for lin, part in zip(linears, packed.dequantize().split(rows), strict=True):
+        for lin, part in zip(linears, torch.split(packed.dequantize(), rows), strict=True):
             saved.append((lin, lin.weight))
             lin.weight = nn.Parameter(part.contiguous(), requires_grad=False)
     emb = model.model.embed_tokens

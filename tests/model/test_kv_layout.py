@@ -8,13 +8,13 @@ import dataclasses
 
 import pytest
 import torch
-from kiln_kernels.quant import kernels_available
-from kiln_kernels.quant.decode import cache_strides
+from kiln_kernels.cpu import available as kernels_available
+from kiln_kernels.cpu.cpu_step import cache_strides
 
 from kiln.model import CausalLM
 from kiln.model.batch import build_forward_batch
 from kiln.model.kv_cache import KVCache
-from tests.model.test_fused_decode import BLOCK, quantized_from
+from tests.model.test_cpu_step import BLOCK, quantized_from
 from tests.tiny_models import tiny_config
 
 CPU = torch.device("cpu")
