@@ -72,7 +72,7 @@ def kernel_rate(weights: list[PackedWeight], m: int, repeats: int, calls: int) -
 
 def main() -> None:
     args, loaded = repeats_and_default_model(__doc__, RESULTS)
-    fused = loaded.model.fused
+    fused = loaded.model.cpu_step
     if fused is None:
         raise SystemExit("the default model has no C step here (no C compiler or no AVX-512?)")
     layers = fused.weights.layers

@@ -89,8 +89,7 @@ def lora_rows(lora: object, rows: torch.Tensor) -> LoraRows | None:
     """The C program's view of a step's LoRA for ``rows`` (None: no adapter in the step)."""
     if lora is None:
         return None
-    if not isinstance(lora, LoraBatch) or lora.slots.device.type != "cpu" or (
-            lora.slots.dtype != torch.float32):
+    if not isinstance(lora, LoraBatch) or lora.slots.dtype != torch.float32:
         raise _Unsupported
     if lora.strategy == "none":
         return None
@@ -131,7 +130,7 @@ class CpuStep:
                     ) -> torch.Tensor | None:
         """Logits of the step through the C program, or None when the step is the torch path's
         (a KV cache it cannot read, or LoRA other than CPU float32 slot stacks)."""
-        if kv.dtype not in KV_DTYPES or kv.device.type != "cpu":
+        if kv.dtype not in KV_DTYPES:
             return None
         try:
             return self.forward(model, batch, kv)

@@ -67,6 +67,7 @@ ADDED = {
     "TextCompletionChunk", "TextCompletionChunkChoice",
     "TokenizeRequest", "TokenizeResponse", "DetokenizeRequest", "DetokenizeResponse",
     "TokenizerInfoResponse",
+    "ComputePlan", "ComputeImplementation",  # issue 24: /health shows the compute plan
 }
 
 

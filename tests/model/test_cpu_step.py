@@ -22,7 +22,7 @@ from kiln_kernels.quant import PackedWeight, pack_ggml
 from kiln.model import CausalLM, LoadedModel, cpu_step
 from kiln.model.batch import build_forward_batch
 from kiln.model.config import ModelConfig
-from kiln.model.cpu_step import C_MAX_ROWS, CpuStep
+from kiln.model.cpu_step import C_MAX_ROWS
 from kiln.model.kv_cache import KVCache
 from kiln.model.lora import LORA_MODULES, LoraAdapter, load_adapter
 from kiln.model.lora_slots import AdapterSlots, LoraBatch
@@ -86,7 +86,7 @@ def quantized_from(cfg: ModelConfig) -> CausalLM:
         tensors[name] = packed[name].dequantize()
     model = model_from_tensors(cfg, tensors)
     attach_packed(model, packed)
-    assert model.fused is not None
+    assert model.plan.step == "c"
     return model
 
 
@@ -200,9 +200,9 @@ def test_half_kv_cache_matches_the_torch_path(flags: str) -> None:
     prefill chunks, decodes, a context over one 512-position part, and batch invariance."""
     cfg = dataclasses.replace(tiny_config("qwen3"), num_heads=6, num_kv_heads=2, head_dim=64)
     model = quantized_from(cfg)
-    assert model.fused is not None
+    assert model.plan.step == "c"
     if flags == "portable":
-        model.fused = CpuStep(model.fused.weights, flags=PORTABLE_FLAGS)
+        model.use_cpu_step_build(PORTABLE_FLAGS)
     caches = [KVCache(model.config, 2 * 48, BLOCK, torch.float16, torch.device("cpu"))
               for _ in range(3)]
     a_tbl, b_tbl = list(range(48)), list(range(48, 96))
@@ -245,8 +245,8 @@ def _two_decoding(model: CausalLM) -> tuple[KVCache, KVCache, list[list[int]]]:
 def test_portable_build_matches_torch_path() -> None:
     """The scalar C paths (no AVX-512): GEMM, attention, exp, LoRA-free step."""
     model = quantized_tiny("qwen3")
-    assert model.fused is not None
-    model.fused = CpuStep(model.fused.weights, flags=PORTABLE_FLAGS)
+    assert model.plan.step == "c"
+    model.use_cpu_step_build(PORTABLE_FLAGS)
     prompts = [[5, 9, 33, 7], [42] * 19]
     compare_greedy(model, prompts, steps=6)
 
@@ -318,7 +318,7 @@ def test_logits_of_chosen_rows_only() -> None:
 
 def test_default_model_decodes_through_the_c_step(smollm: LoadedModel) -> None:
     model = smollm.model
-    assert model.fused is not None, "the default GGUF should get the C decode step"
+    assert model.plan.step == "c", "the default GGUF should get the C decode step"
     prompt = smollm.tokenizer.encode("The capital of France is")
     compare_greedy(model, [prompt, prompt[:3]], steps=8)
 
