@@ -37,6 +37,7 @@ class EngineBackend:
         self.created = int(time.time())
         self.max_model_len = self.engine.max_model_len
         self.tokenizer = loaded.tokenizer
+        self.generation_config = dict(loaded.generation_config)  # sampling defaults (params)
         self.chat_template = loaded.chat_template
         self._identity: dict[str, str] | None = None
         self._start_engine: Callable[[], None] | None = None  # from_config: the engine's thread

@@ -78,6 +78,7 @@ class FakeBackend:
         self.stop_message: str | None = None
         self.stop_string: str | None = None  # the reply ends on this (cut) stop string, not EOS
         self.submitted: list[Request] = []
+        self.generation_config: dict[str, Any] = {}  # the model's sampling defaults
 
     def start(self) -> None: ...
 

@@ -52,6 +52,12 @@ ADDED_FIELDS = {
         "include_stop_str_in_output", "continue_final_message")),
     ("Choice", "logprobs"),
     ("ChunkChoice", "logprobs"),
+    # issue 25, second part: batch logprobs and token ids; vLLM's chat fields
+    *(("BatchCompletionRequest", f) for f in ("logprobs", "top_logprobs", "return_token_ids")),
+    *(("BatchCompletionItem", f) for f in ("logprobs", "prompt_token_ids", "token_ids")),
+    *(("ChatCompletionRequest", f) for f in ("add_generation_prompt", "echo", "return_token_ids")),
+    ("ChatCompletionResponse", "prompt_token_ids"),
+    ("Choice", "token_ids"),
 }
 # Definitions that vLLM's completions request (seed vllm-completion-request.schema.json) has
 # replaced: tests/contract/test_vllm_seed_coverage.py checks them against that seed. Here they
