@@ -154,6 +154,14 @@ class AsyncEngine:
         self.scheduler.check_lora(lora)  # as generation refuses it (a 400), not a 500 mid-job
         return await self._scoring.run(make_job(self.scheduler.pool, prompt_ids, top_k, lora))
 
+    def compute_plan(self) -> dict[str, str]:
+        """The runner's compute plan (kiln.model.plan), as strings."""
+        plan = getattr(self.executor, "plan", None)
+        if plan is None:
+            raise TypeError("the compute plan needs an engine over a ModelRunner")
+        out: dict[str, str] = plan.as_dict()
+        return out
+
     def kv_geometry(self) -> tuple[int, int, int]:
         """The KV cache's blocks, tokens per block and bytes per block (all layers, K and V)."""
         per_block = getattr(self.executor, "kv_bytes_per_block", None)
