@@ -69,7 +69,7 @@ def mask_cost(loaded: LoadedModel, rows: int, steps: int = 48) -> float:
     assert built is not None
     spec = GrammarSpec(built[0])
     stage = GrammarRows(GrammarCompiler(loaded.tokenizer))
-    sampler = Sampler(torch.device("cpu"))
+    sampler = Sampler(torch.device("cpu"), "c")
     vocab = loaded.config.vocab_size
     gen = torch.Generator().manual_seed(0)
     outputs: list[list[int]] = [[] for _ in range(rows)]

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from kiln.engine.config import KV_CACHE_DTYPES, EngineConfig
+from kiln.presets import PRESETS, canonical_preset
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8420
@@ -121,7 +122,7 @@ SETTINGS: tuple[Setting, ...] = (
        "thinking budget in milliseconds for requests that set none"),
     _s("fold_reasoning_into_content", "bool", False, "also copy reasoning into content"),
     # operations
-    _s("log_level", "str", "info", "log level",
+    _s("log_level", "str", "info", "log level (the variable also takes trace)",
        choices=("critical", "error", "warning", "info", "debug")),
     _s("api_keys", "list", (),
        "require this bearer key on /v1 routes; repeatable (KILN_API_KEY: a "
@@ -140,6 +141,12 @@ SETTINGS: tuple[Setting, ...] = (
        "open connections; one past it gets 503 server_overloaded"),
     _s("send_timeout_s", "float", 60.0,
        "abort a connection whose client takes no byte of our output for this long (seconds)"),
+    # sampling
+    _s("default_sampling_preset", "str", None,
+       "Kiln preset a request starts from when it names none",
+       shown="the model's generation_config.json, else vLLM's neutral values"),
+    _s("max_logprobs", "int", 20,
+       "most logprobs (completions) or top_logprobs (chat) a request may ask for; more is a 400"),
     # read outside ServerConfig
     _s("quant_kernels", "bool", True,
        "on the CPU, keep GGUF and bf16/f16 weights in their stored format and run the "
@@ -203,6 +210,8 @@ class ServerConfig:
     keep_alive_s: float = _default("keep_alive_s")
     max_connections: int = _default("max_connections")
     send_timeout_s: float = _default("send_timeout_s")
+    default_sampling_preset: str | None = _default("default_sampling_preset")
+    max_logprobs: int = _default("max_logprobs")
     extra: Mapping[str, Any] = field(default_factory=dict)
     def __repr__(self) -> str:  # never print API keys
         shown = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "api_keys"}
@@ -225,7 +234,7 @@ class ServerConfig:
             value = getattr(self, name)
             if value is not None and not 0 <= value <= 2**32 - 1:
                 raise ConfigError(f"{name} must be in 0..4294967295, got {value}")
-        if self.dtype not in (None, "float32", "bfloat16", "float16", "auto"):
+        if self.dtype is not None and self.dtype not in setting("dtype").choices:
             raise ConfigError(f"dtype must be float32, bfloat16, float16 or auto, got {self.dtype}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ConfigError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
@@ -242,7 +251,13 @@ class ServerConfig:
             raise ConfigError(f"max_connections must be positive, got {self.max_connections}")
         if any(not k or k != k.strip() for k in self.api_keys):
             raise ConfigError("API keys must be non-empty and have no surrounding whitespace")
-        if self.log_level not in ("critical", "error", "warning", "info", "debug", "trace"):
+        if self.default_sampling_preset is not None and canonical_preset(
+                self.default_sampling_preset) is None:
+            raise ConfigError(f"default_sampling_preset {self.default_sampling_preset!r} is not a "
+                              f"preset ({', '.join(PRESETS)})")
+        if self.max_logprobs < 0:
+            raise ConfigError(f"max_logprobs must be >= 0, got {self.max_logprobs}")
+        if self.log_level not in (*setting("log_level").choices, "trace"):  # trace: env only
             raise ConfigError(f"unknown log level {self.log_level!r}")
 
     def with_overrides(self, **overrides: Any) -> ServerConfig:

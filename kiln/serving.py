@@ -37,6 +37,7 @@ class EngineBackend:
         self.created = int(time.time())
         self.max_model_len = self.engine.max_model_len
         self.tokenizer = loaded.tokenizer
+        self.generation_config = dict(loaded.generation_config)  # sampling defaults (params)
         self.chat_template = loaded.chat_template
         self._identity: dict[str, str] | None = None
         self._start_engine: Callable[[], None] | None = None  # from_config: the engine's thread
@@ -122,6 +123,9 @@ class EngineBackend:
         if self.engine.is_running:
             return "ok"
         return "error" if self._started else "loading"
+
+    def compute_plan(self) -> dict[str, str] | None:
+        return self.engine.compute_plan()
 
     def stats(self) -> dict[str, float]:
         return self.engine.stats()

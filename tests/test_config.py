@@ -36,6 +36,8 @@ OTHER = {"int": "7777", "float": "7.5", "str": "elsewhere", "list": "e1,e2"}  # 
 
 
 def _sample(s: Setting) -> tuple[str, Any]:
+    if s.field == "default_sampling_preset":  # a free string that must name a preset
+        return "greedy", "greedy"
     if s.choices:
         other = next(c for c in s.choices if c != s.default)
         return other, other
@@ -44,6 +46,8 @@ def _sample(s: Setting) -> tuple[str, Any]:
 
 def _other(s: Setting) -> str:
     """A valid value for the variable, other than ``_sample``'s."""
+    if s.field == "default_sampling_preset":
+        return "qwen3-thinking-coding"
     if s.choices:
         return next(c for c in s.choices if c != _sample(s)[0])
     return OTHER[s.kind]

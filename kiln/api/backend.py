@@ -64,12 +64,21 @@ class Backend(Protocol):
     @property
     def chat_template(self) -> ChatTemplatePort: ...
 
+    @property
+    def generation_config(self) -> dict[str, Any]:
+        """The model's generation_config.json ({} for a GGUF): its sampling defaults."""
+        ...
+
     def start(self) -> None: ...
 
     def shutdown(self) -> None: ...
 
     def health(self) -> str:
         """"ok" (serving), "loading", or "error" (the engine cannot serve)."""
+        ...
+
+    def compute_plan(self) -> dict[str, str] | None:
+        """The served model's compute plan (kiln.model.plan) as strings; None while loading."""
         ...
 
     async def score(

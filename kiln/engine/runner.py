@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import torch
@@ -9,6 +10,7 @@ import torch
 from kiln.engine.block_pool import BlockPool
 from kiln.engine.config import EngineConfig
 from kiln.engine.grammar import GrammarRows, compiler_for
+from kiln.engine.logits_processors import apply_logits_processors
 from kiln.engine.lora_mix import LoraMix
 from kiln.engine.outputs import ModelRunnerOutput, SampledToken, ScheduledSeq, SchedulerOutput
 from kiln.engine.sampler import Sampler
@@ -19,20 +21,13 @@ from kiln.model.config import ModelConfig
 from kiln.model.kv_cache import KVCache, kv_cache_for
 from kiln.model.lora import LoraAdapter
 from kiln.model.lora_slots import AdapterSlots, LoraBatch
+from kiln.model.plan import torch_dtype, with_kv_cache
 from kiln.text.tokenizer import Tokenizer
+
+log = logging.getLogger("kiln.engine")
 
 NON_FINITE = "the model produced non-finite logits (inf or NaN); no token could be sampled"
 NOTHING_ALLOWED = "the constraint and the request's logits processors allow no token together"
-
-
-def kv_dtype(config: EngineConfig, dtype: torch.dtype, device: torch.device) -> torch.dtype:
-    """The KV cache element type: the model's dtype, or float16 when asked (CPU only)."""
-    if config.kv_cache_dtype == "auto":
-        return dtype
-    if device.type != "cpu":
-        raise ValueError(f"kv_cache_dtype={config.kv_cache_dtype} is supported on the CPU only "
-                         f"(device {device.type})")
-    return torch.float16
 
 
 def kv_num_blocks(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype) -> int:
@@ -55,11 +50,14 @@ class ModelRunner:
         self.dtype = dtype
         self.block_size = config.block_size
         self.device = device
-        cache_dtype = kv_dtype(config, dtype, device)
+        # The compute plan (kiln.model.plan): the model's, with this engine's KV element type.
+        self.plan = with_kv_cache(model.plan, config.kv_cache_dtype)
+        log.info("%s", self.plan.line())
+        cache_dtype = torch_dtype(self.plan.kv_dtype)
         self.num_blocks = kv_num_blocks(cfg, config, cache_dtype)
         self.kv_bytes_per_block = KVCache.bytes_per_block(cfg, config.block_size, cache_dtype)
         self.kv = kv_cache_for(model, self.num_blocks, config.block_size, cache_dtype, device)
-        self.sampler = Sampler(device)
+        self.sampler = Sampler(device, self.plan.sampler)
         self._lora_slots: AdapterSlots | None = None  # created on the first LoRA step
         # the matchers of constrained requests (structured outputs); none without a tokenizer
         self.grammar = GrammarRows(compiler_for(tokenizer)) if tokenizer is not None else None
@@ -94,7 +92,7 @@ class ModelRunner:
         if self._lora_slots is None:
             self._lora_slots = AdapterSlots(
                 self.cfg, self.config.max_lora_slots, max_rank=self.config.max_lora_rank,
-                dtype=self.dtype, device=self.device)
+                dtype=self.dtype, device=self.device, triton=self.plan.torch_lora == "triton")
         return self._lora_slots
 
     def scoring_job(self, pool: BlockPool, prompt_ids: Sequence[int], top_k: int,
@@ -158,7 +156,7 @@ class ModelRunner:
                 return ModelRunnerOutput({}, errors)
         if any(s.sampling.grammar is not None for s in seqs):
             logits, seqs = self._constrain(logits, seqs, errors)
-        logits = self.sampler.process(logits, seqs)  # after the check: masks write -inf
+        logits = apply_logits_processors(logits, seqs)  # after the check: masks write -inf
         if any(s.sampling.grammar is not None and s.sampling.processes_logits for s in seqs):
             # a grammar mask is never empty; with allowed_token_ids or min_tokens it can be
             alive = torch.isfinite(logits).any(dim=1).tolist()

@@ -66,9 +66,10 @@ def test_presets_and_overrides(client: TestClient, backend: FakeBackend) -> None
     client.post(CHAT, json={"messages": MSG, "sampling_preset": "greedy", "top_k": 5})
     client.post(CHAT, json={"messages": MSG, "tools": [{"type": "function", "function": {"name": "f"}}]})
     a, b, c = (r.sampling for r in backend.submitted)
-    assert (a.temperature, a.top_p, a.top_k, a.presence_penalty) == (1.0, 0.95, 20, 1.5)
+    # no preset named and no generation config: vLLM's neutral values, with tools or without
+    assert (a.temperature, a.top_p, a.top_k, a.presence_penalty) == (1.0, 1.0, 0, 0.0)
     assert (b.temperature, b.top_k) == (0.0, 5)
-    assert (c.temperature, c.presence_penalty) == (0.6, 0.0)
+    assert (c.temperature, c.presence_penalty) == (1.0, 0.0)
 
 
 def test_max_tokens_wins_over_alias_and_clamps(client: TestClient, backend: FakeBackend) -> None:

@@ -44,7 +44,6 @@ def test_no_logprobs_unless_asked(client: TestClient, backend: FakeBackend) -> N
     ({"min_tokens": 3, "max_tokens": 2}, "chat_invalid_request", "min_tokens"),
     ({"min_tokens": 3, "stop": ["x"]}, "unsupported_parameter", "min_tokens"),
     ({"include_stop_str_in_output": True}, "unsupported_parameter", "include_stop_str_in_output"),
-    ({"continue_final_message": True}, "unsupported_parameter", "continue_final_message"),
 ])
 def test_refusals(client: TestClient, body: dict[str, Any], code: str, param: str) -> None:
     r = client.post(CHAT, json={"messages": MSG, **body})

@@ -95,9 +95,9 @@ def test_stop_token_ids_and_return_token_ids(client: TestClient, backend: FakeBa
 
 @pytest.mark.parametrize(("field", "value"), [
     ("suffix", "x"), ("use_beam_search", True),
-    ("truncate_prompt_tokens", 3), ("bad_words", ["a"]), ("priority", 1), ("cache_salt", "s"), ("prompt_embeds", "x"),
+    ("logprob_token_ids", [3]), ("bad_words", ["a"]), ("priority", 1), ("cache_salt", "s"), ("prompt_embeds", "x"),
     ("kv_transfer_params", {}), ("skip_special_tokens", False),
-    ("thinking_token_budget", 5), ("repetition_detection", {"min_count": 2}),
+    ("repetition_detection", {"min_count": 2}), ("spaces_between_special_tokens", False),
 ])
 def test_unsupported_fields_are_a_400_naming_them(
     client: TestClient, field: str, value: Any
@@ -115,11 +115,6 @@ def test_unsupported_fields_are_a_400_naming_them(
 ])
 def test_defaults_of_unsupported_fields_are_fine(client: TestClient, field: str, value: Any) -> None:
     post(client, prompt="ab", max_tokens=1, **{field: value})
-
-
-def test_prompt_logprobs_beside_generation_is_unsupported(client: TestClient) -> None:
-    r = client.post(URL, json={"prompt": "ab", "max_tokens": 4, "prompt_logprobs": 1})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt_logprobs"
 
 
 @pytest.mark.parametrize(("body", "param"), [

@@ -39,9 +39,10 @@ def test_greedy_keeps_a_named_presets_penalties(client: TestClient, backend: Fak
     assert (p.temperature, p.presence_penalty) == (0.0, 1.5)
 
 
-def test_sampling_still_starts_from_the_default_preset(client: TestClient, backend: FakeBackend) -> None:
-    p = sampled(client, backend, temperature=0.7)
-    assert (p.temperature, p.top_k, p.presence_penalty) == (0.7, 20, 1.5)
+def test_greedy_ignores_the_models_repetition_penalty(client: TestClient, backend: FakeBackend) -> None:
+    backend.generation_config = {"repetition_penalty": 1.05, "temperature": 0.6}
+    p = sampled(client, backend, temperature=0)
+    assert (p.temperature, p.repetition_penalty) == (0.0, 1.0)
 
 
 @pytest.mark.parametrize("route", [CHAT, "/v1/completions/batch"])

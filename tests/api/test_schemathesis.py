@@ -25,6 +25,7 @@ atexit.register(shutil.rmtree, _ADAPTERS, ignore_errors=True)
 for _name in ("style", "math"):
     (_ADAPTERS / _name).mkdir()
     (_ADAPTERS / _name / "adapter_config.json").write_text('{"r": 4, "lora_alpha": 8}')
+MAX_LOGPROBS = ServerConfig().max_logprobs
 APP = build_app(ServerConfig(), FakeBackend(reply="ok", adapter_dir=_ADAPTERS))
 schema = schemathesis.openapi.from_asgi("/openapi.json", APP)
 
@@ -62,6 +63,8 @@ def semantically_valid(path: str, body: object, path_params: dict[str, object] |
         return True
     if path == "/v1/completions/batch":
         prompts, n = body.get("prompts"), body.get("n")
+        if not _logprobs_valid(body):
+            return False
         if isinstance(prompts, list) and _number(n):
             return bool(len(prompts) * n <= 64)
     if path == "/v1/completions":
@@ -75,11 +78,24 @@ def semantically_valid(path: str, body: object, path_params: dict[str, object] |
         if any(name in body and body[name] not in unsupported._NEUTRAL[name]
                for name in unsupported.CHAT_FIELDS):
             return False
-        if body.get("top_logprobs") is not None and body.get("logprobs") is not True:
+        if not _logprobs_valid(body):
+            return False
+        if body.get("continue_final_message") is True:  # needs a final assistant message
+            return False
+        if body.get("stream") is True and (body.get("echo") is True
+                                           or body.get("return_token_ids") is True):
             return False
         if not _extras_valid(body):
             return False
     return True
+
+
+def _logprobs_valid(body: dict[str, Any]) -> bool:
+    """top_logprobs needs logprobs: true; both within the server's --max-logprobs (20)."""
+    top = body.get("top_logprobs")
+    if top is not None and body.get("logprobs") is not True:
+        return False
+    return not (_number(top) and top > MAX_LOGPROBS)
 
 
 def _extras_valid(body: dict[str, Any]) -> bool:
@@ -113,11 +129,21 @@ def _completion_valid(body: dict[str, Any]) -> bool:
         return False
     if not _extras_valid(body):
         return False
+    if _number(body.get("logprobs")) and body["logprobs"] > MAX_LOGPROBS:
+        return False
     prompt, k, n = body.get("prompt"), body.get("prompt_logprobs"), body.get("n") or 1
     prompts = [prompt] if isinstance(prompt, str) or (
         isinstance(prompt, list) and all(_number(t) for t in prompt)) else list(prompt or [])
     if not _number(n) or len(prompts) * n > 64:
         return False
+    best_of = body.get("best_of")
+    if _number(best_of) and (best_of < n or len(prompts) * best_of > 64
+                             or (best_of > n and body.get("stream"))):
+        return False
+    if body.get("truncate_prompt_tokens") is not None:
+        return False  # 0, or -1 with a large max_tokens, leaves no prompt: a 400
+    if _number(body.get("thinking_token_budget")) and body["thinking_token_budget"] >= 0:
+        return False  # the budget's own checks (close sequence vs max_tokens and stops)
     flat = [t for p in prompts if isinstance(p, list) for t in p]
     if any(_number(t) and t >= VOCAB for t in flat):
         return False
@@ -131,7 +157,9 @@ def _completion_valid(body: dict[str, Any]) -> bool:
         longest = max((len(p) + 1 for p in prompts), default=0)
         return not (body.get("echo") and _number(lp) and longest * (lp + 1) > 65_536)
     if body.get("max_tokens") not in (None, 0, 1):
-        return False  # prompt_logprobs beside generation: unsupported_parameter
+        return not (_number(k) and k > MAX_LOGPROBS)  # prompt_logprobs beside generation
+    if best_of not in (None, 1):
+        return False
     if len(prompts) != 1 or n != 1 or body.get("stream") or any(
             body.get(f) not in (None, False) for f in
             ("echo", "logprobs", "return_token_ids", "return_tokens_as_token_ids")):

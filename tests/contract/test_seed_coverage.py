@@ -55,6 +55,12 @@ ADDED_FIELDS = {
     # issue 26: structured outputs on chat and batch
     *((d, f) for d in ("ChatCompletionRequest", "BatchCompletionRequest")
       for f in ("response_format", "structured_outputs")),
+    # issue 25, second part: batch logprobs and token ids; vLLM's chat fields
+    *(("BatchCompletionRequest", f) for f in ("logprobs", "top_logprobs", "return_token_ids")),
+    *(("BatchCompletionItem", f) for f in ("logprobs", "prompt_token_ids", "token_ids")),
+    *(("ChatCompletionRequest", f) for f in ("add_generation_prompt", "echo", "return_token_ids")),
+    ("ChatCompletionResponse", "prompt_token_ids"),
+    ("Choice", "token_ids"),
 }
 # Definitions that vLLM's completions request (seed vllm-completion-request.schema.json) has
 # replaced: tests/contract/test_vllm_seed_coverage.py checks them against that seed. Here they
@@ -71,6 +77,7 @@ ADDED = {
     "TokenizeRequest", "TokenizeResponse", "DetokenizeRequest", "DetokenizeResponse",
     "TokenizerInfoResponse",
     "ResponseFormat", "JsonSchemaResponseFormat", "StructuredOutputsParams",  # issue 26
+    "ComputePlan", "ComputeImplementation",  # issue 24: /health shows the compute plan
 }
 
 

@@ -26,7 +26,7 @@ TYPES = {
 # Defaults that differ (none so far; a missing key must match the seed exactly).
 DEFAULTS: dict[str, Any] = {}
 # Added beside the seed's properties (CHANGELOG.md).
-ADDED = ["sampling_preset"]
+ADDED = ["sampling_preset", "best_of"]
 
 
 def seed() -> dict[str, Any]:
@@ -93,6 +93,6 @@ def test_types_defaults_and_bounds(name: str) -> None:
 
 def test_the_bounds_this_server_enforces() -> None:
     props = contract_props()
-    assert bounds(props["logprobs"])["integer"] == (0, 20)
+    assert bounds(props["logprobs"])["integer"][0] == 0  # the top: --max-logprobs, at run time
     assert bounds(props["top_k"])["integer"] == (-1, 4294967295)
     assert props["max_tokens"]["default"] == 16

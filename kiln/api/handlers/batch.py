@@ -29,7 +29,9 @@ from kiln.api.handlers.chat_prepare import (
     tools_enabled,
 )
 from kiln.api.handlers.constraints import constraint, plain
+from kiln.api.handlers.extras import logprobs_wanted
 from kiln.api.handlers.generation import Admitted, Completion, collect, submit_all, until_disconnect
+from kiln.api.handlers.logprobs import chat_content
 from kiln.api.handlers.models import resolve_model
 from kiln.api.handlers.params import (
     U64,
@@ -38,6 +40,7 @@ from kiln.api.handlers.params import (
     opt,
     requested_max_tokens,
     sampling_params,
+    state_default,
 )
 from kiln.api.rules import check_batch
 from kiln.api.state import AppState, app_state, request_id
@@ -94,6 +97,9 @@ async def create(request: Request) -> Response:
             parallel_tool_calls=opt(req.parallel_tool_calls) is not False,
             ignore_eos=bool(opt(req.ignore_eos)), after=close_ids if in_reasoning else ())
         for in_reasoning in sorted({r for _, r in prompts})}
+    base = state_default(state)
+    logprobs = logprobs_wanted(req, state.config.max_logprobs, ERROR_CODE)
+    token_ids = opt(req.return_token_ids) is True
     work: list[tuple[str, list[int], SamplingParams, tuple[tuple[Any, float], ...]]] = []
     for p, (ids, in_reasoning) in enumerate(prompts):
         max_tokens = effective_max_tokens(requested, len(ids), limit)
@@ -101,9 +107,10 @@ async def create(request: Request) -> Response:
         for c in range(n):
             item_seed = None if seed is None else (int(seed) + p * n + c) % U64
             params = sampling_params(
-                req, max_tokens=max_tokens, stop=stop, seed=item_seed, has_tools=bool(tools)
+                req, max_tokens=max_tokens, stop=stop, seed=item_seed, base=base
             )
-            params = replace(params, thinking=spec, grammar=grammars[in_reasoning])
+            params = replace(params, thinking=spec, logprobs=logprobs,
+                             grammar=grammars[in_reasoning])
             work.append((f"{rid}-{p}-{c}", ids, params, selection.lora))
     jobs = submit_all(state, work, code="batch_too_large")
     results = await until_disconnect(request, _gather(jobs))
@@ -117,6 +124,14 @@ async def create(request: Request) -> Response:
                         stop=closing_stop(done.finish_reason, done.stop_reason))
         if work[k][2].thinking is not None and done.thinking_outcome is not None:
             item["thinking_budget"] = done.thinking_outcome.wire()
+        if item["finish_reason"] != "error":
+            ids = prompts[p][0]
+            if logprobs is not None:
+                item["logprobs"] = {"content": chat_content(
+                    state.backend.tokenizer, ids, done.token_ids, done.tops)}
+            if token_ids:
+                item["prompt_token_ids"] = ids
+                item["token_ids"] = done.token_ids
         items.append(item)
         for key in usage:
             usage[key] += items[-1]["usage"][key]

@@ -154,12 +154,15 @@ def response_body(
         message: dict[str, Any] = {"role": "assistant", "content": content}
         if prepared.fold and reasoning:
             message["content"] = fold(reasoning, content)
+        message["content"] = prepared.echo_text + message["content"]
         if reasoning is not None:
             message["reasoning_content"] = reasoning
         if calls:
             message["tool_calls"] = [call.wire() for call in calls]
             finish = "length" if finish == "length" else "tool_calls"  # a cut call is told
         choice: dict[str, Any] = {"index": index, "message": message, "finish_reason": finish}
+        if prepared.return_token_ids:
+            choice["token_ids"] = c.token_ids
         if prepared.logprobs is not None:
             choice["logprobs"] = {"content": chat_content(
                 state.backend.tokenizer, prepared.prompt_ids, c.token_ids, c.tops)}
@@ -195,7 +198,7 @@ def response_body(
             finish_reason=str(choices[0]["finish_reason"]),
             tokenization_s=prepared.tokenization_s,
         )
-    return {
+    out: dict[str, Any] = {
         "id": completion_id,
         "object": "chat.completion",
         "created": int(time.time()),
@@ -208,3 +211,6 @@ def response_body(
         },
         "metadata": metadata,
     }
+    if prepared.return_token_ids:
+        out["prompt_token_ids"] = prepared.prompt_ids
+    return out

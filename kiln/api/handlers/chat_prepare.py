@@ -25,7 +25,9 @@ from kiln.api.handlers.params import (
     opt,
     requested_max_tokens,
     sampling_params,
+    state_default,
 )
+from kiln.api.handlers.unsupported import unsupported
 from kiln.api.state import AppState
 from kiln.engine.request import SamplingParams, ThinkingBudgetSpec
 from kiln.text.budget import BudgetConfig, resolve
@@ -62,6 +64,8 @@ class PreparedChat:
     tools: list[Any] | None = None  # set only when tool-call parsing is on
     parallel_tool_calls: bool = True
     budget_applied: bool = False
+    echo_text: str = ""  # echo: the final assistant message, put before each choice's content
+    return_token_ids: bool = False
 
     @property
     def thinking_mode(self) -> str:
@@ -202,7 +206,8 @@ def too_long(limit: int, chars: int, param: str) -> ApiError:
 
 
 def render_prompt(
-    state: AppState, messages: list[wire.ChatMessageInput], tools: Any, kwargs: dict[str, Any]
+    state: AppState, messages: list[wire.ChatMessageInput], tools: Any, kwargs: dict[str, Any],
+    add_generation_prompt: bool = True,
 ) -> str:
     """Render with the reference's message view; if the template fails on it, again with raw
     tool-call arguments (templates that print the string, DeepSeek style) and/or "" for null
@@ -216,12 +221,47 @@ def render_prompt(
             continue
         tried.append(view)
         try:
-            return state.backend.chat_template.render(view, tools=tools, **kwargs)
+            return state.backend.chat_template.render(
+                view, tools=tools, add_generation_prompt=add_generation_prompt, **kwargs)
         except Exception as exc:  # template errors are the client's messages/tools
             first = first or exc
     raise ApiError(
         400, "invalid_messages", f"Failed to apply chat template: {first}", param="messages"
     ) from None
+
+
+def _bad(message: str, param: str) -> ApiError:
+    return ApiError(400, "chat_invalid_request", message, param=param)
+
+
+def continue_final(prompt_text: str, final: str) -> str:
+    """vLLM's continue_final_message: the rendered conversation cut right after the final
+    assistant message's content, so generation continues it (no end-of-turn after it)."""
+    at = prompt_text.rfind(final) if final else -1
+    if at < 0:
+        raise _bad("continue_final_message needs a final assistant message with content that the "
+                   "chat template renders verbatim", "continue_final_message")
+    return prompt_text[:at + len(final)]
+
+
+def _vllm_chat_fields(req: wire.ChatCompletionRequest) -> tuple[bool, bool, str]:
+    """add_generation_prompt, continue_final_message, and what echo puts before the content."""
+    gen = opt(req.add_generation_prompt) is not False
+    cont = opt(req.continue_final_message) is True
+    last = req.messages[-1]
+    final = message_content(last.content) if last.role == "assistant" else None
+    if cont and gen:
+        raise _bad("continue_final_message: true needs add_generation_prompt: false",
+                   "continue_final_message")
+    if cont and final is None:
+        raise _bad("continue_final_message needs the last message to be the assistant's",
+                   "continue_final_message")
+    echo = final if opt(req.echo) is True and final is not None else ""
+    stream = opt(req.stream) is True
+    for name, on in (("echo", bool(echo)), ("return_token_ids", opt(req.return_token_ids) is True)):
+        if stream and on:
+            raise unsupported(name, "it is implemented for non-streaming chat only")
+    return gen, cont, echo
 
 
 async def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> PreparedChat:
@@ -236,7 +276,10 @@ async def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> Prep
     if tool_choice is not None:
         kwargs.setdefault("tool_choice", tool_choice)
     messages = template_messages(req.messages)
-    prompt_text = render_prompt(state, req.messages, tools, kwargs)
+    gen_prompt, cont, echo_text = _vllm_chat_fields(req)
+    prompt_text = render_prompt(state, req.messages, tools, kwargs, gen_prompt)
+    if cont:
+        prompt_text = continue_final(prompt_text, message_content(req.messages[-1].content))
     limit = backend.max_model_len
     if backend.tokenizer.surely_over(prompt_text, limit):
         raise too_long(limit, len(prompt_text), "messages")
@@ -265,7 +308,8 @@ async def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> Prep
     seed = opt(req.seed)
     if rollout and seed is None:
         seed = secrets.randbits(64)  # drawn here so that the record can state it
-    extras = chat_extras(req, backend.tokenizer, stop, requested)
+    extras = chat_extras(req, backend.tokenizer, stop, requested, cfg.max_logprobs)
+    base = state_default(state)
     parallel = opt(req.parallel_tool_calls) is not False
     extras["grammar"] = await constraint(
         backend.tokenizer, code="chat_invalid_request", response_format=opt(req.response_format),
@@ -279,7 +323,7 @@ async def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> Prep
                 max_tokens=max_tokens,
                 stop=stop,
                 seed=choice_seed(seed, i),
-                has_tools=bool(tools),
+                base=base,
             ),
             thinking=spec,
             **extras,
@@ -316,4 +360,6 @@ async def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> Prep
         template_kwargs=kwargs,
         rollout=rollout,
         logprobs=extras["logprobs"],
+        echo_text=echo_text,
+        return_token_ids=opt(req.return_token_ids) is True,
     )

@@ -30,7 +30,6 @@ from kiln.api.sse import EventStream
 from kiln.api.state import AppState, app_state, request_id
 from kiln.engine.errors import EngineError
 from kiln.provenance import adapter_identity, compact_json
-from kiln.text.detokenizer import decode_in_context
 
 ERROR_CODE = "completion_invalid_request"
 MAX_K = 256
@@ -70,10 +69,6 @@ async def create(request: Request) -> Response:
             raise unsupported.unsupported(grammar.param, "prompt scoring generates no text "
                                                          "to constrain")
         return await _score(request, state, req, selection, model_adapter)
-    if opt(req.prompt_logprobs) is not None:
-        raise unsupported.unsupported(
-            "prompt_logprobs", "prompt logprobs beside generation are not implemented; score "
-            "with max_tokens 0 (or echo with logprobs)")
     prep = completions_gen.prepare(state, req, selection, model_adapter or backend.model_id,
                                    max_tokens_given="max_tokens" in given)
     if grammar is not None:  # structured outputs: the same constraint on every choice
@@ -101,13 +96,16 @@ async def _score(request: Request, state: AppState, req: Any, selection: Selecti
         raise _bad("n must be 1 (or null) for prompt scoring", "n")
     if opt(req.stream):
         raise _bad("prompt scoring is non-streaming only (stream must be false)", "stream")
-    for name in ("echo", "logprobs", "return_token_ids", "return_tokens_as_token_ids"):
-        if opt(getattr(req, name)) not in (None, False):
+    for name in ("echo", "logprobs", "return_token_ids", "return_tokens_as_token_ids",
+                 "truncate_prompt_tokens", "best_of"):
+        if opt(getattr(req, name)) not in (None, False, 1 if name == "best_of" else None):
             raise unsupported.unsupported(
                 name, "it does not apply to prompt scoring (prompt_logprobs with max_tokens 0); "
                       "vLLM's way, echo with logprobs and max_tokens 0, needs no prompt_logprobs")
-    if not isinstance(req.prompt, str) and not all(type(t) is int for t in req.prompt):
+    if not isinstance(req.prompt, str) and not all(map(completions_gen.is_token_id, req.prompt)):
         raise _bad("prompt scoring takes one prompt (a text or a token-ID list)", "prompt")
+    if (opt(req.thinking_token_budget) or -1) >= 0:
+        raise unsupported.unsupported("thinking_token_budget", "prompt scoring generates nothing")
     k = int(req.prompt_logprobs)
     vocab = backend.tokenizer.vocab_size
     if k > vocab:
@@ -146,17 +144,7 @@ async def _score(request: Request, state: AppState, req: Any, selection: Selecti
     # scored prompt tokens count as prompt tokens; the request as finished by "length", as its
     # choice says (no generated token, so no TTFT or inter-token gaps)
     metrics.observe_request(len(ids), 0, "length", None, [], time.perf_counter() - started, None)
-    logprobs: list[Any] = [None]
-    for pos, s in enumerate(scores, start=1):
-        entries: dict[str, Any] = {}
-        decode = decode_in_context(backend.tokenizer, ids[max(0, pos - 4):pos])
-        for rank, (tid, lp) in enumerate(zip(s.top_ids, s.top_logprobs, strict=True), start=1):
-            entries[str(tid)] = {"logprob": lp, "rank": rank, "decoded_token": decode(tid)}
-        if str(s.token_id) not in entries:
-            entries[str(s.token_id)] = {
-                "logprob": s.logprob, "rank": s.rank, "decoded_token": decode(s.token_id),
-            }
-        logprobs.append(entries)
+    logprobs = completions_gen.prompt_logprob_list(backend.tokenizer, ids, list(scores))
     fingerprint = teacher_fingerprint(backend, selection)
     return json_response(
         {

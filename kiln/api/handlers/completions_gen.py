@@ -1,5 +1,6 @@
 """POST /v1/completions generation, as vLLM does it: prompts (a text, texts, token IDs or lists
-of them) x n choices, prompt-major; echo; logprobs; stop strings and token IDs; seeds.
+of them) x n choices, prompt-major; best_of; echo; logprobs and prompt_logprobs; prompt
+truncation; stop strings and token IDs; a thinking budget; seeds.
 
 ``prepare`` turns the wire request into engine requests (plus each prompt's echo); ``respond``
 runs them and builds the JSON body; ``completions_stream`` streams them.
@@ -22,12 +23,22 @@ from kiln.api.backend import PositionScore
 from kiln.api.encode import json_response
 from kiln.api.errors import ApiError
 from kiln.api.handlers.adapters import Selection
-from kiln.api.handlers.extras import logits_extras
+from kiln.api.handlers.chat_prepare import apply_budget
+from kiln.api.handlers.extras import check_logprobs, logits_extras
 from kiln.api.handlers.generation import Admitted, Completion, collect, submit_all, until_disconnect
 from kiln.api.handlers.logprobs import CompletionLogprobs
-from kiln.api.handlers.params import NEUTRAL, choice_seed, normalize_stop, opt, sampling_params
+from kiln.api.handlers.params import (
+    choice_seed,
+    normalize_stop,
+    opt,
+    sampling_params,
+    state_default,
+)
 from kiln.api.state import AppState
 from kiln.engine.request import SamplingParams
+from kiln.text.budget import BudgetConfig, resolve
+from kiln.text.detokenizer import decode_in_context
+from kiln.text.reasoning import prompt_starts_in_reasoning
 
 ERROR_CODE = "completion_invalid_request"
 DEFAULT_MAX_TOKENS = 16  # vLLM's completions default
@@ -45,8 +56,8 @@ class Prepared:
     model: str
     prompts: list[list[int]]
     echo_texts: list[str]  # per prompt: what echo prepends
-    n: int
-    params: list[SamplingParams]  # per choice, prompt-major
+    n: int  # engine requests per prompt (best_of, else n)
+    params: list[SamplingParams]  # per engine request, prompt-major
     lora: tuple[tuple[Any, float], ...]
     echo: bool
     logprobs: int | None
@@ -56,6 +67,9 @@ class Prepared:
     stream_interval: int
     include_stop: bool = False  # include_stop_str_in_output: a matched stop string ends the text
     echo_scores: list[list[PositionScore]] = field(default_factory=list)
+    keep: int = 0  # choices returned per prompt: n (the best n of best_of by cumulative logprob)
+    prompt_logprobs: int | None = None  # prompt_logprobs beside generation
+    prompt_lists: list[list[Any]] = field(default_factory=list)  # per prompt, scoring's shape
 
     def prompt_of(self, index: int) -> int:
         return index // self.n
@@ -65,12 +79,41 @@ def split_prompts(prompt: Any) -> list[str | list[int]]:
     """One text, token IDs, texts, or lists of token IDs -> one entry per prompt."""
     if isinstance(prompt, str):
         return [prompt]
-    if all(type(x) is int for x in prompt):
-        return [list(prompt)]
-    return [p if isinstance(p, str) else list(p) for p in prompt]
+    if all(is_token_id(x) for x in prompt):
+        return [[int(x) for x in prompt]]
+    return [p if isinstance(p, str) else [int(x) for x in p] for p in prompt]
 
 
-def _tokenize(state: AppState, req: Any) -> tuple[list[list[int]], list[str]]:
+def is_token_id(x: Any) -> bool:
+    """A token ID: the contract's integers accept integral floats (2.0) too."""
+    return isinstance(x, int | float) and not isinstance(x, bool)
+
+
+def truncate(ids: list[int], keep: int | None, side: str | None) -> list[int]:
+    """truncate_prompt_tokens: the last ``keep`` tokens (truncation_side left, the default) or
+    the first (right)."""
+    if keep is None or len(ids) <= keep:
+        return ids
+    return ids[:keep] if side == "right" else ids[len(ids) - keep:]
+
+
+def _truncation(req: Any, limit: int, max_tokens_given: bool) -> int | None:
+    """truncate_prompt_tokens -> tokens to keep (None: no truncation); -1 keeps what leaves room
+    for max_tokens in the context window (max_model_len - max_tokens)."""
+    t = opt(req.truncate_prompt_tokens)
+    if t is None:
+        return None
+    if t == -1:
+        wanted = opt(req.max_tokens) if max_tokens_given else DEFAULT_MAX_TOKENS
+        t = limit - int(wanted or 0)
+    if t < 1:
+        raise bad(f"truncate_prompt_tokens leaves {t} prompt tokens; at least 1 is needed",
+                  "truncate_prompt_tokens")
+    return int(t)
+
+
+def _tokenize(state: AppState, req: Any, keep: int | None = None
+              ) -> tuple[list[list[int]], list[str]]:
     backend = state.backend
     tok, limit, vocab = backend.tokenizer, backend.max_model_len, backend.tokenizer.vocab_size
     prompts: list[list[int]] = []
@@ -78,18 +121,21 @@ def _tokenize(state: AppState, req: Any) -> tuple[list[list[int]], list[str]]:
     for i, p in enumerate(split_prompts(req.prompt)):
         where = "prompt" if i == 0 and not isinstance(req.prompt, list) else f"prompt[{i}]"
         if isinstance(p, str):
-            if tok.surely_over(p, limit):
+            if keep is None and tok.surely_over(p, limit):
                 raise ApiError(400, "context_length_exceeded",
                                f"{where} ({len(p)} characters) is longer than the context window "
                                f"of {limit} tokens", param="prompt")
             ids = tok.encode(p, add_special_tokens=bool(req.add_special_tokens))
-            texts.append(p)
+            cut = truncate(ids, keep, opt(req.truncation_side))
+            texts.append(p if cut is ids else tok.decode(cut))
+            ids = cut
         else:
             ids = p
             bad_ids = [t for t in ids if t >= vocab]
             if bad_ids:
                 raise bad(f"{where}: token id {bad_ids[0]} is outside the vocabulary "
                           f"(size {vocab})", "prompt")
+            ids = truncate(ids, keep, opt(req.truncation_side))
             texts.append(tok.decode(ids))
         if not ids:
             raise bad(f"prompt tokenizes to 0 tokens ({where})", "prompt")
@@ -112,11 +158,21 @@ def _max_tokens(req: Any, given: bool, prompt_len: int, limit: int) -> int:
 
 def prepare(state: AppState, req: Any, selection: Selection, model: str, *,
             max_tokens_given: bool) -> Prepared:
-    prompts, texts = _tokenize(state, req)
-    n = int(opt(req.n) or 1)
+    limit = state.backend.max_model_len
+    prompts, texts = _tokenize(state, req, _truncation(req, limit, max_tokens_given))
+    keep = int(opt(req.n) or 1)
+    n = int(opt(getattr(req, "best_of", None)) or keep)
+    if n < keep:
+        raise bad(f"best_of ({n}) must be at least n ({keep})", "best_of")
+    if n > keep and opt(req.stream):
+        raise bad("best_of above n cannot stream (the best are known only at the end)", "best_of")
     if len(prompts) * n > MAX_CHOICES:
-        raise bad(f"{len(prompts)} prompts x n={n} is more than {MAX_CHOICES} choices", "n")
+        param = "best_of" if n > keep else "n"
+        raise bad(f"{len(prompts)} prompts x {param}={n} is more than {MAX_CHOICES} choices", param)
     logprobs = opt(req.logprobs)
+    check_logprobs(logprobs, state.config.max_logprobs, "logprobs", ERROR_CODE)
+    prompt_logprobs = opt(req.prompt_logprobs)
+    check_logprobs(prompt_logprobs, state.config.max_logprobs, "prompt_logprobs", ERROR_CODE)
     echo = bool(opt(req.echo))
     if echo and logprobs is not None:
         worst = max(len(p) - 1 for p in prompts) * (int(logprobs) + 1)
@@ -128,16 +184,19 @@ def prepare(state: AppState, req: Any, selection: Selection, model: str, *,
     wanted = opt(req.max_tokens) if max_tokens_given else DEFAULT_MAX_TOKENS
     extras = logits_extras(req, state.backend.tokenizer, code=ERROR_CODE, stop=stop,
                            stop_token_ids=stop_ids, max_tokens=wanted)
+    default = state_default(state)
+    budget = thinking_budget(req)
     params: list[SamplingParams] = []
     for p, ids in enumerate(prompts):
+        max_tokens = _max_tokens(req, max_tokens_given, len(ids), limit)
+        spec = apply_budget(state, budget, prompt_starts_in_reasoning(texts[p]), max_tokens,
+                            stop, ERROR_CODE) if budget.configured else None
         for c in range(n):
-            base = sampling_params(
-                req, max_tokens=_max_tokens(req, max_tokens_given, len(ids),
-                                       state.backend.max_model_len),
-                stop=stop, seed=choice_seed(req.seed, p * n + c), has_tools=False, base=NEUTRAL)
+            base = sampling_params(req, max_tokens=max_tokens, stop=stop,
+                                   seed=choice_seed(req.seed, p * n + c), base=default)
             params.append(dataclasses.replace(
                 base, logprobs=None if logprobs is None else int(logprobs),
-                stop_token_ids=stop_ids, **extras))
+                stop_token_ids=stop_ids, thinking=spec, **extras))
     options = opt(req.stream_options)
     rid = opt(req.request_id)
     return Prepared(
@@ -148,16 +207,53 @@ def prepare(state: AppState, req: Any, selection: Selection, model: str, *,
         return_token_ids=bool(opt(req.return_token_ids)),
         include_usage=bool(options is not None and opt(options.include_usage)),
         stream_interval=int(opt(req.stream_interval) or 1),
-        include_stop=bool(req.include_stop_str_in_output))
+        include_stop=bool(req.include_stop_str_in_output), keep=keep,
+        prompt_logprobs=None if prompt_logprobs is None else int(prompt_logprobs))
+
+
+def thinking_budget(req: Any) -> BudgetConfig:
+    """vLLM's thinking_token_budget as Kiln's thinking budget in tokens (-1 or null: none). It
+    applies where the prompt ends inside a reasoning block, as on chat."""
+    tokens = opt(getattr(req, "thinking_token_budget", None))
+    return resolve(None if tokens is None or tokens < 0 else int(tokens), UNSET, None, None)
 
 
 async def score_echoes(state: AppState, prep: Prepared) -> None:
-    """The echoed prompts' logprobs, from the scoring route (only when echo and logprobs)."""
-    if not (prep.echo and prep.logprobs is not None):
+    """The prompts' logprobs from the scoring route: the echoed prompts' (echo with logprobs)
+    and prompt_logprobs beside generation, one scoring pass per prompt for both."""
+    echo = prep.echo and prep.logprobs is not None
+    if not echo and prep.prompt_logprobs is None:
         return
+    k = max(prep.logprobs or 0 if echo else 0, prep.prompt_logprobs or 0)
     for ids in prep.prompts:
-        scores = await state.backend.score(ids, prep.logprobs, prep.lora) if len(ids) > 1 else []
-        prep.echo_scores.append(list(scores))
+        scores = list(await state.backend.score(ids, k, prep.lora)) if len(ids) > 1 else []
+        if echo:
+            prep.echo_scores.append([_top(s, prep.logprobs or 0) for s in scores])
+        if prep.prompt_logprobs is not None:
+            tok = state.backend.tokenizer
+            prep.prompt_lists.append(prompt_logprob_list(
+                tok, ids, [_top(s, prep.prompt_logprobs) for s in scores]))
+
+
+def _top(s: PositionScore, k: int) -> PositionScore:
+    return dataclasses.replace(s, top_ids=s.top_ids[:k], top_logprobs=s.top_logprobs[:k])
+
+
+def prompt_logprob_list(tokenizer: Any, ids: list[int], scores: list[PositionScore]
+                        ) -> list[Any]:
+    """Scoring's prompt_logprobs: null for the first token, then per position the top ids by
+    logit and the observed token, each {logprob, rank, decoded_token}."""
+    out: list[Any] = [None]
+    for pos, s in enumerate(scores, start=1):
+        entries: dict[str, Any] = {}
+        decode = decode_in_context(tokenizer, ids[max(0, pos - 4):pos])
+        for rank, (tid, lp) in enumerate(zip(s.top_ids, s.top_logprobs, strict=True), start=1):
+            entries[str(tid)] = {"logprob": lp, "rank": rank, "decoded_token": decode(tid)}
+        if str(s.token_id) not in entries:
+            entries[str(s.token_id)] = {"logprob": s.logprob, "rank": s.rank,
+                                        "decoded_token": decode(s.token_id)}
+        out.append(entries)
+    return out
 
 
 def start(state: AppState, prep: Prepared, rid: str, arrived: float) -> list[Admitted]:
@@ -189,8 +285,8 @@ def stop_text(prep: Prepared, finish: str | None, stop_reason: str | int | None)
     return str(stop_reason) if ok else ""
 
 
-def choice_body(state: AppState, prep: Prepared, index: int, c: Completion) -> dict[str, Any]:
-    p = prep.prompt_of(index)
+def choice_body(state: AppState, prep: Prepared, index: int, p: int, c: Completion
+                ) -> dict[str, Any]:
     text = ((prep.echo_texts[p] if prep.echo else "") + c.text
             + stop_text(prep, c.finish_reason, c.stop_reason))
     choice: dict[str, Any] = {"index": index, "text": text, "logprobs": None,
@@ -202,7 +298,22 @@ def choice_body(state: AppState, prep: Prepared, index: int, c: Completion) -> d
     if prep.return_token_ids:
         choice["prompt_token_ids"] = prep.prompts[p]
         choice["token_ids"] = c.token_ids
+    if prep.prompt_logprobs is not None:
+        choice["prompt_logprobs"] = prep.prompt_lists[p]
     return choice
+
+
+def best(prep: Prepared, completions: list[Completion]) -> list[tuple[int, Completion]]:
+    """Per prompt, the ``keep`` best of its ``n`` runs by cumulative logprob (the engine's
+    behaviour logprob of each sampled token; best first, as vLLM orders them); all of them in
+    order when keep == n."""
+    out: list[tuple[int, Completion]] = []
+    for p in range(len(prep.prompts)):
+        runs = completions[p * prep.n:(p + 1) * prep.n]
+        if prep.keep < prep.n:
+            runs = sorted(runs, key=lambda c: -sum(c.logprobs))[:prep.keep]
+        out.extend((p, c) for c in runs)
+    return out
 
 
 def usage(prep: Prepared, completion_tokens: int) -> dict[str, int]:
@@ -226,7 +337,7 @@ async def respond(request: Request, state: AppState, prep: Prepared, rid: str, a
     done = iter(await until_disconnect(request, _collect(streams)))
     completions = [next(done) if p.max_tokens > 0 else Completion(finish_reason="length")
                    for p in prep.params]
-    choices = [choice_body(state, prep, i, c) for i, c in enumerate(completions)]
+    choices = [choice_body(state, prep, i, p, c) for i, (p, c) in enumerate(best(prep, completions))]
     return json_response({
         "id": prep.completion_id, "object": "text_completion", "created": int(time.time()),
         "model": prep.model, "system_fingerprint": fingerprint, "choices": choices,

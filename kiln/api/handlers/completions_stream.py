@@ -51,6 +51,8 @@ class _Stream:
         if ch.logprobs is not None:
             choice["logprobs"] = ch.logprobs.wire()
             ch.logprobs = CompletionLogprobs(as_ids=self.prep.as_ids, offset=ch.logprobs.offset)
+        if self.prep.prompt_logprobs is not None and not ch.sent_first:
+            choice["prompt_logprobs"] = self.prep.prompt_lists[self.prep.prompt_of(ch.index)]
         if self.prep.return_token_ids:
             if not ch.sent_first:
                 choice["prompt_token_ids"] = ch.prompt

@@ -23,6 +23,13 @@ def _ids_in_vocab(ids: list[int], vocab: int, param: str, code: str) -> None:
                                   f"(size {vocab})", param=param)
 
 
+def check_logprobs(value: Any, limit: int, param: str, code: str) -> None:
+    """vLLM's --max-logprobs: asking for more alternatives than the server allows is a 400."""
+    if value is not None and value is not UNSET and int(value) > limit:
+        raise ApiError(400, code, f"{param} {int(value)} is more than this server's maximum of "
+                                  f"{limit} (--max-logprobs)", param=param)
+
+
 def logits_extras(req: Any, tokenizer: Any, *, code: str, stop: tuple[str, ...],
                   stop_token_ids: tuple[int, ...], max_tokens: int | None) -> dict[str, Any]:
     vocab = int(tokenizer.vocab_size)
@@ -54,21 +61,27 @@ def logits_extras(req: Any, tokenizer: Any, *, code: str, stop: tuple[str, ...],
     return out
 
 
-def chat_extras(req: Any, tokenizer: Any, stop: tuple[str, ...], max_tokens: int | None
-                ) -> dict[str, Any]:
+def logprobs_wanted(req: Any, max_logprobs: int, code: str) -> int | None:
+    """Chat's and batch's ``logprobs: true`` + ``top_logprobs`` -> alternatives per token (None:
+    no logprobs). top_logprobs needs logprobs: true and is at most ``max_logprobs``."""
+    top = getattr(req, "top_logprobs", None)
+    want = getattr(req, "logprobs", None) is True
+    if top not in (UNSET, None) and not want:
+        raise ApiError(400, code, "top_logprobs requires logprobs: true", param="top_logprobs")
+    check_logprobs(top, max_logprobs, "top_logprobs", code)
+    return (0 if top in (UNSET, None) else int(top)) if want else None
+
+
+def chat_extras(req: Any, tokenizer: Any, stop: tuple[str, ...], max_tokens: int | None,
+                max_logprobs: int) -> dict[str, Any]:
     """Chat's vLLM/OpenAI generation extras as SamplingParams fields (after refusing the ones
     not implemented): logprobs (top_logprobs alternatives; top_logprobs needs logprobs: true),
     stop_token_ids, logit_bias and min_tokens."""
     check(req, CHAT_FIELDS)
-    top = getattr(req, "top_logprobs", None)
-    want = getattr(req, "logprobs", None) is True
-    if top not in (UNSET, None) and not want:
-        raise ApiError(400, "chat_invalid_request", "top_logprobs requires logprobs: true",
-                       param="top_logprobs")
     given = opt(getattr(req, "stop_token_ids", None))
     stop_ids = tuple(int(t) for t in given or ())
     return {
-        "logprobs": (0 if top in (UNSET, None) else int(top)) if want else None,
+        "logprobs": logprobs_wanted(req, max_logprobs, "chat_invalid_request"),
         "stop_token_ids": stop_ids,
         **logits_extras(req, tokenizer, code="chat_invalid_request", stop=stop,
                         stop_token_ids=stop_ids, max_tokens=max_tokens),

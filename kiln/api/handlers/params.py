@@ -1,53 +1,29 @@
 """Wire request fields -> engine SamplingParams: presets, overrides, max_tokens, stop strings.
 
-Kiln's rules (reference §5, §15): a request starts from a preset (default
-`qwen3-thinking-general`, or `qwen3-thinking-coding` when tools are present and no preset is
-named; unknown names fall back to thinking-general), explicit fields override it, `max_tokens`
-wins over `max_completion_tokens` when both are non-null, the default is 2048, and the result is
-clamped to what is left of the context window.
+A request starts from the sampling preset it names (unknown names fall back to
+`qwen3-thinking-general`, reference §5); without one, from the server's default: the preset of
+`--default-sampling-preset` when given, else the model's own generation_config.json (vLLM's
+`--generation-config auto`; fields it lacks, and every GGUF, take vLLM's neutral values).
+Explicit fields override it. `max_tokens` wins over `max_completion_tokens` when both are
+non-null, the default is 2048, and the result is clamped to what is left of the context window.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
 from msgspec import UNSET
 
 from kiln.engine.request import SamplingParams
+from kiln.presets import DEFAULT_PRESET, NEUTRAL, PRESETS, Preset, canonical_preset
 from kiln.text.stop_automaton import StopAutomaton
 
 DEFAULT_MAX_TOKENS = 2048
 U64 = 2**64
-
-
-@dataclass(frozen=True)
-class Preset:
-    temperature: float
-    top_p: float
-    top_k: int
-    min_p: float
-    repetition_penalty: float
-    presence_penalty: float
-    frequency_penalty: float
-
-
-PRESETS: dict[str, Preset] = {
-    "qwen3-thinking-general": Preset(1.0, 0.95, 20, 0.0, 1.0, 1.5, 0.0),
-    "qwen3-thinking-coding": Preset(0.6, 0.95, 20, 0.0, 1.0, 0.0, 0.0),
-    "qwen3-non-thinking-general": Preset(0.7, 0.8, 20, 0.0, 1.0, 1.5, 0.0),
-    "qwen3-non-thinking-reasoning": Preset(1.0, 0.95, 20, 0.0, 1.0, 1.5, 0.0),
-    "greedy": Preset(0.0, 1.0, 0, 0.0, 1.0, 0.0, 0.0),
-}
-_ALIASES = {
-    "qwen3.5-thinking-coding": "qwen3-thinking-coding",
-    "qwen3.5-non-thinking-general": "qwen3-non-thinking-general",
-    "qwen3.5-non-thinking-reasoning": "qwen3-non-thinking-reasoning",
-}
-DEFAULT_PRESET = "qwen3-thinking-general"
-# vLLM's defaults with no generation config: every filter and penalty off, temperature 1.
-NEUTRAL = Preset(1.0, 1.0, 0, 0.0, 1.0, 0.0, 0.0)
+__all__ = ["NEUTRAL", "PRESETS", "Preset"]  # re-exported for the handlers and tests
 
 
 def opt(value: Any) -> Any:
@@ -55,12 +31,39 @@ def opt(value: Any) -> Any:
     return None if value is UNSET else value
 
 
-def preset_name(requested: str | None, has_tools: bool) -> str:
-    if requested is None:
-        return "qwen3-thinking-coding" if has_tools else DEFAULT_PRESET
-    key = requested.strip().lower()
-    key = _ALIASES.get(key, key)
-    return key if key in PRESETS else DEFAULT_PRESET
+def preset_name(requested: str) -> str:
+    return canonical_preset(requested) or DEFAULT_PRESET
+
+
+# generation_config.json keys vLLM's `--generation-config auto` reads as sampling defaults
+_MODEL_FIELDS = {"temperature": float, "top_p": float, "top_k": int, "min_p": float,
+                 "repetition_penalty": float}
+
+
+def model_defaults(generation_config: Mapping[str, Any] | None) -> Preset:
+    """The model's own sampling defaults: each field generation_config.json sets (a finite
+    number), the rest neutral. A top_k of 0 or less is off (0)."""
+    values: dict[str, Any] = {}
+    for key, kind in _MODEL_FIELDS.items():
+        raw = (generation_config or {}).get(key)
+        if isinstance(raw, bool) or not isinstance(raw, int | float) or not math.isfinite(raw):
+            continue
+        values[key] = max(0, int(raw)) if kind is int else float(raw)
+    return dataclasses.replace(NEUTRAL, **values)
+
+
+def server_default(default_preset: str | None, generation_config: Mapping[str, Any] | None
+                   ) -> Preset:
+    """Where a request that names no preset starts: ``--default-sampling-preset`` when the
+    server has one, else the model's generation config."""
+    if default_preset is not None:
+        return PRESETS[preset_name(default_preset)]
+    return model_defaults(generation_config)
+
+
+def state_default(state: Any) -> Preset:
+    """``server_default`` for a running app (AppState): its config and its backend's model."""
+    return server_default(state.config.default_sampling_preset, state.backend.generation_config)
 
 
 def normalize_stop(stop: Any) -> tuple[str, ...]:
@@ -104,17 +107,16 @@ def is_greedy(temperature: float, top_k: int) -> bool:
 
 
 def sampling_params(
-    req: Any, *, max_tokens: int, stop: tuple[str, ...], seed: int | None, has_tools: bool,
-    base: Preset | None = None,
+    req: Any, *, max_tokens: int, stop: tuple[str, ...], seed: int | None, base: Preset,
 ) -> SamplingParams:
     """Build the engine's SamplingParams from a chat, batch or completions wire request.
 
-    The request's own fields win; the rest come from the named preset, else ``base`` (when
-    given), else Kiln's default preset. A greedy request (temperature 0 or top_k 1) takes
-    penalties only from its own fields or a preset it names (DESIGN §6): the default preset's
-    presence penalty must not change the argmax."""
+    The request's own fields win; the rest come from the preset it names, else ``base`` (the
+    server's default, ``state_default``). A greedy request (temperature 0 or top_k 1) takes
+    penalties only from its own fields or a preset it names (DESIGN §6): no default may change
+    the argmax."""
     named = opt(getattr(req, "sampling_preset", None))
-    preset = PRESETS[preset_name(named, has_tools)] if base is None or named is not None else base
+    preset = base if named is None else PRESETS[preset_name(named)]
     top_k_req = opt(req.top_k)
     # top_k: -1 is vLLM's "off", as 0 is Kiln's
     top_k = preset.top_k if top_k_req is None else max(0, int(top_k_req))

@@ -32,8 +32,7 @@ async def tokenize(request: Request) -> Response:
     special = opt(req.add_special_tokens)
     if prompt is None:
         kwargs = template_kwargs(state, req.chat_template_kwargs, CODE)
-        kwargs["add_generation_prompt"] = bool(req.add_generation_prompt)
-        prompt = render_prompt(state, messages, None, kwargs)
+        prompt = render_prompt(state, messages, None, kwargs, bool(req.add_generation_prompt))
         special = False if special is None else special
     limit = backend.max_model_len
     if backend.tokenizer.surely_over(prompt, 4 * limit):  # encoding holds the GIL

@@ -20,8 +20,6 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "include_stop_str_in_output": (False,),
     "skip_special_tokens": (True,),
     "spaces_between_special_tokens": (True,),
-    "truncate_prompt_tokens": (None,),
-    "truncation_side": (None,),
     "logprob_token_ids": (None,),
     "bad_words": ([],),
     "prompt_embeds": (None,),
@@ -36,11 +34,10 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "ec_transfer_params": (None,),
     "vllm_xargs": (None,),
     "repetition_detection": (None,),
-    "thinking_token_budget": (None, -1),
     "continue_final_message": (False,),
 }
 # Chat's share of them (the fields chat's contract gained for issue 25 but does not implement).
-CHAT_FIELDS = ("include_stop_str_in_output", "continue_final_message")
+CHAT_FIELDS = ("include_stop_str_in_output",)
 COMPLETION_FIELDS = tuple(k for k in _NEUTRAL
                           if k not in ("continue_final_message", "include_stop_str_in_output"))
 

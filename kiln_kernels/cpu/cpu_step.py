@@ -1,0 +1,259 @@
+"""The CPU step's binding: ``step/cpu_step.c``, one whole forward step (every layer, the LM
+head) in one call.
+
+:class:`CpuStepWeights` holds the model side (dimensions, per-layer packed weights and norms);
+:meth:`CpuStepWeights.bind` pairs it with one KV cache, giving a :class:`CpuStepProgram` whose
+:meth:`~CpuStepProgram.step` runs M token rows (decodes, or rows of short prefill chunks). The structures mirror ``cpu_step.c``;
+the layer table is an int64 array of addresses, so the tensors it points at are kept alive here.
+The torch path of ``kiln.model`` is the reference (``tests/model/test_fused_cpu_step.py``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import torch
+
+from ..quant import FORMAT_IDS, MAX_PARTS, Packed
+from .loader import NATIVE_FLAGS, library
+
+KV_DTYPES = (torch.float32, torch.float16)  # the cache element types cpu_step.c reads
+LAYER_FIELDS = ("qkv", "o", "gate_up", "down", "in_norm", "post_norm", "q_norm", "k_norm", "q_bias", "k_bias", "v_bias",
+                "k_cache", "v_cache")
+
+
+class _Model(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_int64) for n in ("layers", "hidden", "inter", "heads", "kv_heads",  # type: ignore[assignment]
+                                               "head_dim", "vocab", "block_size", "fields")] + [
+        ("eps", ctypes.c_float), ("scale", ctypes.c_float), ("table", ctypes.c_void_p),
+        ("final_norm", ctypes.c_void_p), ("head", ctypes.c_void_p),
+        ("kv_f16", ctypes.c_int64), ("kv_sb", ctypes.c_int64), ("kv_sp", ctypes.c_int64),
+        ("kv_sh", ctypes.c_int64)]
+
+
+class _Weight(ctypes.Structure):  # KilnWeight (quant.h)
+    _fields_ = [("parts", ctypes.c_int64), ("K", ctypes.c_int64),
+                ("fmt", ctypes.c_int64 * MAX_PARTS), ("rows", ctypes.c_int64 * MAX_PARTS),
+                ("data", ctypes.c_void_p * MAX_PARTS)]
+
+
+def weight_struct(w: Packed) -> _Weight:
+    """The C description of a packed weight (its tiles must outlive it)."""
+    parts = w.parts
+    if len(parts) > MAX_PARTS:
+        raise ValueError(f"a weight of {len(parts)} parts (at most {MAX_PARTS})")
+    pad = MAX_PARTS - len(parts)
+    return _Weight(parts=len(parts), K=w.in_features,
+                   fmt=(ctypes.c_int64 * MAX_PARTS)(*[FORMAT_IDS[p.fmt] for p in parts], *[0] * pad),
+                   rows=(ctypes.c_int64 * MAX_PARTS)(*[p.out_features for p in parts], *[0] * pad),
+                   data=(ctypes.c_void_p * MAX_PARTS)(*[p.tiles.data_ptr() for p in parts],
+                                                       *[None] * pad))
+
+
+def cache_strides(cache: torch.Tensor) -> tuple[int, int, int]:
+    """Element strides (block, position, KV head) of a ``[blocks, block_size, kv_heads, dim]``
+    cache whose storage is dense with ``dim`` innermost (contiguous, or a permutation of the
+    first three axes of a contiguous tensor); raises ValueError otherwise."""
+    if cache.dim() != 4 or cache.stride(3) != 1:
+        raise ValueError("a KV cache is [blocks, block_size, kv_heads, dim] with dim innermost")
+    order = sorted(range(3), key=lambda a: -cache.stride()[a])
+    if not cache.permute(*order, 3).is_contiguous():
+        raise ValueError("a KV cache's storage must be dense")
+    return cache.stride(0), cache.stride(1), cache.stride(2)
+
+
+LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class _Lora(ctypes.Structure):
+    _fields_ = [("K", ctypes.c_int64), ("nslots", ctypes.c_int64), ("rank", ctypes.c_int64),
+                ("slot_idx", ctypes.c_void_p), ("scales", ctypes.c_void_p),
+                ("a", ctypes.c_void_p * 7), ("bt", ctypes.c_void_p * 7), ("t", ctypes.c_void_p)]
+
+
+class _Step(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_int64) for n in ("M", "max_blocks", "max_ctx", "L")] + [
+        (n, ctypes.c_void_p) for n in ("x", "cos", "sin", "ctx_lens", "block_tables", "slots",
+                                       "seq_first", "logit_rows", "logits", "scratch", "lora")]
+
+
+@dataclass(frozen=True)
+class LoraRows:
+    """LoRA of a step's rows: ``slot_idx`` int32 [K, M] (-1: none), ``scales`` float32 [K, M];
+    per module in LORA_MODULES order, the A stack ``[layers, slots, rank, in]`` and the B^T
+    stack ``[layers, slots, rank, out]`` (None: no adapter targets it)."""
+
+    slot_idx: torch.Tensor
+    scales: torch.Tensor
+    a: tuple[torch.Tensor | None, ...]
+    bt: tuple[torch.Tensor | None, ...]
+
+    def struct(self, rows: int, keep: list[torch.Tensor]) -> _Lora:
+        k = int(self.slot_idx.shape[0])
+        stacks = [t for t in (*self.a, *self.bt) if t is not None]
+        if not stacks:
+            raise ValueError("LoraRows without any stack")
+        nslots, rank = int(stacks[0].shape[1]), int(stacks[0].shape[2])
+        for t in stacks:
+            if (t.dtype != torch.float32 or not t.is_contiguous()
+                    or tuple(t.shape[1:3]) != (nslots, rank)):
+                raise ValueError("LoRA stacks must be contiguous float32 [L, slots, rank, n]")
+        idx = self.slot_idx.to(torch.int32).contiguous()
+        scales = self.scales.to(torch.float32).contiguous()
+        if tuple(idx.shape) != (k, rows) or tuple(scales.shape) != (k, rows):
+            raise ValueError("LoRA slot_idx/scales must be [K, M]")
+        t = torch.empty(max(1, rows * k * rank), dtype=torch.float32)
+        keep.extend([idx, scales, t])
+        return _Lora(K=k, nslots=nslots, rank=rank, slot_idx=idx.data_ptr(),
+                     scales=scales.data_ptr(), a=(ctypes.c_void_p * 7)(*map(_addr, self.a)),
+                     bt=(ctypes.c_void_p * 7)(*map(_addr, self.bt)), t=t.data_ptr())
+
+MAX_GROUP = 16  # query heads per KV head that cpu_step.c handles
+
+
+@dataclass(frozen=True)
+class CpuStepLayer:
+    qkv: Packed  # rows: q heads, then k heads, then v heads
+    o: Packed
+    gate_up: Packed  # rows: gate, then up
+    down: Packed
+    in_norm: torch.Tensor
+    post_norm: torch.Tensor
+    q_norm: torch.Tensor | None = None  # qwen3
+    k_norm: torch.Tensor | None = None
+    q_bias: torch.Tensor | None = None  # qwen2
+    k_bias: torch.Tensor | None = None
+    v_bias: torch.Tensor | None = None
+
+
+def _f32(t: torch.Tensor | None) -> torch.Tensor | None:
+    if t is None:
+        return None
+    if t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous():
+        raise ValueError("decode tensors must be contiguous float32 CPU tensors")
+    return t
+
+
+@dataclass(frozen=True)
+class CpuStepWeights:
+    hidden: int
+    inter: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    eps: float
+    layers: tuple[CpuStepLayer, ...]
+    final_norm: torch.Tensor
+    head: Packed  # [vocab, hidden]
+
+    def bind(self, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor],
+             flags: tuple[str, ...] = NATIVE_FLAGS) -> CpuStepProgram:
+        """The program for these KV caches (per layer ``[blocks, block_size, kv_heads, dim]``),
+        on the library built with ``flags`` (``loader.PORTABLE_FLAGS``: the scalar paths)."""
+        return CpuStepProgram(self, k_caches, v_caches, flags)
+
+
+class CpuStepProgram:
+    def __init__(self, w: CpuStepWeights, k_caches: list[torch.Tensor],
+                 v_caches: list[torch.Tensor], flags: tuple[str, ...] = NATIVE_FLAGS) -> None:
+        lib = library(flags)
+        if lib.kiln_cpu_step_layout_version() != len(LAYER_FIELDS):
+            raise RuntimeError("cpu_step.c and cpu_step.py disagree on the layer table")
+        if w.heads % w.kv_heads or w.heads // w.kv_heads > MAX_GROUP:
+            raise ValueError(f"{w.heads} query heads over {w.kv_heads} KV heads: unsupported")
+        if len(k_caches) != len(w.layers) or len(v_caches) != len(w.layers):
+            raise ValueError("one K and one V cache per layer")
+        self.lib, self.weights = lib, w
+        self._keep: list[torch.Tensor] = []
+        self._structs: list[_Weight] = []  # the weights' descriptions the table points at
+        self._strides = cache_strides(k_caches[0])
+        rows = [self._layer_row(layer, k, v) for layer, k, v in
+                zip(w.layers, k_caches, v_caches, strict=True)]
+        self.table = torch.tensor(rows, dtype=torch.int64)
+        self.block_size = int(k_caches[0].shape[1])
+        sb, sp, sh = self._strides
+        self.kv_dtype = k_caches[0].dtype
+        self.vocab = w.head.out_features
+        self.model = _Model(
+            layers=len(w.layers), hidden=w.hidden, inter=w.inter, heads=w.heads,
+            kv_heads=w.kv_heads, head_dim=w.head_dim, vocab=self.vocab,
+            block_size=self.block_size, fields=len(LAYER_FIELDS), eps=w.eps,
+            scale=w.head_dim ** -0.5, table=self.table.data_ptr(),
+            final_norm=_addr(self._hold(_f32(w.final_norm))), head=self._weight(w.head),
+            kv_f16=int(self.kv_dtype == torch.float16),
+            kv_sb=sb, kv_sp=sp, kv_sh=sh)
+
+    def _weight(self, pw: Packed) -> int:
+        """The address of ``pw``'s C description, kept (with its tiles) as long as the program."""
+        self._keep.extend(p.tiles for p in pw.parts)
+        self._structs.append(weight_struct(pw))
+        return ctypes.addressof(self._structs[-1])
+
+    def _hold(self, t: torch.Tensor | None) -> torch.Tensor | None:
+        if t is not None:
+            self._keep.append(t)
+        return t
+
+    def _layer_row(self, layer: CpuStepLayer, k: torch.Tensor, v: torch.Tensor) -> list[int]:
+        w = self.weights
+        dims = {"qkv": ((w.heads + 2 * w.kv_heads) * w.head_dim, w.hidden),
+                "o": (w.hidden, w.heads * w.head_dim), "gate_up": (2 * w.inter, w.hidden),
+                "down": (w.hidden, w.inter)}
+        row: dict[str, int] = {}
+        for name, (n, kk) in dims.items():
+            pw: Packed = getattr(layer, name)
+            if (pw.out_features, pw.in_features) != (n, kk):
+                raise ValueError(f"{name} is {pw.out_features}x{pw.in_features}, not {n}x{kk}")
+            row[name] = self._weight(pw)
+        for name in ("in_norm", "post_norm", "q_norm", "k_norm", "q_bias", "k_bias", "v_bias"):
+            row[name] = _addr(self._hold(_f32(getattr(layer, name))))
+        for name, cache in (("k_cache", k), ("v_cache", v)):
+            if cache.dtype not in KV_DTYPES or cache.dtype != k.dtype or \
+                    cache.device.type != "cpu" or cache_strides(cache) != self._strides:
+                raise ValueError("KV caches must be dense float32 or float16 CPU tensors, "
+                                 "all laid out alike")
+            if tuple(cache.shape[2:]) != (w.kv_heads, w.head_dim):
+                raise ValueError("KV cache heads/dim do not match the model")
+            row[name] = self._hold(cache).data_ptr()  # type: ignore[union-attr]
+        return [row[f] for f in LAYER_FIELDS]
+
+    def step(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+             ctx_lens: torch.Tensor, block_tables: torch.Tensor, slots: torch.Tensor,
+             logit_rows: torch.Tensor, lora: LoraRows | None = None,
+             seq_first: torch.Tensor | None = None) -> torch.Tensor:
+        """M token rows: ``x [M, hidden]`` embeddings (clobbered), ``cos``/``sin``
+        ``[M, head_dim]``, ``ctx_lens`` [M] (the row's position + 1), ``block_tables`` [M, B]
+        (its sequence's table), ``slots`` [M], ``seq_first`` [M] (the first row of the row's
+        sequence; rows of a sequence consecutive; default: every row its own) -> float32 logits
+        ``[len(logit_rows), vocab]``."""
+        m = x.shape[0]
+        lens = ctx_lens.to(torch.int64).contiguous()
+        max_ctx = int(lens.max())
+        tables = block_tables.to(torch.int32).contiguous()
+        if int(tables.shape[1]) * self.block_size < max_ctx:
+            raise ValueError("block tables do not cover the context")
+        xs, c, s = _f32(x), _f32(cos.contiguous()), _f32(sin.contiguous())
+        assert xs is not None and c is not None and s is not None
+        slot = slots.to(torch.int64).contiguous()
+        rows = logit_rows.to(torch.int64).contiguous()
+        first = (torch.arange(m) if seq_first is None else seq_first).to(torch.int64).contiguous()
+        logits = torch.empty((rows.numel(), self.vocab), dtype=torch.float32)
+        need = self.lib.kiln_cpu_step_scratch_floats(ctypes.byref(self.model), m, max_ctx)
+        scratch = torch.empty(need, dtype=torch.float32)
+        keep: list[torch.Tensor] = []
+        lora_struct = None if lora is None else lora.struct(m, keep)
+        st = _Step(M=m, max_blocks=int(tables.shape[1]), max_ctx=max_ctx, L=rows.numel(),
+                   x=xs.data_ptr(), cos=c.data_ptr(), sin=s.data_ptr(), ctx_lens=lens.data_ptr(),
+                   block_tables=tables.data_ptr(), slots=slot.data_ptr(),
+                   seq_first=first.data_ptr(),
+                   logit_rows=rows.data_ptr(), logits=logits.data_ptr(),
+                   scratch=scratch.data_ptr(),
+                   lora=None if lora_struct is None else ctypes.addressof(lora_struct))
+        self.lib.kiln_cpu_step(ctypes.byref(self.model), ctypes.byref(st),
+                                  torch.get_num_threads())
+        return logits
+
+
+def _addr(t: torch.Tensor | None) -> int:
+    return 0 if t is None else int(t.data_ptr())

@@ -1,0 +1,163 @@
+"""The one loader of the CPU C library: compile every C source under ``kiln_kernels/cpu/``
+(``matmul/``: the packed-weight products; ``step/``: the CPU step, a whole forward pass;
+``sampling/``: the sampler; ``common/``: vector math) once per machine into a cache folder and
+load it with ctypes.
+
+The library is built with the system C compiler (``$CC``, else ``cc``/``gcc``) for the CPU it runs
+on (``-march=native``) and linked against the OpenMP runtime that torch has already loaded (the
+same ``libgomp.so.1`` soname), so its threads are torch's threads. The cache key covers the
+source, the flags and the CPU's feature flags; a build is written to a temporary name and renamed
+into place, so concurrent processes never load a half-written file.
+
+Nothing here imports torch; callers import torch before :func:`load` so the OpenMP runtime is in
+the process first.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+HERE = Path(__file__).parent
+INCLUDE_DIRS = (HERE / "common", HERE / "matmul", HERE / "step", HERE / "sampling")
+SOURCES = (HERE / "matmul" / "gemm.c", HERE / "step" / "cpu_step.c",
+           HERE / "step" / "attention.c", HERE / "common" / "vmath.c",
+           HERE / "sampling" / "counter.c", HERE / "sampling" / "sample.c",
+           HERE / "sampling" / "top_p.c")
+HEADERS = (HERE / "matmul" / "quant.h", HERE / "matmul" / "blocks.h",
+           HERE / "matmul" / "blocks_legacy.h", HERE / "matmul" / "blocks_k.h",
+           HERE / "matmul" / "blocks_float.h", HERE / "step" / "cpu_step.h",
+           HERE / "common" / "vmath.h", HERE / "sampling" / "counter.h",
+           HERE / "sampling" / "sample.h")
+NATIVE_FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-shared",
+                "-fPIC")
+PORTABLE_FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC")  # no AVX-512: the scalar path
+
+_lock = threading.Lock()
+_loaded: dict[tuple[str, ...], ctypes.CDLL] = {}
+
+
+class KernelBuildError(RuntimeError):
+    """No C compiler, or the kernel source did not compile."""
+
+
+CACHE_ENV = "KILN_KERNEL_CACHE"  # declared in kiln.config's table; read here, at the build
+
+
+def cache_dir() -> Path:
+    """``$KILN_KERNEL_CACHE``, else ``$XDG_CACHE_HOME/kiln/kernels`` (``~/.cache`` by default)."""
+    explicit = os.environ.get(CACHE_ENV)
+    if explicit:
+        return Path(explicit)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "kiln" / "kernels"
+
+
+def compiler() -> str:
+    for cand in (os.environ.get("CC"), "cc", "gcc"):
+        if cand and shutil.which(cand):
+            return cand
+    raise KernelBuildError("no C compiler found (set CC, or install gcc)")
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _key(cc: str, flags: tuple[str, ...]) -> str:
+    h = hashlib.sha256()
+    parts = [p.read_bytes() for p in (*SOURCES, *HEADERS)]
+    for part in (*parts, cc.encode(), " ".join(flags).encode(), platform.machine().encode(),
+                 _cpu_flags().encode()):
+        h.update(part)
+        h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
+def build(flags: tuple[str, ...] = NATIVE_FLAGS) -> Path:
+    """The compiled library for ``flags`` (compiled on first use, then cached)."""
+    cc = compiler()
+    out_dir = cache_dir()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target = out_dir / f"kiln_quant_{_key(cc, flags)}.so"
+    if target.is_file():
+        return target
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
+    os.close(fd)
+    try:
+        includes = [f"-I{d}" for d in INCLUDE_DIRS]
+        proc = subprocess.run([cc, *flags, *includes, *map(str, SOURCES), "-o", tmp, "-lm"],
+                              capture_output=True, text=True, timeout=600)
+        if proc.returncode != 0:
+            raise KernelBuildError(f"{cc} failed on the CPU kernels: {proc.stderr.strip()[-2000:]}")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+def load(flags: tuple[str, ...] = NATIVE_FLAGS) -> ctypes.CDLL:
+    """Build (if needed) and load the library, with argument types declared."""
+    with _lock:
+        lib = _loaded.get(flags)
+        if lib is None:
+            lib = ctypes.CDLL(str(build(flags)))
+            p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+            lib.kiln_quant_gemm.argtypes = [i32, p, i64, i64, p, i64, p, i32]
+            lib.kiln_quant_gemm.restype = None
+            lib.kiln_dequant_rows.argtypes = [i32, p, i64, i64, p, i64, p]
+            lib.kiln_dequant_rows.restype = i64
+            lib.kiln_cpu_step.argtypes = [p, p, i32]
+            lib.kiln_cpu_step.restype = None
+            lib.kiln_cpu_step_scratch_floats.argtypes = [p, i64, i64]
+            lib.kiln_cpu_step_scratch_floats.restype = i64
+            lib.kiln_cpu_step_layout_version.argtypes = []
+            lib.kiln_cpu_step_layout_version.restype = i64
+            lib.kiln_quant_simd.argtypes = []
+            lib.kiln_quant_simd.restype = i32
+            lib.kiln_counter_uniform.argtypes = [p, p, i64, i64, p]
+            lib.kiln_counter_uniform.restype = None
+            lib.kiln_sample.argtypes = [p, i32]
+            lib.kiln_sample.restype = None
+            lib.kiln_sample_scratch_floats.argtypes = [i64, i64]
+            lib.kiln_sample_scratch_floats.restype = i64
+            _loaded[flags] = lib
+        return lib
+
+
+_build_errors: dict[tuple[str, ...], str] = {}  # flags -> why that build failed (not retried)
+
+
+def library(flags: tuple[str, ...] = NATIVE_FLAGS) -> ctypes.CDLL:
+    """The loaded library for ``flags``; raises :class:`KernelBuildError` where it cannot be
+    built or loaded here (remembered: a failed build is not retried)."""
+    if flags in _build_errors:
+        raise KernelBuildError(_build_errors[flags])
+    try:
+        return load(flags)
+    except (KernelBuildError, OSError, AttributeError) as exc:
+        _build_errors[flags] = str(exc)
+        raise KernelBuildError(str(exc)) from exc
+
+
+def available(flags: tuple[str, ...] = NATIVE_FLAGS) -> bool:
+    """Whether the C library could be built and loaded here (builds it on the first call)."""
+    try:
+        library(flags)
+    except KernelBuildError:
+        return False
+    return True

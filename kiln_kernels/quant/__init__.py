@@ -1,0 +1,235 @@
+"""Block-quantized weights (GGML Q4_0 / Q4_1 / Q8_0 / Q5_0 / Q5_1 / Q4_K / Q5_K / Q6_K, and
+F16 / BF16 / F32) times float32 activations on the CPU.
+
+A :class:`PackedWeight` keeps a GGUF tensor in its blocks (:mod:`.formats`) and multiplies by it
+without ever materialising the float32 matrix: each 32-wide block is dequantized in registers
+(32 weights at a time) to exactly the float32 values gguf-py's ``dequantize`` gives, so the
+weights are the model's weights bit for bit; only the summation order differs from a float32
+GEMM. Decode reads a fifth to a third of the bytes of the float32 weights, and bytes are what
+bound decode on a CPU. A :class:`PackedConcat` is a row-wise concatenation of weights in
+different formats (a fused q/k/v projection whose parts the file quantized differently).
+
+Kernel: ``kiln_kernels/cpu/matmul/gemm.c`` (C; AVX-512 where the CPU has it, a portable loop
+otherwise), compiled once per machine by :mod:`kiln_kernels.cpu`; reference and layouts: :mod:`.reference`. Each output is summed in
+the same order whatever else the batch holds, so a row's result does not depend on its
+neighbours.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from ..cpu import NATIVE_FLAGS, KernelBuildError, library
+from .formats import (
+    FORMAT_IDS,
+    GGML_FORMAT,
+    GGML_TYPES,
+    QK,
+    RAW_BLOCK,
+    TILE_BYTES,
+    tile_raw,
+)
+from .reference import (
+    dequantize_q4,
+    dequantize_q8,
+    dequantize_tiles,
+    gemm_ref,
+    tile_rows,
+    untile,
+)
+
+__all__ = [
+    "FORMAT_IDS",
+    "GGML_BLOCK_BYTES",
+    "GGML_FORMAT",
+    "GGML_TYPES",
+    "NATIVE_FLAGS",
+    "QK",
+    "TILE_BYTES",
+    "KernelBuildError",
+    "Packed",
+    "PackedConcat",
+    "PackedWeight",
+    "dequantize_q4",
+    "dequantize_q8",
+    "dequantize_tiles",
+    "gemm_ref",
+    "pack_dense",
+    "pack_ggml",
+    "quant_gemm",
+    "tile_rows",
+    "untile",
+]
+
+Format = Literal["q4", "q8", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "f16", "bf16", "f32"]
+# GGML block sizes in bytes of the 32-weight types repacked as q4 / q8: fp16 scale(s) + values.
+GGML_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
+
+
+def quant_gemm(fmt: Format, x: torch.Tensor, tiles: torch.Tensor,
+               flags: tuple[str, ...] = NATIVE_FLAGS) -> torch.Tensor:
+    """``x [M, K] @ w.T`` for the tiled weight ``tiles [N/4, K/qk, tile]`` -> float32 [M, N]."""
+    g, nb, size = tiles.shape
+    n, k = 4 * g, QK[fmt] * nb
+    if x.device.type != "cpu" or x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != k:
+        raise ValueError(f"x must be a float32 CPU tensor [M, {k}], got {tuple(x.shape)}")
+    if size != TILE_BYTES[fmt] or tiles.dtype != torch.uint8 or not tiles.is_contiguous():
+        raise ValueError(f"tiles must be contiguous uint8 [N/4, K/{QK[fmt]}, {TILE_BYTES[fmt]}]")
+    x = x.contiguous()
+    y = torch.empty((x.shape[0], n), dtype=torch.float32)
+    if x.shape[0]:
+        library(flags).kiln_quant_gemm(FORMAT_IDS[fmt], x.data_ptr(), x.shape[0], k,
+                                        tiles.data_ptr(), n, y.data_ptr(),
+                                        torch.get_num_threads())
+    return y
+
+
+@dataclass(frozen=True)
+class PackedWeight:
+    """A ``[out_features, in_features]`` weight kept as quantized tiles of 4 rows."""
+
+    fmt: Format
+    tiles: torch.Tensor  # uint8 [N/4, K/QK[fmt], TILE_BYTES[fmt]]
+
+    @property
+    def out_features(self) -> int:
+        return 4 * int(self.tiles.shape[0])
+
+    @property
+    def in_features(self) -> int:
+        return QK[self.fmt] * int(self.tiles.shape[1])
+
+    @property
+    def parts(self) -> tuple[PackedWeight, ...]:
+        return (self,)
+
+    @property
+    def nbytes(self) -> int:
+        return self.tiles.numel()
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [M, K] @ w.T`` -> float32 [M, N] (the C kernel)."""
+        return quant_gemm(self.fmt, x, self.tiles)
+
+    def dequantize(self) -> torch.Tensor:
+        return dequantize_tiles(self.fmt, self.tiles)
+
+    def dequantize_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows ``ids`` (int64, any shape) of :meth:`dequantize`, bit for bit, without the
+        rest: ``[*ids.shape, in_features]`` (an embedding lookup on the blocks)."""
+        flat = ids.reshape(-1).to(torch.int64).contiguous()
+        k = self.in_features
+        try:
+            lib = library(NATIVE_FLAGS)
+        except KernelBuildError:  # the reference: the selected tiles, dequantized
+            if bool(((flat < 0) | (flat >= self.out_features)).any()):
+                raise IndexError(f"an id is outside the {self.out_features} rows") from None
+            tiles = self.tiles.index_select(0, torch.div(flat, 4, rounding_mode="floor"))
+            rows = PackedWeight(self.fmt, tiles).dequantize().view(-1, 4, k)
+            return rows[torch.arange(flat.numel()), flat % 4].view(*ids.shape, k)
+        out = torch.empty((flat.numel(), k), dtype=torch.float32)
+        bad = lib.kiln_dequant_rows(FORMAT_IDS[self.fmt], self.tiles.data_ptr(),
+                                    self.out_features, k, flat.data_ptr(), flat.numel(),
+                                    out.data_ptr())
+        if bad >= 0:
+            raise IndexError(f"row {int(flat[bad])} is outside the {self.out_features} rows")
+        return out.view(*ids.shape, k)
+
+    @staticmethod
+    def cat(parts: list[Packed]) -> Packed:
+        """The row-wise concatenation of weights of one width (fused projections: tiles never
+        straddle two parts, since every part has a multiple of 4 rows): one PackedWeight when
+        they share a format, else a :class:`PackedConcat`."""
+        flat = [p for part in parts for p in part.parts]
+        if not flat or len({p.in_features for p in flat}) != 1:
+            raise ValueError("can only concatenate packed weights of one width")
+        if len({p.fmt for p in flat}) == 1:
+            return PackedWeight(flat[0].fmt, torch.cat([p.tiles for p in flat]).contiguous())
+        merged: list[PackedWeight] = []  # neighbours of one format fused: fewer parts
+        for p in flat:
+            if merged and merged[-1].fmt == p.fmt:
+                merged[-1] = PackedWeight(p.fmt, torch.cat([merged[-1].tiles, p.tiles]))
+            else:
+                merged.append(p)
+        if len(merged) > MAX_PARTS:
+            raise ValueError(f"more than {MAX_PARTS} parts of different formats")
+        return PackedConcat(tuple(merged))
+
+
+MAX_PARTS = 4  # KILN_MAX_PARTS in quant.h
+
+
+@dataclass(frozen=True)
+class PackedConcat:
+    """Packed weights of different formats stacked row-wise: ``[sum of rows, in_features]``.
+    Its product is its parts' products side by side (the C step runs them as one)."""
+
+    parts: tuple[PackedWeight, ...]
+
+    @property
+    def out_features(self) -> int:
+        return sum(p.out_features for p in self.parts)
+
+    @property
+    def in_features(self) -> int:
+        return self.parts[0].in_features
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([p.matmul(x) for p in self.parts], dim=1)
+
+    def dequantize(self) -> torch.Tensor:
+        return torch.cat([p.dequantize() for p in self.parts])
+
+    def dequantize_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.dequantize()[ids]
+
+
+Packed = PackedWeight | PackedConcat
+
+
+def _halves(blocks: torch.Tensor, at: int) -> torch.Tensor:
+    """The fp16 field at byte offset ``at`` of every block, as float32 ``[N, nb]``."""
+    return blocks[:, :, at:at + 2].contiguous().view(torch.float16).squeeze(-1).to(torch.float32)
+
+
+def pack_ggml(raw: torch.Tensor, ggml_type: str) -> PackedWeight:
+    """Pack a GGUF tensor's raw blocks (uint8 ``[N, row_bytes]``, N a multiple of 4) of a type in
+    :data:`GGML_TYPES`. Q4_0 becomes q4 with ``m = -8 d`` (``d*q - 8d`` is exact); Q4_1 and
+    Q8_0 get float32 scales; every other type keeps its blocks."""
+    if ggml_type not in GGML_TYPES:
+        raise ValueError(f"unsupported GGML type {ggml_type!r}")
+    size = GGML_TYPES[ggml_type][1]
+    if raw.dtype != torch.uint8 or raw.dim() != 2 or raw.shape[1] % size or not raw.shape[1]:
+        raise ValueError(f"raw {ggml_type} rows must be uint8 [N, k * {size}]")
+    fmt = GGML_FORMAT[ggml_type]
+    if fmt in RAW_BLOCK:
+        return PackedWeight(fmt, tile_raw(raw.contiguous(), size))  # type: ignore[arg-type]
+    n, nb = raw.shape[0], raw.shape[1] // size
+    blocks = raw.reshape(n, nb, size)
+    d = _halves(blocks, 0)
+    if ggml_type == "Q8_0":
+        return PackedWeight("q8", tile_rows("q8", blocks[:, :, 2:].reshape(n, nb * 32), d))
+    m = _halves(blocks, 2) if ggml_type == "Q4_1" else -8.0 * d
+    first = 4 if ggml_type == "Q4_1" else 2
+    qs = blocks[:, :, first:first + 16].reshape(n, nb * 16)
+    return PackedWeight("q4", tile_rows("q4", qs, torch.stack((d, m), dim=-1)))
+
+
+DENSE_FORMATS = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32"}
+
+
+def pack_dense(w: torch.Tensor) -> PackedWeight:
+    """Tile a float16 / bfloat16 / float32 matrix ``[N, K]`` (N a multiple of 4, K of 32) as it
+    is: two (or four) bytes a weight, widened exactly in registers."""
+    fmt = DENSE_FORMATS.get(w.dtype)
+    if fmt is None or w.dim() != 2 or w.shape[1] % 32 or not w.shape[1]:
+        raise ValueError(f"cannot tile a {w.dtype} tensor of shape {tuple(w.shape)}")
+    raw = w.contiguous().view(torch.uint8).reshape(w.shape[0], -1)
+    return PackedWeight(fmt, tile_raw(raw, RAW_BLOCK[fmt]))  # type: ignore[arg-type]

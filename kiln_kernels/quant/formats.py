@@ -1,0 +1,113 @@
+"""The weight formats of the CPU products (``quant.h`` mirrors the ids) and torch references of
+the formats kept as the file's own blocks.
+
+``q4`` / ``q8`` (GGML Q4_0, Q4_1, Q8_0) are repacked at load with float32 scales
+(:mod:`.reference`). Every other format keeps the GGUF's blocks byte for byte; its tiles are the
+blocks of 4 rows one after another (``[N/4, K/qk, 4 * block_bytes]``), and its weights are
+exactly gguf-py's ``dequantize`` (each format's arithmetic is exact but for at most one
+rounding, which the kernels do alike: ``blocks_legacy.h``, ``blocks_k.h``, ``blocks_float.h``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+# format -> id in quant.h
+FORMAT_IDS = {"q4": 0, "q8": 1, "q5_0": 2, "q5_1": 3, "q4_k": 4, "q5_k": 5, "q6_k": 6,
+              "f16": 7, "bf16": 8, "f32": 9}
+# weights per block along k
+QK = {f: 256 if f in ("q4_k", "q5_k", "q6_k") else 32 for f in FORMAT_IDS}
+# bytes of one row's block, for the formats kept as the file's blocks
+RAW_BLOCK = {"q5_0": 22, "q5_1": 24, "q4_k": 144, "q5_k": 176, "q6_k": 210, "f16": 64,
+             "bf16": 64, "f32": 128}
+TILE_BYTES = {"q4": 96, "q8": 144, **{f: 4 * b for f, b in RAW_BLOCK.items()}}
+# GGML type -> format, and that type's (weights, bytes) per block (floats: 32 per "block")
+GGML_FORMAT = {"Q4_0": "q4", "Q4_1": "q4", "Q8_0": "q8", "Q5_0": "q5_0", "Q5_1": "q5_1",
+               "Q4_K": "q4_k", "Q5_K": "q5_k", "Q6_K": "q6_k", "F16": "f16", "BF16": "bf16",
+               "F32": "f32"}
+GGML_TYPES = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q8_0": (32, 34),
+              **{t: (QK[f], RAW_BLOCK[f]) for t, f in GGML_FORMAT.items() if f in RAW_BLOCK}}
+
+
+def tile_raw(raw: torch.Tensor, block: int) -> torch.Tensor:
+    """A GGML tensor's rows (uint8 ``[N, nb * block]``, N a multiple of 4) -> tiles
+    ``[N/4, nb, 4 * block]`` (the 4 rows' blocks one after another)."""
+    n = raw.shape[0]
+    if n % 4:
+        raise ValueError(f"{n} rows: the tiled layout needs a multiple of 4")
+    nb = raw.shape[1] // block
+    return raw.reshape(n // 4, 4, nb, block).transpose(1, 2).reshape(n // 4, nb, 4 * block) \
+        .contiguous()
+
+
+def untile_raw(tiles: torch.Tensor, block: int) -> torch.Tensor:
+    """Tiles -> the rows' blocks ``[N, nb, block]`` (the inverse of :func:`tile_raw`)."""
+    g, nb, _ = tiles.shape
+    return tiles.reshape(g, nb, 4, block).transpose(1, 2).reshape(4 * g, nb, block).contiguous()
+
+
+def _half(r: torch.Tensor, at: int) -> torch.Tensor:
+    """The fp16 field at byte ``at`` of every block, float32 ``[N, nb, 1]``."""
+    return r[..., at:at + 2].contiguous().view(torch.float16).to(torch.float32)
+
+
+def _nibbles(qs: torch.Tensor) -> torch.Tensor:
+    """GGML's 32-weight nibble order: low nibbles are weights 0..15, high nibbles 16..31."""
+    return torch.cat((qs & 0x0F, qs >> 4), dim=-1).to(torch.int32)
+
+
+def _fifth_bits(qh: torch.Tensor) -> torch.Tensor:
+    """uint8 ``[..., 4]`` (a little-endian uint32) -> bit j of it as int32 ``[..., 32]``."""
+    word = qh[..., 0].to(torch.int64)
+    for i in range(1, 4):
+        word = word + (qh[..., i].to(torch.int64) << (8 * i))
+    return ((word[..., None] >> torch.arange(32)) & 1).to(torch.int32)
+
+
+def _scale_min(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_K / Q5_K: the 8 six-bit scales and mins of the 12 packed bytes ``[..., 12]``."""
+    s = s.to(torch.int32)
+    d, m, md = s[..., 0:4], s[..., 4:8], s[..., 8:12]
+    sc = torch.cat((d & 63, (md & 0x0F) | ((d >> 2) & 0x30)), dim=-1)
+    mn = torch.cat((m & 63, (md >> 4) | ((m >> 2) & 0x30)), dim=-1)
+    return sc.to(torch.float32), mn.to(torch.float32)
+
+
+def dequantize_raw(fmt: str, r: torch.Tensor) -> torch.Tensor:
+    """Rows' blocks uint8 ``[N, nb, block]`` of a raw format -> float32 ``[N, nb * qk]``,
+    computed as gguf-py computes them."""
+    n, nb, _ = r.shape
+    if fmt in ("q5_0", "q5_1"):
+        d = _half(r, 0)
+        at = 2 if fmt == "q5_0" else 4
+        q = _nibbles(r[..., at + 4:at + 20]) | (_fifth_bits(r[..., at:at + 4]) << 4)
+        w = d * (q - 16).to(torch.float32) if fmt == "q5_0" else \
+            d * q.to(torch.float32) + _half(r, 2)
+    elif fmt in ("q4_k", "q5_k"):
+        sc, mn = _scale_min(r[..., 4:16])
+        dd = (_half(r, 0) * sc)[..., None]  # [N, nb, 8, 1]: d * sc, exact
+        dm = (_half(r, 2) * mn)[..., None]
+        at = 16 if fmt == "q4_k" else 48
+        qs = r[..., at:at + 128].reshape(n, nb, 4, 1, 32)
+        q = torch.cat((qs & 0x0F, qs >> 4), dim=3).reshape(n, nb, 8, 32).to(torch.int32)
+        if fmt == "q5_k":
+            qh = r[..., 16:48].reshape(n, nb, 1, 32).to(torch.int32)
+            q = q | (((qh >> torch.arange(8).reshape(8, 1)) & 1) << 4)
+        w = dd * q.to(torch.float32) - dm
+    elif fmt == "q6_k":
+        ql = r[..., :128].reshape(n, nb, 2, 1, 64)
+        lo = torch.cat((ql & 0x0F, ql >> 4), dim=3).reshape(n, nb, 256).to(torch.int32)
+        qh = r[..., 128:192].reshape(n, nb, 2, 1, 32).to(torch.int32)
+        hi = torch.cat([(qh >> s) & 3 for s in (0, 2, 4, 6)], dim=3).reshape(n, nb, 256)
+        q = ((lo | (hi << 4)) - 32).to(torch.float32).reshape(n, nb, 16, 16)
+        sc = r[..., 192:208].contiguous().view(torch.int8).to(torch.float32)
+        w = (_half(r, 208) * sc)[..., None] * q
+    elif fmt == "f16":
+        w = r.contiguous().view(torch.float16).to(torch.float32)
+    elif fmt == "bf16":
+        w = (r.contiguous().view(torch.int16).to(torch.int32) << 16).view(torch.float32)
+    elif fmt == "f32":
+        w = r.contiguous().view(torch.float32)
+    else:
+        raise ValueError(f"{fmt!r} is not a raw block format")
+    return w.reshape(n, nb * QK[fmt])

@@ -1,0 +1,180 @@
+"""The CPU sampler in C (``kiln_kernels/cpu/sampling/sample.c``): the reference's semantics (``reference.py``)
+row by row, rows over torch's threads, on per-thread scratch instead of [rows, vocab] tensors.
+
+Penalties come as a sparse history: per row, the ids seen and their output counts (0 marks a
+prompt-only id), so nothing of vocabulary size is built for them. Tokens equal the reference's
+except where a top-p cumulative sum or two noisy scores tie to within the last bits of libm
+versus torch transcendentals; logprobs agree to rounding (tested).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ..cpu import NATIVE_FLAGS, KernelBuildError, library
+from ..cpu import available as native_available
+from .params import SamplingTensors
+
+
+class _Batch(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_int64) for n in ("B", "V", "ld")] + [
+        (n, ctypes.c_void_p) for n in (
+            "logits", "temperature", "top_p", "log_min_p", "repetition", "frequency", "presence",
+            "top_k", "seeds", "steps", "seen_off", "seen_ids", "seen_counts", "scratch",
+            "tokens", "logprobs")]
+
+
+@dataclass(frozen=True)
+class SeenTokens:
+    """Per row ``offsets[b]:offsets[b + 1]`` of ``ids`` (int64) and ``counts`` (int32): the ids a
+    row has seen, with their output counts (an id may repeat; counts add up; 0: prompt only)."""
+
+    offsets: torch.Tensor
+    ids: torch.Tensor
+    counts: torch.Tensor
+
+    @staticmethod
+    def from_lists(rows: list[list[int]]) -> SeenTokens:
+        """Each row's generated token ids (one count per occurrence)."""
+        offsets = [0]
+        flat: list[int] = []
+        for r in rows:
+            flat.extend(r)
+            offsets.append(len(flat))
+        ids = torch.tensor(flat, dtype=torch.int64)
+        return SeenTokens(torch.tensor(offsets, dtype=torch.int64), ids,
+                          torch.ones(len(flat), dtype=torch.int32))
+
+    @staticmethod
+    def from_dense(p: SamplingTensors) -> SeenTokens:
+        """From ``p.output_counts`` and ``p.prompt_mask``."""
+        seen = p.prompt_mask | (p.output_counts > 0)
+        rows, ids = torch.nonzero(seen, as_tuple=True)
+        offsets = torch.zeros(p.batch + 1, dtype=torch.int64)
+        offsets[1:] = torch.cumsum(torch.bincount(rows, minlength=p.batch), 0)
+        return SeenTokens(offsets, ids.to(torch.int64).cpu(),
+                          p.output_counts[rows, ids].to(torch.int32).cpu())
+
+
+_scratch = threading.local()  # per calling thread: the engine thread keeps one buffer
+
+
+def _scratch_for(lib: ctypes.CDLL, vocab: int, threads: int) -> torch.Tensor:
+    need = int(lib.kiln_sample_scratch_floats(vocab, threads))
+    buf: torch.Tensor | None = getattr(_scratch, "buf", None)
+    if buf is None or buf.numel() != need:
+        buf = torch.zeros(need, dtype=torch.float32)  # the marks must start at zero
+        _scratch.buf = buf
+    return buf
+
+
+def sample_native(logits: torch.Tensor, p: SamplingTensors, seen: SeenTokens, *,
+                  flags: tuple[str, ...] = NATIVE_FLAGS,
+                  ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """-> (token ids int64 [B], logprobs float32 [B]) like ``sample_reference``, or None where
+    the C library is not available. ``logits``: float32 [B, V] on the CPU. The parameters come
+    from ``p`` (its dense counts unused). ``flags`` pick the library build (tests: the portable
+    one, without AVX-512)."""
+    floats = list(zip(*(getattr(p, n).float().tolist() for n in FLOAT_COLUMNS), strict=True))
+    ints = list(zip(*(getattr(p, n).tolist() for n in INT_COLUMNS), strict=True))
+    out = _sample(logits, floats, ints, seen.offsets.tolist(), seen.ids.tolist(),
+                  seen.counts.tolist(), flags)
+    if out is None:
+        return None
+    return (torch.tensor(out[0], dtype=torch.int64),
+            torch.tensor(out[1], dtype=torch.float32))
+
+
+# The per-row parameters of sample_rows, in order (SamplingTensors' names).
+FLOAT_COLUMNS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
+                 "repetition_penalty")
+INT_COLUMNS = ("top_k", "seeds", "steps")
+
+
+def sample_rows(logits: torch.Tensor, floats: Sequence[tuple[float, ...]],
+                ints: Sequence[tuple[int, int, int]], seen: Sequence[Sequence[int]],
+                flags: tuple[str, ...] = NATIVE_FLAGS,
+                ) -> tuple[list[int], list[float]] | None:
+    """``sample_native`` for the engine's step, without a tensor per parameter: per row the
+    FLOAT_COLUMNS and INT_COLUMNS values (seeds as int64 bits) and the generated token ids the
+    penalties count (one per occurrence). -> (token ids, logprobs), or None without the C
+    library. The same numbers as ``sample_native`` (tested)."""
+    offsets = [0]
+    ids: list[int] = []
+    for row in seen:
+        ids.extend(row)
+        offsets.append(len(ids))
+    return _sample(logits, floats, ints, offsets, ids, [1] * len(ids), flags)
+
+
+def _sample(logits: torch.Tensor, floats: Sequence[tuple[float, ...]],
+            ints: Sequence[tuple[int, ...]], offsets: list[int], ids: list[int],
+            counts: list[int], flags: tuple[str, ...]) -> tuple[list[int], list[float]] | None:
+    if logits.device.type != "cpu" or logits.dtype != torch.float32 or logits.dim() != 2:
+        raise ValueError("the C sampler takes float32 [B, V] logits on the CPU")
+    b, v = logits.shape
+    if b == 0:
+        return [], []
+    if len(floats) != b or len(ints) != b:
+        raise ValueError(f"sampling parameters for {len(floats)} rows, logits for {b}")
+    if len(offsets) != b + 1:
+        raise ValueError(f"seen offsets must have {b + 1} entries")
+    try:
+        lib = library(flags)
+    except KernelBuildError:
+        return None
+    x = logits if logits.stride(1) == 1 else logits.contiguous()
+    f32, i64 = ctypes.c_float * b, ctypes.c_int64 * b
+    temperature, top_p, min_p, presence, frequency, repetition = (
+        f32(*col) for col in zip(*floats, strict=True))  # rounded to float32 here
+    for i in range(b):  # inactive repetition penalties (non-finite, <= 0) are 1
+        if not (math.isfinite(repetition[i]) and repetition[i] > 0):
+            repetition[i] = 1.0
+    log_min_p = f32(*([-math.inf] * b))
+    active = [i for i in range(b) if math.isfinite(min_p[i]) and min_p[i] > 0]
+    if active:  # torch's float32 log, as the reference takes it
+        logs = torch.log(torch.tensor([min(min_p[i], 1.0) for i in active], dtype=torch.float32))
+        for i, value in zip(active, logs.tolist(), strict=True):
+            log_min_p[i] = value
+    top_k, seeds, steps = (i64(*col) for col in zip(*ints, strict=True))
+    seen_ids = (ctypes.c_int64 * len(ids))(*(min(max(t, 0), v - 1) for t in ids))
+    seen_counts = (ctypes.c_int32 * len(counts))(*counts)
+    seen_off = (ctypes.c_int64 * (b + 1))(*offsets)
+    tokens, logprobs = i64(), f32()
+    threads = max(1, min(torch.get_num_threads(), b))
+    scratch = _scratch_for(lib, v, torch.get_num_threads())
+    arrays = {"temperature": temperature, "top_p": top_p, "log_min_p": log_min_p,
+              "repetition": repetition, "frequency": frequency, "presence": presence,
+              "top_k": top_k, "seeds": seeds, "steps": steps, "seen_off": seen_off,
+              "seen_ids": seen_ids, "seen_counts": seen_counts, "tokens": tokens,
+              "logprobs": logprobs}
+    batch = _Batch(B=b, V=v, ld=x.stride(0), logits=x.data_ptr(), scratch=scratch.data_ptr(),
+                   **{k: ctypes.addressof(a) for k, a in arrays.items()})  # type: ignore[arg-type]
+    lib.kiln_sample(ctypes.byref(batch), threads)
+    return [int(t) for t in tokens], [float(x) for x in logprobs]
+
+
+def counter_uniform_native(seeds: torch.Tensor, steps: torch.Tensor, vocab: int
+                           ) -> torch.Tensor | None:
+    """The sampler's ``counter_uniform`` (float32 [B, vocab], the same bits) from the C library
+    (``counter.c``), or None where the library cannot be built."""
+    try:
+        lib = library(NATIVE_FLAGS)
+    except KernelBuildError:
+        return None
+    s = seeds.to(device="cpu", dtype=torch.int64).contiguous()
+    t = steps.to(device="cpu", dtype=torch.int64).contiguous()
+    out = torch.empty((s.shape[0], vocab), dtype=torch.float32)
+    lib.kiln_counter_uniform(s.data_ptr(), t.data_ptr(), s.shape[0], vocab, out.data_ptr())
+    return out
+
+
+__all__ = ["FLOAT_COLUMNS", "INT_COLUMNS", "SeenTokens", "counter_uniform_native",
+           "native_available", "sample_native",
+           "sample_rows"]
