@@ -64,3 +64,17 @@ def test_without_thinking_the_constraint_starts_at_once(tiny: TestClient) -> Non
                   thinking_budget_tokens=None, structured_outputs={"regex": "[0-9]{3}"})
     assert len(choice["message"]["content"]) == 3 and choice["message"]["content"].isdigit()
     assert choice["finish_reason"] == "stop"
+
+
+def test_forced_tool_call_on_a_model_with_tool_call_tokens(tiny: TestClient) -> None:
+    """This tokenizer holds <tool_call> as one added token; the call parses either way."""
+    tool = {"type": "function", "function": {"name": "pick", "parameters": {
+        "type": "object", "properties": {"c": {"type": "string", "enum": ["a", "b"]}},
+        "required": ["c"]}}}
+    for seed in (1, 2):
+        choice = chat(tiny, seed=seed, tools=[tool], thinking_budget_tokens=None,
+                      chat_template_kwargs={"enable_thinking": False},
+                      tool_choice={"type": "function", "function": {"name": "pick"}})
+        assert choice["finish_reason"] == "tool_calls", choice
+        (call,) = choice["message"]["tool_calls"]
+        assert json.loads(call["function"]["arguments"])["c"] in ("a", "b")

@@ -144,9 +144,13 @@ def _tool_functions(tools: Any) -> dict[str, Any]:
     return out
 
 
-def from_tool_choice(tools: Any, tool_choice: Any, parallel: bool) -> tuple[str, str] | None:
+def from_tool_choice(tools: Any, tool_choice: Any, parallel: bool,
+                     tag_ids: tuple[int | None, int | None] = (None, None)
+                     ) -> tuple[str, str] | None:
     """The grammar of a forced tool call: ``"required"`` (one or more calls of any tool; one
-    when ``parallel`` is false) or a named function (exactly one call of it)."""
+    when ``parallel`` is false) or a named function (exactly one call of it). ``tag_ids``: the
+    tokenizer's own tokens for ``<tool_call>`` / ``</tool_call>`` (Qwen3 has them as added
+    tokens, which llguidance keeps apart from text), allowed beside the spelled-out tags."""
     choice = plain(tool_choice)
     if choice in (None, "auto", "none"):
         return None
@@ -178,7 +182,9 @@ def from_tool_choice(tools: Any, tool_choice: Any, parallel: bool) -> tuple[str,
         rules.append(f"call{i}: %json {options}")
     alternatives = " | ".join(f"call{i}" for i in range(len(names)))
     newline = json.dumps("\n")  # the Lark literal "\n"
-    block = f'"{OPEN_TAG}\\n" ({alternatives}) "\\n{CLOSE_TAG}"'
+    tags = [json.dumps(tag) if tid is None else f"({json.dumps(tag)} | <[{tid}]>)"
+            for tag, tid in zip((OPEN_TAG, CLOSE_TAG), tag_ids, strict=True)]
+    block = f"{tags[0]} {newline} ({alternatives}) {newline} {tags[1]}"
     start = f"start: block ({newline} block)*" if many else "start: block"
     lark = "\n".join([start, f"block: {block}", *rules])
     return str(llguidance.LLMatcher.grammar_from_lark(lark)), "tool_choice"
@@ -194,7 +200,8 @@ async def constraint(tokenizer: Any, *, code: str, response_format: Any = None,
     try:
         built = [b for b in (from_response_format(response_format),
                              from_structured_outputs(structured_outputs),
-                             from_tool_choice(tools, tool_choice, parallel_tool_calls))
+                             from_tool_choice(tools, tool_choice, parallel_tool_calls,
+                                              _tag_ids(tokenizer)))
                  if b is not None]
     except _Invalid as e:
         raise ApiError(400, code, f"{e.param}: {e.message}", param=e.param) from None
@@ -213,6 +220,16 @@ async def constraint(tokenizer: Any, *, code: str, response_format: Any = None,
     except GrammarError as e:
         raise ApiError(400, code, f"{param}: {e}", param=param) from None
     return GrammarSpec(grammar, after, param.split(".")[0])
+
+
+def _tag_ids(tokenizer: Any) -> tuple[int | None, int | None]:
+    """The ids of ``<tool_call>`` and ``</tool_call>`` when each is one token of the model's."""
+    lookup = getattr(tokenizer, "token_to_id", None)
+    if not callable(lookup):
+        return None, None
+    found = [lookup(tag) for tag in (OPEN_TAG, CLOSE_TAG)]
+    return found[0] if isinstance(found[0], int) else None, \
+        found[1] if isinstance(found[1], int) else None
 
 
 class _Invalid(Exception):
