@@ -258,3 +258,19 @@ def test_fail_step_finishes_every_request_in_the_step_with_error() -> None:
     assert {o.request_id for o in outs} == {"a", "b"}
     assert all(o.finish_reason == "error" and o.error == "boom" for o in outs)
     assert sched.pool.num_used_blocks == 0 and not sched.has_work
+
+
+def test_cache_salt_keeps_requests_from_sharing_prefix_blocks() -> None:
+    sched, runner = make()
+    salted = req("a", n=17, max_tokens=3)
+    salted.cache_salt = "tenant-1"
+    sched.add_request(salted)
+    first = tokens(run(sched, runner)["a"])
+    for rid, salt, start in (("b", "tenant-2", 0), ("c", None, 0), ("d", "tenant-1", 16)):
+        r = req(rid, n=17, max_tokens=3)
+        r.cache_salt = salt
+        sched.add_request(r)
+        so = sched.schedule()
+        assert so.seqs[0].start_pos == start, rid  # only the same salt hits the cached blocks
+        outs = sched.update_from_output(so, runner.execute(so)) + run(sched, runner)[rid]
+        assert tokens(outs) == first  # a salt changes what is shared, never the tokens

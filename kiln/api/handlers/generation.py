@@ -91,6 +91,7 @@ def submit(
     lora: tuple[tuple[Any, float], ...] = (),
     arrival: float | None = None,
     prompt_param: str = "messages",
+    cache_salt: str | None = None,
 ) -> Admitted:
     """Admit one engine request (429 past the gate's capacity); the returned iterator releases
     its gate slot when it is closed or exhausted. ``arrival`` (``time.monotonic()``) is when
@@ -102,6 +103,7 @@ def submit(
             request.arrival_time = arrival
         if lora:
             request.lora = lora
+        request.cache_salt = cache_salt
         outputs = state.backend.submit(request)
     except EngineError as exc:
         state.gate.leave()
@@ -115,6 +117,7 @@ def submit(
 def submit_all(
     state: AppState, items: list[tuple[str, list[int], SamplingParams, tuple[tuple[Any, float], ...]]],
     arrival: float | None = None, *, code: str, prompt_param: str = "messages",
+    cache_salt: str | None = None,
 ) -> list[Admitted]:
     """Admit several engine requests, all or none: on a failure the admitted ones are closed.
     More than the gate ever holds is a 400 (``code``), not a 429 that no retry could pass."""
@@ -129,7 +132,7 @@ def submit_all(
     try:
         for request_id, prompt_ids, params, lora in items:
             admitted.append(submit(state, request_id, prompt_ids, params, lora, arrival,
-                                   prompt_param))
+                                   prompt_param, cache_salt))
     except BaseException:
         for a in admitted:
             a.close_now()

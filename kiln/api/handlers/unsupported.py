@@ -30,7 +30,6 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "return_token_offsets": (None, False),
     "mm_payload": ("tensors",),
     "return_mm_kwargs": (None,),
-    "cache_salt": (None,),
     "kv_transfer_params": (None,),
     "ec_transfer_params": (None,),
     "vllm_xargs": (None,),
