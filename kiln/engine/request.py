@@ -85,3 +85,4 @@ class Request:
     lora: LoraMix = ()
     # vLLM's cache_salt: requests with different salts never share prefix-cache blocks.
     cache_salt: str | None = None
+    priority: int = 0  # vLLM's: lower is scheduled (and kept running) first

@@ -165,3 +165,10 @@ def test_cache_salt_reaches_every_engine_request(client: TestClient, backend: Fa
     assert [r.cache_salt for r in backend.submitted] == ["tenant-1"] * 4
     post(client, prompt="a", max_tokens=1)
     assert backend.submitted[-1].cache_salt is None
+
+
+def test_priority_reaches_every_engine_request(client: TestClient, backend: FakeBackend) -> None:
+    post(client, prompt=["a", "b"], max_tokens=1, priority=-3)
+    assert [r.priority for r in backend.submitted] == [-3, -3]
+    post(client, prompt="a", max_tokens=1)
+    assert backend.submitted[-1].priority == 0

@@ -24,7 +24,6 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "bad_words": ([],),
     "prompt_embeds": (None,),
     "structured_outputs": (None,),
-    "priority": (0,),
     "session_id": (None,),
     "routed_experts_prompt_start": (0,),
     "return_token_offsets": (None, False),
