@@ -21,9 +21,11 @@ $(STAMP): pyproject.toml
 
 generate: setup
 	$(PY) -m codegen
+	$(PY) -m kiln.config_doc
 
 check-generated: setup
 	$(PY) -m codegen --check
+	$(PY) -m kiln.config_doc --check
 
 serve: setup
 	$(PY) -m kiln serve --host $(HOST) --port $(PORT) $(ARGS)

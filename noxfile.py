@@ -39,6 +39,7 @@ def types(session: nox.Session) -> None:
 def generated(session: nox.Session) -> None:
     _install(session)
     session.run("python", "-m", "codegen", "--check")
+    session.run("python", "-m", "kiln.config_doc", "--check")
 
 
 @nox.session

@@ -15,11 +15,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kiln.config import ServerConfig
+from kiln.config import ServerConfig, engine_config
 from kiln.engine.loop import AsyncEngine
 from kiln.engine.outputs import RequestOutput
 from kiln.engine.request import Request, SamplingParams
-from kiln.serving import EngineBackend, engine_config
+from kiln.serving import EngineBackend
 
 RESULTS = Path(__file__).parent / "results" / "engine.json"
 PROMPTS = ["Tell me about the ocean.", "Write a poem about autumn.", "Explain gravity simply.",

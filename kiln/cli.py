@@ -1,4 +1,6 @@
-"""`kiln serve` (also `python -m kiln serve`): flags -> ServerConfig -> app -> uvicorn."""
+"""`kiln serve` (also `python -m kiln serve`): flags -> ServerConfig -> app -> uvicorn.
+
+The flags are the settings of ``kiln.config.SETTINGS`` (reference: docs/flags.md)."""
 
 from __future__ import annotations
 
@@ -7,100 +9,46 @@ import gc
 import sys
 from collections.abc import Sequence
 
-from kiln.config import ConfigError, ServerConfig, from_env
-from kiln.engine.config import KV_CACHE_DTYPES
+from kiln.config import SETTINGS, ConfigError, ServerConfig, Setting, from_env
+
+_TYPES: dict[str, type] = {"int": int, "float": float}
 
 
-def _bool_flag(parser: argparse.ArgumentParser, name: str, help_text: str) -> None:
-    parser.add_argument(f"--{name}", dest=name.replace("-", "_"), action="store_const",
-                        const=True, default=None, help=help_text)
-    parser.add_argument(f"--no-{name}", dest=name.replace("-", "_"), action="store_const",
-                        const=False, help=argparse.SUPPRESS)
+def _add_flag(parser: argparse.ArgumentParser, s: Setting) -> None:
+    """The flag of one table setting: ``--name VALUE``, repeatable for a list, and for a boolean
+    ``--name`` / ``--no-name`` (the second one unlisted)."""
+    assert s.flag is not None and s.dest is not None
+    help_text = f"{s.help} (default: {s.default_text})"
+    if s.kind == "bool":
+        parser.add_argument(s.flag, dest=s.dest, action="store_const", const=True, default=None,
+                            help=help_text)
+        parser.add_argument(f"--no-{s.flag[2:]}", dest=s.dest, action="store_const",
+                            const=False, help=argparse.SUPPRESS)
+    elif s.kind == "list":
+        parser.add_argument(s.flag, dest=s.dest, action="append", default=None, help=help_text)
+    else:
+        parser.add_argument(s.flag, dest=s.dest, type=_TYPES.get(s.kind, str),
+                            choices=list(s.choices) or None, help=help_text)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kiln", description="Kiln inference server")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve a model over HTTP (OpenAI-compatible)")
-    serve.add_argument("--host", help="bind address (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, help="port (default 8420)")
-    serve.add_argument("--model", help="HF folder or .gguf file (default: SmolLM2-135M-Instruct)")
-    serve.add_argument("--served-model-name", help="model id reported by the API")
-    serve.add_argument("--model-alias", action="append", default=None,
-                       help="extra accepted model id (repeatable)")
-    serve.add_argument("--adapter-dir", help="directory of PEFT LoRA adapters (one per subdir)")
-    serve.add_argument("--max-lora-slots", type=int,
-                       help="adapters resident at once for batched LoRA (default 8)")
-    serve.add_argument("--max-cpu-loras", type=int,
-                       help="adapters kept loaded in host memory, least recently used dropped "
-                            "first (default 32)")
-    serve.add_argument("--chat-template", help="Jinja chat template file overriding the model's")
-    serve.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"])
-    serve.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
-    serve.add_argument("--max-body-bytes", type=int, help="request body limit (default 8 MiB)")
-    serve.add_argument("--max-model-len", type=int, help="context window cap")
-    serve.add_argument("--kv-memory-mb", type=int, help="KV cache size in MiB (default 512)")
-    serve.add_argument("--kv-cache-dtype", choices=list(KV_CACHE_DTYPES),
-                       help="K/V element type: auto (the model's dtype, exact; default) or "
-                            "float16 (CPU only: half the memory and bytes per step, K/V "
-                            "rounded to half precision)")
-    serve.add_argument("--block-size", type=int, help="KV block size in tokens (default 16)")
-    serve.add_argument("--max-num-seqs", type=int, help="max running sequences (default 64)")
-    serve.add_argument("--max-num-batched-tokens", type=int,
-                       help="token budget per engine step (default 512)")
-    serve.add_argument("--max-prefill-tokens-while-decoding", type=int,
-                       help="prefill tokens per step while streams decode (default 8)")
-    serve.add_argument("--prefill-cap-context", type=int,
-                       help="while streams decode, a prefill chunk after c context tokens is "
-                            "capped at cap * S / (S + c) (default S = 1024)")
-    _bool_flag(serve, "enable-prefix-caching", "reuse KV blocks of shared prompt prefixes")
-    _bool_flag(serve, "default-thinking-enabled", "enable thinking unless a request says no")
-    serve.add_argument("--default-thinking-budget-tokens", type=int)
-    serve.add_argument("--default-thinking-budget-ms", type=int)
-    _bool_flag(serve, "fold-reasoning-into-content", "also copy reasoning into content")
-    serve.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"])
-    serve.add_argument("--api-key", action="append", default=None,
-                       help="require this bearer key on /v1 routes (repeatable; or KILN_API_KEY)")
-    _bool_flag(serve, "metrics-require-auth", "require an API key on /metrics too")
-    serve.add_argument("--max-waiting-requests", type=int,
-                       help="queued requests beyond running ones before 429 (default 256)")
-    serve.add_argument("--request-timeout-s", type=float, help="per-request timeout (default 600)")
-    serve.add_argument("--drain-timeout-s", type=float,
-                       help="on SIGTERM, wait this long for in-flight requests (default 30)")
-    serve.add_argument("--header-timeout-s", type=float,
-                       help="a request's headers must arrive within this (else 408; default 10)")
-    serve.add_argument("--body-timeout-s", type=float,
-                       help="a request's body must arrive within this of its headers (else 408; "
-                            "default 60)")
-    serve.add_argument("--keep-alive-s", type=float,
-                       help="close an idle kept-alive connection after this (default 5)")
-    serve.add_argument("--max-connections", type=int,
-                       help="open connections; one past it gets 503 server_overloaded "
-                            "(default 1024)")
-    serve.add_argument("--send-timeout-s", type=float,
-                       help="abort a connection whose client takes no byte of our output for "
-                            "this long (default 60)")
-    serve.add_argument("--default-sampling-preset",
-                       help="Kiln preset a request starts from when it names none (default: the "
-                            "model's generation_config.json, else vLLM's neutral values)")
-    serve.add_argument("--max-logprobs", type=int,
-                       help="most logprobs (completions) or top_logprobs (chat) a request may ask "
-                            "for; more is a 400 (default 20)")
+    for s in SETTINGS:
+        if s.flag is not None:
+            _add_flag(serve, s)
     return parser
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
-    base = from_env()
-    overrides = {
-        k: v
-        for k, v in vars(args).items()
-        if k not in ("command", "model_alias", "api_key") and v is not None
-    }
-    if args.model_alias:
-        overrides["model_aliases"] = tuple(args.model_alias)
-    if args.api_key:
-        overrides["api_keys"] = tuple(args.api_key)
-    return base.with_overrides(**overrides)
+    """The environment's config (``from_env``) with every flag given on the command line over it."""
+    overrides: dict[str, object] = {}
+    for s in SETTINGS:
+        value = getattr(args, s.dest, None) if s.dest else None
+        if value is not None:
+            overrides[s.field] = tuple(value) if s.kind == "list" else value
+    return from_env().with_overrides(**overrides)
 
 
 def serve(config: ServerConfig) -> int:

@@ -11,7 +11,7 @@ import hashlib
 import itertools
 import json
 import struct
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -226,3 +226,49 @@ def semantic_problems(record: Mapping[str, Any]) -> list[str]:
     if invocation is not None and len(compact_json(invocation)) > 1_048_576:
         problems.append("template_invocation over 1 MiB")
     return problems
+
+
+def kiln_version() -> str:
+    """The installed kiln package's version (``0+unknown`` when it is not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("kiln")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+def content_identity(model_config: Mapping[str, Any], tokenizer_config_sha256: str,
+                     chat_template: str) -> dict[str, str]:
+    """The hashes that fingerprint a served model: its tokenizer's special-token configuration
+    (the hex digest the tokenizer gives), its chat template's source and its model config."""
+    return {
+        "tokenizer_config_hash": sha256_prefixed(tokenizer_config_sha256.encode()),
+        "chat_template_hash": sha256_prefixed(chat_template.encode()),
+        "model_config_hash": sha256_prefixed(json.dumps(dict(model_config),
+                                                        sort_keys=True).encode()),
+    }
+
+
+def policy_identity(*, served_model_id: str, source: Path, model_config: Mapping[str, Any],
+                    dtype: str, kv_cache_dtype: str, backend: str, runtime: str,
+                    vocab: Callable[[], Mapping[str, int]], tokenizer_json: Callable[[], str],
+                    chat_template: str) -> PolicyIdentity | None:
+    """The policy identity of a model loaded from ``source`` (None when that is not a path
+    here, e.g. the embedded default model): hashing its weight files takes a moment (about
+    0.56 GB/s on a 2-core CPU). ``vocab`` and ``tokenizer_json`` are called only when needed."""
+    if not source.exists():
+        return None
+    model_cfg: dict[str, Any] = {**model_config, "dtype": dtype}
+    if kv_cache_dtype != "auto":  # it changes the numbers; auto keeps old hashes
+        model_cfg["kv_cache_dtype"] = kv_cache_dtype
+    return PolicyIdentity(
+        served_model_id=served_model_id,
+        base_model_sha256=base_model_sha256(weight_files(source)),
+        inference_config_sha256=inference_config_sha256(model_cfg, backend, runtime),
+        implementation=f"kiln-python/{kiln_version()}/{backend}/{runtime}",
+        vocab_sha256=vocab_sha256(vocab()),
+        tokenizer_config_sha256=sha256_prefixed(tokenizer_json().encode()),
+        chat_template_sha256=sha256_prefixed(chat_template.encode()),
+        generation_backend=backend,
+    )

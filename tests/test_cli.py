@@ -88,8 +88,7 @@ def test_flags_override_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_kv_cache_dtype_from_flag_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    from kiln.config import ConfigError, ServerConfig, from_env
-    from kiln.serving import engine_config
+    from kiln.config import ConfigError, ServerConfig, engine_config, from_env
 
     assert ServerConfig().kv_cache_dtype == "auto"
     assert from_env({"KILN_KV_CACHE_DTYPE": "float16"}).kv_cache_dtype == "float16"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -39,3 +40,20 @@ def test_import_boundary(module: str, forbidden: tuple[str, ...]) -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "", f"{module} imports {out.stdout.strip()}"
+
+
+def test_engine_never_imports_api() -> None:
+    """The engine sits below the HTTP edge: importing every kiln.engine module loads no kiln.api
+    module (the edge imports the engine's records, never the other way round)."""
+    engine_dir = Path(__file__).resolve().parents[1] / "kiln" / "engine"
+    modules = sorted(f"kiln.engine.{p.stem}" for p in engine_dir.glob("*.py")
+                     if p.stem != "__init__")
+    assert "kiln.engine.loop" in modules and "kiln.engine.scoring" in modules
+    code = (
+        "import importlib, sys\n"
+        f"for m in {modules!r}: importlib.import_module(m)\n"
+        "print(','.join(sorted(m for m in sys.modules if m == 'kiln.api' "
+        "or m.startswith('kiln.api.'))))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "", f"kiln.engine imports {out.stdout.strip()}"

@@ -6,14 +6,16 @@ lives under `tests/`. The edge never imports torch, so this module only names pu
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from kiln.adapters import AdapterStore
-from kiln.engine.outputs import RequestOutput
+from kiln.engine.outputs import PositionScore
 from kiln.engine.request import Request
+from kiln.engine.stream import RequestStream
 from kiln.provenance import PolicyIdentity
+
+__all__ = ["Backend", "ChatTemplatePort", "PositionScore", "TokenizerPort"]
 
 
 class TokenizerPort(Protocol):
@@ -94,9 +96,9 @@ class Backend(Protocol):
         on the engine's thread: the server's torch work stays on one thread."""
         ...
 
-    def submit(self, request: Request) -> AsyncIterator[RequestOutput]:
+    def submit(self, request: Request) -> RequestStream:
         """Admit `request` (raising kiln.engine.errors.EngineError on failure) and stream its
-        outputs until one is `finished`. Closing the iterator early aborts the request."""
+        outputs until one is `finished`. Closing the stream early aborts the request."""
         ...
 
     def abort(self, request_id: str) -> None: ...
@@ -114,12 +116,3 @@ class Backend(Protocol):
     def policy_identity(self) -> PolicyIdentity | None:
         """Content-addressed identity for rollout provenance; None when it cannot be had."""
         ...
-
-
-@dataclass(frozen=True)
-class PositionScore:
-    token_id: int
-    logprob: float
-    rank: int
-    top_ids: list[int]
-    top_logprobs: list[float]

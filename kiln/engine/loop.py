@@ -1,6 +1,7 @@
 """The engine thread and its asyncio bridge.
 
-One dedicated thread runs ``step()`` = schedule -> execute -> update -> publish. Requests and
+One dedicated thread runs ``step()`` = schedule -> execute -> update -> process outputs (text,
+stop strings: kiln.engine.output_processor) -> publish. Requests and
 aborts enter through a locked inbox (the thread sleeps on a condition when idle); outputs go back
 to each request's ``asyncio.Queue`` through ``loop.call_soon_threadsafe``. This module imports
 no torch at import time (the runner is imported when a model-backed engine is built), so the HTTP
@@ -12,21 +13,25 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from kiln.engine.config import EngineConfig
 from kiln.engine.errors import EngineError
-from kiln.engine.outputs import ModelRunnerOutput, RequestOutput, SchedulerOutput
+from kiln.engine.lora_mix import LoraMix
+from kiln.engine.output_processor import OutputProcessor
+from kiln.engine.outputs import ModelRunnerOutput, PositionScore, RequestOutput, SchedulerOutput
 from kiln.engine.request import Request
 from kiln.engine.scheduler import Scheduler
-from kiln.engine.stop import StopChecker
+from kiln.engine.score_queue import ScoringQueue
+from kiln.engine.stream import RequestStream
 
 if TYPE_CHECKING:
     from kiln.engine.runner import ModelRunner
     from kiln.model.loader import LoadedModel
 
-__all__ = ["AsyncEngine", "EngineError", "Executor", "build_core", "build_on_engine_thread"]
+__all__ = ["AsyncEngine", "EngineError", "Executor", "build_core", "build_on_engine_thread",
+           "build_output_processor"]
 
 _Sink = tuple[asyncio.AbstractEventLoop, "asyncio.Queue[RequestOutput]"]
 _T = TypeVar("_T")
@@ -40,35 +45,39 @@ class Executor(Protocol):
 def build_core(loaded: LoadedModel, config: EngineConfig) -> tuple[Scheduler, ModelRunner]:
     """The scheduler and model runner for ``loaded`` (KV cache allocated here)."""
     from kiln.engine.runner import ModelRunner
-    from kiln.text.detokenizer import IncrementalDetokenizer
 
     runner = ModelRunner(loaded.model, loaded.config, config, loaded.dtype, loaded.device)
     max_len = min(config.max_model_len or loaded.config.max_position, loaded.config.max_position)
+    return Scheduler(config, runner.num_blocks, max_len, loaded.tokenizer.eos_token_ids), runner
+
+
+def build_output_processor(loaded: LoadedModel) -> OutputProcessor:
+    """The output stage for ``loaded``'s tokenizer (special tokens make no text)."""
+    from kiln.text.detokenizer import IncrementalDetokenizer
+
     tok = loaded.tokenizer
-
-    def checker(req: Request) -> StopChecker:
-        return StopChecker(IncrementalDetokenizer(tok, skip_special_tokens=True),
-                           req.sampling.stop)
-
-    return Scheduler(config, runner.num_blocks, max_len, tok.eos_token_ids, checker), runner
+    return OutputProcessor(lambda: IncrementalDetokenizer(tok, skip_special_tokens=True))
 
 
 class AsyncEngine:
     max_model_len: int
 
     def __init__(self, loaded: LoadedModel, config: EngineConfig) -> None:
-        self._init(*build_core(loaded, config))
+        self._init(*build_core(loaded, config), build_output_processor(loaded))
 
     @classmethod
-    def from_components(cls, scheduler: Scheduler, executor: Executor) -> AsyncEngine:
-        """An engine over any executor (tests use a fake runner)."""
+    def from_components(cls, scheduler: Scheduler, executor: Executor,
+                        output: OutputProcessor | None = None) -> AsyncEngine:
+        """An engine over any executor (tests use a fake runner); without an output stage, no
+        text is made."""
         self = cls.__new__(cls)
-        self._init(scheduler, executor)
+        self._init(scheduler, executor, output or OutputProcessor())
         return self
 
-    def _init(self, scheduler: Scheduler, executor: Executor) -> None:
+    def _init(self, scheduler: Scheduler, executor: Executor, output: OutputProcessor) -> None:
         self.scheduler = scheduler
         self.executor = executor
+        self.output = output
         self.max_model_len = scheduler.max_model_len
         self._cv = threading.Condition()
         self._inbox: list[tuple[str, Request | str | _Exclusive[Any]]] = []
@@ -76,6 +85,7 @@ class AsyncEngine:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._stats: dict[str, float] = scheduler.stats()
+        self._scoring = ScoringQueue(self.run_exclusive, lambda: scheduler.pool.num_blocks)
         self.num_steps = 0
         self.num_failed_steps = 0
 
@@ -125,18 +135,29 @@ class AsyncEngine:
             self._cv.notify()
         return queue
 
-    async def generate(self, req: Request) -> AsyncIterator[RequestOutput]:
-        """Outputs of ``req`` until it finishes; cancelling or closing the iterator aborts it."""
-        queue = self.add_request(req)
-        finished = False
-        try:
-            while not finished:
-                out = await queue.get()
-                finished = out.finished
-                yield out
-        finally:
-            if not finished:
-                self.abort(req.request_id)
+    def generate(self, req: Request) -> RequestStream:
+        """Admit ``req`` (EngineError on failure) and stream its outputs until it finishes;
+        cancelling or closing the stream aborts it."""
+        return RequestStream.over_queue(req.request_id, self.add_request(req), self.abort)
+
+    async def score(self, prompt_ids: Sequence[int], top_k: int,
+                    lora: LoraMix = ()) -> list[PositionScore]:
+        """Prompt-logprob scoring under the base model, or under the adapter mix ``lora``: one
+        chunk at a time alone on the model, with the engine's own steps in between, one job at a
+        time (kiln.engine.score_queue). Raises EngineError (a mix that can never run, blocks)
+        and ValueError (a bad prompt or top_k)."""
+        make_job = getattr(self.executor, "scoring_job", None)
+        if make_job is None:
+            raise TypeError("scoring needs an engine over a ModelRunner")
+        self.scheduler.check_lora(lora)  # as generation refuses it (a 400), not a 500 mid-job
+        return await self._scoring.run(make_job(self.scheduler.pool, prompt_ids, top_k, lora))
+
+    def kv_geometry(self) -> tuple[int, int, int]:
+        """The KV cache's blocks, tokens per block and bytes per block (all layers, K and V)."""
+        per_block = getattr(self.executor, "kv_bytes_per_block", None)
+        if not isinstance(per_block, int):
+            raise TypeError("the KV geometry needs an engine over a ModelRunner")
+        return self.scheduler.pool.num_blocks, self.scheduler.pool.block_size, per_block
 
     def abort(self, request_id: str) -> None:
         """Thread-safe; the request finishes with "abort" and its blocks are freed."""
@@ -165,8 +186,15 @@ class AsyncEngine:
         return call.future
 
     def stats(self) -> dict[str, float]:
+        """The scheduler's gauges, with scoring jobs counted as running (or waiting for the one
+        scoring slot): an engine busy scoring must not look idle to a load balancer."""
         with self._cv:
-            return dict(self._stats)
+            stats = dict(self._stats)
+        scoring = self._scoring.gauges()
+        stats.update(scoring)
+        stats["running"] = stats.get("running", 0.0) + scoring["scoring_running"]
+        stats["waiting"] = stats.get("waiting", 0.0) + scoring["scoring_waiting"]
+        return stats
 
     # -- engine thread ---------------------------------------------------------------------------
     def _run(self) -> None:
@@ -181,7 +209,8 @@ class AsyncEngine:
             if self.scheduler.has_work:
                 self._guarded_step()
         self._drain(self._take_inbox(), shutting_down=True)
-        self._publish(self.scheduler.finish_all("abort", error="the engine shut down"))
+        self._process_and_publish(self.scheduler.finish_all("abort",
+                                                            error="the engine shut down"))
 
     def _take_inbox(self) -> list[tuple[str, Request | str | _Exclusive[Any]]]:
         with self._cv:
@@ -203,11 +232,12 @@ class AsyncEngine:
             elif isinstance(item, Request):
                 try:
                     out = self.scheduler.add_request(item)
+                    self.output.add_request(item)
                 except EngineError as e:
                     out = _error_output(item, e.message)
             if out is not None:
                 outputs.append(out)
-        self._publish(outputs)
+        self._process_and_publish(outputs)
         for call in exclusive:  # between steps: nothing else touches the model meanwhile
             if shutting_down:
                 call.fail(EngineError("engine_not_running", "The engine shut down."))
@@ -220,17 +250,19 @@ class AsyncEngine:
                 with self._cv:
                     self._cv.wait(_IDLE_WAIT_S)
         except Exception as e:  # a scheduler bug: fail everything, keep serving
-            self._publish(self.scheduler.finish_all("error", error=f"engine error: {e!r}"))
+            self._process_and_publish(self.scheduler.finish_all("error",
+                                                                error=f"engine error: {e!r}"))
 
     def step(self) -> bool:
         """One engine step; False when nothing could be scheduled."""
         so = self.scheduler.schedule()
         if so.is_empty:
             return False
-        self._publish(self._execute(so))
+        outputs = self._execute_and_update(so)
+        self._publish(self.output.process(outputs, self.scheduler.finish_stopped))
         return True
 
-    def _execute(self, so: SchedulerOutput) -> list[RequestOutput]:
+    def _execute_and_update(self, so: SchedulerOutput) -> list[RequestOutput]:
         self.num_steps += 1
         try:
             ro = self.executor.execute(so)
@@ -238,6 +270,10 @@ class AsyncEngine:
             self.num_failed_steps += 1
             return self.scheduler.fail_step(so, f"model execution failed: {e!r}")
         return self.scheduler.update_from_output(so, ro)
+
+    def _process_and_publish(self, outputs: list[RequestOutput]) -> None:
+        """Outputs from outside a step (admissions, aborts, failures): their text state ends."""
+        self._publish(self.output.process(outputs, self.scheduler.finish_stopped))
 
     def _refresh_stats(self) -> None:
         with self._cv:

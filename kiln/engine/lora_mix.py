@@ -17,7 +17,7 @@ from typing import Protocol
 
 from kiln.engine.block_pool import ROOT_HASH
 
-MAX_MIX_ENTRIES = 16
+MAX_MIX_ENTRIES = 16  # entries of one request's adapter composition: the one owner of the limit
 
 
 class LoraAdapterLike(Protocol):
@@ -80,16 +80,26 @@ class AdapterAdmission:
         self.keys |= adapter_keys(mix)
 
 
+def mix_entries_problem(scales: Sequence[object]) -> str | None:
+    """Why a mix with these scales (one per entry) is malformed whatever its adapters are: more
+    than MAX_MIX_ENTRIES entries, or a scale that is not a finite number; None when it is not."""
+    if len(scales) > MAX_MIX_ENTRIES:
+        return f"A LoRA mix has at most {MAX_MIX_ENTRIES} entries, got {len(scales)}."
+    for scale in scales:
+        if isinstance(scale, bool) or not isinstance(scale, int | float) \
+                or not math.isfinite(scale):
+            return f"A LoRA scale must be a finite number, got {scale!r}."
+    return None
+
+
 def check_mix(mix: Sequence[tuple[LoraAdapterLike, float]], max_slots: int,
               max_rank: int) -> str | None:
     """Why ``mix`` can never run on an engine with ``max_slots`` adapter slots of rank at most
     ``max_rank``, or None when it can."""
-    if len(mix) > MAX_MIX_ENTRIES:
-        return f"A LoRA mix has at most {MAX_MIX_ENTRIES} entries, got {len(mix)}."
-    for adapter, scale in mix:
-        if isinstance(scale, bool) or not isinstance(scale, int | float) \
-                or not math.isfinite(scale):
-            return f"A LoRA scale must be a finite number, got {scale!r}."
+    problem = mix_entries_problem([scale for _, scale in mix])
+    if problem is not None:
+        return problem
+    for adapter, _ in mix:
         if adapter.rank > max_rank:
             return f"An adapter has rank {adapter.rank}; the server accepts at most {max_rank}."
     distinct = len(adapter_keys(mix))

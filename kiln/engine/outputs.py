@@ -53,6 +53,18 @@ class SchedulerOutput:
 
 
 @dataclass(frozen=True)
+class PositionScore:
+    """One scored prompt position (prompt-logprob scoring): the observed token, its float32
+    log-softmax value and full-vocabulary rank, and the top-k ids by raw logit with theirs."""
+
+    token_id: int
+    logprob: float
+    rank: int
+    top_ids: list[int]
+    top_logprobs: list[float]
+
+
+@dataclass(frozen=True)
 class TokenLogprobs:
     """A generated token's logprob and its most likely alternatives (ids descending by
     logprob, ties to the lower id), under the distribution the sampler used."""

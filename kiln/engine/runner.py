@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
+from kiln.engine.block_pool import BlockPool
 from kiln.engine.config import EngineConfig
+from kiln.engine.lora_mix import LoraMix
 from kiln.engine.outputs import ModelRunnerOutput, SampledToken, ScheduledSeq, SchedulerOutput
 from kiln.engine.sampler import Sampler
+from kiln.engine.scoring import ScoringJob
 from kiln.model.base import CausalLM
 from kiln.model.batch import build_forward_batch
 from kiln.model.config import ModelConfig
@@ -48,6 +53,7 @@ class ModelRunner:
         self.device = device
         cache_dtype = kv_dtype(config, dtype, device)
         self.num_blocks = kv_num_blocks(cfg, config, cache_dtype)
+        self.kv_bytes_per_block = KVCache.bytes_per_block(cfg, config.block_size, cache_dtype)
         self.kv = kv_cache_for(model, self.num_blocks, config.block_size, cache_dtype, device)
         self.sampler = Sampler(device)
         self._lora_slots: AdapterSlots | None = None  # created on the first LoRA step
@@ -60,6 +66,19 @@ class ModelRunner:
                 self.cfg, self.config.max_lora_slots, max_rank=self.config.max_lora_rank,
                 dtype=self.dtype, device=self.device)
         return self._lora_slots
+
+    def scoring_job(self, pool: BlockPool, prompt_ids: Sequence[int], top_k: int,
+                    mix: LoraMix = ()) -> ScoringJob:
+        """A prompt-scoring job over this runner's model and KV cache, borrowing its blocks from
+        ``pool`` (the scheduler's), under the adapter mix ``mix`` (empty: the base model). Raises
+        ValueError for a bad prompt or top_k."""
+        mixes = [list(mix)]
+
+        def plan(n: int) -> LoraBatch:
+            return LoraBatch.build(mixes, [n], self.lora_slots)  # type: ignore[arg-type]
+
+        return ScoringJob(self.model, self.kv, pool, list(prompt_ids), top_k,
+                          lora=plan if mix else None)
 
     def _lora_batch(self, seqs: list[ScheduledSeq]) -> LoraBatch | None:
         """The per-row adapter plan of a step (pins its slots), or None for a base-only step."""

@@ -6,8 +6,10 @@ within a level) with prefix-cache hits skipped, all sharing ``max_num_batched_to
 blocks run out, the newest running request of the lowest priority is preempted (blocks freed,
 recomputed later). ``update_from_output()`` applies the
 sampled tokens (through the request's thinking-budget controller, which may force the close
-sequence instead), checks EOS / stop strings / length and returns one RequestOutput per request
-that made progress.
+sequence instead), checks EOS / stop token ids / length and returns one RequestOutput per request
+that made progress, without text: detokenization and stop strings are the output stage's
+(kiln.engine.output_processor), which ends a request stopped by a string through
+``finish_stopped``.
 """
 
 from __future__ import annotations
@@ -20,15 +22,13 @@ from collections.abc import Callable, Collection
 from kiln.engine.block_pool import BlockPool
 from kiln.engine.config import EngineConfig
 from kiln.engine.errors import EngineError
-from kiln.engine.lora_mix import AdapterAdmission, check_mix
+from kiln.engine.lora_mix import AdapterAdmission, LoraMix, check_mix
 from kiln.engine.metrics import PHASE_DECODE, PHASE_PREEMPTED, PHASE_PREFILL
 from kiln.engine.outputs import ModelRunnerOutput, RequestOutput, ScheduledSeq, SchedulerOutput
 from kiln.engine.request import Request
 from kiln.engine.state import RequestState, Status
-from kiln.engine.stop import StopChecker
 from kiln.text.thinking_budget import validate_budget
 
-StopCheckerFactory = Callable[[Request], StopChecker]
 NewTokens = tuple[list[int], list[float], list[bool]]  # ids, behaviour logprobs, forced
 
 
@@ -43,7 +43,6 @@ class Scheduler:
         num_blocks: int,
         max_model_len: int,
         eos_token_ids: Collection[int] = frozenset(),
-        stop_checker_factory: StopCheckerFactory | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
@@ -51,7 +50,6 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.pool = BlockPool(num_blocks, config.block_size, config.enable_prefix_caching)
         self.eos_token_ids = frozenset(eos_token_ids)
-        self._make_checker = stop_checker_factory
         self._clock = clock
         self._requests: dict[str, RequestState] = {}
         self._waiting: deque[RequestState] = deque()
@@ -85,9 +83,7 @@ class Scheduler:
                 f"The prompt has {n} tokens but the KV cache holds at most "
                 f"{self.kv_capacity_tokens - 1} prompt tokens.",
             )
-        error = check_mix(req.lora, self.config.max_lora_slots, self.config.max_lora_rank)
-        if error is not None:
-            raise EngineError("invalid_compose_request", error, 400)
+        self.check_lora(req.lora)
         window = min(self.max_model_len, self.kv_capacity_tokens) - n
         max_tokens = max(0, min(req.sampling.max_tokens, window))
         spec = req.sampling.thinking
@@ -97,6 +93,12 @@ class Scheduler:
                 raise EngineError("chat_invalid_request", error, 400)
         return max_tokens
 
+    def check_lora(self, mix: LoraMix) -> None:
+        """Raise EngineError (400) if the adapter mix ``mix`` can never run on this engine."""
+        error = check_mix(mix, self.config.max_lora_slots, self.config.max_lora_rank)
+        if error is not None:
+            raise EngineError("invalid_compose_request", error, 400)
+
     def add_request(self, req: Request, seed: int | None = None) -> RequestOutput | None:
         """Queue ``req``; returns its final output at once when it needs no model work."""
         if req.request_id in self._requests:
@@ -104,8 +106,7 @@ class Scheduler:
         max_tokens = self.check_request(req)
         if seed is None:
             seed = req.sampling.seed if req.sampling.seed is not None else secrets.randbits(63)
-        checker = self._make_checker(req) if self._make_checker is not None else None
-        st = RequestState(req, max_tokens, seed, self.block_size, checker)
+        st = RequestState(req, max_tokens, seed, self.block_size)
         st.metrics.admitted_time = self._clock()
         if max_tokens == 0:
             return self._finish(st, "length")
@@ -314,7 +315,6 @@ class Scheduler:
         st.num_registered_blocks = max(st.num_registered_blocks, full)
 
     def _on_token(self, st: RequestState, new: NewTokens) -> RequestOutput:
-        text = ""
         reason: str | None = None
         stop_reason: str | int | None = None
         token_id = new[0][0]
@@ -322,15 +322,11 @@ class Scheduler:
             reason = "stop"
         elif token_id in st.request.sampling.stop_token_ids:
             reason, stop_reason = "stop", token_id
-        elif st.stop_checker is not None:
-            text, matched = st.stop_checker.push(token_id)
-            if matched is not None:
-                reason, stop_reason = "stop", matched
-        if reason is None and len(st.output_token_ids) >= st.max_tokens:
+        elif len(st.output_token_ids) >= st.max_tokens:
             reason = "length"
         if reason is None:
-            return self._output(st, new, text, None, None)
-        return self._finish(st, reason, stop_reason, new=new, text=text)
+            return self._output(st, new, None, None)
+        return self._finish(st, reason, stop_reason, new=new)
 
     # -- finishing ---------------------------------------------------------------------------
     def fail_step(self, so: SchedulerOutput, message: str) -> list[RequestOutput]:
@@ -342,6 +338,12 @@ class Scheduler:
                 outputs.append(self._finish(st, "error", error=message))
         return outputs
 
+    def finish_stopped(self, request_id: str) -> RequestOutput | None:
+        """End a request whose text completed a stop string (the output stage found it): its
+        blocks are freed. -> its final output (no new tokens), None when it is not here."""
+        st = self._requests.get(request_id)
+        return None if st is None else self._finish(st, "stop")
+
     def finish_all(self, reason: str, error: str | None = None) -> list[RequestOutput]:
         return [self._finish(st, reason, error=error) for st in list(self._requests.values())]
 
@@ -351,14 +353,8 @@ class Scheduler:
         reason: str,
         stop_reason: str | int | None = None,
         new: NewTokens = ([], [], []),
-        text: str = "",
         error: str | None = None,
     ) -> RequestOutput:
-        if st.stop_checker is not None and reason in ("stop", "length"):
-            tail, matched = st.stop_checker.finish()
-            text += tail
-            if matched is not None:
-                stop_reason = matched
         if st.block_ids:
             self.pool.free(st.block_ids)
             st.block_ids = []
@@ -369,7 +365,7 @@ class Scheduler:
         st.status = Status.FINISHED
         self._requests.pop(st.request_id, None)
         st.metrics.finalize(self._clock())
-        out = self._output(st, new, text, reason, stop_reason)
+        out = self._output(st, new, reason, stop_reason)
         out.error = error
         if st.thinking is not None:
             out.thinking_outcome = st.thinking.outcome(len(st.output_token_ids),
@@ -380,7 +376,6 @@ class Scheduler:
         self,
         st: RequestState,
         new: NewTokens,
-        text: str,
         reason: str | None,
         stop_reason: str | int | None,
     ) -> RequestOutput:
@@ -389,7 +384,7 @@ class Scheduler:
             new_token_ids=list(new[0]),
             new_logprobs=list(new[1]),
             new_forced=list(new[2]),
-            text_delta=text,
+            text_delta="",  # the output stage's
             finished=reason is not None,
             finish_reason=reason,
             stop_reason=stop_reason,

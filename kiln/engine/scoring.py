@@ -21,9 +21,9 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from kiln.api.backend import PositionScore
 from kiln.engine.block_pool import BlockPool
 from kiln.engine.errors import EngineError
+from kiln.engine.outputs import PositionScore
 from kiln.model.base import CausalLM
 from kiln.model.batch import ForwardBatch, build_forward_batch
 from kiln.model.kv_cache import KVCache

@@ -9,7 +9,6 @@ from kiln.engine.block_pool import ROOT_HASH, block_hashes, salted_root
 from kiln.engine.lora_mix import mix_root_hash
 from kiln.engine.metrics import RequestMetrics
 from kiln.engine.request import Request
-from kiln.engine.stop import StopChecker
 from kiln.text.thinking_budget import ThinkingBudgetController
 
 
@@ -25,7 +24,6 @@ class RequestState:
     max_tokens: int  # clamped to the context window
     seed: int
     block_size: int
-    stop_checker: StopChecker | None = None
     status: Status = Status.WAITING
     all_token_ids: list[int] = field(default_factory=list)  # prompt + outputs
     output_token_ids: list[int] = field(default_factory=list)

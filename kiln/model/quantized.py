@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
@@ -30,14 +29,14 @@ import torch.nn.functional as F
 from kiln_kernels.quant import Packed, PackedWeight, kernels_available
 from torch import nn
 
+from kiln.config import process_settings
+
 if TYPE_CHECKING:
     from kiln.model.base import CausalLM
     from kiln.model.layers import DecoderLayer
     from kiln.model.weights import WeightSink
 
 log = logging.getLogger("kiln.model")
-
-ENV_SWITCH = "KILN_QUANT_KERNELS"  # "0" turns the packed decode path off
 
 
 @dataclass(frozen=True)
@@ -115,7 +114,7 @@ def project_many(x: torch.Tensor, weights: list[torch.Tensor], packed: Packed | 
 
 def enabled(dtype: torch.dtype, device: torch.device) -> bool:
     """Packed decode applies to float32 models on the CPU when the C kernels build here."""
-    if os.environ.get(ENV_SWITCH, "1") == "0":
+    if not process_settings().quant_kernels:  # the quant_kernels setting (kiln.config)
         return False
     if device.type != "cpu" or dtype != torch.float32:
         return False

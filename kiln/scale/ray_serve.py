@@ -44,7 +44,8 @@ LOST_MESSAGE = "the replica serving this request stopped; send it again"
 
 def config_from_args(args: dict[str, str]) -> ServerConfig:
     """Kiln settings from `serve run` arguments, parsed as their KILN_* variables are."""
-    names = {var.removeprefix("KILN_").lower(): var for var in ENV_VARS}
+    names = {var.removeprefix("KILN_").lower(): var for var, s in ENV_VARS.items()
+             if s.owner == "server"}  # the others are not a replica's config
     unknown = sorted(set(args) - set(names))
     if unknown:
         raise ValueError(f"unknown Kiln settings: {', '.join(unknown)} "

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ from kiln.engine.errors import EngineError
 from kiln.engine.metrics import RequestMetrics
 from kiln.engine.outputs import RequestOutput, TokenLogprobs
 from kiln.engine.request import Request
+from kiln.engine.stream import RequestStream
 from kiln.provenance import PolicyIdentity
 
 VOCAB = 1000
@@ -118,13 +119,14 @@ class FakeBackend:
     def abort_all(self, message: str) -> None:
         self.stop_message = message  # running generators end with "abort" at their next token
 
-    def submit(self, request: Request) -> AsyncIterator[RequestOutput]:
+    def submit(self, request: Request) -> RequestStream:
         if len(request.prompt_token_ids) >= self.max_model_len:
             raise EngineError("context_length_exceeded", "prompt too long")
         self.submitted.append(request)
-        return self._run(request, self.fail)
+        run = self._run(request, self.fail)  # closing it early records the abort
+        return RequestStream(request.request_id, run.__anext__, close_source=run.aclose)
 
-    async def _run(self, request: Request, fail: bool) -> AsyncIterator[RequestOutput]:
+    async def _run(self, request: Request, fail: bool) -> AsyncGenerator[RequestOutput, None]:
         reply_ids = self.tokenizer.encode(self.reply)
         budget = request.sampling.max_tokens
         ids = reply_ids[:budget]

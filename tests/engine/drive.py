@@ -1,25 +1,31 @@
-"""Drive a scheduler + executor synchronously (no thread) and collect outputs per request."""
+"""Drive a scheduler + executor (+ output stage) synchronously, no thread, as the engine's step
+does, and collect outputs per request."""
 
 from __future__ import annotations
 
 from kiln.engine.loop import Executor
+from kiln.engine.output_processor import OutputProcessor
 from kiln.engine.outputs import RequestOutput
 from kiln.engine.request import Request
 from kiln.engine.scheduler import Scheduler
 
 
 def drive(sched: Scheduler, executor: Executor, reqs: list[Request], max_steps: int = 10_000,
-          ) -> dict[str, list[RequestOutput]]:
+          output: OutputProcessor | None = None) -> dict[str, list[RequestOutput]]:
+    """Without ``output`` the outputs carry no text (and stop strings are not matched)."""
+    stage = output or OutputProcessor()
     outs: dict[str, list[RequestOutput]] = {}
     for r in reqs:
         first = sched.add_request(r)
-        if first is not None:
-            outs[r.request_id] = [first]
+        stage.add_request(r)
+        for o in stage.process([first] if first is not None else [], sched.finish_stopped):
+            outs[r.request_id] = [o]
     for _ in range(max_steps):
         if not sched.has_work:
             return outs
         so = sched.schedule()
-        for o in sched.update_from_output(so, executor.execute(so)):
+        step = sched.update_from_output(so, executor.execute(so))
+        for o in stage.process(step, sched.finish_stopped):
             outs.setdefault(o.request_id, []).append(o)
     raise AssertionError("requests did not finish")
 

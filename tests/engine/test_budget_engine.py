@@ -11,11 +11,10 @@ from kiln.engine.loop import build_core
 from kiln.engine.outputs import ModelRunnerOutput, RequestOutput, SampledToken, SchedulerOutput
 from kiln.engine.request import Request, SamplingParams, ThinkingBudgetSpec
 from kiln.engine.scheduler import Scheduler
-from kiln.engine.stop import StopChecker
 from kiln.model import LoadedModel
 from kiln.text.budget import Outcome
 from tests.engine.drive import drive
-from tests.engine.fakes import CharDetok, FakeRunner, next_token
+from tests.engine.fakes import FakeRunner, next_token
 from tests.numerics import sampled_logprob_atol
 
 CLOSE = (60, 61, 62)  # outside the fake runner's vocabulary: never sampled by the model
@@ -33,9 +32,7 @@ def make(num_blocks: int = 64, bs: int = 4, budget: int = 32, eos: frozenset[int
          clock: Clock | None = None) -> tuple[Scheduler, FakeRunner]:
     cfg = EngineConfig(block_size=bs, num_blocks=num_blocks, max_num_batched_tokens=budget,
                        max_num_seqs=16)
-    sched = Scheduler(cfg, num_blocks, 1000, eos_token_ids=eos,
-                      stop_checker_factory=lambda r: StopChecker(CharDetok(), r.sampling.stop),
-                      clock=clock or Clock())
+    sched = Scheduler(cfg, num_blocks, 1000, eos_token_ids=eos, clock=clock or Clock())
     return sched, FakeRunner(num_blocks, bs)
 
 

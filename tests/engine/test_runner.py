@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kiln.engine.config import EngineConfig
-from kiln.engine.loop import build_core
+from kiln.engine.loop import build_core, build_output_processor
 from kiln.engine.outputs import RequestOutput
 from kiln.engine.request import Request, SamplingParams
 from kiln.engine.runner import kv_num_blocks
@@ -27,7 +27,7 @@ def gen(m: LoadedModel, reqs: list[Request], **cfg: int | bool
         ) -> dict[str, list[RequestOutput]]:
     config = EngineConfig(**{"block_size": 4, "num_blocks": 256, **cfg})  # type: ignore[arg-type]
     sched, runner = build_core(m, config)
-    return drive(sched, runner, reqs)
+    return drive(sched, runner, reqs, output=build_output_processor(m))
 
 
 def req(m: LoadedModel, rid: str, s: str, sp: SamplingParams = GREEDY) -> Request:

@@ -7,8 +7,7 @@ from kiln.engine.errors import EngineError
 from kiln.engine.outputs import RequestOutput
 from kiln.engine.request import Request, SamplingParams
 from kiln.engine.scheduler import Scheduler
-from kiln.engine.stop import StopChecker
-from tests.engine.fakes import CharDetok, FakeRunner
+from tests.engine.fakes import FakeRunner
 
 
 def make(num_blocks: int = 64, bs: int = 4, budget: int = 32, max_seqs: int = 16,
@@ -16,8 +15,7 @@ def make(num_blocks: int = 64, bs: int = 4, budget: int = 32, max_seqs: int = 16
          ) -> tuple[Scheduler, FakeRunner]:
     cfg = EngineConfig(block_size=bs, num_blocks=num_blocks, max_num_batched_tokens=budget,
                        max_num_seqs=max_seqs, enable_prefix_caching=caching)
-    sched = Scheduler(cfg, num_blocks, max_len, eos_token_ids=eos,
-                      stop_checker_factory=lambda r: StopChecker(CharDetok(), r.sampling.stop))
+    sched = Scheduler(cfg, num_blocks, max_len, eos_token_ids=eos)
     return sched, FakeRunner(num_blocks, bs)
 
 
@@ -205,33 +203,20 @@ def test_admission_errors_and_clamping() -> None:
     assert e3.value.code == "duplicate_request_id"
 
 
-def test_eos_counts_but_has_no_text() -> None:
+def test_eos_and_stop_token_ids_stop_on_the_token() -> None:
     sched, runner = make()
     sched.add_request(req("probe", max_tokens=6))
     toks = tokens(run(sched, runner)["probe"])
-    eos = toks[2]
-    sched2, runner2 = make(eos=frozenset({eos}))
+    sched2, runner2 = make(eos=frozenset({toks[2]}))
     sched2.add_request(req("a", max_tokens=6))
-    outs = run(sched2, runner2)["a"]
-    assert tokens(outs) == toks[:3] and outs[-1].finish_reason == "stop"
-    assert outs[-1].num_output_tokens == 3 and outs[-1].stop_reason is None
-    assert "".join(o.text_delta for o in outs) == "".join(chr(97 + t % 26) for t in toks[:2])
-    sched3, runner3 = make(eos=frozenset({eos}))
-    sched3.add_request(req("b", max_tokens=6, ignore_eos=True))
-    assert tokens(run(sched3, runner3)["b"]) == toks
-
-
-def test_stop_string_truncates_and_never_leaks() -> None:
-    sched, runner = make()
-    sched.add_request(req("probe", max_tokens=8))
-    text = "".join(o.text_delta for o in run(sched, runner)["probe"])
-    stop = text[3:5]
-    sched2, runner2 = make()
-    sched2.add_request(req("a", max_tokens=8, stop=(stop, "zzzzzz")))
-    outs = run(sched2, runner2)["a"]
-    got = "".join(o.text_delta for o in outs)
-    assert got == text[: text.index(stop)]
-    assert outs[-1].finish_reason == "stop" and outs[-1].stop_reason == stop
+    sched2.add_request(req("b", max_tokens=6, ignore_eos=True))
+    sched2.add_request(req("c", max_tokens=6, stop_token_ids=(toks[1],)))
+    outs = run(sched2, runner2)
+    assert tokens(outs["a"]) == toks[:3] and outs["a"][-1].finish_reason == "stop"
+    assert outs["a"][-1].num_output_tokens == 3 and outs["a"][-1].stop_reason is None
+    assert tokens(outs["b"]) == toks and outs["b"][-1].finish_reason == "length"
+    assert tokens(outs["c"]) == toks[:2] and outs["c"][-1].stop_reason == toks[1]
+    assert all(o.text_delta == "" for o in outs["a"])  # text is the output stage's
     assert sched2.pool.num_used_blocks == 0
 
 

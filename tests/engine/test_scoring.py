@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-from kiln.api.backend import PositionScore
 from kiln.engine.block_pool import BlockPool
 from kiln.engine.config import EngineConfig
 from kiln.engine.errors import EngineError
 from kiln.engine.loop import AsyncEngine
+from kiln.engine.outputs import PositionScore
 from kiln.engine.request import Request, SamplingParams
 from kiln.engine.runner import ModelRunner
 from kiln.engine.scheduler import Scheduler

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from kiln.api.backend import PositionScore
 from kiln.config import ServerConfig
 from kiln.engine.errors import EngineError
+from kiln.engine.outputs import PositionScore
 from kiln.engine.request import Request, SamplingParams
 from kiln.engine.scoring import ScoringJob
 from kiln.model import LoadedModel

@@ -32,8 +32,9 @@ from kiln.api.errors import ApiError
 from kiln.api.handlers.generation import engine_error
 from kiln.api.state import app_state
 from kiln.engine.errors import EngineError
+from kiln.engine.lora_mix import MAX_MIX_ENTRIES
 
-MAX_COMPOSED = 16
+MAX_COMPOSED = MAX_MIX_ENTRIES  # the engine owns the limit
 
 
 @dataclass(frozen=True)

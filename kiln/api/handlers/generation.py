@@ -16,6 +16,7 @@ from kiln.engine.errors import EngineError
 from kiln.engine.metrics import RequestMetrics
 from kiln.engine.outputs import RequestOutput, TokenLogprobs
 from kiln.engine.request import Request, SamplingParams
+from kiln.engine.stream import RequestStream
 from kiln.text.budget import Outcome
 
 T = TypeVar("T")
@@ -94,7 +95,7 @@ def submit(
     cache_salt: str | None = None,
     priority: int = 0,
 ) -> Admitted:
-    """Admit one engine request (429 past the gate's capacity); the returned iterator releases
+    """Admit one engine request (429 past the gate's capacity); the returned stream releases
     its gate slot when it is closed or exhausted. ``arrival`` (``time.monotonic()``) is when
     the HTTP request arrived: queue time and TTFT count from it, as token timings do."""
     state.gate.enter(1)
@@ -112,7 +113,8 @@ def submit(
     except BaseException:
         state.gate.leave()
         raise
-    return Admitted(state, outputs)
+    outputs.on_close(state.gate.leave)
+    return outputs
 
 
 def submit_all(
@@ -141,41 +143,9 @@ def submit_all(
     return admitted
 
 
-class Admitted:
-    """An admitted engine request's outputs. Closing it (even before iterating) releases the
-    gate slot and aborts the engine request if it has not finished."""
-
-    def __init__(self, state: AppState, outputs: AsyncIterator[RequestOutput]) -> None:
-        self._state = state
-        self._outputs = outputs
-        self._closed = False
-
-    def __aiter__(self) -> Admitted:
-        return self
-
-    async def __anext__(self) -> RequestOutput:
-        if self._closed:
-            raise StopAsyncIteration
-        try:
-            return await self._outputs.__anext__()
-        except StopAsyncIteration:
-            await self.aclose()
-            raise
-
-    def close_now(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._state.gate.leave()
-        close = getattr(self._outputs, "close_now", None)
-        if close is not None:
-            close()
-
-    async def aclose(self) -> None:
-        self.close_now()
-        aclose = getattr(self._outputs, "aclose", None)
-        if aclose is not None:
-            await aclose()
+# An admitted engine request's outputs: the engine's stream, which gives the request's gate slot
+# back when it ends or is closed (closing it early aborts the engine request).
+Admitted = RequestStream
 
 
 async def collect(outputs: AsyncIterator[RequestOutput]) -> Completion:

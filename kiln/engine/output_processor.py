@@ -1,0 +1,94 @@
+"""The output stage: token ids -> text deltas and stop strings (engine thread, no torch).
+
+After each step's ``update_from_output`` the engine hands the step's RequestOutputs here (as
+vLLM v1's OutputProcessor takes the engine core's outputs). Each request's new tokens go through
+its incremental detokenizer and stop-string matcher (``StopChecker``); a request whose text
+completes a stop string is finished in the scheduler (which frees its blocks) and its output
+says so. The scheduler itself stops on token ids and lengths only. Logprob text, echo and
+grammar state belong here too when they come.
+
+Which tokens make text: the scheduler ends a request with "stop" only on a token id (EOS or a
+``stop_token_ids`` entry), and that token is never detokenized; a request that ends with "stop"
+or "length" flushes the detokenizer and releases the text held back for a possible stop string;
+"abort" and "error" end without more text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from kiln.engine.outputs import RequestOutput
+from kiln.engine.request import Request
+from kiln.engine.stop import Detokenizer, StopChecker
+
+__all__ = ["FinishStopped", "OutputProcessor"]
+
+# The scheduler's side: end a running request stopped by a stop string (blocks freed) and
+# return its final output, or None when the scheduler no longer holds it.
+FinishStopped = Callable[[str], RequestOutput | None]
+
+
+class OutputProcessor:
+    """Per-request text state, kept from ``add_request`` until the request's final output
+    passes through ``process``. Without a detokenizer factory no text is made and stop strings
+    are not matched (an engine over token ids only, as tests build)."""
+
+    def __init__(self, detokenizer: Callable[[], Detokenizer] | None = None) -> None:
+        self._detokenizer = detokenizer
+        self._checkers: dict[str, StopChecker] = {}
+
+    @property
+    def num_requests(self) -> int:
+        return len(self._checkers)
+
+    def add_request(self, req: Request) -> None:
+        """Start ``req``'s text (call once the scheduler accepted it)."""
+        if self._detokenizer is not None:
+            self._checkers[req.request_id] = StopChecker(self._detokenizer(), req.sampling.stop)
+
+    def process(self, outputs: list[RequestOutput], finish: FinishStopped) -> list[RequestOutput]:
+        """Fill in each output's ``text_delta``; an output whose text completed a stop string
+        becomes its request's final output (``finish`` ends it in the scheduler). The outputs
+        are updated in place and returned."""
+        for out in outputs:
+            checker = (self._checkers.pop(out.request_id, None) if out.finished
+                       else self._checkers.get(out.request_id))
+            if checker is not None:
+                self._text(out, checker, finish)
+        return outputs
+
+    def _text(self, out: RequestOutput, checker: StopChecker, finish: FinishStopped) -> None:
+        ids = out.new_token_ids
+        if out.finish_reason in ("abort", "error"):
+            return
+        if out.finish_reason == "stop":  # ended on a token id: that token makes no text
+            ids = ids[:-1]
+        text = ""
+        matched: str | None = None
+        for token_id in ids:
+            delta, matched = checker.push(token_id)
+            text += delta
+            if matched is not None:
+                break
+        if matched is not None:
+            out.text_delta = text
+            self._stopped(out, matched, finish)
+            return
+        if out.finished:  # "stop" or "length": the held-back text is released
+            tail, matched = checker.finish()
+            text += tail
+            if matched is not None:
+                out.stop_reason = matched
+        out.text_delta = text
+
+    def _stopped(self, out: RequestOutput, stop: str, finish: FinishStopped) -> None:
+        """``out``'s text completed the stop string ``stop``: it is the request's last output."""
+        if not out.finished:
+            self._checkers.pop(out.request_id, None)
+            final = finish(out.request_id)
+            if final is not None:
+                out.metrics = final.metrics
+                out.thinking_outcome = final.thinking_outcome
+                out.num_output_tokens = final.num_output_tokens
+            out.finished = True
+        out.finish_reason, out.stop_reason = "stop", stop
