@@ -7,13 +7,19 @@
 - the cost of ``logprobs: 20`` per step: the same 8 completions streams with 20 alternatives per
   token against none, as tok/s and as ms per engine step (8 tokens a step while all 8 decode).
 
+The same cost in-process (best of ``--repeats``, robust on a shared machine): the engine's
+``Sampler.token_logprobs`` for 8 rows of the default model's vocabulary with 20 alternatives, and
+the API's formatting of 8 tokens' OpenAI logprob arrays with 20 alternatives each
+(``CompletionLogprobs.add_generated``, which decodes every alternative in context).
+
 Rates are client-side, over the span in which all streams decode (after the last stream's first
 token, up to the first stream's last), as bench_serving's concurrent figure: chat counts its
 ``kiln.token_timing`` events, completions the ``token_ids`` of each chunk (``return_token_ids``;
 ``stream_interval`` 1 sends one chunk per engine step). Rounds alternate the three
 configurations; the best round of each is reported beside all rounds.
 
-Usage: python -m bench.bench_completions [--max-tokens 64] [--rounds 3] [--model PATH]
+Usage: python -m bench.bench_completions [--max-tokens 64] [--rounds 3] [--repeats 50]
+                                         [--model PATH]
 Writes bench/results/completions.json (figures, no asserts).
 """
 
@@ -22,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import platform
 import time
 from pathlib import Path
@@ -116,19 +123,67 @@ async def measure(url: str, n: int, rounds: int) -> dict[str, Any]:
     }
 
 
+def in_process(repeats: int, k: int = 20) -> dict[str, float]:
+    """ms per step of logprobs' two parts, 8 rows, greedy rows (no penalties)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from kiln.api.handlers.logprobs import CompletionLogprobs
+    from kiln.engine.outputs import TokenLogprobs
+    from kiln.engine.request import SamplingParams
+    from kiln.engine.sampler import Sampler
+    from kiln.model.loader import load_model
+
+    loaded = load_model(None)
+    vocab = loaded.config.vocab_size
+    torch.manual_seed(0)
+    logits = torch.randn(STREAMS, vocab) * 3
+    seqs: Any = [SimpleNamespace(sampling=SamplingParams(temperature=0.0, logprobs=k))
+                 for _ in range(STREAMS)]
+    tokens = logits.argmax(dim=-1).tolist()
+    sampler = Sampler(torch.device("cpu"))
+    engine = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        tops = sampler.token_logprobs(logits, seqs, tokens)
+        engine.append(time.perf_counter() - t0)
+    tok = loaded.tokenizer
+    context = tok.encode("Write a long, detailed essay about the ocean.")
+    api = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for row, top in enumerate(tops):
+            assert isinstance(top, TokenLogprobs)
+            lps = CompletionLogprobs()
+            lps.add_generated(tok, context, [tokens[row]], [top])
+            lps.wire()
+        api.append(time.perf_counter() - t0)
+    return {"engine_token_logprobs_ms": 1000 * min(engine),
+            "api_format_ms": 1000 * min(api), "rows": STREAMS, "alternatives": k,
+            "vocab": vocab}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.bench_completions")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--in-process-only", action="store_true",
+                        help="only the in-process logprobs figures (no server)")
     parser.add_argument("--model", default=None)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     serve_args = ["--model", args.model] if args.model else []
-    with running_server(serve_args, log_path=RESULTS.parent / "bench_completions_server.log"
-                        ) as server:
-        figures = asyncio.run(measure(server.url, args.max_tokens, args.rounds))
+    figures: dict[str, Any] = {}
+    if not args.in_process_only:
+        with running_server(serve_args, log_path=RESULTS.parent / "bench_completions_server.log"
+                            ) as server:
+            figures = asyncio.run(measure(server.url, args.max_tokens, args.rounds))
+    figures["logprobs20_in_process"] = in_process(args.repeats)
     out = {"machine": platform.platform(), "processor": platform.processor(),
-           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), **figures}
+           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+           "load_average": list(os.getloadavg()), **figures}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=2) + "\n")
     print(json.dumps(out, indent=2))
