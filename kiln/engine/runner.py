@@ -9,6 +9,7 @@ import torch
 
 from kiln.engine.block_pool import BlockPool
 from kiln.engine.config import EngineConfig
+from kiln.engine.logits_processors import apply_logits_processors
 from kiln.engine.lora_mix import LoraMix
 from kiln.engine.outputs import ModelRunnerOutput, SampledToken, ScheduledSeq, SchedulerOutput
 from kiln.engine.sampler import Sampler
@@ -123,7 +124,7 @@ class ModelRunner:
             logits, seqs = logits[good], [seqs[i] for i in good]
             if not seqs:
                 return ModelRunnerOutput({}, errors)
-        logits = self.sampler.process(logits, seqs)  # after the check: masks write -inf
+        logits = apply_logits_processors(logits, seqs)  # after the check: masks write -inf
         tokens, logprobs = self.sampler.sample(logits, seqs)
         tops = self.sampler.token_logprobs(logits, seqs, tokens)
         return ModelRunnerOutput({

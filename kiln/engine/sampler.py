@@ -53,29 +53,6 @@ class Sampler:
             tokens, logprobs = sample_reference(logits, p)
         return [int(t) for t in tokens.tolist()], [float(x) for x in logprobs.tolist()]
 
-    def process(self, logits: torch.Tensor, seqs: Sequence[ScheduledSeq]) -> torch.Tensor:
-        """allowed_token_ids, logit_bias and min_tokens on the rows that set them (a copy of
-        ``logits`` when any row does; other rows keep their values bit for bit)."""
-        rows = [i for i, s in enumerate(seqs) if s.sampling.processes_logits]
-        if not rows:
-            return logits
-        out = logits.clone()
-        dev = out.device
-        for i in rows:
-            p, row = seqs[i].sampling, out[i]
-            if p.allowed_token_ids is not None:
-                keep = torch.tensor(p.allowed_token_ids, dtype=torch.long, device=dev)
-                kept = row[keep].clone()
-                row.fill_(float("-inf"))
-                row[keep] = kept
-            if p.logit_bias:
-                ids = torch.tensor([t for t, _ in p.logit_bias], dtype=torch.long, device=dev)
-                bias = torch.tensor([b for _, b in p.logit_bias], dtype=row.dtype, device=dev)
-                row.index_add_(0, ids, bias)
-            if p.min_tokens_ids and len(seqs[i].output_token_ids) < p.min_tokens:
-                row[torch.tensor(p.min_tokens_ids, dtype=torch.long, device=dev)] = float("-inf")
-        return out
-
     def token_logprobs(self, logits: torch.Tensor, seqs: Sequence[ScheduledSeq],
                        tokens: Sequence[int]) -> list[TokenLogprobs | None]:
         """For the rows whose request wants logprobs: the sampled token's logprob and the top
