@@ -74,6 +74,7 @@ ADDED = {
     "TokenizeRequest", "TokenizeResponse", "DetokenizeRequest", "DetokenizeResponse",
     "TokenizerInfoResponse",
     "RenderedPrompt", "CompletionRenderResponse",
+    "ComputePlan", "ComputeImplementation",  # issue 24: /health shows the compute plan
 }
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kiln_kernels.quant.build import NATIVE_FLAGS, PORTABLE_FLAGS
+from kiln_kernels.cpu.loader import NATIVE_FLAGS, PORTABLE_FLAGS
 from kiln_kernels.sampling import SamplingTensors, sample_reference
 from kiln_kernels.sampling.native import (
     FLOAT_COLUMNS,
