@@ -211,7 +211,7 @@ def test_sample_rows_matches_the_reference(seed: int) -> None:
         logits,
         [tuple(float(r[n]) for n in FLOAT_COLUMNS) for r in rows],  # type: ignore[arg-type]
         [(int(r["top_k"]), int(r["seed"]), int(r["step"])) for r in rows],  # type: ignore[call-overload]
-        [r["output_tokens"] for r in rows])  # type: ignore[misc]
+        [r["output_tokens"] for r in rows])
     assert got is not None
     assert got[0] == want_t.tolist()
     bound = logsoftmax_atol(logits.shape[-1], sampling_scale(logits, SamplingTensors.build(rows, 1)))
