@@ -1,7 +1,7 @@
 """The formats kept as the file's own blocks (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, F16, BF16, F32):
 their weights are gguf-py's bit for bit (torch reference and C row lookups), the products match
-the dequantized GEMM from the AVX-512 and the portable builds, a row never depends on its batch,
-and weights of different formats stack row-wise into one product."""
+the dequantized GEMM from the AVX-512 and the portable builds (that a row never depends on its
+batch: test_kernels_quant.py, for every format), and weights of different formats stack row-wise into one product."""
 
 from __future__ import annotations
 
@@ -95,19 +95,6 @@ def test_portable_build_matches_reference(ggml_type: str) -> None:
     # another summation order over the same weights (numerics.matmul_bound)
     assert bool(((got - gemm_ref(pw.fmt, x, pw.tiles)).abs()
                  <= matmul_bound(x, pw.dequantize())).all())
-
-
-@pytest.mark.parametrize("ggml_type", NEW_TYPES)
-def test_a_row_never_depends_on_the_batch(ggml_type: str) -> None:
-    k = width(ggml_type, 512 // GGML_TYPES[ggml_type][0])
-    pw = pack_ggml(random_raw(ggml_type, 16, k, seed=4), ggml_type)
-    x = torch.randn(37, k, generator=torch.Generator().manual_seed(1))
-    full = pw.matmul(x)
-    for i in range(37):
-        assert torch.equal(full[i], pw.matmul(x[i:i + 1].clone())[0])
-    for n in range(2, 26):  # every pass shape, and splits into 2 and 3 passes
-        assert torch.equal(full[3:3 + n], pw.matmul(x[3:3 + n].clone()))
-    assert torch.equal(full, torch.cat([pw.matmul(x[:13].clone()), pw.matmul(x[13:].clone())]))
 
 
 def test_weights_of_different_formats_stack_row_wise() -> None:

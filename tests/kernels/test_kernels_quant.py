@@ -1,13 +1,12 @@
 """The CPU quantized-weight kernels (kiln_kernels.quant) against their torch references and
-gguf-py: packing is exact, products match the dequantized GEMM, rows never depend on the batch."""
+gguf-py: packing is exact, products match the dequantized GEMM, rows never depend on the batch
+(in every format, those of test_kernels_formats.py too)."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-import gguf
-import numpy as np
 import pytest
 import torch
 from kiln_kernels import quant
@@ -22,7 +21,9 @@ from kiln_kernels.quant import (
     untile,
 )
 from kiln_kernels.quant.build import PORTABLE_FLAGS
+from kiln_kernels.quant.formats import GGML_TYPES
 
+from tests.gguf_blocks import gguf_dequantize, random_raw
 from tests.numerics import matmul_bound
 
 pytestmark = pytest.mark.skipif(not kernels_available(), reason="no C compiler for the kernels")
@@ -41,10 +42,9 @@ def random_blocks(ggml_type: str, rows: int, k: int, seed: int = 0) -> torch.Ten
     return raw.reshape(rows, -1)
 
 
-def gguf_dequantize(raw: torch.Tensor, ggml_type: str) -> torch.Tensor:
-    qtype = getattr(gguf.GGMLQuantizationType, ggml_type)
-    out = gguf.quants.dequantize(raw.numpy(), qtype)
-    return torch.from_numpy(np.asarray(out, dtype=np.float32)).reshape(raw.shape[0], -1)
+# the widths of the batch test: the 32-weight formats over more than one chunk (1088 = 34
+# blocks), the others two 256-weight blocks (or 512 plain floats)
+BATCH_K = {"Q4_0": 1088, "Q4_1": 1088, "Q8_0": 1088}
 
 
 @pytest.mark.parametrize("ggml_type", sorted(GGML_BLOCK_BYTES))
@@ -75,10 +75,12 @@ def test_gemm_matches_reference(ggml_type: str, k: int, m: int) -> None:
     assert bool(((got - want).abs() <= matmul_bound(x, pw.dequantize())).all())
 
 
-@pytest.mark.parametrize("ggml_type", ["Q4_1", "Q8_0"])
+@pytest.mark.parametrize("ggml_type", sorted(GGML_TYPES))
 def test_a_row_never_depends_on_the_batch(ggml_type: str) -> None:
-    pw = pack_ggml(random_blocks(ggml_type, 16, 1088), ggml_type)
-    x = torch.randn(37, 1088, generator=torch.Generator().manual_seed(1))
+    """Every format: bit-identical rows alone, in every pass shape and across passes."""
+    k = BATCH_K.get(ggml_type, 512)
+    pw = pack_ggml(random_raw(ggml_type, 16, k, seed=4), ggml_type)
+    x = torch.randn(37, k, generator=torch.Generator().manual_seed(1))
     full = pw.matmul(x)
     for i in range(37):
         assert torch.equal(full[i], pw.matmul(x[i:i + 1].clone())[0])
