@@ -20,7 +20,6 @@ Writes bench/results/gemm_ceiling.json (figures, no asserts).
 from __future__ import annotations
 
 import ctypes
-import json
 import platform
 import subprocess
 import tempfile
@@ -31,7 +30,7 @@ import torch
 from kiln_kernels.quant import PackedWeight
 from kiln_kernels.quant.build import compiler
 
-from bench.bench_quant import best_of, repeats_and_default_model
+from bench.bench_quant import best_of, repeats_and_default_model, write_report
 
 RESULTS = Path(__file__).parent / "results" / "gemm_ceiling.json"
 CEILING_C = Path(__file__).parent / "kernels" / "fma_ceiling.c"
@@ -101,9 +100,7 @@ def main() -> None:
         "weights": {"cache_resident": "layer 0 gate_up_proj, Q4_1 tiles, 3072 x 576",
                     "model_products": f"{len(products)} layer products, Q4_1 tiles"},
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_report(args.out, report)
 
 
 if __name__ == "__main__":
