@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 from pathlib import Path
 
@@ -73,11 +72,13 @@ def test_bad_env_value_fails_loudly() -> None:
 
 def test_flags_override_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KILN_PORT", "9000")
-    monkeypatch.setenv("KILN_API_KEY", "a,b")
+    monkeypatch.setenv("KILN_API_KEY", "sk-first,sk-second")
     args = build_parser().parse_args(["serve", "--port", "9100", "--max-waiting-requests", "3"])
     cfg = config_from_args(args)
-    assert (cfg.port, cfg.api_keys, cfg.max_waiting_requests) == (9100, ("a", "b"), 3)
-    assert json.dumps(repr(cfg)).count("a,b") == 0
+    assert (cfg.port, cfg.api_keys, cfg.max_waiting_requests) == (
+        9100, ("sk-first", "sk-second"), 3)
+    # the keys never show in the config's repr (it is logged); only how many there are
+    assert "sk-" not in repr(cfg) and "api_keys=<2 key(s)>" in repr(cfg)
 
 
 def test_kv_cache_dtype_from_flag_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
