@@ -37,7 +37,7 @@ test-only: setup
 	TRITON_INTERPRET=1 $(PY) -m pytest -q $(ARGS)
 
 lint: setup
-	$(PY) -m ruff check kiln codegen kernels tests bench
+	$(PY) -m ruff check kiln codegen kiln_kernels tests bench
 	$(PY) -m mypy
 
 bench: setup

@@ -26,7 +26,7 @@ def tests(session: nox.Session) -> None:
 @nox.session
 def lint(session: nox.Session) -> None:
     _install(session)
-    session.run("ruff", "check", "kiln", "codegen", "kernels", "tests", "bench")
+    session.run("ruff", "check", "kiln", "codegen", "kiln_kernels", "tests", "bench")
 
 
 @nox.session

@@ -1,4 +1,4 @@
-"""How close the quantized products (kernels/quant/gemm.c) run to what one core sustains.
+"""How close the quantized products (kiln_kernels/cpu/matmul/gemm.c) run to what one core sustains.
 
 Three figures, in 512-bit FMAs per ns per core (one FMA = 16 multiply-adds):
 - the core's ceilings for the products' loop skeleton (bench/kernels/fma_ceiling.c, one thread):
@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from kiln_kernels.quant import PackedWeight
-from kiln_kernels.quant.build import compiler
+from kiln_kernels.cpu.loader import compiler
+from kiln_kernels.quant import PackedConcat, PackedWeight
 
 from bench.bench_quant import best_of, repeats_and_default_model, write_report
 
@@ -56,7 +56,7 @@ def core_ceilings(repeats: int) -> dict[str, float]:
     return out
 
 
-def kernel_rate(weights: list[PackedWeight], m: int, repeats: int, calls: int) -> float:
+def kernel_rate(weights: list[PackedWeight | PackedConcat], m: int, repeats: int, calls: int) -> float:
     """FMAs per ns per thread of ``calls`` passes over ``weights`` with M rows (best_of)."""
     xs = {w.in_features: torch.randn(m, w.in_features) for w in weights}
     fmas = calls * sum(m * w.out_features * w.in_features / 16 for w in weights)
@@ -71,7 +71,7 @@ def kernel_rate(weights: list[PackedWeight], m: int, repeats: int, calls: int) -
 
 def main() -> None:
     args, loaded = repeats_and_default_model(__doc__, RESULTS)
-    fused = loaded.model.fused
+    fused = loaded.model.cpu_step
     if fused is None:
         raise SystemExit("the default model has no C step here (no C compiler or no AVX-512?)")
     layers = fused.weights.layers

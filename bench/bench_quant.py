@@ -22,7 +22,7 @@ from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
-from kiln_kernels.quant import PackedWeight
+from kiln_kernels.quant import PackedConcat, PackedWeight
 
 from kiln.model.layers import DecoderLayer
 from kiln.model.loader import LoadedModel, load_model
@@ -46,8 +46,8 @@ def read_ceiling(repeats: int) -> float:
     return big.numel() * 4 / best_of(big.sum, repeats) / 1e9
 
 
-def products(pairs: list[tuple[PackedWeight, torch.Tensor]], m: int, repeats: int
-             ) -> tuple[float, float]:
+def products(pairs: list[tuple[PackedWeight | PackedConcat, torch.Tensor]], m: int,
+             repeats: int) -> tuple[float, float]:
     """Best seconds for all products of M rows: (packed kernels, torch float32)."""
     xs = {k: torch.randn(m, k) for k in {int(w.shape[1]) for _, w in pairs}}
     ours = best_of(lambda: [p.matmul(xs[int(w.shape[1])]) for p, w in pairs], repeats)
@@ -82,7 +82,7 @@ def main() -> None:
     model = loaded.model
     if model.packed_head is None:
         raise SystemExit("the default model has no packed weights here (no C compiler?)")
-    pairs: list[tuple[PackedWeight, torch.Tensor]] = []
+    pairs: list[tuple[PackedWeight | PackedConcat, torch.Tensor]] = []
     for module in model.model.layers:
         layer = cast(DecoderLayer, module)
         attn, mlp = layer.self_attn, layer.mlp

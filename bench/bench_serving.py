@@ -218,7 +218,7 @@ def main() -> None:
         "dtype": str(loaded.dtype),
         "weights": ("ours: the GGUF's Q4_1/Q8_0 blocks, dequantized in registers to the same "
                     "float32 values, float32 arithmetic (C decode step)"
-                    if loaded.model.fused is not None else "ours: float32 tensors"),
+                    if loaded.model.plan.step == "c" else "ours: float32 tensors"),
         "baseline_weights": "transformers: the same GGUF dequantized to float32 tensors",
         "machine": platform.machine(),
         "torch_threads": torch.get_num_threads(),

@@ -124,6 +124,9 @@ class EngineBackend:
             return "ok"
         return "error" if self._started else "loading"
 
+    def compute_plan(self) -> dict[str, str] | None:
+        return self.engine.compute_plan()
+
     def stats(self) -> dict[str, float]:
         return self.engine.stats()
 

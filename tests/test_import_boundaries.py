@@ -17,10 +17,10 @@ CASES = [
     ("kiln_kernels", ("kiln",)),
     ("kiln_kernels.sampling", ("kiln",)),
     ("kiln_kernels.attention", ("kiln",)),
-    ("kiln_kernels.norm", ("kiln",)),
     ("kiln_kernels.lora", ("kiln",)),
     ("kiln_kernels.quant", ("kiln",)),
-    ("kiln_kernels.quant.decode", ("kiln",)),
+    ("kiln_kernels.cpu", ("kiln",)),
+    ("kiln_kernels.cpu.cpu_step", ("kiln",)),
     ("codegen.__main__", ("kiln",)),
     # ray is an optional extra: only kiln.scale.ray_serve may import it
     ("kiln.cli", ("ray",)),

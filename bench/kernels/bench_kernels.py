@@ -23,9 +23,6 @@ from kiln_kernels.attention.kv_store import store_kv_triton
 from kiln_kernels.attention.prefill import prefill_paged_triton
 from kiln_kernels.lora import lora_expand_ref, lora_shrink_ref
 from kiln_kernels.lora.sgmv import lora_expand_triton, lora_shrink_triton
-from kiln_kernels.norm import rms_norm_ref, rope_inv_freq, rotary_ref
-from kiln_kernels.norm.rmsnorm import rms_norm_triton
-from kiln_kernels.norm.rotary import rotary_triton
 from kiln_kernels.sampling import SamplingTensors, sample_reference
 from kiln_kernels.sampling.sampler import sample_triton
 
@@ -63,17 +60,6 @@ def cases(quick: bool) -> list[tuple[str, Callable[[], object], Callable[[], obj
     """(name, triton fn, torch fn, unit, work) with work in bytes (GB/s) or flops (TFLOP/s)."""
     dt = torch.bfloat16
     out: list[tuple[str, Callable[[], object], Callable[[], object], str, float]] = []
-    t, h = (256, 4096) if quick else (4096, 4096)
-    x = torch.randn(t, h, device="cuda", dtype=dt)
-    r = torch.randn_like(x)
-    w = torch.randn(h, device="cuda", dtype=dt)
-    out.append(("rms_norm_residual", lambda: rms_norm_triton(x, w, 1e-6, r),
-                lambda: rms_norm_ref(x, w, 1e-6, r), "GB/s", 4.0 * x.numel() * 2))  # fmt: skip
-    q = torch.randn(t, 32, 128, device="cuda", dtype=dt)
-    pos = torch.randint(0, 8192, (t,), device="cuda")
-    inv = rope_inv_freq(128, 1e6).cuda()
-    out.append(("rotary", lambda: rotary_triton(q, pos, inv), lambda: rotary_ref(q, pos, inv),
-                "GB/s", 2.0 * q.numel() * 2))  # fmt: skip
     b, v = (8, 32000) if quick else (64, 151936)
     logits = torch.randn(b, v, device="cuda")
     rows = [{"temperature": 0.8, "top_k": 20, "top_p": 0.95, "seed": i, "presence_penalty": 1.5,

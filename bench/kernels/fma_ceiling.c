@@ -1,5 +1,5 @@
 /* What one core of this CPU sustains for the loop skeleton of the quantized products
- * (kernels/quant/gemm.c), without the kernel: 512-bit FMAs per ns
+ * (kiln_kernels/cpu/matmul/gemm.c), without the kernel: 512-bit FMAs per ns
  *   regs:   32 FMAs per iteration into 16 accumulators, every operand in a register (8 x
  *           vectors, each used 4 times: 26 registers, no spills);
  *   loads:  the same 32 FMAs fed by 16 zmm loads from L1 (8 rows x 2 halves of a 32-wide block,

@@ -77,6 +77,10 @@ class Backend(Protocol):
         """"ok" (serving), "loading", or "error" (the engine cannot serve)."""
         ...
 
+    def compute_plan(self) -> dict[str, str] | None:
+        """The served model's compute plan (kiln.model.plan) as strings; None while loading."""
+        ...
+
     async def score(
         self, prompt_ids: list[int], top_k: int, lora: tuple[tuple[Any, float], ...] = ()
     ) -> list[PositionScore]:

@@ -1,10 +1,11 @@
 """The engine thread and its asyncio bridge.
 
-One dedicated thread runs ``step()`` = schedule -> execute -> update -> process outputs (text,
-stop strings: kiln.engine.output_processor) -> publish. Requests and
-aborts enter through a locked inbox (the thread sleeps on a condition when idle); outputs go back
-to each request's ``asyncio.Queue`` through ``loop.call_soon_threadsafe``. This module imports
-no torch at import time (the runner is imported when a model-backed engine is built), so the HTTP
+One dedicated thread runs ``step()`` = schedule -> execute -> update -> process outputs (text
+and stop strings, kiln.engine.output_processor) -> publish. Requests and aborts enter through a
+locked inbox (the thread sleeps on a condition when idle); outputs go back to each request's
+``asyncio.Queue`` through ``loop.call_soon_threadsafe`` and reach the caller as a RequestStream.
+Scoring jobs and adapter loads run between steps (``run_exclusive``). This module imports no
+torch at import time (the runner is imported when a model-backed engine is built), so the HTTP
 layer can import it freely.
 """
 
@@ -14,10 +15,11 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from kiln.engine.config import EngineConfig
 from kiln.engine.errors import EngineError
+from kiln.engine.exclusive import ExclusiveCall
 from kiln.engine.lora_mix import LoraMix
 from kiln.engine.output_processor import OutputProcessor
 from kiln.engine.outputs import ModelRunnerOutput, PositionScore, RequestOutput, SchedulerOutput
@@ -80,7 +82,7 @@ class AsyncEngine:
         self.output = output
         self.max_model_len = scheduler.max_model_len
         self._cv = threading.Condition()
-        self._inbox: list[tuple[str, Request | str | _Exclusive[Any]]] = []
+        self._inbox: list[tuple[str, Request | str | ExclusiveCall[Any]]] = []
         self._sinks: dict[str, _Sink] = {}
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -152,6 +154,14 @@ class AsyncEngine:
         self.scheduler.check_lora(lora)  # as generation refuses it (a 400), not a 500 mid-job
         return await self._scoring.run(make_job(self.scheduler.pool, prompt_ids, top_k, lora))
 
+    def compute_plan(self) -> dict[str, str]:
+        """The runner's compute plan (kiln.model.plan), as strings."""
+        plan = getattr(self.executor, "plan", None)
+        if plan is None:
+            raise TypeError("the compute plan needs an engine over a ModelRunner")
+        out: dict[str, str] = plan.as_dict()
+        return out
+
     def kv_geometry(self) -> tuple[int, int, int]:
         """The KV cache's blocks, tokens per block and bytes per block (all layers, K and V)."""
         per_block = getattr(self.executor, "kv_bytes_per_block", None)
@@ -177,7 +187,7 @@ class AsyncEngine:
         loop). The returned future resolves on the caller's loop with ``fn``'s result or
         exception; cancelling it before ``fn`` starts skips ``fn``."""
         loop = asyncio.get_running_loop()
-        call = _Exclusive(fn, loop)
+        call = ExclusiveCall(fn, loop)
         with self._cv:
             if not self.is_running or self._stopping:
                 raise EngineError("engine_not_running", "The engine is not running.")
@@ -212,18 +222,18 @@ class AsyncEngine:
         self._process_and_publish(self.scheduler.finish_all("abort",
                                                             error="the engine shut down"))
 
-    def _take_inbox(self) -> list[tuple[str, Request | str | _Exclusive[Any]]]:
+    def _take_inbox(self) -> list[tuple[str, Request | str | ExclusiveCall[Any]]]:
         with self._cv:
             inbox, self._inbox = self._inbox, []
             return inbox
 
-    def _drain(self, inbox: list[tuple[str, Request | str | _Exclusive[Any]]],
+    def _drain(self, inbox: list[tuple[str, Request | str | ExclusiveCall[Any]]],
                shutting_down: bool = False) -> None:
         outputs: list[RequestOutput] = []
-        exclusive: list[_Exclusive[Any]] = []
+        exclusive: list[ExclusiveCall[Any]] = []
         for kind, item in inbox:
             out: RequestOutput | None = None
-            if isinstance(item, _Exclusive):
+            if isinstance(item, ExclusiveCall):
                 exclusive.append(item)
             elif kind == "abort" and isinstance(item, str):
                 out = self.scheduler.abort(item)
@@ -299,49 +309,6 @@ class AsyncEngine:
                 loop.call_soon_threadsafe(_deliver, items)
             except RuntimeError:  # that event loop is closed; nobody is listening
                 pass
-
-
-class _Exclusive(Generic[_T]):
-    """A function queued for the engine thread, and the caller's future for its outcome."""
-
-    def __init__(self, fn: Callable[[], _T], loop: asyncio.AbstractEventLoop) -> None:
-        self.fn = fn
-        self.loop = loop
-        self.future: asyncio.Future[_T] = loop.create_future()
-        self.cancelled = False  # set on the caller's loop; read by the engine thread
-        self.future.add_done_callback(self._on_done)
-
-    def _on_done(self, fut: asyncio.Future[_T]) -> None:
-        if fut.cancelled():
-            self.cancelled = True
-
-    def run(self, after: Callable[[], None] | None = None) -> None:
-        """Call ``fn`` (unless cancelled), then ``after``, then settle the caller's future."""
-        if self.cancelled:
-            return
-        settle: Callable[[asyncio.Future[_T]], None]
-        try:
-            result = self.fn()
-            settle = lambda fut: fut.set_result(result)  # noqa: E731
-        except Exception as e:  # handed to the awaiting caller, never kills the engine
-            error = e
-            settle = lambda fut: fut.set_exception(error)  # noqa: E731
-        if after is not None:
-            after()
-        self._settle(settle)
-
-    def fail(self, exc: BaseException) -> None:
-        self._settle(lambda fut: fut.set_exception(exc))
-
-    def _settle(self, action: Callable[[asyncio.Future[_T]], None]) -> None:
-        def settle() -> None:
-            if not self.future.done():
-                action(self.future)
-
-        try:
-            self.loop.call_soon_threadsafe(settle)
-        except RuntimeError:  # the caller's event loop is closed; nobody is waiting
-            pass
 
 
 def _deliver(items: list[tuple[asyncio.Queue[RequestOutput], RequestOutput]]) -> None:

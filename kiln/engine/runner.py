@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import torch
 
 from kiln.engine.block_pool import BlockPool
 from kiln.engine.config import EngineConfig
+from kiln.engine.logits_processors import apply_logits_processors
 from kiln.engine.lora_mix import LoraMix
 from kiln.engine.outputs import ModelRunnerOutput, SampledToken, ScheduledSeq, SchedulerOutput
 from kiln.engine.sampler import Sampler
@@ -18,18 +20,11 @@ from kiln.model.config import ModelConfig
 from kiln.model.kv_cache import KVCache, kv_cache_for
 from kiln.model.lora import LoraAdapter
 from kiln.model.lora_slots import AdapterSlots, LoraBatch
+from kiln.model.plan import torch_dtype, with_kv_cache
+
+log = logging.getLogger("kiln.engine")
 
 NON_FINITE = "the model produced non-finite logits (inf or NaN); no token could be sampled"
-
-
-def kv_dtype(config: EngineConfig, dtype: torch.dtype, device: torch.device) -> torch.dtype:
-    """The KV cache element type: the model's dtype, or float16 when asked (CPU only)."""
-    if config.kv_cache_dtype == "auto":
-        return dtype
-    if device.type != "cpu":
-        raise ValueError(f"kv_cache_dtype={config.kv_cache_dtype} is supported on the CPU only "
-                         f"(device {device.type})")
-    return torch.float16
 
 
 def kv_num_blocks(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype) -> int:
@@ -51,11 +46,14 @@ class ModelRunner:
         self.dtype = dtype
         self.block_size = config.block_size
         self.device = device
-        cache_dtype = kv_dtype(config, dtype, device)
+        # The compute plan (kiln.model.plan): the model's, with this engine's KV element type.
+        self.plan = with_kv_cache(model.plan, config.kv_cache_dtype)
+        log.info("%s", self.plan.line())
+        cache_dtype = torch_dtype(self.plan.kv_dtype)
         self.num_blocks = kv_num_blocks(cfg, config, cache_dtype)
         self.kv_bytes_per_block = KVCache.bytes_per_block(cfg, config.block_size, cache_dtype)
         self.kv = kv_cache_for(model, self.num_blocks, config.block_size, cache_dtype, device)
-        self.sampler = Sampler(device)
+        self.sampler = Sampler(device, self.plan.sampler)
         self._lora_slots: AdapterSlots | None = None  # created on the first LoRA step
 
     @property
@@ -64,7 +62,7 @@ class ModelRunner:
         if self._lora_slots is None:
             self._lora_slots = AdapterSlots(
                 self.cfg, self.config.max_lora_slots, max_rank=self.config.max_lora_rank,
-                dtype=self.dtype, device=self.device)
+                dtype=self.dtype, device=self.device, triton=self.plan.torch_lora == "triton")
         return self._lora_slots
 
     def scoring_job(self, pool: BlockPool, prompt_ids: Sequence[int], top_k: int,
@@ -126,7 +124,7 @@ class ModelRunner:
             logits, seqs = logits[good], [seqs[i] for i in good]
             if not seqs:
                 return ModelRunnerOutput({}, errors)
-        logits = self.sampler.process(logits, seqs)  # after the check: masks write -inf
+        logits = apply_logits_processors(logits, seqs)  # after the check: masks write -inf
         tokens, logprobs = self.sampler.sample(logits, seqs)
         tops = self.sampler.token_logprobs(logits, seqs, tokens)
         return ModelRunnerOutput({

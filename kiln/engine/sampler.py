@@ -1,8 +1,9 @@
 """Batched sampling: the rows' SamplingParams and history -> kiln_kernels.sampling.
 
-On the CPU the C sampler (``sample_rows``) takes the rows' parameters and their penalty history
-as plain lists (a step builds no tensor for them); elsewhere (or without a C compiler)
-``sample`` gets dense [rows, vocab] counts. Both are batch-invariant: a row's token depends
+The compute plan (kiln.model.plan) names the sampler. ``c``: the C sampler (``sample_rows``)
+takes the rows' parameters and their penalty history as plain lists (a step builds no tensor for
+them); ``triton`` and ``torch`` (also where the C library is missing) get dense [rows, vocab]
+counts. Both are batch-invariant: a row's token depends
 only on its logits, its parameters and (seed, step), so a seeded request samples the same tokens
 alone or in any batch.
 """
@@ -10,9 +11,10 @@ alone or in any batch.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 import torch
-from kiln_kernels.sampling import SamplingTensors, sample
+from kiln_kernels.sampling import SamplingTensors, sample_reference
 from kiln_kernels.sampling.native import FLOAT_COLUMNS, INT_COLUMNS, sample_rows
 from kiln_kernels.sampling.params import to_int64_bits
 from kiln_kernels.sampling.reference import GREEDY_TEMPERATURE, apply_penalties
@@ -22,8 +24,9 @@ from kiln.engine.scoring import top_k_ids
 
 
 class Sampler:
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, impl: Literal["c", "triton", "torch"]) -> None:
         self.device = device
+        self.impl = impl  # the compute plan's sampler
         self._zero_counts = torch.zeros((0, 0), dtype=torch.int32, device=device)
         self._zero_mask = torch.zeros((0, 0), dtype=torch.bool, device=device)
 
@@ -35,37 +38,20 @@ class Sampler:
             raise ValueError(f"sampler: {logits.shape[0]} logit rows for {len(seqs)} sequences")
         if not seqs:
             return [], []
-        if self.device.type == "cpu" and logits.dtype == torch.float32:
+        if self.impl == "c" and logits.dtype == torch.float32:
             native: tuple[list[int], list[float]] | None = sample_rows(
                 logits, *_parameters(seqs),
                 [s.output_token_ids if s.sampling.uses_penalties else () for s in seqs])
             if native is not None:
                 return native
-        tokens, logprobs = sample(logits, self.build(seqs, int(logits.shape[1])))
-        return [int(t) for t in tokens.tolist()], [float(x) for x in logprobs.tolist()]
+        p = self.build(seqs, int(logits.shape[1]))
+        if self.impl == "triton":
+            from kiln_kernels.sampling.sampler import sample_triton
 
-    def process(self, logits: torch.Tensor, seqs: Sequence[ScheduledSeq]) -> torch.Tensor:
-        """allowed_token_ids, logit_bias and min_tokens on the rows that set them (a copy of
-        ``logits`` when any row does; other rows keep their values bit for bit)."""
-        rows = [i for i, s in enumerate(seqs) if s.sampling.processes_logits]
-        if not rows:
-            return logits
-        out = logits.clone()
-        dev = out.device
-        for i in rows:
-            p, row = seqs[i].sampling, out[i]
-            if p.allowed_token_ids is not None:
-                keep = torch.tensor(p.allowed_token_ids, dtype=torch.long, device=dev)
-                kept = row[keep].clone()
-                row.fill_(float("-inf"))
-                row[keep] = kept
-            if p.logit_bias:
-                ids = torch.tensor([t for t, _ in p.logit_bias], dtype=torch.long, device=dev)
-                bias = torch.tensor([b for _, b in p.logit_bias], dtype=row.dtype, device=dev)
-                row.index_add_(0, ids, bias)
-            if p.min_tokens_ids and len(seqs[i].output_token_ids) < p.min_tokens:
-                row[torch.tensor(p.min_tokens_ids, dtype=torch.long, device=dev)] = float("-inf")
-        return out
+            tokens, logprobs = sample_triton(logits, p)
+        else:
+            tokens, logprobs = sample_reference(logits, p)
+        return [int(t) for t in tokens.tolist()], [float(x) for x in logprobs.tolist()]
 
     def token_logprobs(self, logits: torch.Tensor, seqs: Sequence[ScheduledSeq],
                        tokens: Sequence[int]) -> list[TokenLogprobs | None]:
@@ -106,8 +92,7 @@ class Sampler:
         float_rows, int_rows = _parameters(seqs)
         floats = torch.tensor(float_rows, dtype=torch.float32)
         ints = torch.tensor(int_rows, dtype=torch.int64)
-        if self.device.type != "cpu":
-            floats, ints = floats.to(self.device), ints.to(self.device)
+        floats, ints = floats.to(self.device), ints.to(self.device)  # no copy on the CPU
         cols = {name: floats[:, i].contiguous() for i, name in enumerate(FLOAT_COLUMNS)}
         cols.update({name: ints[:, i].contiguous() for i, name in enumerate(INT_COLUMNS)})
         cols["top_k"] = cols["top_k"].to(torch.int32)

@@ -10,6 +10,7 @@ is computed once by :func:`plan_attention`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -41,10 +42,13 @@ class AttentionPlan:
     seqs: tuple[SeqPlan, ...]  # sequences attended one by one (prefill chunks)
     decode: DecodeGroup | None = None
     max_query_len: int = 1
+    kernels: Literal["triton", "torch"] = "torch"  # the compute plan's torch_attention
 
 
-def plan_attention(batch: ForwardBatch, block_size: int) -> AttentionPlan:
-    """Layer-independent attention metadata for one forward pass."""
+def plan_attention(batch: ForwardBatch, block_size: int,
+                   kernels: Literal["triton", "torch"] = "torch") -> AttentionPlan:
+    """Layer-independent attention metadata for one forward pass; ``kernels`` is the
+    implementation the compute plan (kiln.model.plan) names for the torch path."""
     qsl = batch.query_start_loc.tolist()
     lens = batch.seq_lens.tolist()
     positions = batch.positions.tolist()
@@ -68,7 +72,8 @@ def plan_attention(batch: ForwardBatch, block_size: int) -> AttentionPlan:
         plans.append(SeqPlan(qs, qe, slots, mask))
     max_q = max([qsl[i + 1] - qsl[i] for i in range(len(lens))], default=1)
     return AttentionPlan(batch=batch, block_size=block_size, seqs=tuple(plans),
-                         decode=_decode_group(decode, device), max_query_len=max(1, max_q))
+                         decode=_decode_group(decode, device), max_query_len=max(1, max_q),
+                         kernels=kernels)
 
 
 def _decode_group(items: list[tuple[int, torch.Tensor]], device: torch.device
@@ -156,9 +161,9 @@ def reference_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
 
 def _cuda_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                           plan: AttentionPlan, scale: float) -> torch.Tensor:
-    """CUDA path: THE single place the Triton kernels of kiln_kernels.attention are called —
-    split-K paged decode when every sequence decodes one token, else varlen prefill over the
-    paged prefix (which covers mixed prefill + decode steps)."""
+    """The Triton path: THE single place the Triton kernels of kiln_kernels.attention are
+    called — split-K paged decode when every sequence decodes one token, else varlen prefill
+    over the paged prefix (which covers mixed prefill + decode steps)."""
     from kiln_kernels.attention import paged_decode, prefill_paged
 
     batch = plan.batch
@@ -175,6 +180,6 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
                     v_cache: torch.Tensor, plan: AttentionPlan, scale: float) -> torch.Tensor:
     """Store this step's K/V, then attend. ``q [T, H, D]``, ``k``/``v`` ``[T, KV, D]``."""
     store_kv(k_cache, v_cache, k, v, plan.batch.slot_mapping)
-    if q.is_cuda:
+    if plan.kernels == "triton":
         return _cuda_paged_attention(q, k_cache, v_cache, plan, scale)
     return reference_paged_attention(q, k_cache, v_cache, plan, scale)

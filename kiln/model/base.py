@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from typing import cast
+
 import torch
 from kiln_kernels.quant import Packed, PackedWeight
 from torch import nn
@@ -9,10 +13,18 @@ from torch import nn
 from kiln.model.attention import AttentionPlan, plan_attention
 from kiln.model.batch import ForwardBatch
 from kiln.model.config import ModelConfig
-from kiln.model.fused_decode import FusedDecoder
+from kiln.model.cpu_step import CpuStep, cpu_step_weights
 from kiln.model.kv_cache import KVCache
 from kiln.model.layers import DecoderLayer, LoraHook, RMSNorm, RotaryEmbedding
-from kiln.model.quantized import NO_ROUTE, PackedEmbedding, RowRoute, project
+from kiln.model.plan import ComputePlan, model_plan, without_packed
+from kiln.model.quantized import (
+    NO_ROUTE,
+    PackedEmbedding,
+    PackedParts,
+    RowRoute,
+    packed_parts,
+    project,
+)
 
 
 class DecoderStack(nn.Module):
@@ -45,10 +57,71 @@ class CausalLM(nn.Module):
             None if cfg.tie_word_embeddings
             else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False))
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta)
-        self.packed_head: Packed | None = None  # kiln.model.quantized.attach_packed
+        self.packed_head: Packed | None = None  # set by attach_packed
         self.packed_embedding: PackedWeight | None = None  # the token embedding's blocks
-        self.has_packed = False  # any packed weights attached (then decode rows use them)
-        self.fused: FusedDecoder | None = None  # the C step, when every weight is packed
+        self._cpu_step: CpuStep | None = None  # the C step, when every weight is packed
+        self._plan: ComputePlan | None = None  # decided by kiln.model.plan (lazily, once)
+        self._plan_override: ComputePlan | None = None  # packed_disabled's torch-only plan
+
+    @property
+    def plan(self) -> ComputePlan:
+        """The model's compute plan (kiln.model.plan): which implementation runs its steps."""
+        if self._plan_override is not None:
+            return self._plan_override
+        if self._plan is None:
+            ref = self.model.norm.weight  # never released: the model's device and dtype
+            self._plan = model_plan(ref.device, ref.dtype,
+                                    packed=self.packed_head is not None or self._any_packed(),
+                                    c_step=self._cpu_step is not None)
+        return self._plan
+
+    @property
+    def cpu_step(self) -> CpuStep | None:
+        """The CPU step's runner where the plan's step is ``c`` (else None)."""
+        return self._cpu_step if self.plan.step == "c" else None
+
+    def _any_packed(self) -> bool:
+        for module in self.model.layers:
+            layer = cast("DecoderLayer", module)
+            if layer.self_attn.has_packed or layer.mlp.has_packed:
+                return True
+        return False
+
+    def attach_packed(self, packed: dict[str, PackedWeight]) -> int:
+        """Take packed weights (kiln.model.quantized.packed_parts: keyed by HF parameter
+        names); returns the bytes attached. The plan follows from what was attached."""
+        parts: PackedParts = packed_parts(self, packed)
+        for module, (qkv, o, gate_up, down) in zip(self.model.layers, parts.layers, strict=True):
+            layer = cast("DecoderLayer", module)
+            layer.self_attn.set_packed(qkv, o)
+            layer.mlp.set_packed(gate_up, down)
+        self.packed_head = parts.head
+        self._cpu_step = None
+        weights = cpu_step_weights(self)
+        self._cpu_step = None if weights is None else CpuStep(weights)
+        self.packed_embedding = None if self._cpu_step is None else parts.embedding
+        self._plan = None
+        total = parts.nbytes
+        if self.packed_embedding is not None and self.lm_head is not None:
+            total += self.packed_embedding.nbytes
+        return total
+
+    def use_cpu_step_build(self, flags: tuple[str, ...]) -> None:
+        """Run the CPU step on the C library built with ``flags`` (tests: the portable build)."""
+        if self._cpu_step is None:
+            raise ValueError("this model has no CPU step")
+        self._cpu_step = CpuStep(self._cpu_step.weights, flags=flags)
+
+    @contextlib.contextmanager
+    def torch_only(self) -> Iterator[None]:
+        """Run the torch path on float32 weights only for the duration (the weights must be
+        there: kiln.model.quantized.packed_disabled materializes released ones)."""
+        saved = self._plan_override
+        self._plan_override = without_packed(self.plan)
+        try:
+            yield
+        finally:
+            self._plan_override = saved
 
     def output_weight(self) -> torch.Tensor:
         """The ``[vocab, hidden]`` output projection (the embedding when tied)."""
@@ -60,7 +133,7 @@ class CausalLM(nn.Module):
 
     def _decode_rows(self, batch: ForwardBatch, plan: AttentionPlan) -> torch.Tensor | None:
         """bool [T]: the rows that are a sequence's single decode token (None: no packed path)."""
-        if not self.has_packed or plan.decode is None:
+        if not self.plan.packed_rows or plan.decode is None:
             return None
         mask = torch.zeros(batch.input_ids.shape[0], dtype=torch.bool)
         mask[plan.decode.rows] = True
@@ -73,7 +146,7 @@ class CausalLM(nn.Module):
         lora = batch.lora
         if lora is not None and not isinstance(lora, LoraHook):
             raise TypeError(f"ForwardBatch.lora must be a LoraHook, got {type(lora).__name__}")
-        plan = plan_attention(batch, kv.block_size)
+        plan = plan_attention(batch, kv.block_size, self.plan.torch_attention)
         decode = self._decode_rows(batch, plan)
         route = NO_ROUTE if decode is None else RowRoute.from_mask(decode)
         x = self.model.embed_tokens(batch.input_ids)
@@ -84,8 +157,9 @@ class CausalLM(nn.Module):
 
     def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
         with torch.inference_mode():
-            if self.fused is not None:  # it declines steps it cannot take (None)
-                logits = self.fused.try_forward(self, batch, kv)
+            cpu_step = self.cpu_step
+            if cpu_step is not None:  # it declines steps it cannot take (None)
+                logits = cpu_step.try_forward(self, batch, kv)
                 if logits is not None:
                     return logits
             return self._torch_forward(batch, kv)

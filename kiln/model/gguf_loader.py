@@ -16,7 +16,8 @@ from kiln_kernels.quant import GGML_TYPES, PackedWeight, pack_ggml
 from kiln.model.base import CausalLM
 from kiln.model.config import ModelConfig, UnsupportedModelError, config_from_gguf
 from kiln.model.gguf_tokenizer import tokenizer_from_gguf
-from kiln.model.quantized import enabled, install_packed
+from kiln.model.plan import pack_weights
+from kiln.model.quantized import install_packed
 from kiln.model.weights import WeightLoadError, WeightSink, empty_model, progress
 from kiln.text.tokenizer import Tokenizer
 
@@ -138,7 +139,8 @@ def _pack(tensor: Any, heads: int | None) -> PackedWeight:
     return pack_ggml(torch.from_numpy(np.array(raw, copy=True)), tensor.tensor_type.name)
 
 
-def load_gguf(path: str | Path, dtype: torch.dtype, device: torch.device) -> GGUFContents:
+def load_gguf(path: str | Path, dtype: torch.dtype, device: torch.device, *,
+              quant_kernels: bool = True) -> GGUFContents:
     try:
         reader = FastGGUFReader(str(path))
     except (ValueError, OSError) as exc:
@@ -153,7 +155,8 @@ def load_gguf(path: str | Path, dtype: torch.dtype, device: torch.device) -> GGU
         has_qkv_bias="blk.0.attn_q.bias" in names, has_qk_norm="blk.0.attn_q_norm.weight" in names)
     model = empty_model(cfg, dtype, device)
     sink = WeightSink(model)
-    packed: dict[str, PackedWeight] | None = {} if enabled(dtype, device) else None
+    packed: dict[str, PackedWeight] | None = {} if pack_weights(
+        dtype, device, quant_kernels=quant_kernels) else None
     deferred: dict[str, PackedWeight] = {}  # packed; float32 values written only if needed
     unpacked: dict[str, list[str]] = {}  # why -> the matrices kept as float32 for that reason
     for tensor in progress(reader.tensors, len(reader.tensors), "loading GGUF"):

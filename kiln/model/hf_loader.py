@@ -17,7 +17,8 @@ from safetensors import SafetensorError, safe_open
 
 from kiln.model.base import CausalLM
 from kiln.model.config import ModelConfig
-from kiln.model.quantized import enabled, install_packed
+from kiln.model.plan import pack_weights
+from kiln.model.quantized import install_packed
 from kiln.model.weights import WeightLoadError, WeightSink, empty_model, progress
 from kiln.text.tokenizer import Tokenizer
 
@@ -92,7 +93,8 @@ def _packable(name: str, t: torch.Tensor, tied: bool) -> bool:
                  or (name == "lm_head.weight" and not tied)))
 
 
-def load_hf_folder(folder: str | Path, dtype: torch.dtype, device: torch.device) -> HFContents:
+def load_hf_folder(folder: str | Path, dtype: torch.dtype, device: torch.device, *,
+                   quant_kernels: bool = True) -> HFContents:
     root = Path(folder)
     hf_config = _read_json(root / "config.json")
     cfg = ModelConfig.from_hf(hf_config)
@@ -105,7 +107,7 @@ def load_hf_folder(folder: str | Path, dtype: torch.dtype, device: torch.device)
                                   config=hf_config, generation_config=generation_config)
     model = empty_model(cfg, dtype, device)
     sink = WeightSink(model)
-    packing = enabled(dtype, device)
+    packing = pack_weights(dtype, device, quant_kernels=quant_kernels)
     packed: dict[str, PackedWeight] = {}  # half-precision matrices, kept as they are
     for path in safetensors_files(root):
         try:

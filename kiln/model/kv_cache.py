@@ -55,7 +55,7 @@ class KVCache:
 
 def kv_cache_for(model: CausalLM, num_blocks: int, block_size: int, dtype: torch.dtype,
                  device: torch.device) -> KVCache:
-    """The cache ``model`` is served with: head-major blocks where its C step runs (the CPU,
-    every weight packed), contiguous ones for the torch path and CUDA."""
+    """The cache ``model`` is served with: the layout its compute plan names (head-major blocks
+    where its C step runs, contiguous ones for the torch path and CUDA)."""
     return KVCache(model.config, num_blocks, block_size, dtype, device,
-                   heads_major=device.type == "cpu" and model.fused is not None)
+                   heads_major=model.plan.kv_layout == "heads-major")

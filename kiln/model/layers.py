@@ -83,8 +83,15 @@ class SwiGLUMLP(nn.Module):
         self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
-        self.packed_gate_up: Packed | None = None  # kiln.model.quantized.attach_packed
+        self.packed_gate_up: Packed | None = None  # set_packed (CausalLM.attach_packed)
         self.packed_down: Packed | None = None
+
+    def set_packed(self, gate_up: Packed | None, down: Packed | None) -> None:
+        self.packed_gate_up, self.packed_down = gate_up, down
+
+    @property
+    def has_packed(self) -> bool:
+        return self.packed_gate_up is not None or self.packed_down is not None
 
     def forward(self, x: torch.Tensor, lora: LoraHook | None = None,
                 route: RowRoute = NO_ROUTE) -> torch.Tensor:
@@ -116,8 +123,15 @@ class PagedSelfAttention(nn.Module):
         self.o_proj = nn.Linear(cfg.num_heads * hd, cfg.hidden_size, bias=False)
         self.q_norm: RMSNorm | None = RMSNorm(hd, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm: RMSNorm | None = RMSNorm(hd, cfg.rms_norm_eps) if cfg.qk_norm else None
-        self.packed_qkv: Packed | None = None  # kiln.model.quantized.attach_packed
+        self.packed_qkv: Packed | None = None  # set_packed (CausalLM.attach_packed)
         self.packed_o: Packed | None = None
+
+    def set_packed(self, qkv: Packed | None, o: Packed | None) -> None:
+        self.packed_qkv, self.packed_o = qkv, o
+
+    @property
+    def has_packed(self) -> bool:
+        return self.packed_qkv is not None or self.packed_o is not None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 k_cache: torch.Tensor, v_cache: torch.Tensor, plan: AttentionPlan,

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import torch
 
+from kiln.config import process_settings
 from kiln.model.base import CausalLM
 from kiln.model.config import ModelConfig
 from kiln.model.gguf_loader import load_gguf
 from kiln.model.hf_loader import load_hf_folder
-from kiln.model.weights import resolve_device, resolve_dtype
+from kiln.model.plan import resolve_device, resolve_dtype
 from kiln.text.chat_template import ChatTemplate
 from kiln.text.tokenizer import Tokenizer
 
@@ -63,14 +64,16 @@ def _is_gguf(path: Path) -> bool:
 
 
 def load_model(path: str | None = None, *, dtype: str | None = None, device: str | None = None,
-               chat_template_path: str | None = None, served_model_name: str | None = None
-               ) -> LoadedModel:
+               chat_template_path: str | None = None, served_model_name: str | None = None,
+               quant_kernels: bool | None = None) -> LoadedModel:
     """Load a model to serve.
 
     ``path``: an HF folder (config.json + safetensors + tokenizer.json), a ``.gguf`` file, or
     None for the embedded default (SmolLM2-135M-Instruct). ``dtype`` defaults to bfloat16 on
     CUDA and float32 on CPU. ``chat_template_path`` overrides the model's chat template.
     """
+    if quant_kernels is None:  # the quant_kernels setting (kiln.config)
+        quant_kernels = process_settings().quant_kernels
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)
     if path is None:
@@ -83,13 +86,13 @@ def load_model(path: str | None = None, *, dtype: str | None = None, device: str
         default_name = file.stem if file.is_file() else file.resolve().name
     generation_config: dict[str, object] = {}
     if file.is_dir():
-        hf = load_hf_folder(file, torch_dtype, dev)
+        hf = load_hf_folder(file, torch_dtype, dev, quant_kernels=quant_kernels)
         model, cfg, tokenizer, template = hf.model, hf.config, hf.tokenizer, hf.chat_template
         generation_config = dict(hf.generation_config)
         specials = {k: v for k in ("unk_token", "pad_token")
                     if isinstance(v := hf.tokenizer_config.get(k), str)}
     elif _is_gguf(file):
-        gg = load_gguf(file, torch_dtype, dev)
+        gg = load_gguf(file, torch_dtype, dev, quant_kernels=quant_kernels)
         model, cfg, tokenizer, template = gg.model, gg.config, gg.tokenizer, gg.chat_template
         specials = {}
     else:

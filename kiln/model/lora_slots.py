@@ -42,7 +42,7 @@ class AdapterSlots:
 
     def __init__(self, cfg: ModelConfig, max_slots: int = 8, *, max_rank: int = 256,
                  dtype: torch.dtype = torch.float32,
-                 device: torch.device | str = "cpu") -> None:
+                 device: torch.device | str = "cpu", triton: bool = False) -> None:
         if max_slots <= 0 or max_rank <= 0:
             raise ValueError("AdapterSlots: max_slots and max_rank must be positive")
         self.cfg = cfg
@@ -50,6 +50,7 @@ class AdapterSlots:
         self.max_rank = max_rank
         self.dtype = dtype
         self.device = torch.device(device)
+        self.triton = triton  # the SGMV kernels (the compute plan's lora on CUDA): their layout
         self.zero_slot = max_slots  # an always-zero slot (rows without an adapter, CPU path)
         self.rank = 0  # current r_max of the stacks
         self.loads = 0
@@ -147,7 +148,7 @@ class AdapterSlots:
         transposed view of ``[L, S+1, r, out]`` storage, so a range of slots flattens to a
         ``[slots * r, out]`` matrix without a copy."""
         shape = (self.cfg.num_layers, self.max_slots + 1)
-        if self.device.type == "cuda":
+        if self.triton:
             return torch.zeros(*shape, n_out, rank, dtype=self.dtype, device=self.device)
         store = torch.zeros(*shape, rank, n_out, dtype=self.dtype, device=self.device)
         return store.transpose(2, 3)
@@ -201,7 +202,7 @@ class LoraBatch:
         self._pinned = pinned
         used = {seg[2] for runs in segments for seg in runs}
         self.strategy = "none" if not used else (
-            "kernel" if slots.device.type == "cuda"
+            "kernel" if slots.triton
             else _choose(strategy, num_tokens, sum(map(len, segments)), used))
         if self.strategy == "gather":
             self._gather_idx = torch.where(slot_idx >= 0, slot_idx, slots.zero_slot).long()

@@ -6,7 +6,7 @@ Q4_K, Q5_K, Q6_K, F16, BF16, F32) are kept as :class:`~kiln_kernels.quant.Packed
 gguf-py's float32 values bit for bit.
 
 - When every projection and the head are packed, every step runs in C
-  (:mod:`kiln.model.fused_decode`) and the projections' float32 copies are released
+  (:mod:`kiln.model.cpu_step`) and the projections' float32 copies are released
   (:func:`release_float32`): the torch path, a fallback there, multiplies every row by the
   blocks. A packed token embedding (the head, when tied) is released too: lookups dequantize
   their rows (:class:`PackedEmbedding`).
@@ -19,24 +19,20 @@ gguf-py's float32 values bit for bit.
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn.functional as F
-from kiln_kernels.quant import Packed, PackedWeight, kernels_available
+from kiln_kernels.quant import Packed, PackedWeight
 from torch import nn
-
-from kiln.config import process_settings
 
 if TYPE_CHECKING:
     from kiln.model.base import CausalLM
     from kiln.model.layers import DecoderLayer
     from kiln.model.weights import WeightSink
 
-log = logging.getLogger("kiln.model")
 
 
 @dataclass(frozen=True)
@@ -100,29 +96,16 @@ def project_many(x: torch.Tensor, weights: list[torch.Tensor], packed: Packed | 
     """Several projections of one input (q/k/v, gate/up); ``packed`` is their row-wise fusion."""
     sizes = [int(w.shape[0]) for w in weights]
     if packed is not None and weights[0].is_meta:  # released: every row from the blocks
-        return list(packed.matmul(x).split(sizes, dim=1))
+        return list(torch.split(packed.matmul(x), sizes, dim=1))
     if packed is None or route.rows is None:
         return [F.linear(x, w) for w in weights]
     if route.every:
-        return list(packed.matmul(x).split(sizes, dim=1))
+        return list(torch.split(packed.matmul(x), sizes, dim=1))
     outs = [F.linear(x, w) for w in weights]
-    fused = packed.matmul(x.index_select(0, route.rows)).split(sizes, dim=1)
+    fused = torch.split(packed.matmul(x.index_select(0, route.rows)), sizes, dim=1)
     for out, part in zip(outs, fused, strict=True):
         out.index_copy_(0, route.rows, part)
     return outs
-
-
-def enabled(dtype: torch.dtype, device: torch.device) -> bool:
-    """Packed decode applies to float32 models on the CPU when the C kernels build here."""
-    if not process_settings().quant_kernels:  # the quant_kernels setting (kiln.config)
-        return False
-    if device.type != "cpu" or dtype != torch.float32:
-        return False
-    if not kernels_available():
-        log.warning("quantized CPU kernels unavailable (no C compiler?): decoding with float32 "
-                    "weights")
-        return False
-    return True
 
 
 def _fuse(packed: dict[str, PackedWeight], names: list[str]) -> Packed | None:
@@ -136,37 +119,41 @@ def _fuse(packed: dict[str, PackedWeight], names: list[str]) -> Packed | None:
         return None
 
 
-def attach_packed(model: CausalLM, packed: dict[str, PackedWeight]) -> int:
-    """Give ``model``'s projections their packed weights (keyed by HF parameter names; the
-    head is ``lm_head.weight``, or ``model.embed_tokens.weight`` when tied). Returns the bytes
-    attached. Projections whose weights are not all packed stay on float32."""
-    total = 0
-    for i, module in enumerate(model.model.layers):
-        layer = cast("DecoderLayer", module)
-        pre = f"model.layers.{i}."
-        attn, mlp = layer.self_attn, layer.mlp
-        attn.packed_qkv = _fuse(packed, [f"{pre}self_attn.{p}_proj.weight" for p in "qkv"])
-        attn.packed_o = packed.get(f"{pre}self_attn.o_proj.weight")
-        mlp.packed_gate_up = _fuse(packed, [f"{pre}mlp.gate_proj.weight",
-                                            f"{pre}mlp.up_proj.weight"])
-        mlp.packed_down = packed.get(f"{pre}mlp.down_proj.weight")
-        total += sum(p.nbytes for p in (attn.packed_qkv, attn.packed_o, mlp.packed_gate_up,
-                                         mlp.packed_down) if p is not None)
-    head_name = "model.embed_tokens.weight" if model.lm_head is None else "lm_head.weight"
-    model.packed_head = packed.get(head_name)
-    if model.packed_head is not None:
-        total += model.packed_head.nbytes
-    model.has_packed = total > 0
-    from kiln.model.fused_decode import FusedDecoder, decode_weights
+@dataclass(frozen=True)
+class PackedParts:
+    """A model's packed weights, placed: per layer (qkv, o, gate_up, down), the head, and the
+    token embedding's blocks; ``nbytes`` of the layers' and the head's."""
 
-    weights = decode_weights(model)
-    model.fused = None if weights is None else FusedDecoder(weights)
-    # The embedding's blocks, for release_float32 (kept only where it runs: the head's, if tied)
-    embedding = packed.get("model.embed_tokens.weight")
-    model.packed_embedding = None if model.fused is None else embedding
-    if model.packed_embedding is not None and model.lm_head is not None:
-        total += model.packed_embedding.nbytes
-    return total
+    layers: tuple[tuple[Packed | None, Packed | None, Packed | None, Packed | None], ...]
+    head: Packed | None
+    embedding: PackedWeight | None
+    nbytes: int
+
+
+def packed_parts(model: CausalLM, packed: dict[str, PackedWeight]) -> PackedParts:
+    """Where ``packed`` (keyed by HF parameter names; the head is ``lm_head.weight``, or
+    ``model.embed_tokens.weight`` when tied) goes in ``model``. Projections whose weights are
+    not all packed stay on float32."""
+    layers = []
+    total = 0
+    for i in range(len(model.model.layers)):
+        pre = f"model.layers.{i}."
+        row = (_fuse(packed, [f"{pre}self_attn.{p}_proj.weight" for p in "qkv"]),
+               packed.get(f"{pre}self_attn.o_proj.weight"),
+               _fuse(packed, [f"{pre}mlp.gate_proj.weight", f"{pre}mlp.up_proj.weight"]),
+               packed.get(f"{pre}mlp.down_proj.weight"))
+        total += sum(p.nbytes for p in row if p is not None)
+        layers.append(row)
+    head_name = "model.embed_tokens.weight" if model.lm_head is None else "lm_head.weight"
+    head = packed.get(head_name)
+    if head is not None:
+        total += head.nbytes
+    return PackedParts(tuple(layers), head, packed.get("model.embed_tokens.weight"), total)
+
+
+def attach_packed(model: CausalLM, packed: dict[str, PackedWeight]) -> int:
+    """``model.attach_packed(packed)``: the bytes attached."""
+    return model.attach_packed(packed)
 
 
 def _projection_groups(model: CausalLM) -> Iterator[tuple[Packed | None, list[nn.Linear]]]:
@@ -184,7 +171,7 @@ def release_float32(model: CausalLM) -> int:
     """Free the float32 copies of the packed projection weights, leaving placeholders of their
     shape on the meta device: every product then reads the packed blocks (the C step, and
     :func:`project` on the torch path). Meant for a model whose every step runs in C
-    (``model.fused``), where those copies would only serve the torch path's fallbacks: the
+    (the plan's weights ``packed``), where those copies would only serve the torch path's fallbacks: the
     default model's process holds 381 MB less. Returns the bytes freed."""
     freed = 0
     for packed, linears in _projection_groups(model):
@@ -213,7 +200,7 @@ def _materialize(model: CausalLM) -> list[tuple[nn.Module, torch.Tensor]]:
         if packed is None or not linears[0].weight.is_meta:
             continue
         rows = [int(lin.weight.shape[0]) for lin in linears]
-        for lin, part in zip(linears, packed.dequantize().split(rows), strict=True):
+        for lin, part in zip(linears, torch.split(packed.dequantize(), rows), strict=True):
             saved.append((lin, lin.weight))
             lin.weight = nn.Parameter(part.contiguous(), requires_grad=False)
     emb = model.model.embed_tokens
@@ -227,13 +214,11 @@ def _materialize(model: CausalLM) -> list[tuple[nn.Module, torch.Tensor]]:
 def packed_disabled(model: CausalLM) -> Iterator[None]:
     """Run ``model`` on float32 weights only (e.g. after editing them in place, which the packed
     copies do not see); released weights are dequantized for the duration."""
-    saved = (model.has_packed, model.fused)
     placeholders = _materialize(model)
-    model.has_packed, model.fused = False, None
     try:
-        yield
+        with model.torch_only():
+            yield
     finally:
-        model.has_packed, model.fused = saved
         for module, placeholder in placeholders:
             module.weight = nn.Parameter(placeholder, requires_grad=False)
 
@@ -250,8 +235,8 @@ def install_packed(model: CausalLM, sink: WeightSink, packed: dict[str, PackedWe
     them; when every step then runs in C, release the float32 placeholders (the loaded weights
     never get a float32 copy); else write their float32 values after all."""
     if packed:
-        attach_packed(model, packed)
-        if model.fused is not None:  # every step runs in C: the float32 copies would idle
+        model.attach_packed(packed)
+        if model.plan.weights == "packed":  # every step runs in C: the float32 copies would idle
             release_float32(model)
     released = {n for n, p in model.named_parameters() if p.is_meta}
     for name, pw in packed.items():

@@ -86,24 +86,3 @@ def progress(items: Iterable[Any], total: int, desc: str) -> Iterable[Any]:
     bar: Iterable[Any] = tqdm(items, total=total, desc=desc, unit="tensor", leave=False,
                               disable=not sys.stderr.isatty())
     return bar
-
-
-def resolve_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
-    """``"float32"``/``"bfloat16"``/``"float16"`` or the default: bf16 on CUDA, fp32 else."""
-    if dtype is None or dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
-             "half": torch.float16}
-    if dtype not in table:
-        raise ValueError(f"unknown dtype {dtype!r}: use float32, bfloat16 or float16")
-    return table[dtype]
-
-
-def resolve_device(device: str | None) -> torch.device:
-    if device is None or device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} requested but CUDA is not available")
-    return dev

@@ -88,8 +88,13 @@ class FakeBackend:
     delay = 0.0  # seconds per generated token
     fail = False  # finish every request with finish_reason "error"
 
+    plan: dict[str, str] | None = None  # no model: no compute plan unless a test sets one
+
     def health(self) -> str:
         return self.status
+
+    def compute_plan(self) -> dict[str, str] | None:
+        return self.plan
 
     def stats(self) -> dict[str, float]:
         return {"running": 0.0, "waiting": 0.0}

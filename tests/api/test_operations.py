@@ -107,6 +107,20 @@ def test_health_503(status: str) -> None:
         assert r.json()["status"] == status and r.json()["detail"]
 
 
+def test_health_shows_the_compute_plan() -> None:
+    """/health carries the backend's compute plan once serving (absent without one)."""
+    plan = {"device": "cpu", "dtype": "float32", "weights": "packed", "step": "c",
+            "attention": "c", "sampler": "c", "lora": "c", "kv_layout": "heads-major",
+            "kv_dtype": "float32"}
+    backend = FakeBackend()
+    with make(backend) as c:
+        assert "compute_plan" not in c.get("/health").json()
+    backend.plan = plan
+    with make(backend) as c:
+        body = c.get("/health").json()
+    assert body == {"status": "ok", "model": "fake-model", "compute_plan": plan}
+
+
 def test_batch_item_failure_keeps_others() -> None:
     class FlakyBackend(FakeBackend):
         def submit(self, request):

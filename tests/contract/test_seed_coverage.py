@@ -73,6 +73,7 @@ ADDED = {
     "TextCompletionChunk", "TextCompletionChunkChoice",
     "TokenizeRequest", "TokenizeResponse", "DetokenizeRequest", "DetokenizeResponse",
     "TokenizerInfoResponse",
+    "ComputePlan", "ComputeImplementation",  # issue 24: /health shows the compute plan
 }
 
 

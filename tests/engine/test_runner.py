@@ -107,16 +107,17 @@ def test_half_kv_cache_doubles_the_blocks_and_serves(tiny_llama: LoadedModel) ->
     the engine still generates (the model's own float32 cache is the exact default)."""
     import torch
 
-    from kiln.engine.runner import kv_dtype
+    from kiln.model.plan import model_plan, torch_dtype, with_kv_cache
 
     exact = EngineConfig(kv_memory_mb=1)
     half = EngineConfig(kv_memory_mb=1, kv_cache_dtype="float16")
     assert tiny_llama.dtype == torch.float32
-    assert kv_num_blocks(tiny_llama.config, half, kv_dtype(half, tiny_llama.dtype,
-                                                             torch.device("cpu"))) == \
+    half_plan = with_kv_cache(tiny_llama.model.plan, "float16")
+    assert kv_num_blocks(tiny_llama.config, half, torch_dtype(half_plan.kv_dtype)) == \
         2 * kv_num_blocks(tiny_llama.config, exact, tiny_llama.dtype)
+    cuda_plan = model_plan(torch.device("cuda"), torch.float32, packed=False, c_step=False)
     with pytest.raises(ValueError, match="CPU only"):
-        kv_dtype(half, torch.float32, torch.device("cuda"))
+        with_kv_cache(cuda_plan, "float16")
     with pytest.raises(ValueError, match="kv_cache_dtype"):
         EngineConfig(kv_cache_dtype="bfloat16")
     sched, runner = build_core(tiny_llama, EngineConfig(block_size=4, num_blocks=256,
@@ -179,9 +180,9 @@ def test_the_kv_layout_follows_the_path_that_reads_it(tiny_llama: LoadedModel,
     where the torch path does (a float32 HF folder: its gathers take whole slots)."""
     config = EngineConfig(block_size=4, num_blocks=8)
     _, torch_runner = build_core(tiny_llama, config)
-    assert tiny_llama.model.fused is None and not torch_runner.kv.heads_major
+    assert tiny_llama.model.plan.step == "torch" and not torch_runner.kv.heads_major
     assert torch_runner.kv.k[0].is_contiguous()
-    if smollm.model.fused is None:
+    if smollm.model.plan.step != "c":
         pytest.skip("no C compiler: the default model runs on the torch path")
     _, c_runner = build_core(smollm, config)
     assert c_runner.kv.heads_major and c_runner.kv.k[0].permute(0, 2, 1, 3).is_contiguous()

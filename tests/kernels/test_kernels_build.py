@@ -1,4 +1,4 @@
-"""The C kernels must build wherever a C compiler exists: the quant, fused-decode and sampler
+"""The C kernels must build wherever a C compiler exists: the quant, CPU-step and sampler
 tests skip without the library, so a source that stopped compiling would otherwise only show up
 as skips. Fails with the compiler's message."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from kiln_kernels.quant import build
+from kiln_kernels.cpu import loader as build
 
 
 def _compiler() -> str | None:
@@ -47,7 +47,8 @@ def test_the_attention_kernel_keeps_its_prefetches() -> None:
     if build.load(build.NATIVE_FLAGS).kiln_quant_simd() != 512:
         pytest.skip("the AVX-512 attention path is not built on this CPU")
     flags = [f for f in build.NATIVE_FLAGS if f not in ("-shared", "-fPIC")]
-    source = build.HERE / "attention.c"
-    proc = subprocess.run([cc, *flags, f"-I{build.HERE}", "-S", "-o", "-", str(source)],
+    source = build.HERE / "step" / "attention.c"
+    includes = [f"-I{d}" for d in build.INCLUDE_DIRS]
+    proc = subprocess.run([cc, *flags, *includes, "-S", "-o", "-", str(source)],
                           capture_output=True, text=True, timeout=120, check=True)
     assert proc.stdout.count("prefetcht0") >= 4

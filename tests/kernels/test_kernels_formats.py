@@ -7,16 +7,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kiln_kernels.cpu import PORTABLE_FLAGS
+from kiln_kernels.cpu import available as kernels_available
 from kiln_kernels.quant import (
     GGML_TYPES,
     PackedConcat,
     PackedWeight,
     gemm_ref,
-    kernels_available,
     pack_ggml,
     quant_gemm,
 )
-from kiln_kernels.quant.build import PORTABLE_FLAGS
 from kiln_kernels.quant.formats import RAW_BLOCK, untile_raw
 
 from tests.gguf_blocks import gguf_dequantize, random_raw

@@ -1,4 +1,4 @@
-"""The C step's IEEE half conversions (kernels/quant/vmath.c), used by a float16 KV cache,
+"""The C step's IEEE half conversions (kiln_kernels/cpu/common/vmath.c), used by a float16 KV cache,
 against torch's: float32 -> half rounds to nearest even, half -> float32 is exact; both the
 scalar functions and the vector store (AVX-512 F16C where built)."""
 
@@ -8,8 +8,8 @@ import ctypes
 
 import pytest
 import torch
-from kiln_kernels.quant import kernels_available
-from kiln_kernels.quant.build import NATIVE_FLAGS, PORTABLE_FLAGS, load
+from kiln_kernels.cpu import available as kernels_available
+from kiln_kernels.cpu.loader import NATIVE_FLAGS, PORTABLE_FLAGS, load
 
 pytestmark = pytest.mark.skipif(not kernels_available(), reason="no C compiler for the kernels")
 

@@ -10,17 +10,17 @@ from pathlib import Path
 import pytest
 import torch
 from kiln_kernels import quant
+from kiln_kernels.cpu import PORTABLE_FLAGS
+from kiln_kernels.cpu import available as kernels_available
 from kiln_kernels.quant import (
     GGML_BLOCK_BYTES,
     PackedWeight,
     gemm_ref,
-    kernels_available,
     pack_ggml,
     quant_gemm,
     tile_rows,
     untile,
 )
-from kiln_kernels.quant.build import PORTABLE_FLAGS
 from kiln_kernels.quant.formats import GGML_TYPES
 
 from tests.gguf_blocks import gguf_dequantize, random_raw
@@ -148,5 +148,5 @@ def test_rows_dequantize_alone_as_in_the_whole(ggml_type: str,
     def unavailable(flags: tuple[str, ...]) -> None:
         raise quant.KernelBuildError("no compiler here")
 
-    monkeypatch.setattr(quant, "_library", unavailable)
+    monkeypatch.setattr(quant, "library", unavailable)
     assert torch.equal(pw.dequantize_rows(ids), whole[ids])

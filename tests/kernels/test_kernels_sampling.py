@@ -362,8 +362,9 @@ def test_ties_at_the_kth_value_fall_back_to_the_dense_path() -> None:
 
 
 def test_native_counter_uniform_is_bitwise_the_torch_lanes() -> None:
-    from kiln_kernels.quant import counter_uniform_native, kernels_available
+    from kiln_kernels.cpu import available as kernels_available
     from kiln_kernels.sampling.counter_hash import counter_uniform_torch
+    from kiln_kernels.sampling.native import counter_uniform_native
 
     if not kernels_available():
         pytest.skip("no C compiler for the kernels")

@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from kiln_kernels.quant import PackedConcat, PackedWeight, kernels_available, pack_ggml
+from kiln_kernels.cpu import available as kernels_available
+from kiln_kernels.quant import PackedConcat, PackedWeight, pack_ggml
 
 from kiln.model import CausalLM, KVCache, build_forward_batch, load_model
 from kiln.model.config import ModelConfig
 from kiln.model.quantized import attach_packed, float32_state_dict
 from tests.gguf_blocks import gguf_dequantize, random_raw
-from tests.model.test_fused_decode import BLOCK, compare_greedy, new_cache, tables
+from tests.model.test_cpu_step import BLOCK, compare_greedy, new_cache, tables
 from tests.numerics import assert_logits_close
 from tests.tiny_models import model_from_tensors, random_tensors, tiny_config, write_tiny_gguf
 
@@ -67,7 +68,7 @@ def packed_model(cfg: ModelConfig, types: dict[str, str]) -> CausalLM:
     tensors, blocks = raw_weights(cfg, types)
     model = model_from_tensors(cfg, tensors)
     attach_packed(model, {n: pack_ggml(raw, t) for n, (raw, t) in blocks.items()})
-    assert model.fused is not None, "every matrix has a kernel: the C step runs"
+    assert model.plan.step == "c", "every matrix has a kernel: the C step runs"
     return model
 
 
@@ -112,7 +113,7 @@ def test_k_quant_gguf_runs_in_c(tmp_path: Path, arch: str, tie: bool) -> None:
     tensors, blocks = raw_weights(cfg, Q4_K_M, seed=5)
     path = write_tiny_gguf(tmp_path / f"tiny-{arch}-q4_k_m.gguf", cfg, tensors, blocks=blocks)
     lm = load_model(str(path))
-    assert lm.model.fused is not None, "a K-quant file should run every step in C"
+    assert lm.model.plan.step == "c", "a K-quant file should run every step in C"
     held = float32_state_dict(lm.model)
     for name in blocks:
         assert torch.equal(held[name].view(torch.int32), tensors[name].view(torch.int32)), name
@@ -147,7 +148,7 @@ def test_a_matrix_without_a_kernel_is_logged(tmp_path: Path,
         lm = load_model(str(path))
     lines = [r.getMessage() for r in caplog.records if "torch path" in r.getMessage()]
     assert len(lines) == 1 and "Q2_K" in lines[0] and "blk.1.ffn_down.weight" in lines[0]
-    assert lm.model.fused is None
+    assert lm.model.plan.step != "c"
     assert torch.equal(float32_state_dict(lm.model)[name], tensors[name])
     assert isinstance(lm.model.model.layers[0].mlp.packed_down, PackedWeight)  # type: ignore[union-attr]
 
@@ -175,7 +176,7 @@ def test_half_precision_hf_folder_runs_in_c(tmp_path: Path, arch: str,
         {"eos_token": "<|im_end|>", "chat_template": QWEN3_TEMPLATE.read_text(encoding="utf-8")}))
     save_file(tensors, str(tmp_path / "model.safetensors"))
     lm = load_model(str(tmp_path), dtype="float32")
-    assert lm.model.fused is not None, "a half-precision folder should run every step in C"
+    assert lm.model.plan.step == "c", "a half-precision folder should run every step in C"
     layer = lm.model.model.layers[0]
     assert layer.self_attn.q_proj.weight.is_meta  # type: ignore[union-attr]
     widened = {n: t.to(torch.float32) for n, t in tensors.items()}

@@ -118,7 +118,7 @@ def test_without_the_kernels_every_weight_is_float32(smollm: LoadedModel,
 
     monkeypatch.setenv("KILN_QUANT_KERNELS", "0")
     plain = load_model(None)
-    assert plain.model.fused is None and not plain.model.has_packed
+    assert plain.model.plan.step != "c" and plain.model.plan.weights == "dense"
     assert not any(p.is_meta for p in plain.model.parameters())
     ids = smollm.tokenizer.encode("The capital of France is")
     logits = [m.model.forward(build_forward_batch([(ids, 0, [0])], 16),

@@ -46,7 +46,7 @@ def test_quantized_gguf_reads_its_embedding_from_the_blocks(tmp_path: Path, tie:
     cfg = tiny_config("llama", tie=tie)
     path = write_tiny_gguf(tmp_path / "q8.gguf", cfg, random_tensors(cfg, seed=7), q8=True)
     lm = load_model(str(path))
-    if lm.model.fused is None:
+    if lm.model.plan.step != "c":
         pytest.skip("no C compiler: nothing is released")
     emb = lm.model.model.embed_tokens
     assert isinstance(emb, PackedEmbedding) and emb.weight.is_meta

@@ -8,13 +8,13 @@ import dataclasses
 
 import pytest
 import torch
-from kiln_kernels.quant import kernels_available
-from kiln_kernels.quant.decode import cache_strides
+from kiln_kernels.cpu import available as kernels_available
+from kiln_kernels.cpu.cpu_step import cache_strides
 
 from kiln.model import CausalLM
 from kiln.model.batch import build_forward_batch
 from kiln.model.kv_cache import KVCache
-from tests.model.test_fused_decode import BLOCK, quantized_from
+from tests.model.test_cpu_step import BLOCK, quantized_from
 from tests.tiny_models import tiny_config
 
 CPU = torch.device("cpu")
@@ -87,9 +87,11 @@ def test_a_program_refuses_caches_laid_out_differently() -> None:
     if not kernels_available():
         pytest.skip("no C compiler")
     model = gqa_model()
-    assert model.fused is not None
+    assert model.plan.step == "c"
     a = KVCache(model.config, 8, BLOCK, torch.float32, CPU, heads_major=True)
     b = KVCache(model.config, 8, BLOCK, torch.float32, CPU)
+    step = model.cpu_step
+    assert step is not None
     with pytest.raises(ValueError, match="laid out alike"):
-        model.fused.weights.bind(a.k[:1] + b.k[1:], a.v[:1] + b.v[1:])
-    model.fused.weights.bind(b.k, b.v)  # one layout throughout: either is accepted
+        step.weights.bind(a.k[:1] + b.k[1:], a.v[:1] + b.v[1:])
+    step.weights.bind(b.k, b.v)  # one layout throughout: either is accepted

@@ -20,6 +20,9 @@ async def health(request: Request) -> Response:
     backend = state.backend
     status = backend.health()
     body: dict[str, object] = {"status": status, "model": backend.model_id}
+    plan = backend.compute_plan() if status == "ok" else None
+    if plan is not None:
+        body["compute_plan"] = plan
     if status != "ok":
         body["detail"] = (
             "the model is loading" if status == "loading" else "the engine is not running"

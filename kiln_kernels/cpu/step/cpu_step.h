@@ -1,7 +1,7 @@
-/* The records decode.c and attention.c share: the model and step descriptions (mirrored by
- * ctypes structures in decode.py) and the attention entry point. */
-#ifndef KILN_DECODE_H
-#define KILN_DECODE_H
+/* The records cpu_step.c and attention.c share: the model and step descriptions (mirrored by
+ * ctypes structures in cpu_step.py) and the attention entry point. */
+#ifndef KILN_CPU_STEP_H
+#define KILN_CPU_STEP_H
 #include <stdint.h>
 
 #include "quant.h"
@@ -24,10 +24,10 @@ typedef struct {
     /* Element strides of a layer's K/V cache [blocks][block_size][kv_heads][head_dim] (head_dim
      * contiguous; any order of the other three, e.g. KV head before position in a block). */
     int64_t kv_sb, kv_sp, kv_sh;
-} KilnDecodeModel;
+} KilnCpuStepModel;
 
 /* Element offset of KV head h of cache slot `slot` (= block * block_size + position). */
-static inline int64_t kiln_kv_at(const KilnDecodeModel *md, int64_t slot, int64_t h) {
+static inline int64_t kiln_kv_at(const KilnCpuStepModel *md, int64_t slot, int64_t h) {
     return slot / md->block_size * md->kv_sb + slot % md->block_size * md->kv_sp + h * md->kv_sh;
 }
 
@@ -57,9 +57,9 @@ typedef struct {
                                   * of one sequence are consecutive, positions increasing) */
     const int64_t *logit_rows;   /* [L]: rows whose logits are wanted */
     float *logits;               /* [L][vocab] */
-    float *scratch;              /* kiln_decode_scratch_floats(model, M, max_ctx) floats */
+    float *scratch;              /* kiln_cpu_step_scratch_floats(model, M, max_ctx) floats */
     const KilnLora *lora;        /* NULL: base model only */
-} KilnDecodeStep;
+} KilnCpuStepRows;
 
 /* Positions per attention task of a long context: a row whose context is longer is attended in
  * parts of this many positions (spread over the threads, then merged); a shorter one in one
@@ -67,14 +67,14 @@ typedef struct {
 #define ATTEND_PART 512
 
 /* ATTEND_PART, or INT64_MAX where the attention runs in one pass (the scalar path). */
-int64_t kiln_attend_part(const KilnDecodeModel *md);
+int64_t kiln_attend_part(const KilnCpuStepModel *md);
 
 /* Softmax attention of R consecutive rows of one sequence (m0..m0+R-1) for the G query heads
  * that share KV head kvh, over positions [p0, p1): row r's queries at q + r*ldq (prepared:
  * bias, norm, rotary); a row with ctx <= ATTEND_PART gets its output at out + r*ldo (from the
  * p0 = 0 call), a longer one a record [max, sum, hd sums] per query at part + r*part_row +
  * g*part_head for kiln_attend_merge. `scores` holds R*G*max_ctx floats. (attention.c) */
-void kiln_attend_seq(const KilnDecodeModel *md, const KilnDecodeStep *st, int64_t m0, int64_t R,
+void kiln_attend_seq(const KilnCpuStepModel *md, const KilnCpuStepRows *st, int64_t m0, int64_t R,
                      int64_t kvh, const float *q, int64_t ldq, int64_t G, const void *kc,
                      const void *vc, float *scores, float *out, int64_t ldo, int64_t p0,
                      int64_t p1, float *part, int64_t part_row, int64_t part_head);

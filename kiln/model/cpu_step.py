@@ -1,4 +1,4 @@
-"""The CPU fast path: a whole forward step in one C call (``kiln_kernels.quant.decode``).
+"""The CPU step: a whole forward step in one C call (``kiln_kernels.cpu.cpu_step``).
 
 Used when every projection of the model and its LM head hold packed GGUF weights (see
 :mod:`kiln.model.quantized`), LoRA included (CPU stacks of ``kiln.model.lora_slots``). Every
@@ -14,15 +14,15 @@ import weakref
 from typing import TYPE_CHECKING, cast
 
 import torch
-from kiln_kernels.quant import NATIVE_FLAGS, Packed
-from kiln_kernels.quant.decode import (
+from kiln_kernels.cpu.cpu_step import (
     KV_DTYPES,
     LORA_MODULES,
-    DecodeLayer,
-    DecodeProgram,
-    DecodeWeights,
+    CpuStepLayer,
+    CpuStepProgram,
+    CpuStepWeights,
     LoraRows,
 )
+from kiln_kernels.quant import NATIVE_FLAGS, Packed
 
 from kiln.model.batch import ForwardBatch
 from kiln.model.kv_cache import KVCache
@@ -34,13 +34,13 @@ if TYPE_CHECKING:
     from kiln.model.layers import DecoderLayer
 
 
-def decode_weights(model: CausalLM) -> DecodeWeights | None:
+def cpu_step_weights(model: CausalLM) -> CpuStepWeights | None:
     """The C program's view of ``model``, or None when some projection is not packed."""
     cfg = model.config
     head: Packed | None = model.packed_head
     if head is None:
         return None
-    layers: list[DecodeLayer] = []
+    layers: list[CpuStepLayer] = []
     for module in model.model.layers:
         layer = cast("DecoderLayer", module)
         attn, mlp = layer.self_attn, layer.mlp
@@ -48,7 +48,7 @@ def decode_weights(model: CausalLM) -> DecodeWeights | None:
         qkv, o, gate_up, down = packed
         if qkv is None or o is None or gate_up is None or down is None:
             return None
-        layers.append(DecodeLayer(
+        layers.append(CpuStepLayer(
             qkv, o, gate_up, down, in_norm=layer.input_layernorm.weight.detach(),
             post_norm=layer.post_attention_layernorm.weight.detach(),
             q_norm=None if attn.q_norm is None else attn.q_norm.weight.detach(),
@@ -56,14 +56,14 @@ def decode_weights(model: CausalLM) -> DecodeWeights | None:
             q_bias=None if attn.q_proj.bias is None else attn.q_proj.bias.detach(),
             k_bias=None if attn.k_proj.bias is None else attn.k_proj.bias.detach(),
             v_bias=None if attn.v_proj.bias is None else attn.v_proj.bias.detach()))
-    return DecodeWeights(hidden=cfg.hidden_size, inter=cfg.intermediate_size,
+    return CpuStepWeights(hidden=cfg.hidden_size, inter=cfg.intermediate_size,
                          heads=cfg.num_heads, kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
                          eps=cfg.rms_norm_eps, layers=tuple(layers),
                          final_norm=model.model.norm.weight.detach(), head=head)
 
 
-if MODEL_LORA_MODULES != LORA_MODULES:  # decode.c indexes the stacks in this order
-    raise ImportError("kiln.model.lora and kiln_kernels.quant.decode disagree on LoRA modules")
+if MODEL_LORA_MODULES != LORA_MODULES:  # cpu_step.c indexes the stacks in this order
+    raise ImportError("kiln.model.lora and kiln_kernels.cpu.cpu_step disagree on LoRA modules")
 
 # Rows per C step. A longer forward step runs as consecutive C steps over its rows in order; a
 # sequence's rows may straddle two, the later one reading the earlier one's K/V from the cache.
@@ -89,8 +89,7 @@ def lora_rows(lora: object, rows: torch.Tensor) -> LoraRows | None:
     """The C program's view of a step's LoRA for ``rows`` (None: no adapter in the step)."""
     if lora is None:
         return None
-    if not isinstance(lora, LoraBatch) or lora.slots.device.type != "cpu" or (
-            lora.slots.dtype != torch.float32):
+    if not isinstance(lora, LoraBatch) or lora.slots.dtype != torch.float32:
         raise _Unsupported
     if lora.strategy == "none":
         return None
@@ -111,16 +110,16 @@ def lora_rows(lora: object, rows: torch.Tensor) -> LoraRows | None:
                     scales=lora.scales.index_select(1, rows), a=tuple(a), bt=tuple(bt))
 
 
-class FusedDecoder:
+class CpuStep:
     """Runs forward steps through the C program (one bound program per KV cache)."""
 
-    def __init__(self, weights: DecodeWeights, flags: tuple[str, ...] = NATIVE_FLAGS) -> None:
+    def __init__(self, weights: CpuStepWeights, flags: tuple[str, ...] = NATIVE_FLAGS) -> None:
         self.weights = weights
         self.flags = flags  # compiler flags of the library (tests: the portable build)
-        self._programs: weakref.WeakKeyDictionary[KVCache, DecodeProgram] = (
+        self._programs: weakref.WeakKeyDictionary[KVCache, CpuStepProgram] = (
             weakref.WeakKeyDictionary())
 
-    def program(self, kv: KVCache) -> DecodeProgram:
+    def program(self, kv: KVCache) -> CpuStepProgram:
         prog = self._programs.get(kv)
         if prog is None:
             prog = self.weights.bind(kv.k, kv.v, self.flags)
@@ -131,7 +130,7 @@ class FusedDecoder:
                     ) -> torch.Tensor | None:
         """Logits of the step through the C program, or None when the step is the torch path's
         (a KV cache it cannot read, or LoRA other than CPU float32 slot stacks)."""
-        if kv.dtype not in KV_DTYPES or kv.device.type != "cpu":
+        if kv.dtype not in KV_DTYPES:
             return None
         try:
             return self.forward(model, batch, kv)

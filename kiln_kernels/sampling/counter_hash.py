@@ -96,7 +96,7 @@ def counter_uniform(seeds: torch.Tensor, steps: torch.Tensor, vocab: int) -> tor
     lanes below are the reference and the fallback."""
     if seeds.device.type == "cpu" and steps.device.type == "cpu" and seeds.dim() == 1 \
             and seeds.shape == steps.shape:
-        from kiln_kernels.quant import counter_uniform_native
+        from kiln_kernels.sampling.native import counter_uniform_native
 
         native = counter_uniform_native(seeds, steps, vocab)
         if native is not None:

@@ -1,6 +1,7 @@
-"""Compile the C kernels (``gemm.c``, ``decode.c``, ``attention.c``, ``vmath.c``, and the sampler's
-``counter.c``, ``sample.c`` and ``top_p.c``) once per machine into a cache folder and load it with
-ctypes.
+"""The one loader of the CPU C library: compile every C source under ``kiln_kernels/cpu/``
+(``matmul/``: the packed-weight products; ``step/``: the CPU step, a whole forward pass;
+``sampling/``: the sampler; ``common/``: vector math) once per machine into a cache folder and
+load it with ctypes.
 
 The library is built with the system C compiler (``$CC``, else ``cc``/``gcc``) for the CPU it runs
 on (``-march=native``) and linked against the OpenMP runtime that torch has already loaded (the
@@ -25,11 +26,16 @@ import threading
 from pathlib import Path
 
 HERE = Path(__file__).parent
-SOURCES = (HERE / "gemm.c", HERE / "decode.c", HERE / "attention.c", HERE / "vmath.c",
-           HERE / "counter.c", HERE / "sample.c", HERE / "top_p.c")
-HEADERS = (HERE / "quant.h", HERE / "blocks.h", HERE / "blocks_legacy.h", HERE / "blocks_k.h",
-           HERE / "blocks_float.h", HERE / "decode.h", HERE / "vmath.h", HERE / "counter.h",
-           HERE / "sample.h")
+INCLUDE_DIRS = (HERE / "common", HERE / "matmul", HERE / "step", HERE / "sampling")
+SOURCES = (HERE / "matmul" / "gemm.c", HERE / "step" / "cpu_step.c",
+           HERE / "step" / "attention.c", HERE / "common" / "vmath.c",
+           HERE / "sampling" / "counter.c", HERE / "sampling" / "sample.c",
+           HERE / "sampling" / "top_p.c")
+HEADERS = (HERE / "matmul" / "quant.h", HERE / "matmul" / "blocks.h",
+           HERE / "matmul" / "blocks_legacy.h", HERE / "matmul" / "blocks_k.h",
+           HERE / "matmul" / "blocks_float.h", HERE / "step" / "cpu_step.h",
+           HERE / "common" / "vmath.h", HERE / "sampling" / "counter.h",
+           HERE / "sampling" / "sample.h")
 NATIVE_FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-shared",
                 "-fPIC")
 PORTABLE_FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC")  # no AVX-512: the scalar path
@@ -42,9 +48,12 @@ class KernelBuildError(RuntimeError):
     """No C compiler, or the kernel source did not compile."""
 
 
+CACHE_ENV = "KILN_KERNEL_CACHE"  # declared in kiln.config's table; read here, at the build
+
+
 def cache_dir() -> Path:
     """``$KILN_KERNEL_CACHE``, else ``$XDG_CACHE_HOME/kiln/kernels`` (``~/.cache`` by default)."""
-    explicit = os.environ.get("KILN_KERNEL_CACHE")
+    explicit = os.environ.get(CACHE_ENV)
     if explicit:
         return Path(explicit)
     xdg = os.environ.get("XDG_CACHE_HOME")
@@ -89,10 +98,11 @@ def build(flags: tuple[str, ...] = NATIVE_FLAGS) -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
     os.close(fd)
     try:
-        proc = subprocess.run([cc, *flags, f"-I{HERE}", *map(str, SOURCES), "-o", tmp, "-lm"],
+        includes = [f"-I{d}" for d in INCLUDE_DIRS]
+        proc = subprocess.run([cc, *flags, *includes, *map(str, SOURCES), "-o", tmp, "-lm"],
                               capture_output=True, text=True, timeout=600)
         if proc.returncode != 0:
-            raise KernelBuildError(f"{cc} failed on the quant kernels: {proc.stderr.strip()[-2000:]}")
+            raise KernelBuildError(f"{cc} failed on the CPU kernels: {proc.stderr.strip()[-2000:]}")
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):
@@ -111,12 +121,12 @@ def load(flags: tuple[str, ...] = NATIVE_FLAGS) -> ctypes.CDLL:
             lib.kiln_quant_gemm.restype = None
             lib.kiln_dequant_rows.argtypes = [i32, p, i64, i64, p, i64, p]
             lib.kiln_dequant_rows.restype = i64
-            lib.kiln_decode_step.argtypes = [p, p, i32]
-            lib.kiln_decode_step.restype = None
-            lib.kiln_decode_scratch_floats.argtypes = [p, i64, i64]
-            lib.kiln_decode_scratch_floats.restype = i64
-            lib.kiln_decode_layout_version.argtypes = []
-            lib.kiln_decode_layout_version.restype = i64
+            lib.kiln_cpu_step.argtypes = [p, p, i32]
+            lib.kiln_cpu_step.restype = None
+            lib.kiln_cpu_step_scratch_floats.argtypes = [p, i64, i64]
+            lib.kiln_cpu_step_scratch_floats.restype = i64
+            lib.kiln_cpu_step_layout_version.argtypes = []
+            lib.kiln_cpu_step_layout_version.restype = i64
             lib.kiln_quant_simd.argtypes = []
             lib.kiln_quant_simd.restype = i32
             lib.kiln_counter_uniform.argtypes = [p, p, i64, i64, p]
@@ -127,3 +137,27 @@ def load(flags: tuple[str, ...] = NATIVE_FLAGS) -> ctypes.CDLL:
             lib.kiln_sample_scratch_floats.restype = i64
             _loaded[flags] = lib
         return lib
+
+
+_build_errors: dict[tuple[str, ...], str] = {}  # flags -> why that build failed (not retried)
+
+
+def library(flags: tuple[str, ...] = NATIVE_FLAGS) -> ctypes.CDLL:
+    """The loaded library for ``flags``; raises :class:`KernelBuildError` where it cannot be
+    built or loaded here (remembered: a failed build is not retried)."""
+    if flags in _build_errors:
+        raise KernelBuildError(_build_errors[flags])
+    try:
+        return load(flags)
+    except (KernelBuildError, OSError, AttributeError) as exc:
+        _build_errors[flags] = str(exc)
+        raise KernelBuildError(str(exc)) from exc
+
+
+def available(flags: tuple[str, ...] = NATIVE_FLAGS) -> bool:
+    """Whether the C library could be built and loaded here (builds it on the first call)."""
+    try:
+        library(flags)
+    except KernelBuildError:
+        return False
+    return True

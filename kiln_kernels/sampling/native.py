@@ -1,4 +1,4 @@
-"""The CPU sampler in C (``kernels/quant/sample.c``): the reference's semantics (``reference.py``)
+"""The CPU sampler in C (``kiln_kernels/cpu/sampling/sample.c``): the reference's semantics (``reference.py``)
 row by row, rows over torch's threads, on per-thread scratch instead of [rows, vocab] tensors.
 
 Penalties come as a sparse history: per row, the ids seen and their output counts (0 marks a
@@ -17,9 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..quant import NATIVE_FLAGS, KernelBuildError
-from ..quant import _library as _quant_library
-from ..quant import kernels_available as native_available
+from ..cpu import NATIVE_FLAGS, KernelBuildError, library
+from ..cpu import available as native_available
 from .params import SamplingTensors
 
 
@@ -127,7 +126,7 @@ def _sample(logits: torch.Tensor, floats: Sequence[tuple[float, ...]],
     if len(offsets) != b + 1:
         raise ValueError(f"seen offsets must have {b + 1} entries")
     try:
-        lib = _quant_library(flags)
+        lib = library(flags)
     except KernelBuildError:
         return None
     x = logits if logits.stride(1) == 1 else logits.contiguous()
@@ -156,10 +155,26 @@ def _sample(logits: torch.Tensor, floats: Sequence[tuple[float, ...]],
               "seen_ids": seen_ids, "seen_counts": seen_counts, "tokens": tokens,
               "logprobs": logprobs}
     batch = _Batch(B=b, V=v, ld=x.stride(0), logits=x.data_ptr(), scratch=scratch.data_ptr(),
-                   **{k: ctypes.addressof(a) for k, a in arrays.items()})
+                   **{k: ctypes.addressof(a) for k, a in arrays.items()})  # type: ignore[arg-type]
     lib.kiln_sample(ctypes.byref(batch), threads)
     return [int(t) for t in tokens], [float(x) for x in logprobs]
 
 
-__all__ = ["FLOAT_COLUMNS", "INT_COLUMNS", "SeenTokens", "native_available", "sample_native",
+def counter_uniform_native(seeds: torch.Tensor, steps: torch.Tensor, vocab: int
+                           ) -> torch.Tensor | None:
+    """The sampler's ``counter_uniform`` (float32 [B, vocab], the same bits) from the C library
+    (``counter.c``), or None where the library cannot be built."""
+    try:
+        lib = library(NATIVE_FLAGS)
+    except KernelBuildError:
+        return None
+    s = seeds.to(device="cpu", dtype=torch.int64).contiguous()
+    t = steps.to(device="cpu", dtype=torch.int64).contiguous()
+    out = torch.empty((s.shape[0], vocab), dtype=torch.float32)
+    lib.kiln_counter_uniform(s.data_ptr(), t.data_ptr(), s.shape[0], vocab, out.data_ptr())
+    return out
+
+
+__all__ = ["FLOAT_COLUMNS", "INT_COLUMNS", "SeenTokens", "counter_uniform_native",
+           "native_available", "sample_native",
            "sample_rows"]

@@ -9,21 +9,20 @@ GEMM. Decode reads a fifth to a third of the bytes of the float32 weights, and b
 bound decode on a CPU. A :class:`PackedConcat` is a row-wise concatenation of weights in
 different formats (a fused q/k/v projection whose parts the file quantized differently).
 
-Kernel: ``gemm.c`` (C; AVX-512 where the CPU has it, a portable loop otherwise), compiled once
-per machine by :mod:`.build`; reference and layouts: :mod:`.reference`. Each output is summed in
+Kernel: ``kiln_kernels/cpu/matmul/gemm.c`` (C; AVX-512 where the CPU has it, a portable loop
+otherwise), compiled once per machine by :mod:`kiln_kernels.cpu`; reference and layouts: :mod:`.reference`. Each output is summed in
 the same order whatever else the batch holds, so a row's result does not depend on its
 neighbours.
 """
 
 from __future__ import annotations
 
-import ctypes
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 
-from .build import NATIVE_FLAGS, KernelBuildError, load
+from ..cpu import NATIVE_FLAGS, KernelBuildError, library
 from .formats import (
     FORMAT_IDS,
     GGML_FORMAT,
@@ -58,7 +57,6 @@ __all__ = [
     "dequantize_q8",
     "dequantize_tiles",
     "gemm_ref",
-    "kernels_available",
     "pack_dense",
     "pack_ggml",
     "quant_gemm",
@@ -69,43 +67,6 @@ __all__ = [
 Format = Literal["q4", "q8", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "f16", "bf16", "f32"]
 # GGML block sizes in bytes of the 32-weight types repacked as q4 / q8: fp16 scale(s) + values.
 GGML_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
-
-_build_errors: dict[tuple[str, ...], str] = {}  # flags -> why that build failed (not retried)
-
-
-def _library(flags: tuple[str, ...]) -> ctypes.CDLL:
-    """The loaded library for ``flags`` (``build.load`` caches successes)."""
-    if flags in _build_errors:
-        raise KernelBuildError(_build_errors[flags])
-    try:
-        return load(flags)
-    except (KernelBuildError, OSError, AttributeError) as exc:
-        _build_errors[flags] = str(exc)
-        raise KernelBuildError(str(exc)) from exc
-
-
-def kernels_available() -> bool:
-    """Whether the C kernels could be built and loaded here (builds them on first call)."""
-    try:
-        _library(NATIVE_FLAGS)
-    except KernelBuildError:
-        return False
-    return True
-
-
-def counter_uniform_native(seeds: torch.Tensor, steps: torch.Tensor, vocab: int
-                           ) -> torch.Tensor | None:
-    """The sampler's ``counter_uniform`` (float32 [B, vocab], the same bits) from the C library
-    (``counter.c``), or None where the library cannot be built."""
-    try:
-        lib = _library(NATIVE_FLAGS)
-    except KernelBuildError:
-        return None
-    s = seeds.to(device="cpu", dtype=torch.int64).contiguous()
-    t = steps.to(device="cpu", dtype=torch.int64).contiguous()
-    out = torch.empty((s.shape[0], vocab), dtype=torch.float32)
-    lib.kiln_counter_uniform(s.data_ptr(), t.data_ptr(), s.shape[0], vocab, out.data_ptr())
-    return out
 
 
 def quant_gemm(fmt: Format, x: torch.Tensor, tiles: torch.Tensor,
@@ -120,7 +81,7 @@ def quant_gemm(fmt: Format, x: torch.Tensor, tiles: torch.Tensor,
     x = x.contiguous()
     y = torch.empty((x.shape[0], n), dtype=torch.float32)
     if x.shape[0]:
-        _library(flags).kiln_quant_gemm(FORMAT_IDS[fmt], x.data_ptr(), x.shape[0], k,
+        library(flags).kiln_quant_gemm(FORMAT_IDS[fmt], x.data_ptr(), x.shape[0], k,
                                         tiles.data_ptr(), n, y.data_ptr(),
                                         torch.get_num_threads())
     return y
@@ -162,7 +123,7 @@ class PackedWeight:
         flat = ids.reshape(-1).to(torch.int64).contiguous()
         k = self.in_features
         try:
-            lib = _library(NATIVE_FLAGS)
+            lib = library(NATIVE_FLAGS)
         except KernelBuildError:  # the reference: the selected tiles, dequantized
             if bool(((flat < 0) | (flat >= self.out_features)).any()):
                 raise IndexError(f"an id is outside the {self.out_features} rows") from None

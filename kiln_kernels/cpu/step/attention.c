@@ -1,4 +1,4 @@
-/* Attention over the paged KV cache for the C step (decode.c): per (rows of one sequence, KV
+/* Attention over the paged KV cache for the C step (cpu_step.c): per (rows of one sequence, KV
  * head, part of the context), the rows read each cached K/V row once. Scores 16 positions at a
  * time with one reduction tree (AVX-512), a vector exp (vmath.h), V accumulated in registers;
  * parts of a long context merged by kiln_attend_merge; a scalar path for other CPUs and head
@@ -6,7 +6,7 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "decode.h"
+#include "cpu_step.h"
 #include "vmath.h"
 
 #if defined(__AVX512F__)
@@ -16,7 +16,7 @@
 /* Softmax attention of the G query heads that share KV head `kvh` over positions
  * 0..ctx_lens[m]-1 of row m's sequence: each cached K/V row is read once for the group. */
 /* Cache row `slot` of KV head kvh as float32: in place, or converted into buf (hd floats). */
-static const float *kv_row(const KilnDecodeModel *md, const void *cache, int64_t slot,
+static const float *kv_row(const KilnCpuStepModel *md, const void *cache, int64_t slot,
                            int64_t kvh, float *buf) {
     const int64_t hd = md->head_dim, at = kiln_kv_at(md, slot, kvh);
     if (!md->kv_f16) return (const float *)cache + at;
@@ -25,7 +25,7 @@ static const float *kv_row(const KilnDecodeModel *md, const void *cache, int64_t
     return buf;
 }
 
-static void attend_rows_scalar(const KilnDecodeModel *md, const KilnDecodeStep *st, int64_t m,
+static void attend_rows_scalar(const KilnCpuStepModel *md, const KilnCpuStepRows *st, int64_t m,
                                int64_t kvh, const float *q, int64_t G, const void *kc,
                                const void *vc, float *scores, float *out) {
     const int64_t hd = md->head_dim, bs = md->block_size;
@@ -194,7 +194,7 @@ static inline __attribute__((always_inline)) void pv_queries(int64_t nc, int64_t
 }
 
 /* The walk over KV head kvh's rows of `cache` from position p. */
-static inline CacheWalk walk_from(const KilnDecodeModel *md, const char *cache, int64_t kvh,
+static inline CacheWalk walk_from(const KilnCpuStepModel *md, const char *cache, int64_t kvh,
                                   const int32_t *bt, int64_t esize, int64_t p) {
     const int64_t bs = md->block_size;
     const CacheWalk w = {cache + kvh * md->kv_sh * esize, bt, bs, md->kv_sb * esize,
@@ -202,7 +202,7 @@ static inline CacheWalk walk_from(const KilnDecodeModel *md, const char *cache, 
     return w;
 }
 
-int64_t kiln_attend_part(const KilnDecodeModel *md) {
+int64_t kiln_attend_part(const KilnCpuStepModel *md) {
     return (md->head_dim % 16 || md->head_dim > 256) ? INT64_MAX : ATTEND_PART;
 }
 
@@ -214,7 +214,7 @@ int64_t kiln_attend_part(const KilnDecodeModel *md) {
  * output at out + r*ldo; a longer row gets, per query, the part's record at
  * part + r*part_row + g*part_head: [max score, sum of exp(score - max), sum of exp * V]. */
 static inline __attribute__((always_inline)) void attend_impl(
-        const KilnDecodeModel *md, const KilnDecodeStep *st, int64_t m0, int64_t R, int64_t kvh,
+        const KilnCpuStepModel *md, const KilnCpuStepRows *st, int64_t m0, int64_t R, int64_t kvh,
         const float *q, int64_t ldq, int64_t G, const char *kc, const char *vc, float *scores,
         float *out, int64_t ldo, int64_t p0, int64_t p1, float *part, int64_t part_row,
         int64_t part_head, int F16) {
@@ -318,7 +318,7 @@ static inline __attribute__((always_inline)) void attend_impl(
     }
 }
 
-void kiln_attend_seq(const KilnDecodeModel *md, const KilnDecodeStep *st, int64_t m0,
+void kiln_attend_seq(const KilnCpuStepModel *md, const KilnCpuStepRows *st, int64_t m0,
                      int64_t R, int64_t kvh, const float *q, int64_t ldq, int64_t G,
                      const void *kc, const void *vc, float *scores, float *out, int64_t ldo,
                      int64_t p0, int64_t p1, float *part, int64_t part_row,
@@ -358,12 +358,12 @@ void kiln_attend_merge(const float *part, int64_t nparts, int64_t hd, float *out
     for (int64_t i = 0; i < hd; i++) out[i] *= inv;
 }
 #else
-int64_t kiln_attend_part(const KilnDecodeModel *md) {
+int64_t kiln_attend_part(const KilnCpuStepModel *md) {
     (void)md;
     return INT64_MAX;
 }
 
-void kiln_attend_seq(const KilnDecodeModel *md, const KilnDecodeStep *st, int64_t m0,
+void kiln_attend_seq(const KilnCpuStepModel *md, const KilnCpuStepRows *st, int64_t m0,
                      int64_t R, int64_t kvh, const float *q, int64_t ldq, int64_t G,
                      const void *kc, const void *vc, float *scores, float *out, int64_t ldo,
                      int64_t p0, int64_t p1, float *part, int64_t part_row,

@@ -1,4 +1,4 @@
-"""The C decode step (kiln.model.fused_decode) against the torch path of the same model.
+"""The C decode step (kiln.model.cpu_step) against the torch path of the same model.
 
 Tiny llama / qwen2 (q/k/v bias) / qwen3 (q/k norm) models get quantized weights (Q4_1 layers,
 Q8_0 head, written as GGML blocks here) so both paths hold the very same weights; the default
@@ -14,14 +14,15 @@ from typing import Any
 
 import pytest
 import torch
-from kiln_kernels.quant import PackedWeight, kernels_available, pack_ggml
-from kiln_kernels.quant.build import PORTABLE_FLAGS
-from kiln_kernels.quant.decode import DecodeProgram
+from kiln_kernels.cpu import available as kernels_available
+from kiln_kernels.cpu.cpu_step import CpuStepProgram
+from kiln_kernels.cpu.loader import PORTABLE_FLAGS
+from kiln_kernels.quant import PackedWeight, pack_ggml
 
-from kiln.model import CausalLM, LoadedModel, fused_decode
+from kiln.model import CausalLM, LoadedModel, cpu_step
 from kiln.model.batch import build_forward_batch
 from kiln.model.config import ModelConfig
-from kiln.model.fused_decode import C_MAX_ROWS, FusedDecoder
+from kiln.model.cpu_step import C_MAX_ROWS
 from kiln.model.kv_cache import KVCache
 from kiln.model.lora import LORA_MODULES, LoraAdapter, load_adapter
 from kiln.model.lora_slots import AdapterSlots, LoraBatch
@@ -85,7 +86,7 @@ def quantized_from(cfg: ModelConfig) -> CausalLM:
         tensors[name] = packed[name].dequantize()
     model = model_from_tensors(cfg, tensors)
     attach_packed(model, packed)
-    assert model.fused is not None
+    assert model.plan.step == "c"
     return model
 
 
@@ -138,7 +139,7 @@ def greedy_run(model: CausalLM, forward: str, prompts: list[list[int]], steps: i
 
 @pytest.mark.parametrize(("arch", "tie"), [("llama", False), ("llama", True), ("qwen2", False),
                                            ("qwen3", False)])
-def test_fused_decode_matches_torch_path(arch: str, tie: bool) -> None:
+def test_cpu_step_matches_torch_path(arch: str, tie: bool) -> None:
     model = quantized_tiny(arch, tie)
     prompts = [[5, 9, 33, 7], [100, 3], [42] * 19]  # the last spans two KV blocks
     compare_greedy(model, prompts, steps=12)
@@ -199,9 +200,9 @@ def test_half_kv_cache_matches_the_torch_path(flags: str) -> None:
     prefill chunks, decodes, a context over one 512-position part, and batch invariance."""
     cfg = dataclasses.replace(tiny_config("qwen3"), num_heads=6, num_kv_heads=2, head_dim=64)
     model = quantized_from(cfg)
-    assert model.fused is not None
+    assert model.plan.step == "c"
     if flags == "portable":
-        model.fused = FusedDecoder(model.fused.weights, flags=PORTABLE_FLAGS)
+        model.use_cpu_step_build(PORTABLE_FLAGS)
     caches = [KVCache(model.config, 2 * 48, BLOCK, torch.float16, torch.device("cpu"))
               for _ in range(3)]
     a_tbl, b_tbl = list(range(48)), list(range(48, 96))
@@ -244,8 +245,8 @@ def _two_decoding(model: CausalLM) -> tuple[KVCache, KVCache, list[list[int]]]:
 def test_portable_build_matches_torch_path() -> None:
     """The scalar C paths (no AVX-512): GEMM, attention, exp, LoRA-free step."""
     model = quantized_tiny("qwen3")
-    assert model.fused is not None
-    model.fused = FusedDecoder(model.fused.weights, flags=PORTABLE_FLAGS)
+    assert model.plan.step == "c"
+    model.use_cpu_step_build(PORTABLE_FLAGS)
     prompts = [[5, 9, 33, 7], [42] * 19]
     compare_greedy(model, prompts, steps=6)
 
@@ -282,8 +283,8 @@ def test_prefill_logits_do_not_depend_on_the_chunking(monkeypatch: pytest.Monkey
                                                            "all"), kv)
                          for p in range(0, len(prompt), 8)])
     assert torch.equal(whole, chunked)
-    monkeypatch.setattr(fused_decode, "C_SCORES_BYTES", 1)
-    assert fused_decode.group_rows(model.config.num_heads, len(prompt)) == 1
+    monkeypatch.setattr(cpu_step, "C_SCORES_BYTES", 1)
+    assert cpu_step.group_rows(model.config.num_heads, len(prompt)) == 1
     rows = model.forward(build_forward_batch([(prompt, 0, tbl)], BLOCK, "all"), new_cache(model))
     assert torch.equal(whole, rows)
 
@@ -317,7 +318,7 @@ def test_logits_of_chosen_rows_only() -> None:
 
 def test_default_model_decodes_through_the_c_step(smollm: LoadedModel) -> None:
     model = smollm.model
-    assert model.fused is not None, "the default GGUF should get the C decode step"
+    assert model.plan.step == "c", "the default GGUF should get the C decode step"
     prompt = smollm.tokenizer.encode("The capital of France is")
     compare_greedy(model, [prompt, prompt[:3]], steps=8)
 
@@ -355,14 +356,14 @@ def test_lora_in_the_c_step_matches_torch(arch: str, tmp_path: Path,
     prompts = [[5, 9, 33, 7], [100, 3], [(i * 5) % 90 + 1 for i in range(100)]]
     results = []
     seen: list[bool] = []
-    step_fn = DecodeProgram.step
+    step_fn = CpuStepProgram.step
 
-    def spy(self: DecodeProgram, *args: Any) -> torch.Tensor:
+    def spy(self: CpuStepProgram, *args: Any) -> torch.Tensor:
         seen.append(args[7] is not None)  # the LoRA rows
         return step_fn(self, *args)
 
-    monkeypatch.setattr(DecodeProgram, "step", spy)
-    monkeypatch.setattr(fused_decode, "C_MAX_ROWS", 16)  # the prefill step: 7 C calls
+    monkeypatch.setattr(CpuStepProgram, "step", spy)
+    monkeypatch.setattr(cpu_step, "C_MAX_ROWS", 16)  # the prefill step: 7 C calls
     for path in ("fused", "torch"):
         slots = AdapterSlots(cfg, max_slots=4)
         kv = new_cache(model)

@@ -58,7 +58,9 @@ def _nibbles(qs: torch.Tensor) -> torch.Tensor:
 
 def _fifth_bits(qh: torch.Tensor) -> torch.Tensor:
     """uint8 ``[..., 4]`` (a little-endian uint32) -> bit j of it as int32 ``[..., 32]``."""
-    word = sum(qh[..., i].to(torch.int64) << (8 * i) for i in range(4))
+    word = qh[..., 0].to(torch.int64)
+    for i in range(1, 4):
+        word = word + (qh[..., i].to(torch.int64) << (8 * i))
     return ((word[..., None] >> torch.arange(32)) & 1).to(torch.int32)
 
 

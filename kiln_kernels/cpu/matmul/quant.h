@@ -1,4 +1,4 @@
-/* Shared declarations of the CPU quantized kernels (gemm.c, decode.c): the weight formats, the
+/* Shared declarations of the CPU quantized kernels (gemm.c, cpu_step.c): the weight formats, the
  * tiled layout, a weight made of row-wise parts, and the products. */
 #ifndef KILN_QUANT_H
 #define KILN_QUANT_H

@@ -1,5 +1,5 @@
 /* The CPU sampler (kiln_kernels.sampling.native): the torch reference's order of operations
- * (kernels/sampling/reference.py) row by row in C, on one private copy of the row, with no
+ * (kiln_kernels/sampling/reference.py) row by row in C, on one private copy of the row, with no
  * [rows, vocab] temporaries:
  *   1. penalties on the row's seen tokens only (repetition, frequency, presence; float32, in the
  *      reference's order, so a penalized logit has the reference's bits);

@@ -1,5 +1,5 @@
-"""EngineBackend.score: the prompt in slices between the engine's steps (running streams keep
-decoding), one scoring job at a time, blocks back on cancellation."""
+"""AsyncEngine.score (kiln.engine.score_queue): the prompt in slices between the engine's steps
+(running streams keep decoding), one scoring job at a time, blocks back on cancellation."""
 
 from __future__ import annotations
 
@@ -9,46 +9,46 @@ import time
 
 import pytest
 
-from kiln.config import ServerConfig
+from kiln.engine.config import EngineConfig
 from kiln.engine.errors import EngineError
+from kiln.engine.loop import AsyncEngine
 from kiln.engine.outputs import PositionScore
 from kiln.engine.request import Request, SamplingParams
 from kiln.engine.scoring import ScoringJob
 from kiln.model import LoadedModel
-from kiln.serving import EngineBackend
 from tests.engine.test_scoring import check_against_dense, prompt
 
 
-def test_backend_scores_in_slices_between_engine_steps(tiny_llama: LoadedModel,
+def test_engine_scores_in_slices_between_engine_steps(tiny_llama: LoadedModel,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    """EngineBackend.score feeds one chunk per exclusive call: a decoding stream gets engine
+    """AsyncEngine.score feeds one chunk per exclusive call: a decoding stream gets engine
     steps between the chunks, the scores equal the dense reference, and every borrowed block
     comes back, also when the caller is cancelled half-way."""
-    backend = EngineBackend(tiny_llama, ServerConfig(kv_memory_mb=8))
+    eng = AsyncEngine(tiny_llama, EngineConfig(kv_memory_mb=8))
     steps_at_chunk: list[int] = []
     real_step = ScoringJob.step
 
     def spy(self: ScoringJob) -> bool:
-        steps_at_chunk.append(backend.engine.num_steps)
+        steps_at_chunk.append(eng.num_steps)
         return real_step(self)
 
     monkeypatch.setattr(ScoringJob, "step", spy)
-    backend.start()
-    pool = backend.engine.scheduler.pool
+    eng.start()
+    pool = eng.scheduler.pool
     ids = prompt(300, seed=9)  # 299 rows fed: 5 chunks of 64
 
     async def scored_while_decoding() -> list[PositionScore]:
         sp = SamplingParams(temperature=0.0, max_tokens=400, ignore_eos=True)
-        stream = backend.submit(Request("gen", prompt(20, seed=1), sp))
+        stream = eng.generate(Request("gen", prompt(20, seed=1), sp))
         await anext(aiter(stream))  # decoding has begun
         try:
-            return await backend.score(ids, 4)
+            return await eng.score(ids, 4)
         finally:
             await stream.aclose()
 
     async def cancelled() -> None:
         before = len(steps_at_chunk)
-        task = asyncio.create_task(backend.score(prompt(600, seed=3), 2))
+        task = asyncio.create_task(eng.score(prompt(600, seed=3), 2))
         while len(steps_at_chunk) < before + 2:
             await asyncio.sleep(0.001)
         task.cancel()
@@ -58,7 +58,7 @@ def test_backend_scores_in_slices_between_engine_steps(tiny_llama: LoadedModel,
     async def free_blocks() -> int:
         deadline = time.monotonic() + 120  # ends when the blocks are back; generous for a loaded CI
         while True:
-            free = await backend.engine.run_exclusive(lambda: pool.num_free_blocks)
+            free = await eng.run_exclusive(lambda: pool.num_free_blocks)
             if free == pool.num_blocks or time.monotonic() > deadline:
                 return free
             await asyncio.sleep(0.01)
@@ -71,40 +71,40 @@ def test_backend_scores_in_slices_between_engine_steps(tiny_llama: LoadedModel,
         asyncio.run(cancelled())
         assert asyncio.run(free_blocks()) == pool.num_blocks
     finally:
-        backend.shutdown()
+        eng.shutdown()
 
 
-def test_backend_scores_one_job_at_a_time(tiny_llama: LoadedModel,
+def test_engine_scores_one_job_at_a_time(tiny_llama: LoadedModel,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """Two concurrent scoring requests do not interleave their chunks (each job holds its
     prompt's KV blocks until it ends); both still score right; the gauges count the job that
     runs and the one that waits (a server busy scoring had looked idle)."""
-    backend = EngineBackend(tiny_llama, ServerConfig(kv_memory_mb=8))
+    eng = AsyncEngine(tiny_llama, EngineConfig(kv_memory_mb=8))
     order: list[int] = []
     gauges: list[tuple[float, float, float, float]] = []
     real_step = ScoringJob.step
 
     def spy(self: ScoringJob) -> bool:
         order.append(id(self))
-        s = backend.stats()
+        s = eng.stats()
         gauges.append((s["scoring_running"], s["scoring_waiting"], s["running"], s["waiting"]))
         return real_step(self)
 
     monkeypatch.setattr(ScoringJob, "step", spy)
-    backend.start()
+    eng.start()
     a_ids, b_ids = prompt(200, seed=1), prompt(200, seed=2)
 
     async def both() -> list[list[PositionScore]]:
-        return list(await asyncio.gather(backend.score(a_ids, 2), backend.score(b_ids, 2)))
+        return list(await asyncio.gather(eng.score(a_ids, 2), eng.score(b_ids, 2)))
 
     try:
         a, b = asyncio.run(both())
     finally:
-        backend.shutdown()
+        eng.shutdown()
     assert len(order) == 8 and len(set(order)) == 2
     assert order[:4] == [order[0]] * 4 and order[4:] == [order[4]] * 4
     assert gauges == [(1, 1, 1, 1)] * 4 + [(1, 0, 1, 0)] * 4
-    idle = backend.stats()
+    idle = eng.stats()
     assert (idle["scoring_running"], idle["scoring_waiting"], idle["running"]) == (0, 0, 0)
     check_against_dense(tiny_llama.model, a_ids, 2, a)
     check_against_dense(tiny_llama.model, b_ids, 2, b)
@@ -122,7 +122,7 @@ def test_c_step_scores_equal_the_decode_step_logits(smollm: LoadedModel) -> None
     from kiln.model.kv_cache import KVCache
 
     model = smollm.model
-    assert model.fused is not None
+    assert model.plan.step == "c"
     ids = torch.randint(100, 40000, (600,), generator=torch.Generator().manual_seed(4)).tolist()
     kv = KVCache(smollm.config, 48, 16, torch.float32, torch.device("cpu"))
     scores = score_prompt(model, kv, BlockPool(48, 16), ids, 3)
@@ -145,26 +145,26 @@ def test_scoring_waits_for_blocks_that_running_streams_hold(tiny_llama: LoadedMo
     """A prompt that fits the cache but not its free blocks waits for a running stream to end
     (it had failed at once with 503 kv_cache_exhausted); a prompt bigger than the whole cache
     still fails at once."""
-    backend = EngineBackend(tiny_llama, ServerConfig(kv_memory_mb=1))  # 128 blocks of 16
-    backend.start()
-    pool = backend.engine.scheduler.pool
+    eng = AsyncEngine(tiny_llama, EngineConfig(kv_memory_mb=1))  # 128 blocks of 16
+    eng.start()
+    pool = eng.scheduler.pool
 
     async def main() -> tuple[int, int, str]:
         sp = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
-        stream = backend.submit(Request("gen", prompt(1200, seed=1), sp))  # ~78 blocks
+        stream = eng.generate(Request("gen", prompt(1200, seed=1), sp))  # ~78 blocks
         await anext(aiter(stream))
-        free_then = await backend.engine.run_exclusive(lambda: pool.num_free_blocks)
-        scoring = asyncio.create_task(backend.score(prompt(1000, seed=2), 1))  # ~63 blocks
+        free_then = await eng.run_exclusive(lambda: pool.num_free_blocks)
+        scoring = asyncio.create_task(eng.score(prompt(1000, seed=2), 1))  # ~63 blocks
         async for _ in stream:
             pass
         scores = await scoring
         with pytest.raises(EngineError) as too_big:
-            await backend.score(prompt(2100, seed=3), 1)
+            await eng.score(prompt(2100, seed=3), 1)
         return free_then, len(scores), too_big.value.code
 
     try:
         free_then, scored, code = asyncio.run(main())
     finally:
-        backend.shutdown()
+        eng.shutdown()
     assert free_then < 63  # the scoring job could not have started at once
     assert scored == 999 and code == "context_length_exceeded"

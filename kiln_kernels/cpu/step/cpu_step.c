@@ -18,19 +18,19 @@
 #include <xmmintrin.h>
 #endif
 
-#include "decode.h"
+#include "cpu_step.h"
 #include "quant.h"
 #include "vmath.h"
 
-int64_t kiln_decode_layout_version(void) { return F_COUNT; }
+int64_t kiln_cpu_step_layout_version(void) { return F_COUNT; }
 
 /* Attention parts per query for a step whose longest context is max_ctx. */
-static int64_t attend_parts(const KilnDecodeModel *md, int64_t max_ctx) {
+static int64_t attend_parts(const KilnCpuStepModel *md, int64_t max_ctx) {
     const int64_t part = kiln_attend_part(md);
     return part == INT64_MAX ? 1 : (max_ctx + part - 1) / part;
 }
 
-int64_t kiln_decode_scratch_floats(const KilnDecodeModel *md, int64_t M, int64_t max_ctx) {
+int64_t kiln_cpu_step_scratch_floats(const KilnCpuStepModel *md, int64_t M, int64_t max_ctx) {
     const int64_t nqkv = (md->heads + 2 * md->kv_heads) * md->head_dim;
     return M * (2 * md->hidden + nqkv + md->heads * md->head_dim + 3 * md->inter) +
            M * md->heads * max_ctx + M * md->hidden +
@@ -39,7 +39,7 @@ int64_t kiln_decode_scratch_floats(const KilnDecodeModel *md, int64_t M, int64_t
 
 /* Rows of one sequence (a prefill chunk) per attention task: a chunk of up to 8 rows (the
  * prefill cap while others decode) reads the cache once; longer chunks (up to 128 rows per C
- * call, kiln.model.fused_decode.C_MAX_ROWS) are spread over the threads. */
+ * call, kiln.model.cpu_step.C_MAX_ROWS) are spread over the threads. */
 #define ROWS_PER_TASK 8
 
 static const float *fptr(const int64_t *row, int f) { return (const float *)(intptr_t)row[f]; }
@@ -71,7 +71,7 @@ static void prepare_head(float *v, const float *bias, const float *norm, const f
     rotary(v, cos, sin, hd);
 }
 
-static void attention_block(const KilnDecodeModel *md, const KilnDecodeStep *st,
+static void attention_block(const KilnCpuStepModel *md, const KilnCpuStepRows *st,
                             const int64_t *row, float *qkv, float *attn, float *scores,
                             float *parts) {
     const int64_t M = st->M, hd = md->head_dim, nh = md->heads, nkv = md->kv_heads;
@@ -125,7 +125,7 @@ static void attention_block(const KilnDecodeModel *md, const KilnDecodeStep *st,
 }
 
 /* y[m][0:out] += LoRA delta of module `mod` for input rows x[m][0:in] (strides ldx, ldy). */
-static void lora_apply(const KilnDecodeStep *st, int64_t l, int mod, const float *x, int64_t ldx,
+static void lora_apply(const KilnCpuStepRows *st, int64_t l, int mod, const float *x, int64_t ldx,
                        int64_t in, float *y, int64_t ldy, int64_t out) {
     const KilnLora *lo = st->lora;
     if (!lo || !lo->a[mod]) return; /* the same answer on every thread: barriers stay paired */
@@ -155,7 +155,7 @@ static void lora_apply(const KilnDecodeStep *st, int64_t l, int mod, const float
         }
 }
 
-void kiln_decode_step(const KilnDecodeModel *md, const KilnDecodeStep *st, int nthreads) {
+void kiln_cpu_step(const KilnCpuStepModel *md, const KilnCpuStepRows *st, int nthreads) {
     const int64_t M = st->M, H = md->hidden, I = md->inter, hd = md->head_dim;
     const int64_t nqkv = (md->heads + 2 * md->kv_heads) * hd, nattn = md->heads * hd;
     float *h = st->scratch, *tmp = h + M * H, *qkv = tmp + M * H, *attn = qkv + M * nqkv;

@@ -1,10 +1,11 @@
-"""Launcher of ``decode.c``: one whole forward step (every layer, the LM head) in one call.
+"""The CPU step's binding: ``step/cpu_step.c``, one whole forward step (every layer, the LM
+head) in one call.
 
-:class:`DecodeWeights` holds the model side (dimensions, per-layer packed weights and norms);
-:meth:`DecodeWeights.bind` pairs it with one KV cache, giving a :class:`DecodeProgram` whose
-:meth:`~DecodeProgram.step` runs M token rows (decodes, or rows of short prefill chunks). The structures mirror ``decode.c``;
+:class:`CpuStepWeights` holds the model side (dimensions, per-layer packed weights and norms);
+:meth:`CpuStepWeights.bind` pairs it with one KV cache, giving a :class:`CpuStepProgram` whose
+:meth:`~CpuStepProgram.step` runs M token rows (decodes, or rows of short prefill chunks). The structures mirror ``cpu_step.c``;
 the layer table is an int64 array of addresses, so the tensors it points at are kept alive here.
-The torch path of ``kiln.model`` is the reference (``tests/model/test_fused_decode.py``).
+The torch path of ``kiln.model`` is the reference (``tests/model/test_fused_cpu_step.py``).
 """
 
 from __future__ import annotations
@@ -14,15 +15,16 @@ from dataclasses import dataclass
 
 import torch
 
-from . import FORMAT_IDS, MAX_PARTS, NATIVE_FLAGS, Packed, _library
+from ..quant import FORMAT_IDS, MAX_PARTS, Packed
+from .loader import NATIVE_FLAGS, library
 
-KV_DTYPES = (torch.float32, torch.float16)  # the cache element types decode.c reads
+KV_DTYPES = (torch.float32, torch.float16)  # the cache element types cpu_step.c reads
 LAYER_FIELDS = ("qkv", "o", "gate_up", "down", "in_norm", "post_norm", "q_norm", "k_norm", "q_bias", "k_bias", "v_bias",
                 "k_cache", "v_cache")
 
 
 class _Model(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_int64) for n in ("layers", "hidden", "inter", "heads", "kv_heads",
+    _fields_ = [(n, ctypes.c_int64) for n in ("layers", "hidden", "inter", "heads", "kv_heads",  # type: ignore[assignment]
                                                "head_dim", "vocab", "block_size", "fields")] + [
         ("eps", ctypes.c_float), ("scale", ctypes.c_float), ("table", ctypes.c_void_p),
         ("final_norm", ctypes.c_void_p), ("head", ctypes.c_void_p),
@@ -55,7 +57,7 @@ def cache_strides(cache: torch.Tensor) -> tuple[int, int, int]:
     first three axes of a contiguous tensor); raises ValueError otherwise."""
     if cache.dim() != 4 or cache.stride(3) != 1:
         raise ValueError("a KV cache is [blocks, block_size, kv_heads, dim] with dim innermost")
-    order = sorted(range(3), key=lambda a: -cache.stride(a))
+    order = sorted(range(3), key=lambda a: -cache.stride()[a])
     if not cache.permute(*order, 3).is_contiguous():
         raise ValueError("a KV cache's storage must be dense")
     return cache.stride(0), cache.stride(1), cache.stride(2)
@@ -107,11 +109,11 @@ class LoraRows:
                      scales=scales.data_ptr(), a=(ctypes.c_void_p * 7)(*map(_addr, self.a)),
                      bt=(ctypes.c_void_p * 7)(*map(_addr, self.bt)), t=t.data_ptr())
 
-MAX_GROUP = 16  # query heads per KV head that decode.c handles
+MAX_GROUP = 16  # query heads per KV head that cpu_step.c handles
 
 
 @dataclass(frozen=True)
-class DecodeLayer:
+class CpuStepLayer:
     qkv: Packed  # rows: q heads, then k heads, then v heads
     o: Packed
     gate_up: Packed  # rows: gate, then up
@@ -134,30 +136,30 @@ def _f32(t: torch.Tensor | None) -> torch.Tensor | None:
 
 
 @dataclass(frozen=True)
-class DecodeWeights:
+class CpuStepWeights:
     hidden: int
     inter: int
     heads: int
     kv_heads: int
     head_dim: int
     eps: float
-    layers: tuple[DecodeLayer, ...]
+    layers: tuple[CpuStepLayer, ...]
     final_norm: torch.Tensor
     head: Packed  # [vocab, hidden]
 
     def bind(self, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor],
-             flags: tuple[str, ...] = NATIVE_FLAGS) -> DecodeProgram:
+             flags: tuple[str, ...] = NATIVE_FLAGS) -> CpuStepProgram:
         """The program for these KV caches (per layer ``[blocks, block_size, kv_heads, dim]``),
-        on the library built with ``flags`` (``build.PORTABLE_FLAGS``: the scalar paths)."""
-        return DecodeProgram(self, k_caches, v_caches, flags)
+        on the library built with ``flags`` (``loader.PORTABLE_FLAGS``: the scalar paths)."""
+        return CpuStepProgram(self, k_caches, v_caches, flags)
 
 
-class DecodeProgram:
-    def __init__(self, w: DecodeWeights, k_caches: list[torch.Tensor],
+class CpuStepProgram:
+    def __init__(self, w: CpuStepWeights, k_caches: list[torch.Tensor],
                  v_caches: list[torch.Tensor], flags: tuple[str, ...] = NATIVE_FLAGS) -> None:
-        lib = _library(flags)
-        if lib.kiln_decode_layout_version() != len(LAYER_FIELDS):
-            raise RuntimeError("decode.c and decode.py disagree on the layer table")
+        lib = library(flags)
+        if lib.kiln_cpu_step_layout_version() != len(LAYER_FIELDS):
+            raise RuntimeError("cpu_step.c and cpu_step.py disagree on the layer table")
         if w.heads % w.kv_heads or w.heads // w.kv_heads > MAX_GROUP:
             raise ValueError(f"{w.heads} query heads over {w.kv_heads} KV heads: unsupported")
         if len(k_caches) != len(w.layers) or len(v_caches) != len(w.layers):
@@ -193,7 +195,7 @@ class DecodeProgram:
             self._keep.append(t)
         return t
 
-    def _layer_row(self, layer: DecodeLayer, k: torch.Tensor, v: torch.Tensor) -> list[int]:
+    def _layer_row(self, layer: CpuStepLayer, k: torch.Tensor, v: torch.Tensor) -> list[int]:
         w = self.weights
         dims = {"qkv": ((w.heads + 2 * w.kv_heads) * w.head_dim, w.hidden),
                 "o": (w.hidden, w.heads * w.head_dim), "gate_up": (2 * w.inter, w.hidden),
@@ -237,7 +239,7 @@ class DecodeProgram:
         rows = logit_rows.to(torch.int64).contiguous()
         first = (torch.arange(m) if seq_first is None else seq_first).to(torch.int64).contiguous()
         logits = torch.empty((rows.numel(), self.vocab), dtype=torch.float32)
-        need = self.lib.kiln_decode_scratch_floats(ctypes.byref(self.model), m, max_ctx)
+        need = self.lib.kiln_cpu_step_scratch_floats(ctypes.byref(self.model), m, max_ctx)
         scratch = torch.empty(need, dtype=torch.float32)
         keep: list[torch.Tensor] = []
         lora_struct = None if lora is None else lora.struct(m, keep)
@@ -248,7 +250,7 @@ class DecodeProgram:
                    logit_rows=rows.data_ptr(), logits=logits.data_ptr(),
                    scratch=scratch.data_ptr(),
                    lora=None if lora_struct is None else ctypes.addressof(lora_struct))
-        self.lib.kiln_decode_step(ctypes.byref(self.model), ctypes.byref(st),
+        self.lib.kiln_cpu_step(ctypes.byref(self.model), ctypes.byref(st),
                                   torch.get_num_threads())
         return logits
 

@@ -1,0 +1,149 @@
+"""The compute plan: which implementation runs each part of a step, decided here and only here.
+
+A served model gets one frozen :class:`ComputePlan` when it loads (:func:`model_plan`, owned by
+its ``CausalLM``), completed with the KV cache's element type when the engine builds its runner
+(:func:`with_kv_cache`); the runner logs it in one line and ``/health`` shows it. Every caller
+reads the plan and calls the implementation it names; nothing else looks at the device to pick
+one. Switches come in as arguments (``quant_kernels`` is the ``KILN_QUANT_KERNELS`` setting of
+kiln.config); this module reads no environment variable.
+
+The choices:
+
+- weights: ``packed`` (the file's own blocks only, no float32 copy: every step runs the CPU
+  step), ``dense+packed`` (float32 tensors, and packed blocks that decode rows multiply by), or
+  ``dense`` (torch tensors of the model's dtype).
+- step: ``c`` (one C call per step, ``kiln_kernels.cpu.cpu_step``) or ``torch`` (the layers of
+  ``kiln.model``).
+- attention: ``c`` (inside the C step), ``triton`` (``kiln_kernels.attention``), ``torch``.
+- sampler: ``c`` (``kiln_kernels.sampling.native``), ``triton``, ``torch`` (the reference).
+- lora: ``c`` (inside the C step, on CPU stacks), ``triton`` (the SGMV pair), ``torch``.
+- kv_layout: ``heads-major`` (the C step's blocks) or ``contiguous``; kv_dtype.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass, replace
+from typing import Literal
+
+import torch
+from kiln_kernels.cpu import available as c_library_available
+
+log = logging.getLogger("kiln.model")
+
+Weights = Literal["packed", "dense+packed", "dense"]
+Impl = Literal["c", "triton", "torch"]
+
+_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
+           "half": torch.float16}
+
+
+@dataclass(frozen=True)
+class ComputePlan:
+    """What runs where, for one model (see the module docstring for the values)."""
+
+    device: str
+    dtype: str
+    weights: Weights
+    step: Literal["c", "torch"]
+    attention: Impl
+    sampler: Impl
+    lora: Impl
+    kv_layout: Literal["heads-major", "contiguous"]
+    kv_dtype: str
+
+    @property
+    def torch_attention(self) -> Literal["triton", "torch"]:
+        """The attention of the torch path (a step the C step does not take, hidden states)."""
+        return "triton" if self.device.startswith("cuda") else "torch"
+
+    @property
+    def torch_lora(self) -> Literal["triton", "torch"]:
+        """The LoRA path of the torch layers (and the layout of the adapter stacks)."""
+        return "triton" if self.device.startswith("cuda") else "torch"
+
+    @property
+    def packed_rows(self) -> bool:
+        """Whether rows of the torch path read packed blocks (every weight form but dense)."""
+        return self.weights != "dense"
+
+    def as_dict(self) -> dict[str, str]:
+        return {k: str(v) for k, v in asdict(self).items()}
+
+    def line(self) -> str:
+        """The plan in one log line."""
+        return "compute plan: " + " ".join(f"{k}={v}" for k, v in self.as_dict().items())
+
+
+def resolve_device(device: str | None) -> torch.device:
+    """``"auto"``/None: CUDA when available, else the CPU; a named device must exist."""
+    if device is None or device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} requested but CUDA is not available")
+    return dev
+
+
+def resolve_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
+    """``"float32"``/``"bfloat16"``/``"float16"`` or the default: bf16 on CUDA, fp32 else."""
+    if dtype is None or dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in _DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}: use float32, bfloat16 or float16")
+    return _DTYPES[dtype]
+
+
+def pack_weights(dtype: torch.dtype, device: torch.device, *, quant_kernels: bool) -> bool:
+    """Whether a loader keeps weights in their stored format (packed blocks): float32 models on
+    the CPU, when ``quant_kernels`` is on and the C library builds here."""
+    if not quant_kernels or device.type != "cpu" or dtype != torch.float32:
+        return False
+    if not c_library_available():
+        log.warning("quantized CPU kernels unavailable (no C compiler?): decoding with float32 "
+                    "weights")
+        return False
+    return True
+
+
+def model_plan(device: torch.device, dtype: torch.dtype, *, packed: bool, c_step: bool
+               ) -> ComputePlan:
+    """The plan of a loaded model: ``packed`` (some weights kept as packed blocks), ``c_step``
+    (every projection and the head packed: the CPU step can run every step). The KV cache's
+    element type is the model's until :func:`with_kv_cache`."""
+    cuda = device.type == "cuda"
+    cpu = device.type == "cpu"
+    c = c_step and cpu
+    gpu_or_torch: Impl = "triton" if cuda else "torch"
+    sampler: Impl = "c" if cpu and c_library_available() else gpu_or_torch
+    return ComputePlan(
+        device=str(device), dtype=_DTYPE_NAMES.get(dtype, str(dtype)),
+        weights="packed" if c else ("dense+packed" if packed else "dense"),
+        step="c" if c else "torch", attention="c" if c else gpu_or_torch, sampler=sampler,
+        lora="c" if c else gpu_or_torch, kv_layout="heads-major" if c else "contiguous",
+        kv_dtype=_DTYPE_NAMES.get(dtype, str(dtype)))
+
+
+def without_packed(plan: ComputePlan) -> ComputePlan:
+    """``plan`` with float32 weights only and the torch path (``packed_disabled``)."""
+    torch_impl: Impl = plan.torch_attention
+    return replace(plan, weights="dense", step="torch", attention=torch_impl,
+                   lora=plan.torch_lora)
+
+
+def with_kv_cache(plan: ComputePlan, kv_cache_dtype: str) -> ComputePlan:
+    """``plan`` with the engine's KV cache element type: ``auto`` (the model's dtype) or
+    ``float16``, which the CPU kernels read (the CPU only)."""
+    if kv_cache_dtype == "auto":
+        return plan
+    if not plan.device.startswith("cpu"):
+        raise ValueError(f"kv_cache_dtype={kv_cache_dtype} is supported on the CPU only "
+                         f"(device {torch.device(plan.device).type})")
+    return replace(plan, kv_dtype=kv_cache_dtype)
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a plan's ``dtype``/``kv_dtype`` name."""
+    return _DTYPES[name]

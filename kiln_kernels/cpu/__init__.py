@@ -1,0 +1,25 @@
+"""The CPU C library: its sources grouped by operation, and its one public loader.
+
+- ``matmul/``: packed-weight products (``gemm.c``; formats in ``quant.h`` and ``blocks*.h``)
+- ``step/``: the CPU step, one whole forward pass in one call (``cpu_step.c``, ``attention.c``);
+  Python binding :mod:`kiln_kernels.cpu.cpu_step`
+- ``sampling/``: the sampler (``sample.c``, ``top_p.c``, ``counter.c``); Python binding
+  :mod:`kiln_kernels.sampling.native`
+- ``common/``: vector math shared by all three (``vmath.c``)
+
+Everything is compiled into one shared library by :mod:`.loader` (see ``kiln_kernels/README.md``).
+"""
+
+from __future__ import annotations
+
+from .loader import (
+    NATIVE_FLAGS,
+    PORTABLE_FLAGS,
+    KernelBuildError,
+    available,
+    cache_dir,
+    library,
+)
+
+__all__ = ["NATIVE_FLAGS", "PORTABLE_FLAGS", "KernelBuildError", "available", "cache_dir",
+           "library"]
