@@ -219,6 +219,7 @@ def main() -> None:
         "weights": ("ours: the GGUF's Q4_1/Q8_0 blocks, dequantized in registers to the same "
                     "float32 values, float32 arithmetic (C decode step)"
                     if loaded.model.plan.step == "c" else "ours: float32 tensors"),
+        "compute_plan": loaded.model.plan.as_dict(),
         "baseline_weights": "transformers: the same GGUF dequantized to float32 tensors",
         "machine": platform.machine(),
         "torch_threads": torch.get_num_threads(),

@@ -1,4 +1,4 @@
-"""DESIGN §2 import boundaries, checked by importing each module in a fresh interpreter."""
+"""docs/architecture.md's import boundaries, checked by importing each module in a fresh process."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ from kiln.engine.lora_mix import LoraMix
 
 @dataclass(frozen=True)
 class ThinkingBudgetSpec:
-    """A thinking budget that applies to this request (the handler decides; reference §3.2).
+    """A thinking budget that applies to this request (the handler decides; docs/behavior.md §3.2).
 
     ``close_ids`` is the tokenizer's encoding of ``</think>``; a limit of None is unlimited.
     """

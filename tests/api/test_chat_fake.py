@@ -256,7 +256,7 @@ def test_thinking_source(default: bool | None, kwargs: dict[str, Any] | None, so
 
 def test_a_stream_past_the_request_timeout_ends_in_an_error_event() -> None:
     """--request-timeout-s covers streams too (it had covered only non-streaming requests): an
-    error event, no finish chunk, [DONE], and the engine request aborted (reference §10)."""
+    error event, no finish chunk, [DONE], and the engine request aborted (docs/behavior.md §10)."""
     from kiln.api.app import build_app
     from kiln.config import ServerConfig
 

@@ -1,4 +1,4 @@
-"""Sampling defaults (DESIGN §6): a request that names no preset starts from the model's
+"""Sampling defaults (docs/decisions.md): a request that names no preset starts from the model's
 generation_config.json (vLLM's `--generation-config auto`), or from the server's
 `--default-sampling-preset`; a named preset and explicit fields win over both."""
 
