@@ -1,6 +1,6 @@
 """The CPU quantized-weight kernels (kiln_kernels.quant) against their torch references and
-gguf-py: packing is exact, products match the dequantized GEMM, rows never depend on the batch
-(in every format, those of test_kernels_formats.py too)."""
+gguf-py: packing is exact; products match the dequantized GEMM (native and portable builds) and
+rows never depend on the batch, in every format (those of test_kernels_formats.py too)."""
 
 from __future__ import annotations
 
@@ -29,6 +29,10 @@ from tests.numerics import matmul_bound
 pytestmark = pytest.mark.skipif(not kernels_available(), reason="no C compiler for the kernels")
 
 
+# the widths of the products: the tiled 32-weight formats one block, the model's width and more
+# than one chunk; the formats kept as the file's blocks one and three blocks
+GEMM_WIDTHS = [(t, k) for t, (qk, _) in sorted(GGML_TYPES.items())
+               for k in ((32, 576, 1088) if t in GGML_BLOCK_BYTES else (qk, 3 * qk))]
 # the widths of the batch test: the 32-weight formats over more than one chunk (1088 = 34
 # blocks), the others two 256-weight blocks (or 512 plain floats)
 BATCH_K = {"Q4_0": 1088, "Q4_1": 1088, "Q8_0": 1088}
@@ -49,17 +53,18 @@ def test_tiles_round_trip(fmt_type: str) -> None:
     assert torch.equal(tile_rows(pw.fmt, qs, sc), pw.tiles)
 
 
-@pytest.mark.parametrize("ggml_type", sorted(GGML_BLOCK_BYTES))
-@pytest.mark.parametrize("k", [32, 576, 1088])  # one block; the model's width; > one chunk
-# every pass shape (1..12 rows), and 13, 24, 33 rows split into even passes
+@pytest.mark.parametrize(("ggml_type", "k"), GEMM_WIDTHS)
+# every pass shape (1..12 rows), and 13, 24, 33 rows (split into passes; the L1 panel from 32)
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 24, 33])
 def test_gemm_matches_reference(ggml_type: str, k: int, m: int) -> None:
+    """Every format, the AVX-512 (native) build."""
     pw = pack_ggml(random_raw(ggml_type, 20, k, seed=k + m), ggml_type)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
     got = pw.matmul(x)
-    want = gemm_ref(pw.fmt, x, pw.tiles)
     assert got.shape == (m, 20)
-    assert bool(((got - want).abs() <= matmul_bound(x, pw.dequantize())).all())
+    # the same float32 weights summed in another order: 2 gamma_k * sum |terms| (numerics.py)
+    assert bool(((got - gemm_ref(pw.fmt, x, pw.tiles)).abs()
+                 <= matmul_bound(x, pw.dequantize())).all())
 
 
 @pytest.mark.parametrize("ggml_type", sorted(GGML_TYPES))
@@ -76,11 +81,16 @@ def test_a_row_never_depends_on_the_batch(ggml_type: str) -> None:
     assert torch.equal(full, torch.cat([pw.matmul(x[:13].clone()), pw.matmul(x[13:].clone())]))
 
 
-def test_portable_build_matches_reference() -> None:
-    pw = pack_ggml(random_raw("Q4_1", 8, 64), "Q4_1")
-    x = torch.randn(3, 64)
-    got = quant_gemm("q4", x, pw.tiles, flags=PORTABLE_FLAGS)
-    assert bool(((got - gemm_ref("q4", x, pw.tiles)).abs() <= matmul_bound(x, pw.dequantize())).all())
+@pytest.mark.parametrize("ggml_type", sorted(GGML_TYPES))
+def test_portable_build_matches_reference(ggml_type: str) -> None:
+    """Every format, the portable build (two blocks wide)."""
+    k = 2 * GGML_TYPES[ggml_type][0]
+    pw = pack_ggml(random_raw(ggml_type, 8, k, seed=2), ggml_type)
+    x = torch.randn(3, k, generator=torch.Generator().manual_seed(2))
+    got = quant_gemm(pw.fmt, x, pw.tiles, flags=PORTABLE_FLAGS)
+    # another summation order over the same weights (numerics.matmul_bound)
+    assert bool(((got - gemm_ref(pw.fmt, x, pw.tiles)).abs()
+                 <= matmul_bound(x, pw.dequantize())).all())
 
 
 def test_fused_projection_is_the_concatenation() -> None:
