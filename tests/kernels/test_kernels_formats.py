@@ -22,7 +22,8 @@ from tests.gguf_blocks import gguf_dequantize, random_raw
 pytestmark = pytest.mark.skipif(not kernels_available(), reason="no C compiler for the kernels")
 
 NEW_TYPES = ["Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "F16", "BF16", "F32"]
-K_TYPES = {"Q4_K", "Q5_K", "Q6_K"}
+
+
 def width(ggml_type: str, blocks: int) -> int:
     return GGML_TYPES[ggml_type][0] * blocks
 
