@@ -83,3 +83,6 @@ class Request:
     # LoRA adapters and scales (empty: the base model). The adapter objects themselves, so the
     # request keeps the weights it started with even if the adapter is reloaded or deleted.
     lora: LoraMix = ()
+    # vLLM's cache_salt: requests with different salts never share prefix-cache blocks.
+    cache_salt: str | None = None
+    priority: int = 0  # vLLM's: lower is scheduled (and kept running) first

@@ -67,14 +67,14 @@ def semantically_valid(path: str, body: object, path_params: dict[str, object] |
             return False
         if isinstance(prompts, list) and _number(n):
             return bool(len(prompts) * n <= 64)
-    if path == "/v1/completions":
+    if path in ("/v1/completions", "/v1/completions/render"):
         return _completion_valid(body)
     if path == "/tokenize":
         return ("prompt" in body) != ("messages" in body)
     if path == "/detokenize":
         tokens = body.get("tokens")
         return not (isinstance(tokens, list) and any(_number(t) and t >= VOCAB for t in tokens))
-    if path == "/v1/chat/completions":
+    if path in ("/v1/chat/completions", "/v1/chat/completions/render"):
         if any(name in body and body[name] not in unsupported._NEUTRAL[name]
                for name in unsupported.CHAT_FIELDS):
             return False

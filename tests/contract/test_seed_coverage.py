@@ -73,6 +73,7 @@ ADDED = {
     "TextCompletionChunk", "TextCompletionChunkChoice",
     "TokenizeRequest", "TokenizeResponse", "DetokenizeRequest", "DetokenizeResponse",
     "TokenizerInfoResponse",
+    "RenderedPrompt", "CompletionRenderResponse",
     "ComputePlan", "ComputeImplementation",  # issue 24: /health shows the compute plan
 }
 
