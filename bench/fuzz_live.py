@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import schemathesis
 
@@ -46,7 +46,7 @@ MAX_GENERATION_PROMPT_TOKENS = 64
 # Scoring cost grows faster than linearly with prompt length on a CPU (4096 tokens: ~40 s).
 MAX_SCORING_PROMPT_TOKENS = int(os.environ.get("KILN_FUZZ_MAX_PROMPT_TOKENS", "512"))
 ACCEPTED_LOG_ENV = "KILN_FUZZ_ACCEPTED_LOG"
-# Documented 400s for schema-valid bodies (reference/kiln-behavior.md §8 and the error table):
+# Documented 400s for schema-valid bodies (docs/behavior.md §8, docs/features.md):
 # the contract cannot express "renders under the model's chat template" or "tokenizes to at
 # least one token". (status, error code, message prefix)
 SEMANTIC_REJECTIONS = (
@@ -68,7 +68,7 @@ def _semantic_filter() -> Callable[..., bool]:
     return semantically_valid
 
 
-def _is_int(value: object) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 

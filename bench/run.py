@@ -25,6 +25,7 @@ BENCHES = {
     "step": "bench.bench_step",
     "model": "bench.bench_model",
     "serving": "bench.bench_serving",
+    "completions": "bench.bench_completions",
     "adapter_serving": "bench.bench_adapter_serving",
     "scoring": "bench.bench_scoring",
     "scoring_stall": "bench.bench_scoring_stall",

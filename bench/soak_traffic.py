@@ -70,7 +70,7 @@ def make_spec(rng: random.Random, adapters: bool) -> Spec:
     if kind == "chat_n":
         n = rng.randint(2, 4)
         return Spec(kind, chat, _chat(rng, n=n, temperature=0.8), choices=n)
-    if kind == "stream_n_rejected":  # Kiln: `stream` with n >= 2 is a 400 (kiln-behavior §2)
+    if kind == "stream_n_rejected":  # Kiln: `stream` with n >= 2 is a 400 (docs/behavior.md §10)
         return Spec(kind, chat, _chat(rng, n=2, stream=True), stream=True, expect=bad)
     if kind == "stop":
         stream = rng.random() < 0.5

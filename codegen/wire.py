@@ -12,18 +12,27 @@ from codegen.view import write_view
 
 DCG_VERSION = "0.89.0"
 
-# Each flag is explained in shared/reference/codegen-notes.md §2; keep them explicit so a newer
+# One reason per flag. "Explicit" flags change nothing with 0.89.0 and stay so that a newer
 # generator cannot silently change the output.
 DCG_FLAGS = (
-    "--input-file-type", "jsonschema",
-    "--output-model-type", "msgspec.Struct",
-    "--target-python-version", "3.11",
-    "--use-annotated", "--field-constraints", "--use-union-operator", "--collapse-root-models",
-    "--enum-field-as-literal", "all",
-    "--use-msgspec-tagged-unions", "--use-tag-as-union-variant-name",
-    "--use-schema-description", "--keyword-only", "--skip-root-model",
-    "--no-allow-remote-refs", "--strict-refs",
-    "--disable-timestamp", "--enable-version-header", "--formatters", "builtin",
+    "--input-file-type", "jsonschema",  # the contract is JSON Schema 2020-12, not OpenAPI
+    "--output-model-type", "msgspec.Struct",  # the edge decodes with msgspec
+    "--target-python-version", "3.11",  # the oldest Python the package supports
+    "--use-annotated",  # explicit: constraints as Annotated[..., Meta(...)]
+    "--field-constraints",  # explicit: bounds and patterns on the field, checked on decode
+    "--use-union-operator",  # explicit: `X | None`, not Optional[X]
+    "--collapse-root-models",  # inline the Nullable* aliases instead of one class each
+    "--enum-field-as-literal", "all",  # Literal[...] instead of Enum classes
+    "--use-msgspec-tagged-unions",  # explicit: a const discriminator becomes a tagged union
+    "--use-tag-as-union-variant-name",  # variants named ...Sampled/...Forced, not ...V11/...V12
+    "--use-schema-description",  # the contract's descriptions become docstrings
+    "--keyword-only",  # kw_only=True: hand-written code builds structs by keyword
+    "--skip-root-model",  # the root oneOf over entrypoints would be an undecodable alias
+    "--no-allow-remote-refs",  # a sibling file is never fetched from its $id URL
+    "--strict-refs",  # an unresolved $ref fails instead of becoming Any
+    "--disable-timestamp",  # byte-identical output, so check-generated can compare bytes
+    "--enable-version-header",  # the header names the generator version (output may differ)
+    "--formatters", "builtin",  # no black/isort: output independent of their versions
 )  # fmt: skip
 
 # Warnings datamodel-code-generator is allowed to print; anything else fails generation.

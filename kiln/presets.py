@@ -1,4 +1,4 @@
-"""Kiln's named sampling presets (the Qwen3 model cards' recommendations, reference §5) and
+"""Kiln's named sampling presets (the Qwen3 model cards' advice, docs/behavior.md §5.1) and
 vLLM's neutral defaults. A leaf module: the configuration checks preset names against it."""
 
 from __future__ import annotations

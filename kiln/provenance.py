@@ -1,4 +1,4 @@
-"""Content hashes and rollout provenance records (reference §7).
+"""Content hashes and rollout provenance records (docs/behavior.md §7).
 
 Everything here is pure Python (no torch): the hashes are over files, token vocabularies,
 template sources and canonical JSON, so they are equal across restarts and change exactly when

@@ -174,13 +174,13 @@ class EngineBackend:
     async def score(
         self, prompt_ids: list[int], top_k: int, lora: tuple[tuple[Any, float], ...] = ()
     ) -> list[PositionScore]:
-        """Prompt-logprob scoring under the base model, or under the adapter mix `lora` (DESIGN
-        §6), between the engine's own steps (``AsyncEngine.score``)."""
+        """Prompt-logprob scoring under the base model, or under the adapter mix `lora` (see
+        docs/decisions.md), between the engine's own steps (``AsyncEngine.score``)."""
         return await self.engine.score(prompt_ids, top_k, lora)
 
 
 def _adapter_dir(config: ServerConfig, loaded: LoadedModel) -> Path | None:
-    """``config.adapter_dir``; unset: ``<model folder>/adapters`` (reference §6), or no
+    """``config.adapter_dir``; unset: ``<model folder>/adapters`` (docs/behavior.md §6), or no
     adapters for a model that is not a folder (a GGUF file, the embedded default)."""
     configured = getattr(config, "adapter_dir", None)
     if configured:

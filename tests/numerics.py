@@ -172,7 +172,7 @@ def sampled_logprob_atol(model: torch.nn.Module, cfg: object, context: int,
 
 def check_rank(row: np.ndarray, obs: int, k: int, got_rank: int, got_top: list[int],
                margin: float, where: str) -> None:
-    """The §8 rules (rank by -logit then id; ties outside the top-K rank by `>=`) against the
+    """docs/behavior.md §8 (rank by -logit then id; ties outside top-K rank by `>=`) against the
     dense row. Where no other logit lies within ``margin`` of the ones that decide the answer it
     must be exact; a near-tie may order either way, so there the answer must fit the row within
     the margin."""

@@ -61,7 +61,7 @@ SEMANTIC_CHECKS: dict[str, str] = {
         "kiln.api.handlers.completions.create",
     "scored positions * (prompt_logprobs + 1) <= 65536": "kiln.api.handlers.completions.create",
     "real scoring rejects an active LoRA until adapter revision identity can be pinned":
-        "DESIGN §6: scoring runs under the base model or the adapter `model` names; there is no "
+        "docs/decisions.md: scoring runs under the base model or the adapter `model` names; no "
         "server-wide active LoRA to reject",
     "exactly one of prompt and messages": "kiln.api.handlers.tokenizer.tokenize",
     "token IDs are below the vocabulary size": "kiln.api.handlers.tokenizer.detokenize",

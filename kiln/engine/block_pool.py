@@ -9,11 +9,23 @@ Full blocks are immutable, so sharing them needs no copy-on-write.
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 ROOT_HASH = 0  # parent hash of a sequence's first block
+
+
+def salted_root(root: int, cache_salt: str | None) -> int:
+    """The parent hash of a request's first block under its ``cache_salt`` (vLLM's): requests
+    with different salts never share a prefix-cache block (the salt is in every block's chain);
+    no salt leaves ``root`` as it is."""
+    if cache_salt is None:
+        return root
+    digest = hashlib.sha256(b"kiln-cache-salt-v1\0" + cache_salt.encode("utf-8")).digest()
+    value = (int.from_bytes(digest[:8], "little") >> 1) ^ root
+    return value if value != ROOT_HASH else 1
 
 
 def hash_block(parent_hash: int, token_ids: Sequence[int]) -> int:

@@ -10,7 +10,7 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
-# A gap at or above max(STALL_FLOOR_S, STALL_FACTOR x median ITL) is a stall (reference §13).
+# A gap >= max(STALL_FLOOR_S, STALL_FACTOR x median ITL) is a stall (docs/behavior.md §13).
 STALL_FACTOR = 5.0
 STALL_FLOOR_S = 0.25
 

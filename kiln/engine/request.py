@@ -10,7 +10,7 @@ from kiln.engine.lora_mix import LoraMix
 
 @dataclass(frozen=True)
 class ThinkingBudgetSpec:
-    """A thinking budget that applies to this request (the handler decides; reference §3.2).
+    """A thinking budget that applies to this request (the handler decides; docs/behavior.md §3.2).
 
     ``close_ids`` is the tokenizer's encoding of ``</think>``; a limit of None is unlimited.
     """
@@ -103,3 +103,6 @@ class Request:
     # LoRA adapters and scales (empty: the base model). The adapter objects themselves, so the
     # request keeps the weights it started with even if the adapter is reloaded or deleted.
     lora: LoraMix = ()
+    # vLLM's cache_salt: requests with different salts never share prefix-cache blocks.
+    cache_salt: str | None = None
+    priority: int = 0  # vLLM's: lower is scheduled (and kept running) first

@@ -134,7 +134,7 @@ class Sampler:
 
     def _history(self, seqs: Sequence[ScheduledSeq], vocab: int
                  ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Output-token counts, and the (always empty) prompt mask: as in Kiln (reference §5.3) the
+        """Output counts and the (always empty) prompt mask: as in Kiln (docs/behavior.md §5.3) the
         repetition penalty covers generated tokens only, which the counts already carry."""
         b = len(seqs)
         count_rows: list[int] = []

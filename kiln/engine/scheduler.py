@@ -1,9 +1,10 @@
 """Continuous batching under one token budget per step (pure Python, never imports torch).
 
 ``schedule()`` decides what every sequence computes this step: running decodes first (one token
-each), then running prefills in chunks, then waiting requests (FIFO) with prefix-cache hits
-skipped, all sharing ``max_num_batched_tokens``. When KV blocks run out, the newest running
-request is preempted (blocks freed, recomputed later). ``update_from_output()`` applies the
+each), then running prefills in chunks, then waiting requests (lower priority first, FIFO
+within a level) with prefix-cache hits skipped, all sharing ``max_num_batched_tokens``. When KV
+blocks run out, the newest running request of the lowest priority is preempted (blocks freed,
+recomputed later). ``update_from_output()`` applies the
 sampled tokens (through the request's thinking-budget controller, which may force the close
 sequence instead), checks EOS / stop token ids / length and returns one RequestOutput per request
 that made progress, without text: detokenization and stop strings are the output stage's
@@ -110,8 +111,23 @@ class Scheduler:
         if max_tokens == 0:
             return self._finish(st, "length")
         self._requests[req.request_id] = st
-        self._waiting.append(st)
+        self._enqueue(st, front=False)
         return None
+
+    def _enqueue(self, st: RequestState, front: bool) -> None:
+        """Waiting order: lower ``priority`` first; within a level FIFO, a preempted request
+        (``front``) ahead of its level's waiting ones."""
+        p = st.request.priority
+        waiting = self._waiting
+        if not front and (not waiting or waiting[-1].request.priority <= p):
+            waiting.append(st)  # the common case (one level): no scan
+            return
+        for i, other in enumerate(waiting):
+            q = other.request.priority
+            if q > p or (front and q == p):
+                waiting.insert(i, st)
+                return
+        waiting.append(st)
 
     def abort(self, request_id: str) -> RequestOutput | None:
         st = self._requests.get(request_id)
@@ -138,7 +154,7 @@ class Scheduler:
                 continue  # preempted earlier in this loop
             n = min(st.num_remaining, budget, self._chunk_cap(st.num_computed_tokens, capped))
             while not self._grow(st, st.num_computed_tokens + n):
-                victim = self._pick_victim(scheduled | {st.request_id})
+                victim = self._pick_victim(scheduled | {st.request_id}, st)
                 self._preempt(victim or st)
                 preempted.append((victim or st).request_id)
                 if victim is None:
@@ -217,11 +233,17 @@ class Scheduler:
         st.block_ids.extend(self.pool.allocate(need))
         return True
 
-    def _pick_victim(self, exclude: set[str]) -> RequestState | None:
-        for st in reversed(self._running):
-            if st.request_id not in exclude:
-                return st
-        return None
+    def _pick_victim(self, exclude: set[str], growing: RequestState) -> RequestState | None:
+        """The running request to preempt so that ``growing`` can grow: the lowest priority
+        (highest number), the newest within it; None when ``growing`` itself ranks lowest."""
+        victim: RequestState | None = None
+        for st in self._running:
+            if st.request_id not in exclude and (
+                    victim is None or st.request.priority >= victim.request.priority):
+                victim = st
+        if victim is not None and growing.request.priority > victim.request.priority:
+            return None
+        return victim
 
     def _preempt(self, st: RequestState) -> None:
         self.pool.free(st.block_ids)
@@ -233,7 +255,7 @@ class Scheduler:
         st.metrics.num_preemptions += 1
         self.num_preemptions += 1
         self._running.remove(st)
-        self._waiting.appendleft(st)
+        self._enqueue(st, front=True)
 
     def _scheduled_seq(self, st: RequestState, n: int, is_new: bool, now: float) -> ScheduledSeq:
         start = st.num_computed_tokens

@@ -1,4 +1,4 @@
-"""Prompt-logprob scoring (reference §8), run on the engine thread via ``run_exclusive``, one
+"""Prompt-logprob scoring (docs/behavior.md §8), run on the engine thread by ``run_exclusive``, one
 chunk per call (``ScoringJob``), so running streams keep decoding between the chunks. On the
 quantized CPU model a chunk runs through the C step (the decode step's per-row numbers).
 

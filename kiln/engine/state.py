@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from kiln.engine.block_pool import ROOT_HASH, block_hashes
+from kiln.engine.block_pool import ROOT_HASH, block_hashes, salted_root
 from kiln.engine.lora_mix import mix_root_hash
 from kiln.engine.metrics import RequestMetrics
 from kiln.engine.request import Request
@@ -45,7 +45,7 @@ class RequestState:
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.request.prompt_token_ids)
-        self.root_hash = mix_root_hash(self.request.lora)
+        self.root_hash = salted_root(mix_root_hash(self.request.lora), self.request.cache_salt)
         self.block_hashes = block_hashes(self.all_token_ids, self.block_size,
                                          parent=self.root_hash)
         self.metrics = RequestMetrics(arrival_time=self.request.arrival_time)

@@ -1,4 +1,4 @@
-"""Thinking-budget resolution and the record written to metadata (reference §3.1, §3.2, §3.6).
+"""Thinking-budget resolution and its metadata record (docs/behavior.md §3.1, §3.2, §3.6).
 
 This module resolves the configured budget per dimension; the decode-time controller that forces
 `</think>` is separate.

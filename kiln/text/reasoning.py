@@ -1,4 +1,4 @@
-"""Separating `<think>` reasoning from the answer (reference §4).
+"""Separating `<think>` reasoning from the answer (docs/behavior.md §4).
 
 A prompt starts in reasoning when the rendered prompt, right-trimmed, ends with `<think>`. The
 non-streamed split is at the first `</think>`; the streaming splitter holds back any tail that

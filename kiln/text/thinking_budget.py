@@ -1,4 +1,4 @@
-"""The decode-time thinking-budget controller and the pre-decode checks (reference §3.3-§3.5).
+"""The decode-time thinking-budget controller and pre-decode checks (docs/behavior.md §3.3-§3.5).
 
 ``ThinkingBudgetController.decide`` runs at every token boundary of a request whose budget
 applies: given the tokens generated so far and the model's sampled candidate it returns the token
@@ -63,7 +63,7 @@ class ThinkingBudgetController:
 
     # -- the decision ----------------------------------------------------------------------------
     def decide(self, generated: list[int], candidate: int, now_ms: float) -> tuple[int, bool]:
-        """-> (token to emit, forced?) at the boundary after ``generated`` (reference §3.4)."""
+        """-> (token to emit, forced?) after ``generated`` (docs/behavior.md §3.4)."""
         if self.start_ms is None:
             self.start_ms = now_ms  # the first decode candidate
         self.last_ms = now_ms

@@ -1,4 +1,4 @@
-"""Incremental tool-call parsing for SSE streams (reference §10, DESIGN §6).
+"""Incremental tool-call parsing for SSE streams (docs/behavior.md §10, docs/decisions.md).
 
 Content streams eagerly. The streamer holds back a trailing proper prefix of ``<tool_call>`` and
 up to 64 whitespace characters before it (so the text before a call can be right-trimmed). Once

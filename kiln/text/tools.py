@@ -1,4 +1,4 @@
-"""Tool-call parsing: model text -> OpenAI ``tool_calls`` (DESIGN §6, reference §12).
+"""Tool-call parsing: text -> OpenAI ``tool_calls`` (docs/behavior.md §12, docs/decisions.md).
 
 Every ``<tool_call>…</tool_call>`` block in the output is parsed (no one-call limit), in either
 Qwen format:
@@ -305,7 +305,7 @@ def parse_with(text: str, toolset: ToolSet) -> ParsedOutput:
 def closing_stop(finish_reason: str | None, stop_reason: Any) -> str:
     """The matched stop string when it closed a tool call (a client's own `</tool_call>` stop,
     as Hermes clients send): the engine cut it from the text, and parsing needs it back
-    (reference §12: removed from content, re-appended for parsing). "" otherwise."""
+    (docs/behavior.md §12: removed from content, re-appended for parsing). "" otherwise."""
     if finish_reason == "stop" and isinstance(stop_reason, str) and CLOSE_TAG in stop_reason:
         return stop_reason
     return ""

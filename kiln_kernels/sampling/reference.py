@@ -1,6 +1,6 @@
 """Plain-torch sampling: the reference the Triton sampler is tested against, and the CPU path.
 
-Order of operations (kiln-behavior.md §5.3, with DESIGN §6 "penalties before greedy too"):
+Order of operations (docs/behavior.md §5.3, with docs/decisions.md "penalties and greedy"):
 
 1. penalties on the raw logits, for every row (greedy too):
    repetition (HF/vLLM: a token seen in prompt or output has a positive logit divided by r and a

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import pytest
@@ -219,6 +220,7 @@ def test_keepalive_close_while_pending_does_not_raise() -> None:
     async def run() -> list[bytes]:
         got = []
         stream = with_keepalive(slow(), interval=0.01)
+        assert isinstance(stream, AsyncGenerator)  # closed below, as the server closes it
         async for frame in stream:
             got.append(frame)
             if len(got) == 3:
@@ -254,7 +256,7 @@ def test_thinking_source(default: bool | None, kwargs: dict[str, Any] | None, so
 
 def test_a_stream_past_the_request_timeout_ends_in_an_error_event() -> None:
     """--request-timeout-s covers streams too (it had covered only non-streaming requests): an
-    error event, no finish chunk, [DONE], and the engine request aborted (reference §10)."""
+    error event, no finish chunk, [DONE], and the engine request aborted (docs/behavior.md §10)."""
     from kiln.api.app import build_app
     from kiln.config import ServerConfig
 

@@ -158,3 +158,17 @@ def test_integral_float_token_ids_are_token_ids(client: TestClient, backend: Fak
     assert backend.submitted[-1].prompt_token_ids == [13]
     r = client.post(URL, json={"prompt": [10.0, 11], "prompt_logprobs": 0})
     assert r.status_code == 200, r.text
+
+
+def test_cache_salt_reaches_every_engine_request(client: TestClient, backend: FakeBackend) -> None:
+    post(client, prompt=["a", "b"], n=2, max_tokens=1, cache_salt="tenant-1")
+    assert [r.cache_salt for r in backend.submitted] == ["tenant-1"] * 4
+    post(client, prompt="a", max_tokens=1)
+    assert backend.submitted[-1].cache_salt is None
+
+
+def test_priority_reaches_every_engine_request(client: TestClient, backend: FakeBackend) -> None:
+    post(client, prompt=["a", "b"], max_tokens=1, priority=-3)
+    assert [r.priority for r in backend.submitted] == [-3, -3]
+    post(client, prompt="a", max_tokens=1)
+    assert backend.submitted[-1].priority == 0

@@ -1,4 +1,4 @@
-"""Greedy means greedy (DESIGN §6): temperature 0 or top_k 1 takes penalties only from the
+"""Greedy means greedy (docs/decisions.md): temperature 0 or top_k 1 takes penalties only from the
 request or a preset it names; top_k -1 is vLLM's "off"."""
 
 from __future__ import annotations

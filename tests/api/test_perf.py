@@ -1,4 +1,4 @@
-"""The performance metadata built from a request's timing record (reference §13)."""
+"""The performance metadata built from a request's timing record (docs/behavior.md §13)."""
 
 from __future__ import annotations
 

@@ -235,6 +235,8 @@ def test_routes() -> None:
         ("POST", "/tokenize"),
         ("POST", "/detokenize"),
         ("GET", "/tokenizer_info"),
+        ("POST", "/v1/completions/render"),
+        ("POST", "/v1/chat/completions/render"),
     }
     chat = next(r for r in table if r["path"] == "/v1/chat/completions")
     assert chat["responses"]["200"]["media_types"] == {

@@ -1,4 +1,4 @@
-"""temperature 0 on chat is the model's greedy answer (DESIGN §6), on the default model: every
+"""temperature 0 on chat is the model's greedy answer (docs/decisions.md), on the default model: all
 generated token is the top-1 token of the scoring route's distribution at its position."""
 
 from __future__ import annotations

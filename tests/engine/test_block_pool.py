@@ -130,3 +130,12 @@ class PoolMachine(RuleBasedStateMachine):
 
 TestPoolMachine = PoolMachine.TestCase
 TestPoolMachine.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+
+
+def test_salted_roots_differ_by_salt_and_keep_the_unsalted_root() -> None:
+    from kiln.engine.block_pool import ROOT_HASH, salted_root
+
+    assert salted_root(ROOT_HASH, None) == ROOT_HASH and salted_root(7, None) == 7
+    roots = {salted_root(r, s) for r in (ROOT_HASH, 7) for s in ("a", "b", "")}
+    assert len(roots) == 6 and ROOT_HASH not in roots
+    assert salted_root(7, "a") == salted_root(7, "a")  # stable: the same salt shares

@@ -243,3 +243,48 @@ def test_fail_step_finishes_every_request_in_the_step_with_error() -> None:
     assert {o.request_id for o in outs} == {"a", "b"}
     assert all(o.finish_reason == "error" and o.error == "boom" for o in outs)
     assert sched.pool.num_used_blocks == 0 and not sched.has_work
+
+
+def test_cache_salt_keeps_requests_from_sharing_prefix_blocks() -> None:
+    sched, runner = make()
+    salted = req("a", n=17, max_tokens=3)
+    salted.cache_salt = "tenant-1"
+    sched.add_request(salted)
+    first = tokens(run(sched, runner)["a"])
+    for rid, salt, start in (("b", "tenant-2", 0), ("c", None, 0), ("d", "tenant-1", 16)):
+        r = req(rid, n=17, max_tokens=3)
+        r.cache_salt = salt
+        sched.add_request(r)
+        so = sched.schedule()
+        assert so.seqs[0].start_pos == start, rid  # only the same salt hits the cached blocks
+        outs = sched.update_from_output(so, runner.execute(so)) + run(sched, runner)[rid]
+        assert tokens(outs) == first  # a salt changes what is shared, never the tokens
+
+
+def test_priority_orders_the_waiting_queue_fifo_within_a_level() -> None:
+    sched, runner = make(max_seqs=1)
+    for rid, priority in (("a", 0), ("b", 5), ("c", 1), ("d", 1), ("e", -2)):
+        r = req(rid, n=5, max_tokens=2, base=ord(rid))
+        r.priority = priority
+        sched.add_request(r)
+    outs = run(sched, runner)
+    assert list(outs) == ["e", "a", "c", "d", "b"]  # all queued before the first step
+
+
+def test_preemption_takes_the_lowest_priority_first() -> None:
+    def preempted_first(priorities: dict[str, int]) -> str:
+        sched, runner = make(num_blocks=6, bs=4, max_seqs=4)
+        for rid in ("old", "new"):  # "new" arrives last: the victim when priorities are equal
+            r = req(rid, n=8, max_tokens=20, base=10 if rid == "old" else 30)
+            r.priority = priorities[rid]
+            sched.add_request(r)
+        for _ in range(200):
+            so = sched.schedule()
+            if so.preempted_ids:
+                return so.preempted_ids[0]
+            sched.update_from_output(so, runner.execute(so))
+        raise AssertionError("no preemption")
+
+    assert preempted_first({"old": 0, "new": 0}) == "new"
+    assert preempted_first({"old": 3, "new": 0}) == "old"
+    assert preempted_first({"old": 0, "new": 3}) == "new"

@@ -79,7 +79,7 @@ def test_stall_detection_and_percentiles() -> None:
 
 
 def test_stall_threshold_has_a_250_ms_floor() -> None:
-    """Reference §13: max(250 ms, 5 x p50). With 3 x p50 and no floor a plain 64-token CPU
+    """docs/behavior.md §13: max(250 ms, 5 x p50). With 3 x p50 and no floor a plain 64-token CPU
     stream (p50 ~4 ms) had reported 17 'stalls' of ~15 ms."""
     m = RequestMetrics(arrival_time=0.0)
     t = 0.0

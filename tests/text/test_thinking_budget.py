@@ -1,4 +1,4 @@
-"""The thinking-budget controller (reference §3.4, §3.5), the pre-decode checks (§3.3) and
+"""The thinking-budget controller (docs/behavior.md §3.4, §3.5), the pre-decode checks (§3.3) and
 budget resolution (§3.1)."""
 
 from __future__ import annotations

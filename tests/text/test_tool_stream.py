@@ -1,4 +1,4 @@
-"""Incremental tool-call parsing for SSE (reference §10): equals the one-shot parse."""
+"""Incremental tool-call parsing for SSE (docs/behavior.md §10): equals the one-shot parse."""
 
 from __future__ import annotations
 

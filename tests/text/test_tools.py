@@ -1,4 +1,4 @@
-"""One-shot tool-call parsing (DESIGN §6, reference §12)."""
+"""One-shot tool-call parsing (docs/behavior.md §12, docs/decisions.md)."""
 
 from __future__ import annotations
 

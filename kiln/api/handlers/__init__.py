@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 from starlette.requests import Request
 from starlette.responses import Response
 
-from kiln.api.handlers import adapters, batch, chat, completions, meta, models, tokenizer
+from kiln.api.handlers import adapters, batch, chat, completions, meta, models, render, tokenizer
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 
@@ -15,6 +15,8 @@ HANDLERS: dict[tuple[str, str], Endpoint] = {
     ("POST", "/v1/chat/completions"): chat.create,
     ("POST", "/v1/completions"): completions.create,
     ("POST", "/v1/completions/batch"): batch.create,
+    ("POST", "/v1/completions/render"): render.completion,
+    ("POST", "/v1/chat/completions/render"): render.chat,
     ("GET", "/v1/models"): models.list_models,
     ("GET", "/v1/models/{model}"): models.retrieve_model,
     ("GET", "/v1/adapters"): adapters.list_adapters,

@@ -1,8 +1,8 @@
-"""Adapter management (`/v1/adapters...`) and per-request adapter selection (DESIGN §6).
+"""Adapter management (`/v1/adapters...`) and per-request adapter selection (docs/behavior.md §6).
 
 Chat's and batch's `adapter` is tri-state: missing = the server default, null or "" = base, a
 name = that adapter (scoring on `/v1/completions` runs the base model unless `model` names an
-adapter, DESIGN §6). `adapters: [{name, scale}]` composes several. `model` may name an adapter (as in vLLM);
+adapter, docs/decisions.md). `adapters: [{name, scale}]` composes. `model` may name one (vLLM);
 combining that with `adapter`/`adapters` is a 400. Unknown names are 404 `adapter_not_found`;
 names with separators or traversal are 400 `invalid_adapter_name`.
 """

@@ -1,7 +1,7 @@
 """POST /v1/completions/batch: prompts x n completions, all running concurrently in the engine.
 
 Items are ordered by prompt then completion; completion (p, c) uses seed + p*n + c. A per-item
-generation failure gives that item finish_reason "error" (DESIGN §6); validation errors reject the
+generation failure gives that item finish_reason "error" (docs/decisions.md); bad input rejects the
 whole request.
 """
 

@@ -119,7 +119,7 @@ def _decode_arguments(call: Any) -> Any:
 
 def template_messages(messages: list[wire.ChatMessageInput], *, decode_arguments: bool = True,
                       null_content: bool = True) -> list[dict[str, Any]]:
-    """The template's view of the messages (reference §12): prior tool calls' string arguments
+    """The template's view of messages (docs/behavior.md §12): prior tool calls' string arguments
     JSON-decoded, and an assistant message with tool calls and content "" given content null.
     ``render_prompt`` falls back to raw arguments and to "" for templates that cannot take them."""
     out = []
@@ -153,7 +153,7 @@ def apply_budget(
     stop: tuple[str, ...],
     error_code: str,
 ) -> ThinkingBudgetSpec | None:
-    """The engine's budget spec when the budget applies (reference §3.2), after the §3.3 checks:
+    """The engine's budget spec when it applies (docs/behavior.md §3.2), after the §3.3 checks:
     the close sequence must round-trip, fit the effective max_tokens, and not clash with a stop."""
     if not (budget.configured and in_reasoning and max_tokens > 0):
         return None
@@ -188,7 +188,7 @@ def template_kwargs(state: AppState, requested: Any, error_code: str) -> dict[st
 
 
 def _thinking_source(requested: Any, server_default: bool | None) -> str:
-    """Who chose the thinking mode (reference §4), from the request's own
+    """Who chose the thinking mode (docs/behavior.md §4), from the request's own
     ``chat_template_kwargs`` (before ``template_kwargs`` merges the server default in)."""
     kwargs = opt(requested) or {}
     if "enable_thinking" in kwargs:

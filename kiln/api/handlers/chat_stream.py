@@ -189,7 +189,7 @@ async def frames(
             await aclose()
     if final is None or final.finish_reason in ("error", "abort"):
         message = (final.error if final else None) or "generation ended without a result"
-        if timed_out:  # reference §10: an error event, no finish chunk
+        if timed_out:  # docs/behavior.md §10: an error event, no finish chunk
             message = f"streaming generation timed out after {round(timeout * 1000)} ms"
         yield event(
             {"error": {"message": message, "type": "server_error", "param": None,

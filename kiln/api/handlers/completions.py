@@ -1,5 +1,5 @@
 """POST /v1/completions: vLLM's completions request. With `prompt_logprobs` and `max_tokens`
-missing, null, 0 or 1 it is Kiln's prompt-logprob scoring (reference §8), exactly as before: no
+missing, null, 0 or 1 it is Kiln's prompt scoring (docs/behavior.md §8), exactly as before: no
 generation happens. Anything else generates (completions_gen, completions_stream)."""
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ async def create(request: Request) -> Response:
     backend = state.backend
     body = await read_json_body(request, state.config.max_body_bytes)
     req = state.contract.parse("TextCompletionRequest", body, wire.TextCompletionRequest, ERROR_CODE)
-    # DESIGN §6: runs under the base model, or under the adapter `model` names
+    # runs under the base model, or under the adapter `model` names (docs/decisions.md)
     _, model_adapter = resolve_model(backend, opt(req.model))
     unsupported.check(req, unsupported.COMPLETION_FIELDS)
     selection = (

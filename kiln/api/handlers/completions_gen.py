@@ -70,6 +70,8 @@ class Prepared:
     keep: int = 0  # choices returned per prompt: n (the best n of best_of by cumulative logprob)
     prompt_logprobs: int | None = None  # prompt_logprobs beside generation
     prompt_lists: list[list[Any]] = field(default_factory=list)  # per prompt, scoring's shape
+    cache_salt: str | None = None
+    priority: int = 0
 
     def prompt_of(self, index: int) -> int:
         return index // self.n
@@ -208,6 +210,7 @@ def prepare(state: AppState, req: Any, selection: Selection, model: str, *,
         include_usage=bool(options is not None and opt(options.include_usage)),
         stream_interval=int(opt(req.stream_interval) or 1),
         include_stop=bool(req.include_stop_str_in_output), keep=keep,
+        cache_salt=opt(req.cache_salt), priority=int(opt(req.priority) or 0),
         prompt_logprobs=None if prompt_logprobs is None else int(prompt_logprobs))
 
 
@@ -260,7 +263,8 @@ def start(state: AppState, prep: Prepared, rid: str, arrived: float) -> list[Adm
     """Admit every choice that generates (max_tokens 0 choices need no engine request)."""
     items = [(f"{rid}-{i}", prep.prompts[prep.prompt_of(i)], p, prep.lora)
              for i, p in enumerate(prep.params) if p.max_tokens > 0]
-    return submit_all(state, items, arrived, code=ERROR_CODE, prompt_param="prompt")
+    return submit_all(state, items, arrived, code=ERROR_CODE, prompt_param="prompt",
+                      cache_salt=prep.cache_salt, priority=prep.priority)
 
 
 def finish_reason(c: Completion) -> str:

@@ -92,6 +92,8 @@ def submit(
     lora: tuple[tuple[Any, float], ...] = (),
     arrival: float | None = None,
     prompt_param: str = "messages",
+    cache_salt: str | None = None,
+    priority: int = 0,
 ) -> Admitted:
     """Admit one engine request (429 past the gate's capacity); the returned stream releases
     its gate slot when it is closed or exhausted. ``arrival`` (``time.monotonic()``) is when
@@ -103,6 +105,7 @@ def submit(
             request.arrival_time = arrival
         if lora:
             request.lora = lora
+        request.cache_salt, request.priority = cache_salt, priority
         outputs = state.backend.submit(request)
     except EngineError as exc:
         state.gate.leave()
@@ -117,6 +120,7 @@ def submit(
 def submit_all(
     state: AppState, items: list[tuple[str, list[int], SamplingParams, tuple[tuple[Any, float], ...]]],
     arrival: float | None = None, *, code: str, prompt_param: str = "messages",
+    cache_salt: str | None = None, priority: int = 0,
 ) -> list[Admitted]:
     """Admit several engine requests, all or none: on a failure the admitted ones are closed.
     More than the gate ever holds is a 400 (``code``), not a 429 that no retry could pass."""
@@ -131,7 +135,7 @@ def submit_all(
     try:
         for request_id, prompt_ids, params, lora in items:
             admitted.append(submit(state, request_id, prompt_ids, params, lora, arrival,
-                                   prompt_param))
+                                   prompt_param, cache_salt, priority))
     except BaseException:
         for a in admitted:
             a.close_now()

@@ -62,7 +62,7 @@ async def retrieve_model(request: Request) -> Response:
 
 
 def resolve_model(backend: Backend, requested: str | None) -> tuple[str, str | None]:
-    """DESIGN §6: missing/null -> the served model; served id or alias -> fine; the name of an
+    """docs/decisions.md: missing/null -> the served model; served id or alias -> fine; name of an
     available adapter -> that adapter; else 404. Returns (model id to report, adapter or None)."""
     if requested is None or requested == backend.model_id or requested in backend.aliases:
         return backend.model_id, None

@@ -1,7 +1,7 @@
 """Wire request fields -> engine SamplingParams: presets, overrides, max_tokens, stop strings.
 
 A request starts from the sampling preset it names (unknown names fall back to
-`qwen3-thinking-general`, reference §5); without one, from the server's default: the preset of
+`qwen3-thinking-general`, docs/behavior.md §5.1); without one, from the server's default: preset of
 `--default-sampling-preset` when given, else the model's own generation_config.json (vLLM's
 `--generation-config auto`; fields it lacks, and every GGUF, take vLLM's neutral values).
 Explicit fields override it. `max_tokens` wins over `max_completion_tokens` when both are
@@ -67,7 +67,7 @@ def state_default(state: Any) -> Preset:
 
 
 def normalize_stop(stop: Any) -> tuple[str, ...]:
-    """Dedupe, sort, and drop any stop string that contains another (reference §15.8)."""
+    """Dedupe, sort, and drop any stop string that contains another (docs/behavior.md §15.8)."""
     if stop is None or stop is UNSET:
         return ()
     items = [stop] if isinstance(stop, str) else [s for s in stop if isinstance(s, str)]
@@ -102,7 +102,7 @@ def _num(value: Any, default: float) -> float:
 
 
 def is_greedy(temperature: float, top_k: int) -> bool:
-    """Reference §5.2: temperature 0, or top_k 1 (at a finite positive temperature)."""
+    """docs/behavior.md §5.2: temperature 0, or top_k 1 (at a finite positive temperature)."""
     return temperature == 0.0 or (top_k == 1 and math.isfinite(temperature) and temperature > 0)
 
 
@@ -113,7 +113,7 @@ def sampling_params(
 
     The request's own fields win; the rest come from the preset it names, else ``base`` (the
     server's default, ``state_default``). A greedy request (temperature 0 or top_k 1) takes
-    penalties only from its own fields or a preset it names (DESIGN §6): no default may change
+    penalties only from its fields or a preset it names (docs/decisions.md): no default may change
     the argmax."""
     named = opt(getattr(req, "sampling_preset", None))
     preset = base if named is None else PRESETS[preset_name(named)]

@@ -82,7 +82,7 @@ def performance(
     tokenization_s: float | None,
     choice_tokens: int | None = None,
 ) -> dict[str, Any]:
-    """``m`` is the first choice's record (reference §13); ``choice_tokens`` that choice's
+    """``m`` is the first choice's record (docs/behavior.md §13); ``choice_tokens`` that choice's
     completion tokens (default: ``completion_tokens``, the response's), so that with n > 1 the
     decode rate is one choice's tokens over that choice's decode time. The rate counts the
     tokens after the first (decode time runs from the first token to the last)."""

@@ -1,4 +1,4 @@
-"""`rollout_provenance: true` on chat (reference §7): admission checks and the record."""
+"""`rollout_provenance: true` on chat (docs/behavior.md §7): admission checks and the record."""
 
 from __future__ import annotations
 

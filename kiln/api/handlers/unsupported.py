@@ -1,5 +1,5 @@
 """Seed fields this server does not implement: set to anything but their default, a 400
-`unsupported_parameter` naming the field, never a silent 200 (DESIGN §6)."""
+`unsupported_parameter` naming the field, never a silent 200 (docs/decisions.md)."""
 
 from __future__ import annotations
 
@@ -23,13 +23,11 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "logprob_token_ids": (None,),
     "bad_words": ([],),
     "prompt_embeds": (None,),
-    "priority": (0,),
     "session_id": (None,),
     "routed_experts_prompt_start": (0,),
     "return_token_offsets": (None, False),
     "mm_payload": ("tensors",),
     "return_mm_kwargs": (None,),
-    "cache_salt": (None,),
     "kv_transfer_params": (None,),
     "ec_transfer_params": (None,),
     "vllm_xargs": (None,),

@@ -1,0 +1,86 @@
+"""vLLM's render routes: POST /v1/completions/render and POST /v1/chat/completions/render take
+the same request as their generating route, run its whole preparation (validation, template,
+tokenization, truncation, sampling resolution) and return what the engine would run, without
+generating: the prompt's token ids and text, and the resolved sampling."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from msgspec import UNSET
+from starlette.requests import Request
+from starlette.responses import Response
+
+from kiln.api._generated import wire
+from kiln.api.body import read_json_body
+from kiln.api.encode import json_response
+from kiln.api.errors import ApiError
+from kiln.api.handlers import completions_gen, unsupported
+from kiln.api.handlers.adapters import BASE, select
+from kiln.api.handlers.chat_prepare import prepare_chat
+from kiln.api.handlers.completions import ERROR_CODE, is_scoring
+from kiln.api.handlers.models import resolve_model
+from kiln.api.handlers.params import opt
+from kiln.api.rules import check_chat
+from kiln.api.state import app_state, request_id
+from kiln.engine.request import SamplingParams
+
+
+def sampling(p: SamplingParams) -> dict[str, Any]:
+    return {
+        "temperature": p.temperature, "top_p": p.top_p, "top_k": p.top_k, "min_p": p.min_p,
+        "presence_penalty": p.presence_penalty, "frequency_penalty": p.frequency_penalty,
+        "repetition_penalty": p.repetition_penalty, "max_tokens": p.max_tokens,
+        "min_tokens": p.min_tokens, "stop": list(p.stop), "stop_token_ids": list(p.stop_token_ids),
+        "ignore_eos": p.ignore_eos, "seed": p.seed, "logprobs": p.logprobs,
+    }
+
+
+def rendered(rid: str, model: str, ids: list[int], text: str, p: SamplingParams
+             ) -> dict[str, Any]:
+    return {"request_id": rid, "model": model, "token_ids": list(ids), "prompt": text,
+            "sampling_params": sampling(p)}
+
+
+async def chat(request: Request) -> Response:
+    state = app_state(request)
+    body = await read_json_body(request, state.config.max_body_bytes)
+    req = state.contract.parse("ChatCompletionRequest", body, wire.ChatCompletionRequest,
+                               "chat_invalid_request")
+    check_chat(req)
+    prepared = await prepare_chat(state, req)
+    rid = request_id(request) or f"chatcmpl-{uuid.uuid4()}"
+    return json_response(rendered(rid, prepared.model, prepared.prompt_ids, prepared.prompt_text,
+                                  prepared.params[0]))
+
+
+async def completion(request: Request) -> Response:
+    state = app_state(request)
+    backend = state.backend
+    body = await read_json_body(request, state.config.max_body_bytes)
+    req = state.contract.parse("TextCompletionRequest", body, wire.TextCompletionRequest,
+                               ERROR_CODE)
+    _, model_adapter = resolve_model(backend, opt(req.model))
+    unsupported.check(req, unsupported.COMPLETION_FIELDS)
+    selection = (await select(backend, UNSET, UNSET, model_adapter, tri_state=False)
+                 if model_adapter else BASE)
+    model = model_adapter or backend.model_id
+    rid = request_id(request) or f"cmpl-{uuid.uuid4()}"
+    given = state.contract.decode(body)
+    if is_scoring(req, given):  # scoring runs the prompt as given: no generation
+        prompt = req.prompt
+        if isinstance(prompt, str):
+            ids = backend.tokenizer.encode(prompt, add_special_tokens=bool(req.add_special_tokens))
+        else:
+            if not all(map(completions_gen.is_token_id, prompt)):
+                raise ApiError(400, ERROR_CODE, "prompt scoring takes one prompt (a text or a "
+                                                "token-ID list)", param="prompt")
+            ids = [int(t) for t in prompt]
+        p = SamplingParams(max_tokens=0)
+        return json_response([rendered(rid, model, ids, backend.tokenizer.decode(ids), p)])
+    prep = completions_gen.prepare(state, req, selection, model,
+                                   max_tokens_given="max_tokens" in given)
+    return json_response([
+        rendered(rid, model, ids, prep.echo_texts[i], prep.params[i * prep.n])
+        for i, ids in enumerate(prep.prompts)])
