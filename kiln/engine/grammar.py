@@ -1,5 +1,6 @@
 """The grammar stage: constraints compiled by llguidance, one matcher per constrained row, and
-the allowed-token bitmask of each constrained row per step (DESIGN §6, structured outputs).
+the allowed-token bitmask of each constrained row per step (docs/decisions.md, structured
+outputs).
 
 ``GrammarCompiler`` (one per tokenizer, ``compiler_for``) turns an llguidance grammar into a
 matcher; it compiles each grammar text once and hands out copies, and is safe to call from the

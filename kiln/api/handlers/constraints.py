@@ -7,8 +7,8 @@
   ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`` (which the tool parser reads
   on every model), arguments valid against the tool's ``parameters``.
 
-JSON defaults (DESIGN §6): an object schema without ``additionalProperties`` admits no extra
-keys, and whitespace is bounded (one space after ``,`` and ``:``, nothing else) so a model
+JSON defaults (docs/structured-outputs.md): an object schema without ``additionalProperties``
+admits no extra keys, and whitespace is bounded (one space after ``,`` and ``:``, nothing else) so a model
 cannot spin whitespace until ``max_tokens``.
 """
 
