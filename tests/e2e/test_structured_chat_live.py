@@ -13,14 +13,15 @@ import jsonschema
 import openai
 import pydantic
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from tests.e2e.conftest import LiveServer
 from tests.e2e.test_chat_live import check, check_stream
 
 pytestmark = pytest.mark.slow
 MODEL = "SmolLM2-135M-Instruct"
-ASK = [{"role": "user", "content": "Describe a fictional person as JSON."}]
-WEATHER = {"type": "function", "function": {
+ASK: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Describe a fictional person as JSON."}]
+WEATHER: dict[str, Any] = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city",
     "parameters": {"type": "object", "properties": {
         "city": {"type": "string"}, "unit": {"type": "string", "enum": ["c", "f"]}},
