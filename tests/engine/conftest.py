@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from kiln.engine.config import EngineConfig
+from kiln.engine.loop import AsyncEngine
 from kiln.model import LoadedModel, load_model
 from tests.tiny_models import default_model, write_tiny_llama
 
@@ -18,3 +21,12 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
 def smollm() -> LoadedModel:
     """The embedded default model (SmolLM2-135M-Instruct), loaded once per process."""
     return default_model()
+
+
+@pytest.fixture(scope="module")
+def engine(smollm: LoadedModel) -> Iterator[AsyncEngine]:
+    """A threaded engine on the default model (a test module may define its own ``engine``)."""
+    eng = AsyncEngine(smollm, EngineConfig(kv_memory_mb=128))
+    eng.start()
+    yield eng
+    eng.shutdown()

@@ -3,11 +3,12 @@ does, and collect outputs per request."""
 
 from __future__ import annotations
 
-from kiln.engine.loop import Executor
+from kiln.engine.loop import AsyncEngine, Executor
 from kiln.engine.output_processor import OutputProcessor
 from kiln.engine.outputs import RequestOutput
 from kiln.engine.request import Request
 from kiln.engine.scheduler import Scheduler
+from kiln.model import LoadedModel
 
 
 def drive(sched: Scheduler, executor: Executor, reqs: list[Request], max_steps: int = 10_000,
@@ -36,3 +37,15 @@ def token_ids(outs: list[RequestOutput]) -> list[int]:
 
 def text(outs: list[RequestOutput]) -> str:
     return "".join(o.text_delta for o in outs)
+
+
+def chat(m: LoadedModel, content: str) -> list[int]:
+    """The token ids of one user turn rendered with the model's chat template."""
+    rendered = m.chat_template.render([{"role": "user", "content": content}],
+                                      add_generation_prompt=True)
+    return m.tokenizer.encode(rendered)
+
+
+async def collect(eng: AsyncEngine, r: Request) -> list[RequestOutput]:
+    """Every output of ``r`` through the threaded engine."""
+    return [o async for o in eng.generate(r)]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import pytest
 
@@ -12,27 +11,11 @@ from kiln.engine.loop import AsyncEngine
 from kiln.engine.outputs import RequestOutput
 from kiln.engine.request import Request, SamplingParams
 from kiln.model import LoadedModel
-from tests.engine.drive import text, token_ids
+from tests.engine.drive import chat, collect, text, token_ids
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def engine(smollm: LoadedModel) -> Iterator[AsyncEngine]:
-    eng = AsyncEngine(smollm, EngineConfig(kv_memory_mb=128))
-    eng.start()
-    yield eng
-    eng.shutdown()
-
-
-def chat(m: LoadedModel, content: str) -> list[int]:
-    rendered = m.chat_template.render([{"role": "user", "content": content}],
-                                      add_generation_prompt=True)
-    return m.tokenizer.encode(rendered)
-
-
-async def collect(eng: AsyncEngine, r: Request) -> list[RequestOutput]:
-    return [o async for o in eng.generate(r)]
 
 
 def test_greedy_capital_of_france(engine: AsyncEngine, smollm: LoadedModel) -> None:

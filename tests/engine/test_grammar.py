@@ -8,20 +8,18 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from collections.abc import Iterator
 
 import pytest
 import torch
 
 from kiln.api.handlers.constraints import from_response_format, from_structured_outputs
-from kiln.engine.config import EngineConfig
 from kiln.engine.grammar import GrammarError, GrammarRows, compiler_for
 from kiln.engine.loop import AsyncEngine
 from kiln.engine.outputs import RequestOutput, ScheduledSeq
 from kiln.engine.request import GrammarSpec, Request, SamplingParams
 from kiln.engine.sampler import Sampler
 from kiln.model import LoadedModel
-from tests.engine.drive import text, token_ids
+from tests.engine.drive import chat, collect, text, token_ids
 
 
 def grammar(structured: dict[str, object]) -> str:
@@ -99,22 +97,6 @@ def test_sampler_mask_leaves_other_rows_bit_identical() -> None:
     assert finite == [0, 2] and torch.equal(out[1, [0, 2]], logits[1, [0, 2]])
 
 
-@pytest.fixture(scope="module")
-def engine(smollm: LoadedModel) -> Iterator[AsyncEngine]:
-    eng = AsyncEngine(smollm, EngineConfig(kv_memory_mb=128))
-    eng.start()
-    yield eng
-    eng.shutdown()
-
-
-def chat(m: LoadedModel, content: str) -> list[int]:
-    rendered = m.chat_template.render([{"role": "user", "content": content}],
-                                      add_generation_prompt=True)
-    return m.tokenizer.encode(rendered)
-
-
-async def collect(eng: AsyncEngine, r: Request) -> list[RequestOutput]:
-    return [o async for o in eng.generate(r)]
 
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"},

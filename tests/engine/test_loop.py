@@ -14,6 +14,7 @@ from kiln.engine.loop import AsyncEngine
 from kiln.engine.outputs import ModelRunnerOutput, RequestOutput, SchedulerOutput
 from kiln.engine.request import Request, SamplingParams
 from kiln.engine.scheduler import Scheduler
+from tests.engine.drive import collect
 from tests.engine.fakes import FakeRunner
 
 
@@ -46,10 +47,6 @@ def engine() -> Iterator[tuple[AsyncEngine, SlowRunner]]:
 
 def req(rid: str, max_tokens: int = 6, n: int = 9) -> Request:
     return Request(rid, list(range(1, n + 1)), SamplingParams(max_tokens=max_tokens, seed=3))
-
-
-async def collect(eng: AsyncEngine, r: Request) -> list[RequestOutput]:
-    return [o async for o in eng.generate(r)]
 
 
 def test_generate_streams_until_finished(engine: tuple[AsyncEngine, SlowRunner]) -> None:
