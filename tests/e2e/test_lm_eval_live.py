@@ -38,6 +38,8 @@ LOGLIKELIHOOD_TASKS = ["kiln_mc", "kiln_rolling"]
 GENERATE_TASK = "kiln_gen"
 DOCS = {task: len((TASKS / f"{task}.jsonl").read_text().splitlines())
         for task in [*LOGLIKELIHOOD_TASKS, GENERATE_TASK]}
+MC_CHOICES = sum(len(json.loads(line)["choices"])  # one loglikelihood request per choice
+                 for line in (TASKS / "kiln_mc.jsonl").read_text().splitlines())
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"  # the default model's weights
 RUN_TIMEOUT_S = 1200  # a hang bound for one lm-eval run on a loaded CPU machine, not a verdict
 # Each loglikelihood lm-eval logs is a sum of per-token log-probabilities over at most ~70
@@ -109,8 +111,11 @@ def test_local_completions_loglikelihoods_equal_hf(server: ServerProcess, tmp_pa
         "local-completions",
         f"model={served_model(server)},base_url={url}/v1/completions,tokenizer_backend=remote,"
         "num_concurrent=1,max_retries=1",
-        [*LOGLIKELIHOOD_TASKS, GENERATE_TASK], tmp_path / "kiln")
-    assert_every_request_succeeded(server, "/v1/completions")
+        # --batch_size 4: lm-eval sends up to 4 prompts per request (a list of token-id lists)
+        [*LOGLIKELIHOOD_TASKS, GENERATE_TASK], tmp_path / "kiln", "--batch_size", "4")
+    calls = assert_every_request_succeeded(server, "/v1/completions")
+    singles = MC_CHOICES + DOCS["kiln_rolling"] + DOCS[GENERATE_TASK]
+    assert calls < singles  # some requests carried several prompts (the batched path ran)
     for sample in ours[GENERATE_TASK]:
         (text,) = sample["filtered_resps"]
         assert isinstance(text, str)
@@ -131,7 +136,7 @@ def test_local_completions_loglikelihoods_equal_hf(server: ServerProcess, tmp_pa
             for x, y in zip(got, want, strict=True):
                 assert abs(x - y) <= LOGLIKELIHOOD_ATOL, (task, a["doc_id"], x, y)
                 compared += 1
-    assert compared == 4 * DOCS["kiln_mc"] + DOCS["kiln_rolling"]
+    assert compared == MC_CHOICES + DOCS["kiln_rolling"]
 
 
 def test_local_chat_completions_generate_until(server: ServerProcess, tmp_path: Path) -> None:
