@@ -142,7 +142,7 @@ def in_process(repeats: int, k: int = 20) -> dict[str, float]:
     seqs: Any = [SimpleNamespace(sampling=SamplingParams(temperature=0.0, logprobs=k))
                  for _ in range(STREAMS)]
     tokens = logits.argmax(dim=-1).tolist()
-    sampler = Sampler(torch.device("cpu"))
+    sampler = Sampler(torch.device("cpu"), loaded.model.plan.sampler)  # as the runner builds it
     engine = []
     for _ in range(repeats):
         t0 = time.perf_counter()

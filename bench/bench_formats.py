@@ -4,14 +4,13 @@ decode) and M = 8 rows against it, the weight bytes read per second, and the mul
 second. Formats are interleaved over the rounds and each figure is the best of them (the
 machine is shared: the minimum is the least disturbed run).
 
-Usage: python -m bench.bench_formats [--threads 1] [--rounds 15] [--types Q4_1,Q5_0]
+Usage: python -m bench.bench_formats [--threads 1] [--repeats 15] (--rounds: the same)
+  [--types Q4_1,Q5_0] (a subset, comma-separated)
 Writes bench/results/formats.json (figures, no asserts).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import platform
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 import torch
 from kiln_kernels.quant import GGML_TYPES, pack_ggml
 
+from bench.bench_quant import kernel_bench_parser, write_report
 from tests.gguf_blocks import random_raw
 
 RESULTS = Path(__file__).parent / "results" / "formats.json"
@@ -29,17 +29,17 @@ TYPES = ["Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = kernel_bench_parser(__doc__, RESULTS, repeats=15)
+    ap.add_argument("--rounds", dest="repeats", type=int, help="--repeats, by its older name")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--types", default=",".join(TYPES), help="comma-separated GGML types")
-    ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    weights = {t: pack_ggml(random_raw(t, N, K, amp=0.05), t) for t in args.types.split(",") if t in GGML_TYPES}
+    weights = {t: pack_ggml(random_raw(t, N, K, amp=0.05), t) for t in args.types.split(",")
+               if t in GGML_TYPES}
     xs = {m: torch.randn(m, K) for m in (1, 8)}
     best = {(t, m): float("inf") for t in weights for m in xs}
-    for _ in range(args.rounds):
+    for _ in range(args.repeats):  # rounds: the formats interleaved
         for t, pw in weights.items():
             for m, x in xs.items():
                 for _ in range(10):
@@ -59,9 +59,7 @@ def main() -> None:
         print(f"{t:5s} {row['bits_per_weight']:5.2f} bit/w | M=1 {row['m1_ms']:.3f} ms "
               f"{row['m1_gb_s']:5.1f} GB/s | M=8 {row['m8_ms']:.3f} ms "
               f"{row['m8_gmac_s']:5.1f} GMAC/s")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_report(args.out, out)
 
 
 if __name__ == "__main__":

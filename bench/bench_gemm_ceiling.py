@@ -20,7 +20,6 @@ Writes bench/results/gemm_ceiling.json (figures, no asserts).
 from __future__ import annotations
 
 import ctypes
-import json
 import platform
 import subprocess
 import tempfile
@@ -29,9 +28,9 @@ from typing import Any
 
 import torch
 from kiln_kernels.cpu.loader import compiler
-from kiln_kernels.quant import PackedWeight
+from kiln_kernels.quant import PackedConcat, PackedWeight
 
-from bench.bench_quant import best_of, repeats_and_default_model
+from bench.bench_quant import best_of, repeats_and_default_model, write_report
 
 RESULTS = Path(__file__).parent / "results" / "gemm_ceiling.json"
 CEILING_C = Path(__file__).parent / "kernels" / "fma_ceiling.c"
@@ -57,7 +56,7 @@ def core_ceilings(repeats: int) -> dict[str, float]:
     return out
 
 
-def kernel_rate(weights: list[PackedWeight], m: int, repeats: int, calls: int) -> float:
+def kernel_rate(weights: list[PackedWeight | PackedConcat], m: int, repeats: int, calls: int) -> float:
     """FMAs per ns per thread of ``calls`` passes over ``weights`` with M rows (best_of)."""
     xs = {w.in_features: torch.randn(m, w.in_features) for w in weights}
     fmas = calls * sum(m * w.out_features * w.in_features / 16 for w in weights)
@@ -101,9 +100,7 @@ def main() -> None:
         "weights": {"cache_resident": "layer 0 gate_up_proj, Q4_1 tiles, 3072 x 576",
                     "model_products": f"{len(products)} layer products, Q4_1 tiles"},
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_report(args.out, report)
 
 
 if __name__ == "__main__":

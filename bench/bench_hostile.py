@@ -30,14 +30,15 @@ from typing import Any
 import httpx
 
 from bench.hostile_clients import Attack, run_attack
-from bench.live_server import RESULTS, Server, running_server, snapshot, wait_idle
+from bench.live_server import RESULTS, running_server, snapshot, wait_idle
 from bench.serving_client import STREAM_TIMEOUT_S, chat_body, pct, stream_chat, user_prompt
+from kiln.testing import ServerProcess
 
 OUT = RESULTS / "hostile.json"
 _CONNECTIONS = re.compile(r"^kiln_http_connections\s+([0-9.eE+-]+)$", re.M)
 
 
-def held(server: Server) -> dict[str, Any]:
+def held(server: ServerProcess) -> dict[str, Any]:
     """Open connections (the server's gauge, less the one asking), fds and RSS."""
     stats = snapshot(server)
     r = httpx.get(server.url + "/metrics", timeout=10)
@@ -65,7 +66,7 @@ async def probe(url: str, count: int, interval_s: float) -> dict[str, Any]:
             "ttft_p99_ms": round(pct(ttfts, 99) * 1000, 1) if ttfts else None}
 
 
-def wait_released(server: Server, baseline: dict[str, Any], timeout_s: float) -> float:
+def wait_released(server: ServerProcess, baseline: dict[str, Any], timeout_s: float) -> float:
     """Seconds until the server is back to its baseline connections and fds (or timeout_s)."""
     started = time.monotonic()
     while time.monotonic() - started < timeout_s:

@@ -24,7 +24,6 @@ import contextlib
 import json
 import platform
 import re
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,8 +31,9 @@ from typing import Any
 
 import httpx
 
-from bench.live_server import PYTHON, ROOT, Server, free_port, stop_server
+from bench.live_server import BENCH_FLAGS, ROOT
 from bench.serving_client import STREAM_TIMEOUT_S, user_prompt
+from kiln.testing import ServerProcess, free_port, serve_command, start, stop, wait_started
 
 RESULTS = ROOT / "bench" / "results" / "peer.json"
 PEERS = ROOT / "build-peers"
@@ -51,34 +51,22 @@ def default_files() -> list[Path]:
 
 
 @contextlib.contextmanager
-def started(kind: str, model: Path, log_path: Path, threads: int) -> Iterator[tuple[Server, float]]:
+def started(kind: str, model: Path, log_path: Path,
+            threads: int) -> Iterator[tuple[ServerProcess, float]]:
     """A Kiln or llama-server process on a free 127.0.0.1 port; (server, seconds to healthy)."""
     port = free_port()
     if kind == "kiln":
-        cmd = [PYTHON, "-m", "kiln", "serve", "--host", "127.0.0.1", "--port", str(port),
-               "--log-level", "warning", "--drain-timeout-s", "5", "--model", str(model)]
+        cmd = serve_command([*BENCH_FLAGS, "--model", str(model)], port=port)
     else:
         cmd = [str(LLAMA_SERVER), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
                "-t", str(threads), "-c", "8192", "-np", "8", "--no-webui"]
-    log_path.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    server = Server(proc, f"http://127.0.0.1:{port}", log_path)
+    server = start(cmd, url=f"http://127.0.0.1:{port}", log_path=log_path, cwd=ROOT)
     try:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{kind} exited with {proc.returncode}:\n{server.log_tail()}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(server.url + "/health", timeout=2).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{kind} not healthy after {STARTUP_TIMEOUT_S:.0f} s")
-            time.sleep(0.05)
+        wait_started(server, STARTUP_TIMEOUT_S)
         yield server, time.perf_counter() - t0
     finally:
-        stop_server(server)
+        stop(server)
 
 
 async def one_stream(client: httpx.AsyncClient, prompt: str, tokens: int) -> float:

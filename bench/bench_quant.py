@@ -22,7 +22,7 @@ from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
-from kiln_kernels.quant import PackedWeight
+from kiln_kernels.quant import PackedConcat, PackedWeight
 
 from kiln.model.layers import DecoderLayer
 from kiln.model.loader import LoadedModel, load_model
@@ -46,8 +46,8 @@ def read_ceiling(repeats: int) -> float:
     return big.numel() * 4 / best_of(big.sum, repeats) / 1e9
 
 
-def products(pairs: list[tuple[PackedWeight, torch.Tensor]], m: int, repeats: int
-             ) -> tuple[float, float]:
+def products(pairs: list[tuple[PackedWeight | PackedConcat, torch.Tensor]], m: int,
+             repeats: int) -> tuple[float, float]:
     """Best seconds for all products of M rows: (packed kernels, torch float32)."""
     xs = {k: torch.randn(m, k) for k in {int(w.shape[1]) for _, w in pairs}}
     ours = best_of(lambda: [p.matmul(xs[int(w.shape[1])]) for p, w in pairs], repeats)
@@ -55,13 +55,26 @@ def products(pairs: list[tuple[PackedWeight, torch.Tensor]], m: int, repeats: in
     return ours, theirs
 
 
+def kernel_bench_parser(description: str | None, out: Path, repeats: int = 5
+                        ) -> argparse.ArgumentParser:
+    """The CPU kernel benches' shared flags: `--repeats` (best of) and `--out` (the JSON)."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--repeats", type=int, default=repeats, help="each figure is the best of")
+    ap.add_argument("--out", type=Path, default=out, help="the JSON file written")
+    return ap
+
+
+def write_report(out: Path, report: dict[str, Any]) -> None:
+    """The CPU kernel benches' shared end: the figures as JSON in `out`."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
 def repeats_and_default_model(description: str | None, out: Path
                               ) -> tuple[argparse.Namespace, LoadedModel]:
-    """The CPU kernel benches' shared start: `--repeats` and `--out`, then the default model."""
-    ap = argparse.ArgumentParser(description=description)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--out", type=Path, default=out)
-    return ap.parse_args(), load_model(None)
+    """The CPU kernel benches' shared start: their flags, then the default model."""
+    return kernel_bench_parser(description, out).parse_args(), load_model(None)
 
 
 def main() -> None:
@@ -69,7 +82,7 @@ def main() -> None:
     model = loaded.model
     if model.packed_head is None:
         raise SystemExit("the default model has no packed weights here (no C compiler?)")
-    pairs: list[tuple[PackedWeight, torch.Tensor]] = []
+    pairs: list[tuple[PackedWeight | PackedConcat, torch.Tensor]] = []
     for module in model.model.layers:
         layer = cast(DecoderLayer, module)
         attn, mlp = layer.self_attn, layer.mlp
@@ -103,9 +116,7 @@ def main() -> None:
               f"{row['packed_gmac_s']:.1f} GMAC/s) | torch float32 {row['torch_fp32_ms']:.2f} ms "
               f"({row['torch_gb_s']:.1f} GB/s, {row['torch_gmac_s']:.1f} GMAC/s) | "
               f"{row['speedup']:.2f}x")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_report(args.out, out)
 
 
 if __name__ == "__main__":

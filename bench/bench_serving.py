@@ -38,10 +38,11 @@ import httpx
 import torch
 
 from bench._transformers_ref import build_reference, hf_generate
-from bench.live_server import Server, running_server, snapshot
+from bench.live_server import running_server, snapshot
 from bench.serving_admission import admission_itl, matched_control
 from bench.serving_client import STREAM_TIMEOUT_S, chat_body, stream_chat, user_prompt
 from kiln.model.loader import LoadedModel, load_model
+from kiln.testing import ServerProcess
 
 RESULTS = Path(__file__).parent / "results" / "serving.json"
 # -- transformers baselines --------------------------------------------------------------------
@@ -126,7 +127,7 @@ async def rss_growth(client: httpx.AsyncClient, total: int, first: int,
             "wall_s": time.perf_counter() - start}
 
 
-async def serve_all(server: Server, loaded: LoadedModel, args: argparse.Namespace
+async def serve_all(server: ServerProcess, loaded: LoadedModel, args: argparse.Namespace
                     ) -> dict[str, Any]:
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
     async with httpx.AsyncClient(base_url=server.url, limits=limits) as client:

@@ -1,23 +1,22 @@
-"""A live `python -m kiln serve` subprocess for the benchmarks, soak and live fuzzing: start it
-on a free 127.0.0.1 port, wait for /health, read its engine gauges and /proc figures, stop it.
-Only the process started here is ever signalled."""
+"""A live `python -m kiln serve` subprocess for the benchmarks, soak and live fuzzing, started
+and stopped by kiln.testing (shared with the tests); here: the benchmarks' flags, a random
+adapter for the default model, and the server's engine gauges and /proc figures."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import re
-import signal
-import socket
-import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
+
+from kiln import testing
+from kiln.testing import ServerProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -27,12 +26,6 @@ PYTHON = sys.executable
 SMOLLM2_LAYERS = 30
 SMOLLM2_HIDDEN = 576
 SMOLLM2_KV_OUT = 192
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def write_random_adapter(root: Path, name: str = "style", rank: int = 4, seed: int = 0) -> Path:
@@ -58,73 +51,23 @@ def write_random_adapter(root: Path, name: str = "style", rank: int = 4, seed: i
     return folder
 
 
-@dataclass
-class Server:
-    proc: subprocess.Popen[bytes]
-    url: str
-    log_path: Path
-
-    @property
-    def pid(self) -> int:
-        return int(self.proc.pid)
-
-    def log_tail(self, chars: int = 4000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
+# Every benchmark's server logs warnings only and drains briefly when stopped.
+BENCH_FLAGS = ("--log-level", "warning", "--drain-timeout-s", "5")
 
 
-def _wait_healthy(server: Server, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if server.proc.poll() is not None:
-            raise RuntimeError(f"server exited with {server.proc.returncode}:\n{server.log_tail()}")
-        try:
-            if httpx.get(server.url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.25)
-    raise RuntimeError(f"server not healthy after {timeout_s:.0f} s:\n{server.log_tail()}")
-
-
-def stop_server(server: Server, grace_s: float = 15.0) -> int | None:
-    """SIGTERM, then SIGKILL after `grace_s`; only ever the process this module started."""
-    if server.proc.poll() is None:
-        server.proc.send_signal(signal.SIGTERM)
-        try:
-            server.proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            server.proc.kill()
-            server.proc.wait(timeout=10)
-    return server.proc.returncode
-
-
-@contextlib.contextmanager
 def running_server(
     args: Sequence[str] = (), *, log_path: Path, startup_timeout_s: float = 240.0
-) -> Iterator[Server]:
-    """`python -m kiln serve` on a free 127.0.0.1 port; stopped on exit, whatever happens."""
-    port = free_port()
-    cmd = [PYTHON, "-m", "kiln", "serve", "--host", "127.0.0.1", "--port", str(port),
-           "--log-level", "warning", "--drain-timeout-s", "5", *args]
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    server = Server(proc, f"http://127.0.0.1:{port}", log_path)
-    try:
-        _wait_healthy(server, startup_timeout_s)
-        yield server
-    finally:
-        stop_server(server)
+) -> contextlib.AbstractContextManager[ServerProcess]:
+    """`python -m kiln serve` (kiln.testing) with the benchmarks' flags, then `args`."""
+    return testing.running_server([*BENCH_FLAGS, *args], log_path=log_path, cwd=ROOT,
+                                  startup_timeout_s=startup_timeout_s)
 
 
 _METRIC = re.compile(r'^(kiln_engine\{name="(\w+)"\}|vllm:num_requests_(running|waiting)\{[^}]*\})'
                      r"\s+([0-9.eE+-]+)$")
 
 
-def snapshot(server: Server) -> dict[str, float]:
+def snapshot(server: ServerProcess) -> dict[str, float]:
     stats: dict[str, float] = {}
     text = httpx.get(server.url + "/metrics", timeout=10).text
     for line in text.splitlines():
@@ -139,7 +82,7 @@ def snapshot(server: Server) -> dict[str, float]:
     return stats
 
 
-def wait_idle(server: Server, timeout_s: float = 60.0) -> dict[str, float]:
+def wait_idle(server: ServerProcess, timeout_s: float = 60.0) -> dict[str, float]:
     deadline = time.monotonic() + timeout_s
     while True:
         stats = snapshot(server)

@@ -32,13 +32,13 @@ import httpx
 
 from bench.live_server import (
     RESULTS,
-    Server,
     running_server,
     snapshot,
     wait_idle,
     write_random_adapter,
 )
 from bench.soak_traffic import MESSAGES, Outcome, Spec, make_spec
+from kiln.testing import ServerProcess
 
 SAFETY_TIMEOUT_S = 120.0  # a request still unanswered after this is counted as lost
 def _error_code(content: bytes) -> str:
@@ -182,7 +182,7 @@ async def drive(url: str, duration_s: float, concurrency: int, seed: int, adapte
     return outcomes, started
 
 
-def disconnect_probe(server: Server, stream: bool, timeout_s: float = 30.0) -> float | None:
+def disconnect_probe(server: ServerProcess, stream: bool, timeout_s: float = 30.0) -> float | None:
     """Seconds from a client disconnect (a long generation, mid-stream or mid-response) until
     the engine holds nothing; None if it still runs after `timeout_s` (abort did not happen)."""
     body = {"messages": MESSAGES[0], "max_tokens": 1024, "ignore_eos": True, "stream": stream}
@@ -289,7 +289,7 @@ def report(args: argparse.Namespace, outcomes: list[Outcome], started: int, wall
                        "threads")}
     engine_leak = any(after.get(k, 0) != 0
                       for k in ("kv_blocks_used", "vllm_running", "vllm_waiting"))
-    fd_leak = leaks["open_fds"]["delta"] > 8
+    fd_leak = after.get("open_fds", 0) - baseline.get("open_fds", 0) > 8
     passed = lost == 0 and not bad and not engine_leak and not fd_leak and alive and not log_errors
     return {
         "duration_s": args.duration, "wall_s": round(wall, 1), "concurrency": args.concurrency,

@@ -27,6 +27,8 @@ CASES = [
     ("kiln.serving", ("ray",)),
     ("kiln.scale.asgi_bridge", ("ray", "torch")),
     ("kiln.scale.routing", ("ray", "torch")),
+    # the live-server helper for tests and benches: the standard library only
+    ("kiln.testing", ("httpx", "torch", "kiln.api", "kiln.engine", "kiln.model", "kiln.config")),
 ]
 
 
@@ -57,3 +59,11 @@ def test_engine_never_imports_api() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "", f"kiln.engine imports {out.stdout.strip()}"
+
+
+def test_no_serving_module_imports_the_test_helper() -> None:
+    """kiln.testing starts servers for tests and benches; `kiln serve` never loads it."""
+    code = ("import sys, kiln.cli, kiln.serving, kiln.api.app\n"
+            "print('kiln.testing' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -8,24 +8,18 @@ import os
 import resource
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from kiln import startup
 from kiln.startup import StartupError
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from kiln.testing import free_port, serve_command
 
 
 def serve(*args: str, port: int | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "kiln", "serve", "--port", str(port or free_port()), *args],
+        serve_command(args, port=port or free_port()),
         capture_output=True, text=True, timeout=180,
     )
 
@@ -50,7 +44,7 @@ def test_a_kv_cache_too_small_for_one_request_fails_at_start() -> None:
     lambda tmp: tmp / "missing",
     lambda tmp: (tmp / "file").write_text("x") and tmp / "file",
 ], ids=["missing", "a-file"])
-def test_a_bad_adapter_dir_fails_before_the_model_loads(tmp_path: Path, make) -> None:  # type: ignore[no-untyped-def]
+def test_a_bad_adapter_dir_fails_before_the_model_loads(tmp_path: Path, make) -> None:
     path = make(tmp_path)
     line = one_line(serve("--adapter-dir", str(path), "--model", str(tmp_path / "no-model")))
     # the adapter dir is named, not the (also missing) model: it was checked first

@@ -112,7 +112,7 @@ def test_model_naming_an_adapter(client: TestClient, backend: FakeBackend) -> No
         ({"adapter": "broken1"}, 400, "adapter_load_failed"),
     ],
 )
-def test_selection_errors(client: TestClient, body: dict, status: int, code: str) -> None:  # type: ignore[type-arg]
+def test_selection_errors(client: TestClient, body: dict, status: int, code: str) -> None:
     r = client.post(CHAT, json={"messages": MSG, **body})
     assert r.status_code == status, r.text
     assert r.json()["error"]["code"] == code

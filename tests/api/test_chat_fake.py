@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import pytest
@@ -219,6 +220,7 @@ def test_keepalive_close_while_pending_does_not_raise() -> None:
     async def run() -> list[bytes]:
         got = []
         stream = with_keepalive(slow(), interval=0.01)
+        assert isinstance(stream, AsyncGenerator)  # closed below, as the server closes it
         async for frame in stream:
             got.append(frame)
             if len(got) == 3:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 
 import httpx
 import uvicorn
@@ -13,21 +12,16 @@ import uvicorn
 from kiln.api.app import build_app
 from kiln.config import ServerConfig
 from kiln.drain import DRAIN_MESSAGE, DrainingServer
+from kiln.testing import free_port
 from tests.api.fake_backend import FakeBackend
 
 MSG = {"messages": [{"role": "user", "content": "hi"}]}
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_requests_left_when_the_drain_runs_out_get_errors() -> None:
     backend = FakeBackend()
     backend.delay = 0.1  # ~28 tokens: ~2.8 s, against a 1 s drain
-    port = _port()
+    port = free_port()
     config = uvicorn.Config(build_app(ServerConfig(), backend), host="127.0.0.1", port=port,
                             log_level="warning", timeout_graceful_shutdown=1)
     server = DrainingServer(config, on_expiry=lambda: backend.abort_all(DRAIN_MESSAGE))

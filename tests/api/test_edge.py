@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from starlette.testclient import TestClient
@@ -11,7 +12,7 @@ CHAT = "/v1/chat/completions"
 MSG = {"messages": [{"role": "user", "content": "hi"}]}
 
 
-def assert_envelope(resp, status: int, code: str) -> dict:  # type: ignore[no-untyped-def]
+def assert_envelope(resp, status: int, code: str) -> dict:
     assert resp.status_code == status, resp.text
     assert resp.headers["content-type"].startswith("application/json")
     body = resp.json()
@@ -146,7 +147,7 @@ def test_violation_message_does_not_copy_a_huge_instance(client: TestClient) -> 
     assert err["message"].endswith("keyword")  # the tail that says what is wrong is kept
 
 
-def test_unexpected_exception_is_500_envelope_with_request_id(client: TestClient, backend) -> None:  # type: ignore[no-untyped-def]
+def test_unexpected_exception_is_500_envelope_with_request_id(client: TestClient, backend) -> None:
     def boom() -> str:
         raise RuntimeError("bug")
 
@@ -158,12 +159,17 @@ def test_unexpected_exception_is_500_envelope_with_request_id(client: TestClient
 
 
 def test_a_prompt_surely_over_the_window_is_refused_before_encoding(client: TestClient,
-                                                                    backend) -> None:  # type: ignore[no-untyped-def]
+                                                                    backend) -> None:
     """Encoding holds the GIL, so a huge prompt is refused from its length alone (the fake
     tokenizer gives one token per byte; its window is 4,096)."""
     calls: list[int] = []
     encode = backend.tokenizer.encode
-    backend.tokenizer.encode = lambda text, **kw: calls.append(len(text)) or encode(text, **kw)
+
+    def counted(text, **kw):
+        calls.append(len(text))
+        return encode(text, **kw)
+
+    backend.tokenizer.encode = counted
     big = {"messages": [{"role": "user", "content": "x" * 5000}]}
     err = assert_envelope(client.post(CHAT, json=big), 400, "context_length_exceeded")
     assert "characters" in err["message"] and calls == []
@@ -208,14 +214,15 @@ def test_a_client_gone_during_the_upload_is_499(client: TestClient) -> None:
 
     before_499, before_500 = count("499"), count("500")
     app = client.app
-    sent: list[dict] = []  # type: ignore[type-arg]
-    messages = [{"type": "http.request", "body": b'{"messages": [', "more_body": True},
-                {"type": "http.disconnect"}]
+    sent: list[dict] = []
+    messages: list[dict[str, Any]] = [
+        {"type": "http.request", "body": b'{"messages": [', "more_body": True},
+        {"type": "http.disconnect"}]
 
-    async def receive() -> dict:  # type: ignore[type-arg]
+    async def receive() -> dict:
         return messages.pop(0) if messages else {"type": "http.disconnect"}
 
-    async def send(message: dict) -> None:  # type: ignore[type-arg]
+    async def send(message: dict) -> None:
         sent.append(message)
 
     scope = {"type": "http", "method": "POST", "path": CHAT, "raw_path": CHAT.encode(),

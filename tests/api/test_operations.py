@@ -6,7 +6,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from kiln.api.app import build_app
-from kiln.api.state import contract
+from kiln.api.contract import contract
 from kiln.config import ServerConfig, from_env
 from tests.api.fake_backend import FakeBackend
 from tests.api.test_chat_fake import sse_events
@@ -123,7 +123,7 @@ def test_health_shows_the_compute_plan() -> None:
 
 def test_batch_item_failure_keeps_others() -> None:
     class FlakyBackend(FakeBackend):
-        def submit(self, request):  # type: ignore[no-untyped-def]
+        def submit(self, request):
             self.fail = request.request_id.endswith("-1-0")
             return super().submit(request)
 

@@ -19,7 +19,7 @@ from tests.api.fake_backend import FakeBackend
 MSG = [{"role": "user", "content": "hi"}]
 QWEN_GEN = {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "repetition_penalty": 1.05,
             "do_sample": True, "max_new_tokens": 99, "eos_token_id": [1, 2]}
-BODIES = {
+BODIES: dict[str, dict[str, Any]] = {
     "/v1/chat/completions": {"messages": MSG},
     "/v1/completions/batch": {"prompts": [MSG]},
     "/v1/completions": {"prompt": "hi", "max_tokens": 2},

@@ -7,7 +7,7 @@ import atexit
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import schemathesis
 from hypothesis import HealthCheck, Phase, settings
@@ -30,7 +30,7 @@ APP = build_app(ServerConfig(), FakeBackend(reply="ok", adapter_dir=_ADAPTERS))
 schema = schemathesis.openapi.from_asgi("/openapi.json", APP)
 
 
-def _number(value: object) -> bool:
+def _number(value: object) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
@@ -178,7 +178,7 @@ def _completion_valid(body: dict[str, Any]) -> bool:
     suppress_health_check=list(HealthCheck),
     phases=[Phase.explicit, Phase.generate],
 )
-def test_contract_routes(case):  # type: ignore[no-untyped-def]
+def test_contract_routes(case):
     if not semantically_valid(case.operation.path, case.body, case.path_parameters):
         return  # the server rightly answers 400; schemathesis would call that a refusal
     case.call_and_validate()

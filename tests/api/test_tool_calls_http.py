@@ -123,7 +123,7 @@ def test_a_returned_tool_call_turn_renders_on_a_template_that_cannot_take_null()
     backend = FakeBackend(reply="It is sunny.")
     backend.chat_template = ChatTemplate(CONCAT_TEMPLATE)  # type: ignore[assignment]
     client = TestClient(build_app(ServerConfig(), backend))
-    turn = [*MSG,
+    turn: list[dict[str, Any]] = [*MSG,
             {"role": "assistant", "content": "", "tool_calls": [
                 {"id": "call_1", "type": "function",
                  "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},

@@ -143,6 +143,7 @@ def test_closed_objects_forbid_unknown_fields() -> None:
     for name, definition in main_doc["$defs"].items():
         cls = getattr(wire, name, None)
         if definition.get("additionalProperties") is False and isinstance(cls, type):
+            assert issubclass(cls, msgspec.Struct), name
             assert cls.__struct_config__.forbid_unknown_fields, name
 
 

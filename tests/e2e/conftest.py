@@ -1,20 +1,23 @@
-"""A live `kiln serve` equivalent (uvicorn on 127.0.0.1, default model) shared by the e2e tests."""
+"""A live `kiln serve` equivalent (uvicorn on 127.0.0.1, default model) shared by the e2e tests.
+
+It runs in this process, not as `kiln.testing.running_server`'s subprocess, because these tests
+also read the engine's own state (KV blocks held, its tokenizer and vocabulary); its port and
+its wait for /health are kiln.testing's."""
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import httpx
 import pytest
 import uvicorn
 
 from kiln.api.app import build_app
 from kiln.config import ServerConfig
 from kiln.serving import EngineBackend
+from kiln.testing import free_port, wait_healthy
 
 
 @dataclass
@@ -34,15 +37,9 @@ class LiveServer:
         return stats
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="session")
 def live_server() -> Iterator[LiveServer]:
-    config = ServerConfig(port=_free_port(), kv_memory_mb=128)
+    config = ServerConfig(port=free_port(), kv_memory_mb=128)
     backend = EngineBackend.from_config(config)  # as `kiln serve` builds it
     app = build_app(config, backend)
     server = uvicorn.Server(
@@ -51,15 +48,7 @@ def live_server() -> Iterator[LiveServer]:
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{config.port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    else:
-        raise RuntimeError("server did not start")
+    wait_healthy(url, alive=thread.is_alive)
     yield LiveServer(url, backend)
     server.should_exit = True
     thread.join(timeout=30)

@@ -12,12 +12,14 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from kiln.api.contract import contract
 from tests.e2e.conftest import LiveServer
 
 pytestmark = pytest.mark.slow
-Q = [{"role": "user", "content": "What is the capital of France?"}]
+Q: list[ChatCompletionMessageParam] = [
+    {"role": "user", "content": "What is the capital of France?"}]
 
 
 def check(definition: str, body: Any) -> None:
@@ -54,7 +56,7 @@ def joined(chunks: list[dict[str, Any]]) -> str:
 def test_openai_sdk_non_streaming_and_streaming(live_server: LiveServer) -> None:
     client = openai.OpenAI(base_url=live_server.url + "/v1", api_key="unused")
     raw = client.chat.completions.with_raw_response.create(
-        model="SmolLM2-135M-Instruct", messages=Q, temperature=0, max_tokens=24  # type: ignore[arg-type]
+        model="SmolLM2-135M-Instruct", messages=Q, temperature=0, max_tokens=24
     )
     check("ChatCompletionResponse", json.loads(raw.text))
     resp = raw.parse()
@@ -62,7 +64,7 @@ def test_openai_sdk_non_streaming_and_streaming(live_server: LiveServer) -> None
     assert "Paris" in text
     assert resp.choices[0].finish_reason == "stop"
     stream = client.chat.completions.create(
-        model="SmolLM2-135M-Instruct", messages=Q, temperature=0, max_tokens=24, stream=True,  # type: ignore[arg-type]
+        model="SmolLM2-135M-Instruct", messages=Q, temperature=0, max_tokens=24, stream=True,
         stream_options={"include_usage": True},
     )
     parts, usage, finish = [], None, None

@@ -3,12 +3,10 @@ and the process exits."""
 
 from __future__ import annotations
 
+import contextlib
 import json
-import os
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -16,42 +14,20 @@ from pathlib import Path
 import httpx
 import pytest
 
+from kiln.testing import running_server
 from tests.tiny_models import write_tiny_llama
 
 pytestmark = pytest.mark.slow
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_healthy(url: str, timeout_s: float = 300.0) -> None:
-    """Until the server answers /health (bounded; a loaded CI only waits longer)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    raise AssertionError("server did not start")
-
-
 def test_sigterm_drains_in_flight_requests(tmp_path: Path) -> None:
     folder = write_tiny_llama(tmp_path / "m", seed=3)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kiln", "serve", "--model", str(folder), "--port", str(port),
-         # the drain outlasts the stream on any loaded CI machine (it ends with the stream)
-         "--kv-memory-mb", "16", "--drain-timeout-s", "600", "--log-level", "warning"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "KILN_MAX_NUM_BATCHED_TOKENS": "64"},
-    )
-    try:
-        wait_healthy(url)
+    # the drain outlasts the stream on any loaded CI machine (it ends with the stream)
+    args = ["--model", str(folder), "--kv-memory-mb", "16", "--drain-timeout-s", "600",
+            "--log-level", "warning"]
+    with running_server(args, log_path=tmp_path / "server.log",
+                        env={"KILN_MAX_NUM_BATCHED_TOKENS": "64"}) as server:
+        url, proc = server.url, server.proc
         result: dict[str, object] = {}
         started = threading.Event()
 
@@ -84,10 +60,6 @@ def test_sigterm_drains_in_flight_requests(tmp_path: Path) -> None:
         worker.join(timeout=700)
         assert result.get("done") is True and result.get("finish") == "length", result
         assert proc.wait(timeout=120) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
 
 
 def test_sigterm_does_not_wait_on_idle_or_half_sent_requests(tmp_path: Path) -> None:
@@ -95,21 +67,16 @@ def test_sigterm_does_not_wait_on_idle_or_half_sent_requests(tmp_path: Path) -> 
     (issue 28: 800 of them, 400 half-sent): now they are closed at once (a half-sent body first
     gets 503 in the envelope) and the process exits long before --drain-timeout-s (120 s)."""
     folder = write_tiny_llama(tmp_path / "m", seed=3)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kiln", "serve", "--model", str(folder), "--port", str(port),
-         "--kv-memory-mb", "16", "--drain-timeout-s", "120", "--header-timeout-s", "300",
-         "--body-timeout-s", "300", "--log-level", "warning"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
+    args = ["--model", str(folder), "--kv-memory-mb", "16", "--drain-timeout-s", "120",
+            "--header-timeout-s", "300", "--body-timeout-s", "300", "--log-level", "warning"]
     held: list[socket.socket] = []
-    try:
-        wait_healthy(url)
+    with running_server(args, log_path=tmp_path / "server.log") as server, \
+            contextlib.ExitStack() as closing:
+        proc = server.proc
         head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\n"
                 b"Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n{")
         for i in range(40):
-            s = socket.create_connection(("127.0.0.1", port), timeout=60)
+            s = closing.enter_context(socket.create_connection(("127.0.0.1", server.port), 60))
             if i % 2:
                 s.sendall(head)
             held.append(s)
@@ -128,9 +95,3 @@ def test_sigterm_does_not_wait_on_idle_or_half_sent_requests(tmp_path: Path) -> 
                 assert data == b""
         assert proc.wait(timeout=90) in (0, -signal.SIGTERM)
         assert time.monotonic() - started < 90  # not the 120 s drain deadline
-    finally:
-        for s in held:
-            s.close()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()

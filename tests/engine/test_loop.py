@@ -178,7 +178,7 @@ def test_abort_all_ends_every_request_with_its_message() -> None:
     from tests.engine.fakes import FakeRunner
 
     class SlowRunner(FakeRunner):  # 10 ms a step: nothing finishes on its own meanwhile
-        def execute(self, so):  # type: ignore[no-untyped-def]
+        def execute(self, so):
             import time
 
             time.sleep(0.01)

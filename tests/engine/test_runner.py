@@ -157,7 +157,7 @@ def test_start_hashes_the_policy_identity_off_the_event_loop(tiny_llama: LoadedM
     computed: list[str] = []
     real = backend._compute_policy
 
-    def spy():  # type: ignore[no-untyped-def]
+    def spy():
         computed.append(threading.current_thread().name)
         return real()
 
@@ -198,7 +198,7 @@ def test_non_finite_logits_end_that_request_in_an_error(tiny_llama: LoadedModel,
     short = "Hi"
     assert len(prompt(tiny_llama, short)) + GREEDY.max_tokens < long_prompt
 
-    def poisoning(batch, kv):  # type: ignore[no-untyped-def]
+    def poisoning(batch, kv):
         logits = forward(batch, kv).clone()
         at = batch.positions[batch.logits_indices]
         for row in range(logits.shape[0]):  # only the long prompt's rows go bad

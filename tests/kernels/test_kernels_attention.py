@@ -174,7 +174,7 @@ def test_attention_half_gpu(cuda_device: str, dtype: torch.dtype) -> None:
     gen = torch.Generator().manual_seed(7)
     lens = [1000, 37, 300]  # new tokens: 200, 1, 300 (qsl below)
     kc, vc, tables, _, _ = _setup(lens, 16, 8, 128, gen, dtype)
-    args = [t.to(cuda_device) for t in (kc, vc, tables)]
+    args = (kc.to(cuda_device), vc.to(cuda_device), tables.to(cuda_device))
     seq = torch.tensor(lens, dtype=torch.int32, device=cuda_device)
     q = torch.randn(3, 32, 128, generator=gen).to(dtype).to(cuda_device)
     torch.testing.assert_close(

@@ -1,31 +1,27 @@
 """The formats kept as the file's own blocks (Q5_0, Q5_1, Q2_K ... Q6_K, F16, BF16, F32):
-their weights are gguf-py's bit for bit (torch reference and C row lookups), the products match
-the dequantized GEMM from the AVX-512 and the portable builds, a row never depends on its batch,
-and weights of different formats stack row-wise into one product."""
+their weights are gguf-py's bit for bit (torch reference, C row lookups, the products' own
+dequantization), the tiles hold the file's blocks, and weights of different formats stack
+row-wise into one product. Products against the reference and batch invariance, for these and
+every other format: test_kernels_quant.py."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from kiln_kernels.cpu import PORTABLE_FLAGS
 from kiln_kernels.cpu import available as kernels_available
 from kiln_kernels.quant import (
     GGML_TYPES,
     PackedConcat,
     PackedWeight,
-    gemm_ref,
     pack_ggml,
-    quant_gemm,
 )
 from kiln_kernels.quant.formats import RAW_BLOCK, untile_raw
 
 from tests.gguf_blocks import gguf_dequantize, random_raw
-from tests.numerics import matmul_bound
 
 pytestmark = pytest.mark.skipif(not kernels_available(), reason="no C compiler for the kernels")
 
 NEW_TYPES = ["Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "F16", "BF16", "F32"]
-K_TYPES = {"Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"}
 
 
 def width(ggml_type: str, blocks: int) -> int:
@@ -71,45 +67,6 @@ def test_tiles_hold_the_files_blocks(ggml_type: str) -> None:
     pw = pack_ggml(raw, ggml_type)
     assert pw.nbytes == raw.numel()
     assert torch.equal(untile_raw(pw.tiles, RAW_BLOCK[pw.fmt]).reshape(8, -1), raw)
-
-
-@pytest.mark.parametrize("ggml_type", NEW_TYPES)
-@pytest.mark.parametrize("blocks", [1, 3])
-# every pass shape (1..12 rows), and 13, 24, 33 rows (split into passes; the L1 panel from 32)
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 24, 33])
-def test_gemm_matches_reference(ggml_type: str, blocks: int, m: int) -> None:
-    k = width(ggml_type, blocks)
-    pw = pack_ggml(random_raw(ggml_type, 20, k, seed=k + m), ggml_type)
-    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
-    got = pw.matmul(x)
-    assert got.shape == (m, 20)
-    # the same float32 weights summed in another order: 2 gamma_k * sum |terms| (numerics.py)
-    assert bool(((got - gemm_ref(pw.fmt, x, pw.tiles)).abs()
-                 <= matmul_bound(x, pw.dequantize())).all())
-
-
-@pytest.mark.parametrize("ggml_type", NEW_TYPES)
-def test_portable_build_matches_reference(ggml_type: str) -> None:
-    k = width(ggml_type, 2)
-    pw = pack_ggml(random_raw(ggml_type, 8, k, seed=2), ggml_type)
-    x = torch.randn(3, k, generator=torch.Generator().manual_seed(2))
-    got = quant_gemm(pw.fmt, x, pw.tiles, flags=PORTABLE_FLAGS)
-    # another summation order over the same weights (numerics.matmul_bound)
-    assert bool(((got - gemm_ref(pw.fmt, x, pw.tiles)).abs()
-                 <= matmul_bound(x, pw.dequantize())).all())
-
-
-@pytest.mark.parametrize("ggml_type", NEW_TYPES)
-def test_a_row_never_depends_on_the_batch(ggml_type: str) -> None:
-    k = width(ggml_type, 512 // GGML_TYPES[ggml_type][0])
-    pw = pack_ggml(random_raw(ggml_type, 16, k, seed=4), ggml_type)
-    x = torch.randn(37, k, generator=torch.Generator().manual_seed(1))
-    full = pw.matmul(x)
-    for i in range(37):
-        assert torch.equal(full[i], pw.matmul(x[i:i + 1].clone())[0])
-    for n in range(2, 26):  # every pass shape, and splits into 2 and 3 passes
-        assert torch.equal(full[3:3 + n], pw.matmul(x[3:3 + n].clone()))
-    assert torch.equal(full, torch.cat([pw.matmul(x[:13].clone()), pw.matmul(x[13:].clone())]))
 
 
 def test_weights_of_different_formats_stack_row_wise() -> None:

@@ -1,13 +1,12 @@
 """The CPU quantized-weight kernels (kiln_kernels.quant) against their torch references and
-gguf-py: packing is exact, products match the dequantized GEMM, rows never depend on the batch."""
+gguf-py: packing is exact; products match the dequantized GEMM (native and portable builds) and
+rows never depend on the batch, in every format (those of test_kernels_formats.py too)."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-import gguf
-import numpy as np
 import pytest
 import torch
 from kiln_kernels import quant
@@ -22,34 +21,26 @@ from kiln_kernels.quant import (
     tile_rows,
     untile,
 )
+from kiln_kernels.quant.formats import GGML_TYPES
 
+from tests.gguf_blocks import gguf_dequantize, random_raw
 from tests.numerics import matmul_bound
 
 pytestmark = pytest.mark.skipif(not kernels_available(), reason="no C compiler for the kernels")
 
 
-def random_blocks(ggml_type: str, rows: int, k: int, seed: int = 0) -> torch.Tensor:
-    """Raw GGML blocks with random values and sane fp16 scales (uint8 [rows, k/32 * size])."""
-    gen = torch.Generator().manual_seed(seed)
-    size = GGML_BLOCK_BYTES[ggml_type]
-    raw = torch.randint(0, 256, (rows, k // 32, size), dtype=torch.uint8, generator=gen)
-    d = (torch.rand(rows, k // 32, generator=gen) * 0.02 + 1e-3).to(torch.float16)
-    raw[:, :, 0:2] = d.view(torch.uint8).reshape(rows, k // 32, 2)
-    if ggml_type == "Q4_1":
-        m = (-torch.rand(rows, k // 32, generator=gen) * 0.1).to(torch.float16)
-        raw[:, :, 2:4] = m.view(torch.uint8).reshape(rows, k // 32, 2)
-    return raw.reshape(rows, -1)
-
-
-def gguf_dequantize(raw: torch.Tensor, ggml_type: str) -> torch.Tensor:
-    qtype = getattr(gguf.GGMLQuantizationType, ggml_type)
-    out = gguf.quants.dequantize(raw.numpy(), qtype)
-    return torch.from_numpy(np.asarray(out, dtype=np.float32)).reshape(raw.shape[0], -1)
+# the widths of the products: the tiled 32-weight formats one block, the model's width and more
+# than one chunk; the formats kept as the file's blocks one and three blocks
+GEMM_WIDTHS = [(t, k) for t, (qk, _) in sorted(GGML_TYPES.items())
+               for k in ((32, 576, 1088) if t in GGML_BLOCK_BYTES else (qk, 3 * qk))]
+# the widths of the batch test: the 32-weight formats over more than one chunk (1088 = 34
+# blocks), the others two 256-weight blocks (or 512 plain floats)
+BATCH_K = {"Q4_0": 1088, "Q4_1": 1088, "Q8_0": 1088}
 
 
 @pytest.mark.parametrize("ggml_type", sorted(GGML_BLOCK_BYTES))
 def test_packing_gives_gguf_weights_bit_for_bit(ggml_type: str) -> None:
-    raw = random_blocks(ggml_type, 12, 96)
+    raw = random_raw(ggml_type, 12, 96)
     pw = pack_ggml(raw, ggml_type)
     assert (pw.out_features, pw.in_features) == (12, 96)
     assert torch.equal(pw.dequantize(), gguf_dequantize(raw, ggml_type))
@@ -57,28 +48,31 @@ def test_packing_gives_gguf_weights_bit_for_bit(ggml_type: str) -> None:
 
 @pytest.mark.parametrize("fmt_type", ["Q4_1", "Q8_0"])
 def test_tiles_round_trip(fmt_type: str) -> None:
-    pw = pack_ggml(random_blocks(fmt_type, 8, 64), fmt_type)
+    pw = pack_ggml(random_raw(fmt_type, 8, 64), fmt_type)
     qs, sc = untile(pw.fmt, pw.tiles)
     assert torch.equal(tile_rows(pw.fmt, qs, sc), pw.tiles)
 
 
-@pytest.mark.parametrize("ggml_type", sorted(GGML_BLOCK_BYTES))
-@pytest.mark.parametrize("k", [32, 576, 1088])  # one block; the model's width; > one chunk
-# every pass shape (1..12 rows), and 13, 24, 33 rows split into even passes
+@pytest.mark.parametrize(("ggml_type", "k"), GEMM_WIDTHS)
+# every pass shape (1..12 rows), and 13, 24, 33 rows (split into passes; the L1 panel from 32)
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 24, 33])
 def test_gemm_matches_reference(ggml_type: str, k: int, m: int) -> None:
-    pw = pack_ggml(random_blocks(ggml_type, 20, k, seed=k + m), ggml_type)
+    """Every format, the AVX-512 (native) build."""
+    pw = pack_ggml(random_raw(ggml_type, 20, k, seed=k + m), ggml_type)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
     got = pw.matmul(x)
-    want = gemm_ref(pw.fmt, x, pw.tiles)
     assert got.shape == (m, 20)
-    assert bool(((got - want).abs() <= matmul_bound(x, pw.dequantize())).all())
+    # the same float32 weights summed in another order: 2 gamma_k * sum |terms| (numerics.py)
+    assert bool(((got - gemm_ref(pw.fmt, x, pw.tiles)).abs()
+                 <= matmul_bound(x, pw.dequantize())).all())
 
 
-@pytest.mark.parametrize("ggml_type", ["Q4_1", "Q8_0"])
+@pytest.mark.parametrize("ggml_type", sorted(GGML_TYPES))
 def test_a_row_never_depends_on_the_batch(ggml_type: str) -> None:
-    pw = pack_ggml(random_blocks(ggml_type, 16, 1088), ggml_type)
-    x = torch.randn(37, 1088, generator=torch.Generator().manual_seed(1))
+    """Every format: bit-identical rows alone, in every pass shape and across passes."""
+    k = BATCH_K.get(ggml_type, 512)
+    pw = pack_ggml(random_raw(ggml_type, 16, k, seed=4), ggml_type)
+    x = torch.randn(37, k, generator=torch.Generator().manual_seed(1))
     full = pw.matmul(x)
     for i in range(37):
         assert torch.equal(full[i], pw.matmul(x[i:i + 1].clone())[0])
@@ -87,28 +81,33 @@ def test_a_row_never_depends_on_the_batch(ggml_type: str) -> None:
     assert torch.equal(full, torch.cat([pw.matmul(x[:13].clone()), pw.matmul(x[13:].clone())]))
 
 
-def test_portable_build_matches_reference() -> None:
-    pw = pack_ggml(random_blocks("Q4_1", 8, 64), "Q4_1")
-    x = torch.randn(3, 64)
-    got = quant_gemm("q4", x, pw.tiles, flags=PORTABLE_FLAGS)
-    assert bool(((got - gemm_ref("q4", x, pw.tiles)).abs() <= matmul_bound(x, pw.dequantize())).all())
+@pytest.mark.parametrize("ggml_type", sorted(GGML_TYPES))
+def test_portable_build_matches_reference(ggml_type: str) -> None:
+    """Every format, the portable build (two blocks wide)."""
+    k = 2 * GGML_TYPES[ggml_type][0]
+    pw = pack_ggml(random_raw(ggml_type, 8, k, seed=2), ggml_type)
+    x = torch.randn(3, k, generator=torch.Generator().manual_seed(2))
+    got = quant_gemm(pw.fmt, x, pw.tiles, flags=PORTABLE_FLAGS)
+    # another summation order over the same weights (numerics.matmul_bound)
+    assert bool(((got - gemm_ref(pw.fmt, x, pw.tiles)).abs()
+                 <= matmul_bound(x, pw.dequantize())).all())
 
 
 def test_fused_projection_is_the_concatenation() -> None:
-    a = pack_ggml(random_blocks("Q4_1", 8, 64, seed=1), "Q4_1")
-    b = pack_ggml(random_blocks("Q4_1", 4, 64, seed=2), "Q4_1")
+    a = pack_ggml(random_raw("Q4_1", 8, 64, seed=1), "Q4_1")
+    b = pack_ggml(random_raw("Q4_1", 4, 64, seed=2), "Q4_1")
     both = PackedWeight.cat([a, b])
     x = torch.randn(2, 64)
     assert torch.equal(both.matmul(x), torch.cat([a.matmul(x), b.matmul(x)], dim=1))
-    c = pack_ggml(random_blocks("Q8_0", 4, 64), "Q8_0")  # another format: a PackedConcat
+    c = pack_ggml(random_raw("Q8_0", 4, 64), "Q8_0")  # another format: a PackedConcat
     assert torch.equal(PackedWeight.cat([a, c]).matmul(x), torch.cat([a.matmul(x), c.matmul(x)],
                                                                      dim=1))
     with pytest.raises(ValueError):  # another width
-        PackedWeight.cat([a, pack_ggml(random_blocks("Q8_0", 4, 96), "Q8_0")])
+        PackedWeight.cat([a, pack_ggml(random_raw("Q8_0", 4, 96), "Q8_0")])
 
 
 def test_bad_inputs_are_refused() -> None:
-    pw = pack_ggml(random_blocks("Q8_0", 4, 64), "Q8_0")
+    pw = pack_ggml(random_raw("Q8_0", 4, 64), "Q8_0")
     with pytest.raises(ValueError):
         pw.matmul(torch.randn(2, 32))  # wrong width
     with pytest.raises(ValueError):
@@ -134,7 +133,7 @@ def test_rows_dequantize_alone_as_in_the_whole(ggml_type: str,
     """An embedding lookup on the blocks: rows ``ids`` (any shape, repeats, every row of a
     tile) are :meth:`dequantize`'s rows bit for bit, from C and from the torch reference; an id
     outside the rows is refused."""
-    pw = pack_ggml(random_blocks(ggml_type, 24, 96, seed=5), ggml_type)
+    pw = pack_ggml(random_raw(ggml_type, 24, 96, seed=5), ggml_type)
     whole = pw.dequantize()
     ids = torch.tensor([[0, 1, 2, 3], [23, 5, 5, 12]])
     assert torch.equal(pw.dequantize_rows(ids), whole[ids])

@@ -4,6 +4,8 @@ penalties with repeated and prompt-only ids), batch invariance."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from kiln_kernels.cpu.loader import NATIVE_FLAGS, PORTABLE_FLAGS
@@ -38,8 +40,8 @@ def _assert_same(logits: torch.Tensor, p: SamplingTensors,
 
 
 
-def _rows(b: int, seed: int, v: int, gen: torch.Generator) -> list[dict[str, object]]:
-    rows: list[dict[str, object]] = []
+def _rows(b: int, seed: int, v: int, gen: torch.Generator) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
     for i in range(b):
         out = torch.randint(0, v, (int(torch.randint(0, 40, (1,), generator=gen)),),
                             generator=gen).tolist()
@@ -90,10 +92,11 @@ def test_greedy_rows_with_penalties_are_bitwise_the_reference() -> None:
     gen = torch.Generator().manual_seed(9)
     logits = torch.randn(4, 500, generator=gen) * 3
     top = logits.argmax(dim=1).tolist()
-    rows = [{"temperature": 0.0, "presence_penalty": 9.0, "output_tokens": [top[0]] * 3},
-            {"temperature": 0.0, "repetition_penalty": 50.0, "prompt_tokens": [top[1]]},
-            {"temperature": 0.0, "frequency_penalty": 2.0, "output_tokens": [top[2], top[2]]},
-            {"temperature": 0.0}]
+    rows: list[dict[str, Any]] = [
+        {"temperature": 0.0, "presence_penalty": 9.0, "output_tokens": [top[0]] * 3},
+        {"temperature": 0.0, "repetition_penalty": 50.0, "prompt_tokens": [top[1]]},
+        {"temperature": 0.0, "frequency_penalty": 2.0, "output_tokens": [top[2], top[2]]},
+        {"temperature": 0.0}]
     p = SamplingTensors.build(rows, 500)
     got_t, got_lp = _native(logits, p)
     want_t, _ = sample_reference(logits, p)
@@ -209,9 +212,9 @@ def test_sample_rows_matches_the_reference(seed: int) -> None:
     want_t, want_lp = sample_reference(logits, p)
     got = sample_rows(
         logits,
-        [tuple(float(r[n]) for n in FLOAT_COLUMNS) for r in rows],  # type: ignore[arg-type]
-        [(int(r["top_k"]), int(r["seed"]), int(r["step"])) for r in rows],  # type: ignore[call-overload]
-        [r["output_tokens"] for r in rows])  # type: ignore[misc]
+        [tuple(float(r[n]) for n in FLOAT_COLUMNS) for r in rows],
+        [(int(r["top_k"]), int(r["seed"]), int(r["step"])) for r in rows],
+        [r["output_tokens"] for r in rows])
     assert got is not None
     assert got[0] == want_t.tolist()
     bound = logsoftmax_atol(logits.shape[-1], sampling_scale(logits, SamplingTensors.build(rows, 1)))

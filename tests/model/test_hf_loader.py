@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from kiln.model import (
+    CausalLM,
     KVCache,
     ModelNotFoundError,
     UnsupportedModelError,
@@ -36,8 +37,8 @@ def _folder_tensors(folder: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def _logits(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
-    cfg = model.config  # type: ignore[attr-defined]
+def _logits(model: CausalLM, ids: list[int]) -> torch.Tensor:
+    cfg = model.config
     kv = KVCache(cfg, 8, 4, torch.float32, torch.device("cpu"))
     out: torch.Tensor = model(build_forward_batch([(ids, 0, [4, 2, 7])], 4, logits="all"), kv)
     return out

@@ -90,6 +90,8 @@ def test_a_program_refuses_caches_laid_out_differently() -> None:
     assert model.plan.step == "c"
     a = KVCache(model.config, 8, BLOCK, torch.float32, CPU, heads_major=True)
     b = KVCache(model.config, 8, BLOCK, torch.float32, CPU)
+    step = model.cpu_step
+    assert step is not None
     with pytest.raises(ValueError, match="laid out alike"):
-        model.cpu_step.weights.bind(a.k[:1] + b.k[1:], a.v[:1] + b.v[1:])
-    model.cpu_step.weights.bind(b.k, b.v)  # one layout throughout: either is accepted
+        step.weights.bind(a.k[:1] + b.k[1:], a.v[:1] + b.v[1:])
+    step.weights.bind(b.k, b.v)  # one layout throughout: either is accepted

@@ -354,7 +354,7 @@ def test_default_model_adapter_equals_merged(tmp_path: Path) -> None:
     # The packed GGUF blocks do not see merged weights: run on float32 ones (the loader released
     # the projections' float32 copies; packed_disabled dequantizes them for its duration).
     with packed_disabled(model), torch.no_grad():
-        params = dict(model.named_parameters())
+        params: dict[str, torch.Tensor] = dict(model.named_parameters())
         for (layer, mod), (a, b) in adapter.weights.items():
             group = "self_attn" if mod in ("q_proj", "v_proj") else "mlp"
             params[f"model.layers.{layer}.{group}.{mod}.weight"] += 2.0 * (b @ a)

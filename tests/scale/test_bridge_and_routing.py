@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncGenerator
 
 from kiln.api.app import build_app
 from kiln.config import ServerConfig
@@ -29,7 +30,7 @@ async def _collect(app: InProcessApp, req: Forwarded) -> tuple[Head, bytes]:
 
 def test_bridge_runs_json_sse_and_errors() -> None:
     backend = FakeBackend()
-    app = InProcessApp(build_app(ServerConfig(), backend))  # type: ignore[arg-type]
+    app = InProcessApp(build_app(ServerConfig(), backend))
     msg = [{"role": "user", "content": "hi"}]
 
     async def main() -> None:
@@ -54,12 +55,13 @@ def test_bridge_runs_json_sse_and_errors() -> None:
 def test_closing_a_stream_early_aborts_the_engine_request() -> None:
     backend = FakeBackend()
     backend.delay = 0.05  # ~28 tokens: the stream is still running when the client leaves
-    app = InProcessApp(build_app(ServerConfig(), backend))  # type: ignore[arg-type]
+    app = InProcessApp(build_app(ServerConfig(), backend))
     body = {"messages": [{"role": "user", "content": "hi"}], "stream": True}
 
     async def main() -> None:
         await app.startup()
         parts = app.request(_chat(body))
+        assert isinstance(parts, AsyncGenerator)  # closed below, as a leaving client does
         assert isinstance(await parts.__anext__(), Head)
         await parts.__anext__()  # the first chunk
         await parts.aclose()  # the client went away

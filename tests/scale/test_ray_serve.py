@@ -8,7 +8,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import time
 from collections.abc import Iterator
 
@@ -27,15 +26,10 @@ serve = pytest.importorskip("ray.serve")
 
 from kiln.config import ServerConfig  # noqa: E402
 from kiln.scale.ray_serve import deployment  # noqa: E402
+from kiln.testing import free_port, wait_healthy  # noqa: E402
 
 pytestmark = pytest.mark.slow
 CHAT = "/v1/chat/completions"
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -43,20 +37,13 @@ def url() -> Iterator[str]:
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # two engines share two cores
     ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
              log_to_driver=False)
-    port = _port()
+    port = free_port()
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         config = ServerConfig(kv_memory_mb=64, max_num_seqs=8, max_waiting_requests=32)
         serve.run(deployment(config, num_replicas=2), name="kiln", route_prefix="/")
         base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:  # bounded: the replicas load the model
-            try:
-                if httpx.get(base + "/health", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
+        wait_healthy(base)  # bounded: the replicas load the model
         yield base
     finally:
         serve.shutdown()
@@ -128,8 +115,8 @@ def test_killing_a_replica_fails_only_its_requests_and_serve_restores_it(url: st
                     return "\n".join(lines)
 
             others = [c.post(CHAT, json=_chat(f"Other question {i}")) for i in range(6)]
-            streamed, *rest = await asyncio.gather(stream(), *others)
-            return [streamed], list(rest)
+            streamed, rest = await asyncio.gather(stream(), asyncio.gather(*others))
+            return [streamed], rest
 
     (streamed,), others = asyncio.run(main())
     events = [ln[6:] for ln in streamed.splitlines() if ln.startswith("data: ")]

@@ -10,7 +10,9 @@ from tests.tiny_models import default_gguf_metadata, tiny_tokenizer
 @pytest.fixture(scope="session")
 def tiny_tok() -> Tokenizer:
     tok = tiny_tokenizer()
-    return Tokenizer(tok, eos_token_ids=[tok.token_to_id("<|im_end|>")],
+    eos = tok.token_to_id("<|im_end|>")
+    assert eos is not None
+    return Tokenizer(tok, eos_token_ids=[eos],
                      eos_token="<|im_end|>")
 
 
