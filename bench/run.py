@@ -34,6 +34,7 @@ BENCHES = {
     "metrics_scrape": "bench.bench_metrics_scrape",
     "hostile": "bench.bench_hostile",
     "peer": "bench.bench_peer",
+    "structured": "bench.bench_structured",
 }
 
 

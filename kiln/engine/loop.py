@@ -48,7 +48,8 @@ def build_core(loaded: LoadedModel, config: EngineConfig) -> tuple[Scheduler, Mo
     """The scheduler and model runner for ``loaded`` (KV cache allocated here)."""
     from kiln.engine.runner import ModelRunner
 
-    runner = ModelRunner(loaded.model, loaded.config, config, loaded.dtype, loaded.device)
+    runner = ModelRunner(loaded.model, loaded.config, config, loaded.dtype, loaded.device,
+                         tokenizer=loaded.tokenizer)
     max_len = min(config.max_model_len or loaded.config.max_position, loaded.config.max_position)
     return Scheduler(config, runner.num_blocks, max_len, loaded.tokenizer.eos_token_ids), runner
 
@@ -304,6 +305,9 @@ class AsyncEngine:
                 if sink is not None:
                     batches.setdefault(sink[0], []).append((sink[1], out))
             self._refresh_stats_locked()
+        release = getattr(self.executor, "release", None)  # per-request state (grammars)
+        if release is not None:
+            release([out.request_id for out in outputs if out.finished])
         for loop, items in batches.items():
             try:
                 loop.call_soon_threadsafe(_deliver, items)

@@ -29,6 +29,25 @@ class ThinkingBudgetSpec:
 
 
 @dataclass(frozen=True)
+class GrammarSpec:
+    """A constraint on the generated text: an llguidance grammar (the handler built and
+    compiled it once, so it is known to be valid), enforced by a token mask in the sampler.
+
+    ``after``: token ids (the reasoning close ``</think>``) that must appear in the output before
+    the constraint starts; empty: it starts with the first token. ``param``: the request field
+    that asked for it (named in errors).
+    """
+
+    grammar: str
+    after: tuple[int, ...] = ()
+    param: str = "response_format"
+
+    def __post_init__(self) -> None:
+        if not self.grammar:
+            raise ValueError("a grammar must not be empty")
+
+
+@dataclass(frozen=True)
 class SamplingParams:
     """Per-request generation settings (already resolved from presets by the handler)."""
 
@@ -53,6 +72,7 @@ class SamplingParams:
     allowed_token_ids: tuple[int, ...] | None = None  # only these can be sampled
     min_tokens: int = 0  # until this many tokens are out, min_tokens_ids cannot be sampled
     min_tokens_ids: tuple[int, ...] = ()  # EOS (unless ignore_eos) and stop_token_ids
+    grammar: GrammarSpec | None = None  # structured output / forced tool call (a token mask)
 
     def __post_init__(self) -> None:
         if self.max_tokens < 0:

@@ -9,6 +9,7 @@ import torch
 
 from kiln.engine.block_pool import BlockPool
 from kiln.engine.config import EngineConfig
+from kiln.engine.grammar import GrammarRows, compiler_for
 from kiln.engine.logits_processors import apply_logits_processors
 from kiln.engine.lora_mix import LoraMix
 from kiln.engine.outputs import ModelRunnerOutput, SampledToken, ScheduledSeq, SchedulerOutput
@@ -21,10 +22,12 @@ from kiln.model.kv_cache import KVCache, kv_cache_for
 from kiln.model.lora import LoraAdapter
 from kiln.model.lora_slots import AdapterSlots, LoraBatch
 from kiln.model.plan import torch_dtype, with_kv_cache
+from kiln.text.tokenizer import Tokenizer
 
 log = logging.getLogger("kiln.engine")
 
 NON_FINITE = "the model produced non-finite logits (inf or NaN); no token could be sampled"
+NOTHING_ALLOWED = "the constraint and the request's logits processors allow no token together"
 
 
 def kv_num_blocks(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype) -> int:
@@ -39,7 +42,8 @@ class ModelRunner:
     """Owns the KV cache; executes one scheduled step at a time (engine thread only)."""
 
     def __init__(self, model: CausalLM, cfg: ModelConfig, config: EngineConfig,
-                 dtype: torch.dtype, device: torch.device) -> None:
+                 dtype: torch.dtype, device: torch.device,
+                 tokenizer: Tokenizer | None = None) -> None:
         self.model = model
         self.cfg = cfg
         self.config = config
@@ -55,6 +59,32 @@ class ModelRunner:
         self.kv = kv_cache_for(model, self.num_blocks, config.block_size, cache_dtype, device)
         self.sampler = Sampler(device, self.plan.sampler)
         self._lora_slots: AdapterSlots | None = None  # created on the first LoRA step
+        # the matchers of constrained requests (structured outputs); none without a tokenizer
+        self.grammar = GrammarRows(compiler_for(tokenizer)) if tokenizer is not None else None
+
+    def release(self, request_ids: list[str]) -> None:
+        """Finished requests: drop their per-request state (grammar matchers)."""
+        if self.grammar is not None:
+            self.grammar.release(request_ids)
+
+    def _constrain(self, logits: torch.Tensor, seqs: list[ScheduledSeq],
+                   errors: dict[str, str]) -> tuple[torch.Tensor, list[ScheduledSeq]]:
+        """The grammar masks of the constrained rows applied; a row that cannot go on (its
+        output left the grammar, nothing allowed) leaves the step with an error."""
+        if self.grammar is None:
+            bad = {s.request_id: "this engine has no tokenizer to enforce a grammar with"
+                   for s in seqs if s.sampling.grammar is not None}
+        else:
+            step = self.grammar.masks(seqs)
+            bad, masks = step.errors, step.masks
+        errors.update(bad)
+        keep = [i for i, s in enumerate(seqs) if s.request_id not in bad]
+        if len(keep) < len(seqs):
+            logits, seqs = logits[keep], [seqs[i] for i in keep]
+        if self.grammar is None:
+            return logits, seqs
+        where = {old: new for new, old in enumerate(keep)}
+        return self.sampler.constrain(logits, {where[i]: m for i, m in masks.items()}), seqs
 
     @property
     def lora_slots(self) -> AdapterSlots:
@@ -124,7 +154,19 @@ class ModelRunner:
             logits, seqs = logits[good], [seqs[i] for i in good]
             if not seqs:
                 return ModelRunnerOutput({}, errors)
+        if any(s.sampling.grammar is not None for s in seqs):
+            logits, seqs = self._constrain(logits, seqs, errors)
         logits = apply_logits_processors(logits, seqs)  # after the check: masks write -inf
+        if any(s.sampling.grammar is not None and s.sampling.processes_logits for s in seqs):
+            # a grammar mask is never empty; with allowed_token_ids or min_tokens it can be
+            alive = torch.isfinite(logits).any(dim=1).tolist()
+            errors.update({s.request_id: NOTHING_ALLOWED
+                           for s, ok in zip(seqs, alive, strict=True) if not ok})
+            if not all(alive):
+                logits = logits[[i for i, ok in enumerate(alive) if ok]]
+                seqs = [s for s, ok in zip(seqs, alive, strict=True) if ok]
+        if not seqs:
+            return ModelRunnerOutput({}, errors)
         tokens, logprobs = self.sampler.sample(logits, seqs)
         tops = self.sampler.token_logprobs(logits, seqs, tokens)
         return ModelRunnerOutput({

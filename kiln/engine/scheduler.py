@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections import deque
 from collections.abc import Callable, Collection
 
 from kiln.engine.block_pool import BlockPool
@@ -25,6 +24,7 @@ from kiln.engine.errors import EngineError
 from kiln.engine.lora_mix import AdapterAdmission, LoraMix, check_mix
 from kiln.engine.metrics import PHASE_DECODE, PHASE_PREEMPTED, PHASE_PREFILL
 from kiln.engine.outputs import ModelRunnerOutput, RequestOutput, ScheduledSeq, SchedulerOutput
+from kiln.engine.priority import WaitingQueue, pick_victim
 from kiln.engine.request import Request
 from kiln.engine.state import RequestState, Status
 from kiln.text.thinking_budget import validate_budget
@@ -52,7 +52,7 @@ class Scheduler:
         self.eos_token_ids = frozenset(eos_token_ids)
         self._clock = clock
         self._requests: dict[str, RequestState] = {}
-        self._waiting: deque[RequestState] = deque()
+        self._waiting = WaitingQueue()
         self._running: list[RequestState] = []
         self.prefix_cache_query_tokens = 0
         self.prefix_cache_hit_tokens = 0
@@ -111,23 +111,8 @@ class Scheduler:
         if max_tokens == 0:
             return self._finish(st, "length")
         self._requests[req.request_id] = st
-        self._enqueue(st, front=False)
+        self._waiting.enqueue(st, front=False)
         return None
-
-    def _enqueue(self, st: RequestState, front: bool) -> None:
-        """Waiting order: lower ``priority`` first; within a level FIFO, a preempted request
-        (``front``) ahead of its level's waiting ones."""
-        p = st.request.priority
-        waiting = self._waiting
-        if not front and (not waiting or waiting[-1].request.priority <= p):
-            waiting.append(st)  # the common case (one level): no scan
-            return
-        for i, other in enumerate(waiting):
-            q = other.request.priority
-            if q > p or (front and q == p):
-                waiting.insert(i, st)
-                return
-        waiting.append(st)
 
     def abort(self, request_id: str) -> RequestOutput | None:
         st = self._requests.get(request_id)
@@ -154,7 +139,7 @@ class Scheduler:
                 continue  # preempted earlier in this loop
             n = min(st.num_remaining, budget, self._chunk_cap(st.num_computed_tokens, capped))
             while not self._grow(st, st.num_computed_tokens + n):
-                victim = self._pick_victim(scheduled | {st.request_id}, st)
+                victim = pick_victim(self._running, scheduled | {st.request_id}, st)
                 self._preempt(victim or st)
                 preempted.append((victim or st).request_id)
                 if victim is None:
@@ -233,18 +218,6 @@ class Scheduler:
         st.block_ids.extend(self.pool.allocate(need))
         return True
 
-    def _pick_victim(self, exclude: set[str], growing: RequestState) -> RequestState | None:
-        """The running request to preempt so that ``growing`` can grow: the lowest priority
-        (highest number), the newest within it; None when ``growing`` itself ranks lowest."""
-        victim: RequestState | None = None
-        for st in self._running:
-            if st.request_id not in exclude and (
-                    victim is None or st.request.priority >= victim.request.priority):
-                victim = st
-        if victim is not None and growing.request.priority > victim.request.priority:
-            return None
-        return victim
-
     def _preempt(self, st: RequestState) -> None:
         self.pool.free(st.block_ids)
         st.block_ids = []
@@ -255,7 +228,7 @@ class Scheduler:
         st.metrics.num_preemptions += 1
         self.num_preemptions += 1
         self._running.remove(st)
-        self._enqueue(st, front=True)
+        self._waiting.enqueue(st, front=True)
 
     def _scheduled_seq(self, st: RequestState, n: int, is_new: bool, now: float) -> ScheduledSeq:
         start = st.num_computed_tokens

@@ -96,8 +96,7 @@ def test_stop_token_ids_and_return_token_ids(client: TestClient, backend: FakeBa
 @pytest.mark.parametrize(("field", "value"), [
     ("suffix", "x"), ("use_beam_search", True),
     ("logprob_token_ids", [3]), ("bad_words", ["a"]), ("prompt_embeds", "x"),
-    ("kv_transfer_params", {}), ("response_format", {"type": "json_object"}),
-    ("structured_outputs", {"json": {}}), ("skip_special_tokens", False),
+    ("kv_transfer_params", {}), ("skip_special_tokens", False),
     ("repetition_detection", {"min_count": 2}), ("spaces_between_special_tokens", False),
 ])
 def test_unsupported_fields_are_a_400_naming_them(

@@ -106,6 +106,9 @@ RULES = [
         invalid=[batch(adapter="style", adapters=ADAPTERS), batch(adapter="", adapters=[])],
     ),
     # --- helpers with a def-level oneOf / anyOf / propertyNames ----------------------------
+    Rule(M, "ResponseFormat", "allOf/0",
+         valid=[{"type": "json_object"}, {"type": "json_schema", "json_schema": {"name": "x"}}],
+         invalid=[{"type": "json_schema"}]),
     Rule(M, "NullableBoolean", "oneOf", valid=[None, True], invalid=[0, "true"]),
     Rule(M, "NullableNonNegativeInteger", "oneOf", valid=[None, 0, 7], invalid=[-1, 1.5]),
     Rule(M, "NullableNonNegativeNumber", "oneOf", valid=[None, 0, 2.5], invalid=[-0.1, "1"]),

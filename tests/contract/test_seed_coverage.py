@@ -52,6 +52,9 @@ ADDED_FIELDS = {
         "include_stop_str_in_output", "continue_final_message")),
     ("Choice", "logprobs"),
     ("ChunkChoice", "logprobs"),
+    # issue 26: structured outputs on chat and batch
+    *((d, f) for d in ("ChatCompletionRequest", "BatchCompletionRequest")
+      for f in ("response_format", "structured_outputs")),
     # issue 25, second part: batch logprobs and token ids; vLLM's chat fields
     *(("BatchCompletionRequest", f) for f in ("logprobs", "top_logprobs", "return_token_ids")),
     *(("BatchCompletionItem", f) for f in ("logprobs", "prompt_token_ids", "token_ids")),
@@ -73,6 +76,7 @@ ADDED = {
     "TextCompletionChunk", "TextCompletionChunkChoice",
     "TokenizeRequest", "TokenizeResponse", "DetokenizeRequest", "DetokenizeResponse",
     "TokenizerInfoResponse",
+    "ResponseFormat", "JsonSchemaResponseFormat", "StructuredOutputsParams",  # issue 26
     "RenderedPrompt", "CompletionRenderResponse",
     "ComputePlan", "ComputeImplementation",  # issue 24: /health shows the compute plan
 }

@@ -28,6 +28,7 @@ from kiln.api.handlers.chat_prepare import (
     too_long,
     tools_enabled,
 )
+from kiln.api.handlers.constraints import constraint, plain
 from kiln.api.handlers.extras import logprobs_wanted
 from kiln.api.handlers.generation import Admitted, Completion, collect, submit_all, until_disconnect
 from kiln.api.handlers.logprobs import chat_content
@@ -45,7 +46,7 @@ from kiln.api.rules import check_batch
 from kiln.api.state import AppState, app_state, request_id
 from kiln.engine.request import SamplingParams
 from kiln.text.budget import resolve
-from kiln.text.reasoning import fold, prompt_starts_in_reasoning, split_reasoning
+from kiln.text.reasoning import CLOSE_TAG, fold, prompt_starts_in_reasoning, split_reasoning
 from kiln.text.tools import closing_stop, parse_closed
 
 ERROR_CODE = "batch_invalid_request"
@@ -63,7 +64,7 @@ async def create(request: Request) -> Response:
     n = int(opt(req.n) or 1)
     tools = opt(req.tools) or None
     kwargs = template_kwargs(state, req.chat_template_kwargs, ERROR_CODE)
-    tool_choice = opt(req.tool_choice)
+    tool_choice = plain(opt(req.tool_choice))
     if tool_choice is not None:  # as chat renders it: templates may read tool_choice
         kwargs.setdefault("tool_choice", tool_choice)
     limit = state.backend.max_model_len
@@ -88,6 +89,14 @@ async def create(request: Request) -> Response:
         req.thinking_budget_tokens, req.thinking_budget_ms,
         state.config.default_thinking_budget_tokens, state.config.default_thinking_budget_ms,
     )
+    close_ids = tuple(state.backend.tokenizer.encode(CLOSE_TAG))
+    grammars = {  # one constraint for every item; it starts after the reasoning when there is one
+        in_reasoning: await constraint(
+            state.backend.tokenizer, code=ERROR_CODE, response_format=opt(req.response_format),
+            structured_outputs=opt(req.structured_outputs), tools=tools, tool_choice=tool_choice,
+            parallel_tool_calls=opt(req.parallel_tool_calls) is not False,
+            ignore_eos=bool(opt(req.ignore_eos)), after=close_ids if in_reasoning else ())
+        for in_reasoning in sorted({r for _, r in prompts})}
     base = state_default(state)
     logprobs = logprobs_wanted(req, state.config.max_logprobs, ERROR_CODE)
     token_ids = opt(req.return_token_ids) is True
@@ -100,7 +109,8 @@ async def create(request: Request) -> Response:
             params = sampling_params(
                 req, max_tokens=max_tokens, stop=stop, seed=item_seed, base=base
             )
-            params = replace(params, thinking=spec, logprobs=logprobs)
+            params = replace(params, thinking=spec, logprobs=logprobs,
+                             grammar=grammars[in_reasoning])
             work.append((f"{rid}-{p}-{c}", ids, params, selection.lora))
     jobs = submit_all(state, work, code="batch_too_large")
     results = await until_disconnect(request, _gather(jobs))

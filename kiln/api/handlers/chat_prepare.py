@@ -15,6 +15,7 @@ from msgspec import UNSET
 from kiln.api._generated import wire
 from kiln.api.errors import ApiError
 from kiln.api.handlers.adapters import select
+from kiln.api.handlers.constraints import constraint, plain
 from kiln.api.handlers.extras import chat_extras
 from kiln.api.handlers.models import resolve_model
 from kiln.api.handlers.params import (
@@ -271,7 +272,7 @@ async def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> Prep
     started = time.perf_counter()
     kwargs = template_kwargs(state, req.chat_template_kwargs, "chat_invalid_request")
     tools = opt(req.tools) or None
-    tool_choice = opt(req.tool_choice)
+    tool_choice = plain(opt(req.tool_choice))
     if tool_choice is not None:
         kwargs.setdefault("tool_choice", tool_choice)
     messages = template_messages(req.messages)
@@ -309,6 +310,12 @@ async def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> Prep
         seed = secrets.randbits(64)  # drawn here so that the record can state it
     extras = chat_extras(req, backend.tokenizer, stop, requested, cfg.max_logprobs)
     base = state_default(state)
+    parallel = opt(req.parallel_tool_calls) is not False
+    extras["grammar"] = await constraint(
+        backend.tokenizer, code="chat_invalid_request", response_format=opt(req.response_format),
+        structured_outputs=opt(req.structured_outputs), tools=tools, tool_choice=tool_choice,
+        parallel_tool_calls=parallel, ignore_eos=bool(opt(req.ignore_eos)),
+        after=tuple(backend.tokenizer.encode(CLOSE_TAG)) if in_reasoning else ())
     params = [
         replace(
             sampling_params(
@@ -347,7 +354,7 @@ async def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> Prep
         adapter=selection.label,
         lora=selection.lora,
         tools=tools if tools_enabled(tools, tool_choice) else None,
-        parallel_tool_calls=opt(req.parallel_tool_calls) is not False,
+        parallel_tool_calls=parallel,
         budget_applied=spec is not None,
         messages=messages,
         template_kwargs=kwargs,

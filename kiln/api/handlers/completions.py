@@ -5,6 +5,7 @@ generation happens. Anything else generates (completions_gen, completions_stream
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import time
 import uuid
@@ -21,6 +22,7 @@ from kiln.api.encode import json_response
 from kiln.api.errors import ApiError
 from kiln.api.handlers import completions_gen, completions_stream, unsupported
 from kiln.api.handlers.adapters import BASE, Selection, select
+from kiln.api.handlers.constraints import constraint
 from kiln.api.handlers.generation import engine_error, until_disconnect
 from kiln.api.handlers.models import resolve_model
 from kiln.api.handlers.params import opt
@@ -59,10 +61,18 @@ async def create(request: Request) -> Response:
         if model_adapter else BASE
     )
     given = state.contract.decode(body)  # an object: parse accepted it
+    grammar = await constraint(
+        backend.tokenizer, code=ERROR_CODE, response_format=opt(req.response_format),
+        structured_outputs=opt(req.structured_outputs), ignore_eos=bool(opt(req.ignore_eos)))
     if is_scoring(req, given):
+        if grammar is not None:
+            raise unsupported.unsupported(grammar.param, "prompt scoring generates no text "
+                                                         "to constrain")
         return await _score(request, state, req, selection, model_adapter)
     prep = completions_gen.prepare(state, req, selection, model_adapter or backend.model_id,
                                    max_tokens_given="max_tokens" in given)
+    if grammar is not None:  # structured outputs: the same constraint on every choice
+        prep.params = [dataclasses.replace(p, grammar=grammar) for p in prep.params]
     fingerprint = teacher_fingerprint(backend, selection)
     rid = request_id(request) or prep.completion_id
     if opt(req.stream):

@@ -23,7 +23,6 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "logprob_token_ids": (None,),
     "bad_words": ([],),
     "prompt_embeds": (None,),
-    "structured_outputs": (None,),
     "session_id": (None,),
     "routed_experts_prompt_start": (0,),
     "return_token_offsets": (None, False),
@@ -52,7 +51,3 @@ def check(req: Any, fields: tuple[str, ...]) -> None:
             continue
         raise unsupported(name, f"only {_NEUTRAL[name][0]!r} (the default) is accepted, "
                                 f"got {value!r}")
-    fmt = getattr(req, "response_format", UNSET)
-    if fmt not in (UNSET, None) and fmt != {"type": "text"}:
-        raise unsupported("response_format", 'structured outputs are not implemented yet; '
-                                             'only {"type": "text"} (or null) is accepted')

@@ -1,0 +1,243 @@
+"""Structured outputs and forced tool calls: request fields -> an llguidance grammar, compiled
+(off the event loop, cached) before any token so that a bad one is a 400 naming its field.
+
+* ``response_format`` (OpenAI): ``text``, ``json_object``, ``json_schema``;
+* ``structured_outputs`` (vLLM): ``json``, ``regex``, ``choice``, ``grammar``, ``json_object``;
+* ``tool_choice`` ``"required"`` or a named function: the Hermes/Qwen3 tool-call format
+  ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`` (which the tool parser reads
+  on every model), arguments valid against the tool's ``parameters``.
+
+JSON defaults (docs/structured-outputs.md): an object schema without ``additionalProperties``
+admits no extra keys, and whitespace is bounded (one space after ``,`` and ``:``, nothing else) so a model
+cannot spin whitespace until ``max_tokens``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import TYPE_CHECKING, Any
+
+import llguidance
+import msgspec
+from msgspec import UNSET
+
+from kiln.api.errors import ApiError
+from kiln.api.handlers.unsupported import unsupported
+from kiln.engine.grammar import GrammarError, compiler_for
+from kiln.engine.request import GrammarSpec
+from kiln.text.tools import CLOSE_TAG, OPEN_TAG
+
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
+
+JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ",
+                                "key_separator": ": "}
+_OBJECT_KEYWORDS = ("additionalProperties", "unevaluatedProperties", "patternProperties")
+_SO_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+
+
+def plain(value: Any) -> Any:
+    """A wire value (msgspec Struct, UNSET) as plain JSON data (None for UNSET)."""
+    return None if value is UNSET else msgspec.to_builtins(value)
+
+
+def closed(schema: Any) -> Any:
+    """``schema`` with ``additionalProperties: false`` on every object schema that lists
+    ``properties`` and says nothing about extra keys (not inside ``allOf``, where closing each
+    part would refuse the other parts' keys)."""
+    if isinstance(schema, list):
+        return [closed(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for key, value in schema.items():
+        if key == "allOf":
+            out[key] = value
+        elif key in ("properties", "$defs", "definitions", "patternProperties",
+                     "dependentSchemas"):
+            out[key] = {k: closed(v) for k, v in value.items()} if isinstance(value, dict) \
+                else value
+        elif key in ("enum", "const", "default", "examples", "required"):
+            out[key] = value
+        else:
+            out[key] = closed(value)
+    if "properties" in out and not any(k in out for k in _OBJECT_KEYWORDS):
+        out["additionalProperties"] = False
+    return out
+
+
+def json_grammar(schema: Any, param: str,
+                 options: JsonCompileOptions | None = None) -> str:
+    if not isinstance(schema, dict):
+        raise _bad(param, "a JSON Schema must be a JSON object")
+    try:
+        return str(llguidance.LLMatcher.grammar_from_json_schema(
+            json.dumps(closed(schema)), overrides=options or JSON_OPTIONS))
+    except (ValueError, TypeError) as e:
+        raise _bad(param, str(e)) from None
+
+
+def from_response_format(value: Any, param: str = "response_format") -> tuple[str, str] | None:
+    """(grammar, param) for a response_format, None for text / null."""
+    fmt = plain(value)
+    if fmt is None:
+        return None
+    kind = fmt.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return json_grammar({"type": "object"}, param), param
+    if kind == "json_schema":
+        spec = fmt.get("json_schema") or {}
+        schema = spec.get("schema")
+        where = f"{param}.json_schema.schema"
+        return json_grammar({} if schema is None else schema, where), where
+    if kind == "structural_tag":
+        raise unsupported(f"{param}.type", "structural_tag is not implemented")
+    raise _bad(f"{param}.type", f"unknown response format type {kind!r}")
+
+
+def from_structured_outputs(value: Any, param: str = "structured_outputs"
+                            ) -> tuple[str, str] | None:
+    so = {k: v for k, v in (plain(value) or {}).items() if v is not None}
+    kinds = [k for k in _SO_KINDS if k in so and so[k] is not False]
+    if not kinds:
+        return None
+    if len(kinds) > 1:
+        raise _bad(param, f"exactly one of {', '.join(_SO_KINDS)} may be set, got "
+                          f"{', '.join(kinds)}")
+    kind = kinds[0]
+    where = f"{param}.{kind}"
+    if kind == "structural_tag":
+        raise unsupported(where, "structural_tag is not implemented")
+    if kind in ("json", "json_object"):
+        options: JsonCompileOptions = JSON_OPTIONS
+        if so.get("disable_any_whitespace"):
+            options = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
+        elif so.get("whitespace_pattern") is not None:
+            options = {"whitespace_flexible": True, "whitespace_pattern": so["whitespace_pattern"]}
+        schema = so["json"] if kind == "json" else {"type": "object"}
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except ValueError as e:
+                raise _bad(where, f"not valid JSON: {e}") from None
+        return json_grammar(schema, where, options), where
+    if kind == "regex":
+        return str(llguidance.LLMatcher.grammar_from_regex(so["regex"])), where
+    if kind == "choice":
+        lark = "start: " + " | ".join(json.dumps(c) for c in so["choice"])
+        return str(llguidance.LLMatcher.grammar_from_lark(lark)), where
+    try:
+        return str(llguidance.grammar_from("grammar", so["grammar"])), where
+    except ValueError as e:
+        raise _bad(where, str(e)) from None
+
+
+def _tool_functions(tools: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for tool in plain(tools) or []:
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if isinstance(fn, dict) and isinstance(fn.get("name"), str):
+            out.setdefault(fn["name"], fn.get("parameters") or {"type": "object"})
+    return out
+
+
+def from_tool_choice(tools: Any, tool_choice: Any, parallel: bool,
+                     tag_ids: tuple[int | None, int | None] = (None, None)
+                     ) -> tuple[str, str] | None:
+    """The grammar of a forced tool call: ``"required"`` (one or more calls of any tool; one
+    when ``parallel`` is false) or a named function (exactly one call of it). ``tag_ids``: the
+    tokenizer's own tokens for ``<tool_call>`` / ``</tool_call>`` (Qwen3 has them as added
+    tokens, which llguidance keeps apart from text), allowed beside the spelled-out tags."""
+    choice = plain(tool_choice)
+    if choice in (None, "auto", "none"):
+        return None
+    functions = _tool_functions(tools)
+    if choice == "required":
+        names, many = sorted(functions), parallel
+        if not names:
+            raise _bad("tools", 'tool_choice "required" needs at least one function tool')
+    else:
+        fn = choice.get("function") if isinstance(choice, dict) else None
+        if not (isinstance(choice, dict) and choice.get("type") == "function"
+                and isinstance(fn, dict) and isinstance(fn.get("name"), str)):
+            raise _bad("tool_choice", 'tool_choice must be "none", "auto", "required" or '
+                                      '{"type": "function", "function": {"name": ...}}, got '
+                                      f"{json.dumps(choice)}")
+        name = fn["name"]
+        if name not in functions:
+            raise _bad("tool_choice.function.name",
+                       f"tool_choice names function {name!r}, which is not among the tools")
+        names, many = [name], False
+    rules = []
+    for i, name in enumerate(names):
+        schema = closed(functions[name])
+        if not isinstance(schema, dict):
+            raise _bad("tools", f"function {name!r}: parameters must be a JSON Schema object")
+        call = {"type": "object", "properties": {"name": {"const": name}, "arguments": schema},
+                "required": ["name", "arguments"], "additionalProperties": False}
+        options = json.dumps({**call, "x-guidance": JSON_OPTIONS})
+        rules.append(f"call{i}: %json {options}")
+    alternatives = " | ".join(f"call{i}" for i in range(len(names)))
+    newline = json.dumps("\n")  # the Lark literal "\n"
+    tags = [json.dumps(tag) if tid is None else f"({json.dumps(tag)} | <[{tid}]>)"
+            for tag, tid in zip((OPEN_TAG, CLOSE_TAG), tag_ids, strict=True)]
+    block = f"{tags[0]} {newline} ({alternatives}) {newline} {tags[1]}"
+    start = f"start: block ({newline} block)*" if many else "start: block"
+    lark = "\n".join([start, f"block: {block}", *rules])
+    return str(llguidance.LLMatcher.grammar_from_lark(lark)), "tool_choice"
+
+
+async def constraint(tokenizer: Any, *, code: str, response_format: Any = None,
+                     structured_outputs: Any = None, tools: Any = None, tool_choice: Any = None,
+                     parallel_tool_calls: bool = True, after: tuple[int, ...] = (),
+                     ignore_eos: bool = False) -> GrammarSpec | None:
+    """The request's one constraint as a GrammarSpec (None: unconstrained), compiled once off
+    the event loop; a malformed field, or a grammar llguidance refuses (a bad regex, a schema
+    keyword it cannot enforce), is a 400 naming the field and saying why."""
+    try:
+        built = [b for b in (from_response_format(response_format),
+                             from_structured_outputs(structured_outputs),
+                             from_tool_choice(tools, tool_choice, parallel_tool_calls,
+                                              _tag_ids(tokenizer)))
+                 if b is not None]
+    except _Invalid as e:
+        raise ApiError(400, code, f"{e.param}: {e.message}", param=e.param) from None
+    if not built:
+        return None
+    if len(built) > 1:
+        names = " and ".join(param.split(".")[0] for _, param in built)
+        raise ApiError(400, code, f"{names} cannot be combined: a request takes one constraint",
+                       param=built[1][1].split(".")[0])
+    grammar, param = built[0]
+    if ignore_eos:
+        raise ApiError(400, code, f"ignore_eos cannot be combined with {param}: a finished "
+                                  "constraint ends the output with EOS", param="ignore_eos")
+    try:
+        await asyncio.to_thread(compiler_for(tokenizer).check, grammar)
+    except GrammarError as e:
+        raise ApiError(400, code, f"{param}: {e}", param=param) from None
+    return GrammarSpec(grammar, after, param.split(".")[0])
+
+
+def _tag_ids(tokenizer: Any) -> tuple[int | None, int | None]:
+    """The ids of ``<tool_call>`` and ``</tool_call>`` when each is one token of the model's."""
+    lookup = getattr(tokenizer, "token_to_id", None)
+    if not callable(lookup):
+        return None, None
+    found = [lookup(tag) for tag in (OPEN_TAG, CLOSE_TAG)]
+    return found[0] if isinstance(found[0], int) else None, \
+        found[1] if isinstance(found[1], int) else None
+
+
+class _Invalid(Exception):
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+        self.message = message
+
+
+def _bad(param: str, message: str) -> _Invalid:
+    return _Invalid(param, message)
