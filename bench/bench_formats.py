@@ -5,6 +5,7 @@ second. Formats are interleaved over the rounds and each figure is the best of t
 machine is shared: the minimum is the least disturbed run).
 
 Usage: python -m bench.bench_formats [--threads 1] [--repeats 15] (--rounds: the same)
+  [--types Q4_1,Q5_0] (a subset, comma-separated)
 Writes bench/results/formats.json (figures, no asserts).
 """
 
@@ -23,16 +24,19 @@ from tests.gguf_blocks import random_raw
 
 RESULTS = Path(__file__).parent / "results" / "formats.json"
 N, K = 2048, 1536
-TYPES = ["Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "F16", "BF16", "F32"]
+TYPES = ["Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "F16",
+         "BF16", "F32"]
 
 
 def main() -> None:
     ap = kernel_bench_parser(__doc__, RESULTS, repeats=15)
     ap.add_argument("--rounds", dest="repeats", type=int, help="--repeats, by its older name")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--types", default=",".join(TYPES), help="comma-separated GGML types")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    weights = {t: pack_ggml(random_raw(t, N, K, amp=0.05), t) for t in TYPES if t in GGML_TYPES}
+    weights = {t: pack_ggml(random_raw(t, N, K, amp=0.05), t) for t in args.types.split(",")
+               if t in GGML_TYPES}
     xs = {m: torch.randn(m, K) for m in (1, 8)}
     best = {(t, m): float("inf") for t in weights for m in xs}
     for _ in range(args.repeats):  # rounds: the formats interleaved

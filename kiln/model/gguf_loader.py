@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import gc
 import logging
 import re
 from dataclasses import dataclass
@@ -137,6 +140,21 @@ def _pack(tensor: Any, heads: int | None) -> PackedWeight:
     if heads is not None:
         raw = unpermute_qk(raw, heads)
     return pack_ggml(torch.from_numpy(np.array(raw, copy=True)), tensor.tensor_type.name)
+
+
+def release_freed_heap() -> None:
+    """Give the heap pages the load freed back to the system (glibc's ``malloc_trim``, after a
+    garbage collection: the reader's arrays are freed only then). Called once a load is done.
+
+    Packing copies each tensor on its way to its tiles; glibc keeps most of what those copies
+    freed (its mmap threshold rises after the first large frees, so later copies come from the
+    heap), which for the default Q4_1 model was 77 MB of RSS after load, nearly the file's size
+    again. A no-op where the C library has no ``malloc_trim``."""
+    gc.collect()
+    name = ctypes.util.find_library("c")
+    trim = getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+    if trim is not None:
+        trim(0)
 
 
 def load_gguf(path: str | Path, dtype: torch.dtype, device: torch.device, *,

@@ -11,7 +11,7 @@ import torch
 from kiln.config import process_settings
 from kiln.model.base import CausalLM
 from kiln.model.config import ModelConfig
-from kiln.model.gguf_loader import load_gguf
+from kiln.model.gguf_loader import load_gguf, release_freed_heap
 from kiln.model.hf_loader import load_hf_folder
 from kiln.model.plan import resolve_device, resolve_dtype
 from kiln.text.chat_template import ChatTemplate
@@ -94,6 +94,8 @@ def load_model(path: str | None = None, *, dtype: str | None = None, device: str
     elif _is_gguf(file):
         gg = load_gguf(file, torch_dtype, dev, quant_kernels=quant_kernels)
         model, cfg, tokenizer, template = gg.model, gg.config, gg.tokenizer, gg.chat_template
+        del gg
+        release_freed_heap()
         specials = {}
     else:
         raise ModelNotFoundError(

@@ -1,7 +1,7 @@
 """Block-quantized GGUF weights on the CPU.
 
 A GGUF model's matrices in the formats of ``kiln_kernels.quant`` (Q4_0, Q4_1, Q8_0, Q5_0, Q5_1,
-Q4_K, Q5_K, Q6_K, F16, BF16, F32) are kept as :class:`~kiln_kernels.quant.PackedWeight` blocks
+Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, F16, BF16, F32) are kept as :class:`~kiln_kernels.quant.PackedWeight` blocks
 (q/k/v and gate/up fused row-wise, as a ``PackedConcat`` where their formats differ), holding
 gguf-py's float32 values bit for bit.
 

@@ -1,4 +1,4 @@
-"""Block-quantized weights (GGML Q4_0 / Q4_1 / Q8_0 / Q5_0 / Q5_1 / Q4_K / Q5_K / Q6_K, and
+"""Block-quantized weights (GGML Q4_0 / Q4_1 / Q8_0 / Q5_0 / Q5_1 / Q2_K ... Q6_K, and
 F16 / BF16 / F32) times float32 activations on the CPU.
 
 A :class:`PackedWeight` keeps a GGUF tensor in its blocks (:mod:`.formats`) and multiplies by it
@@ -64,7 +64,8 @@ __all__ = [
     "untile",
 ]
 
-Format = Literal["q4", "q8", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "f16", "bf16", "f32"]
+Format = Literal["q4", "q8", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "f16", "bf16", "f32",
+                 "q2_k", "q3_k"]
 # GGML block sizes in bytes of the 32-weight types repacked as q4 / q8: fp16 scale(s) + values.
 GGML_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
 

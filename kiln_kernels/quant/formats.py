@@ -14,17 +14,18 @@ import torch
 
 # format -> id in quant.h
 FORMAT_IDS = {"q4": 0, "q8": 1, "q5_0": 2, "q5_1": 3, "q4_k": 4, "q5_k": 5, "q6_k": 6,
-              "f16": 7, "bf16": 8, "f32": 9}
+              "f16": 7, "bf16": 8, "f32": 9, "q2_k": 10, "q3_k": 11}
 # weights per block along k
-QK = {f: 256 if f in ("q4_k", "q5_k", "q6_k") else 32 for f in FORMAT_IDS}
+K_QUANTS = ("q2_k", "q3_k", "q4_k", "q5_k", "q6_k")
+QK = {f: 256 if f in K_QUANTS else 32 for f in FORMAT_IDS}
 # bytes of one row's block, for the formats kept as the file's blocks
 RAW_BLOCK = {"q5_0": 22, "q5_1": 24, "q4_k": 144, "q5_k": 176, "q6_k": 210, "f16": 64,
-             "bf16": 64, "f32": 128}
+             "bf16": 64, "f32": 128, "q2_k": 84, "q3_k": 110}
 TILE_BYTES = {"q4": 96, "q8": 144, **{f: 4 * b for f, b in RAW_BLOCK.items()}}
 # GGML type -> format, and that type's (weights, bytes) per block (floats: 32 per "block")
 GGML_FORMAT = {"Q4_0": "q4", "Q4_1": "q4", "Q8_0": "q8", "Q5_0": "q5_0", "Q5_1": "q5_1",
                "Q4_K": "q4_k", "Q5_K": "q5_k", "Q6_K": "q6_k", "F16": "f16", "BF16": "bf16",
-               "F32": "f32"}
+               "F32": "f32", "Q2_K": "q2_k", "Q3_K": "q3_k"}
 GGML_TYPES = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q8_0": (32, 34),
               **{t: (QK[f], RAW_BLOCK[f]) for t, f in GGML_FORMAT.items() if f in RAW_BLOCK}}
 
@@ -73,6 +74,34 @@ def _scale_min(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return sc.to(torch.float32), mn.to(torch.float32)
 
 
+def _two_bits(qs: torch.Tensor) -> torch.Tensor:
+    """Q2_K / Q3_K ``qs`` ``[N, nb, 64]`` -> int32 ``[N, nb, 256]``: weight 128 h + 32 s + i is
+    bits 2s..2s+1 of byte 32 h + i."""
+    n, nb, _ = qs.shape
+    q = qs.reshape(n, nb, 2, 1, 32).to(torch.int32) >> (2 * torch.arange(4)).reshape(4, 1)
+    return (q & 3).reshape(n, nb, 256)
+
+
+def _dequantize_q2_q3(fmt: str, r: torch.Tensor) -> torch.Tensor:
+    """Q2_K: (d * sc) * q - dmin * m (one rounding: the products are exact); Q3_K:
+    (d * (sc - 32)) * (q - 4), q = two bits | the hmask bit << 2 (exact). ``[N, nb, 256]``."""
+    n, nb, _ = r.shape
+    if fmt == "q2_k":
+        sm = r[..., :16].to(torch.int32)
+        dl = (_half(r, 80) * (sm & 0x0F).to(torch.float32))[..., None]  # [N, nb, 16, 1]
+        ml = (_half(r, 82) * (sm >> 4).to(torch.float32))[..., None]
+        q = _two_bits(r[..., 16:80]).reshape(n, nb, 16, 16).to(torch.float32)
+        return (dl * q - ml).reshape(n, nb, 256)
+    s = r[..., 96:108].to(torch.int32)
+    lo = torch.cat((s[..., :8] & 0x0F, s[..., :8] >> 4), dim=-1)
+    hi = (s[..., 8:12, None] >> (2 * torch.arange(4))).transpose(-1, -2).reshape(n, nb, 16) & 3
+    dl = (_half(r, 108) * ((lo | (hi << 4)) - 32).to(torch.float32))[..., None]
+    hmask = r[..., :32].reshape(n, nb, 1, 32).to(torch.int32)
+    bit = (hmask >> torch.arange(8).reshape(8, 1)) & 1  # [N, nb, 8, 32]: weight 32 b + i
+    q = _two_bits(r[..., 32:96]) | (bit.reshape(n, nb, 256) << 2)
+    return (dl * (q - 4).to(torch.float32).reshape(n, nb, 16, 16)).reshape(n, nb, 256)
+
+
 def dequantize_raw(fmt: str, r: torch.Tensor) -> torch.Tensor:
     """Rows' blocks uint8 ``[N, nb, block]`` of a raw format -> float32 ``[N, nb * qk]``,
     computed as gguf-py computes them."""
@@ -102,6 +131,8 @@ def dequantize_raw(fmt: str, r: torch.Tensor) -> torch.Tensor:
         q = ((lo | (hi << 4)) - 32).to(torch.float32).reshape(n, nb, 16, 16)
         sc = r[..., 192:208].contiguous().view(torch.int8).to(torch.float32)
         w = (_half(r, 208) * sc)[..., None] * q
+    elif fmt in ("q2_k", "q3_k"):
+        w = _dequantize_q2_q3(fmt, r)
     elif fmt == "f16":
         w = r.contiguous().view(torch.float16).to(torch.float32)
     elif fmt == "bf16":

@@ -1,6 +1,6 @@
 """Tiny models in the formats kept as the file's blocks (K-quants, Q5_0/Q5_1, F16/BF16/F32) and
-in the mixes llama-quantize writes (Q4_K_M), through the C step: against the torch path on the
-same dequantized weights, batch-invariant, and from a GGUF file (qwen2, qwen3) against a model
+in the mixes llama-quantize writes (Q4_K_M; Q3_K_M- and Q2_K-style), through the C step: against the torch path on the
+same dequantized weights, batch-invariant, and from a GGUF file (llama, qwen2, qwen3) against a model
 holding gguf-py's dequantized weights."""
 
 from __future__ import annotations
@@ -30,7 +30,12 @@ Q4_K_M = {"q_proj": "Q4_K", "k_proj": "Q4_K", "v_proj": "Q6_K", "o_proj": "Q4_K"
           "gate_proj": "Q4_K", "up_proj": "Q4_K", "down_proj": "Q6_K", "head": "Q6_K"}
 Q4_K_M_FALLBACK = {"q_proj": "Q5_0", "k_proj": "Q5_0", "v_proj": "Q8_0", "o_proj": "Q5_0",
                    "gate_proj": "Q5_0", "up_proj": "Q5_0", "down_proj": "Q4_K", "head": "Q8_0"}
-FORMATS = ["Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1", "F16", "BF16", "F32"]
+# llama-quantize-style Q3_K_M and Q2_K mixes (v, down and the head a step or more up)
+Q3_K_M = {"q_proj": "Q3_K", "k_proj": "Q3_K", "v_proj": "Q5_K", "o_proj": "Q3_K",
+          "gate_proj": "Q3_K", "up_proj": "Q3_K", "down_proj": "Q4_K", "head": "Q6_K"}
+Q2_K_MIX = {"q_proj": "Q2_K", "k_proj": "Q2_K", "v_proj": "Q3_K", "o_proj": "Q2_K",
+            "gate_proj": "Q2_K", "up_proj": "Q2_K", "down_proj": "Q3_K", "head": "Q6_K"}
+FORMATS = ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1", "F16", "BF16", "F32"]
 
 
 def k_config(arch: str, tie: bool = False) -> ModelConfig:
@@ -88,7 +93,7 @@ def test_mixed_formats_through_the_c_step(arch: str, types: dict[str, str]) -> N
     compare_greedy(model, [[5, 9, 33, 7], [42] * 19], steps=8)
 
 
-@pytest.mark.parametrize("types", [Q4_K_M, dict.fromkeys(ROLES, "Q5_1")])
+@pytest.mark.parametrize("types", [Q4_K_M, dict.fromkeys(ROLES, "Q5_1"), Q2_K_MIX])
 def test_a_decode_row_never_depends_on_its_batch(types: dict[str, str]) -> None:
     """A decoding sequence's logits are the same bits alone or beside other decodes and a
     prefill chunk (the products' passes differ by row count)."""
@@ -104,14 +109,18 @@ def test_a_decode_row_never_depends_on_its_batch(types: dict[str, str]) -> None:
     assert torch.equal(mixed[0], alone[0])
 
 
-@pytest.mark.parametrize(("arch", "tie"), [("qwen2", False), ("qwen3", True)])
-def test_k_quant_gguf_runs_in_c(tmp_path: Path, arch: str, tie: bool) -> None:
+@pytest.mark.parametrize(("arch", "tie", "types"), [("qwen2", False, Q4_K_M),
+                                                    ("qwen3", True, Q4_K_M),
+                                                    ("qwen2", False, Q3_K_M),
+                                                    ("llama", False, Q2_K_MIX)])
+def test_k_quant_gguf_runs_in_c(tmp_path: Path, arch: str, tie: bool,
+                                types: dict[str, str]) -> None:
     """A Q4_K_M-style GGUF file (raw blocks written with gguf-py's GGUFWriter) loads with every
     step in C, its weights are gguf-py's bit for bit, and its logits match a model built from
     gguf-py's dequantized weights on the torch path."""
     cfg = k_config(arch, tie=tie)
-    tensors, blocks = raw_weights(cfg, Q4_K_M, seed=5)
-    path = write_tiny_gguf(tmp_path / f"tiny-{arch}-q4_k_m.gguf", cfg, tensors, blocks=blocks)
+    tensors, blocks = raw_weights(cfg, types, seed=5)
+    path = write_tiny_gguf(tmp_path / f"tiny-{arch}.gguf", cfg, tensors, blocks=blocks)
     lm = load_model(str(path))
     assert lm.model.plan.step == "c", "a K-quant file should run every step in C"
     held = float32_state_dict(lm.model)
@@ -128,8 +137,8 @@ def test_k_quant_gguf_runs_in_c(tmp_path: Path, arch: str, tie: bool) -> None:
 
 def test_a_matrix_without_a_kernel_is_logged(tmp_path: Path,
                                              caplog: pytest.LogCaptureFixture) -> None:
-    """A Q2_K projection has no kernel: one start-up line names it and why; the model runs on
-    the torch path with gguf-py's weights."""
+    """An IQ4_NL projection has no kernel: one start-up line names it and why; the model runs
+    on the torch path with gguf-py's weights."""
     import gguf
     import numpy as np
 
@@ -138,16 +147,16 @@ def test_a_matrix_without_a_kernel_is_logged(tmp_path: Path,
     name = "model.layers.1.mlp.down_proj.weight"
     n, k = tensors[name].shape
     gen = torch.Generator().manual_seed(0)
-    q2 = torch.randint(0, 256, (n, k // 256, 84), dtype=torch.uint8, generator=gen)
-    q2[:, :, 80:84] = torch.full((n, k // 256, 2), 1e-3).to(torch.float16).view(torch.uint8)
-    blocks[name] = (q2.reshape(n, -1), "Q2_K")
-    out = gguf.quants.dequantize(q2.reshape(n, -1).numpy(), gguf.GGMLQuantizationType.Q2_K)
+    iq = torch.randint(0, 256, (n, k // 32, 18), dtype=torch.uint8, generator=gen)
+    iq[:, :, 0:2] = torch.full((n, k // 32, 1), 1e-3).to(torch.float16).view(torch.uint8)
+    blocks[name] = (iq.reshape(n, -1), "IQ4_NL")
+    out = gguf.quants.dequantize(iq.reshape(n, -1).numpy(), gguf.GGMLQuantizationType.IQ4_NL)
     tensors[name] = torch.from_numpy(np.asarray(out, dtype=np.float32).copy()).reshape(n, k)
-    path = write_tiny_gguf(tmp_path / "q2.gguf", cfg, tensors, blocks=blocks)
+    path = write_tiny_gguf(tmp_path / "iq4_nl.gguf", cfg, tensors, blocks=blocks)
     with caplog.at_level("WARNING", logger="kiln.model"):
         lm = load_model(str(path))
     lines = [r.getMessage() for r in caplog.records if "torch path" in r.getMessage()]
-    assert len(lines) == 1 and "Q2_K" in lines[0] and "blk.1.ffn_down.weight" in lines[0]
+    assert len(lines) == 1 and "IQ4_NL" in lines[0] and "blk.1.ffn_down.weight" in lines[0]
     assert lm.model.plan.step != "c"
     assert torch.equal(float32_state_dict(lm.model)[name], tensors[name])
     assert isinstance(lm.model.model.layers[0].mlp.packed_down, PackedWeight)  # type: ignore[union-attr]

@@ -59,7 +59,7 @@ static inline __attribute__((always_inline)) void block_pass(
         for (int r = 0; r < RR; r++) acc[i][r] = _mm512_setzero_ps();
     const int64_t subs = kf_qk(fmt) / 32, tb = kf_tile(fmt), per32 = tb / subs;
     const float *xb = x + m0 * K;
-    float s[4][16]; /* kf_prep: each row's float scales of the (super-)block */
+    float s[4][32]; /* kf_prep: each row's float scales of the (super-)block */
     for (int64_t sb = 0; sb < K / (32 * subs); sb++) {
         const uint8_t *blk = tile + sb * tb;
         kf_prep(fmt, blk, r0, RR, s);
@@ -151,7 +151,7 @@ static inline __attribute__((always_inline)) int tile_panel(int fmt, const float
     float *panel = panel_buffer(4 * K);
     if (!panel) return 0;
     const int64_t subs = kf_qk(fmt) / 32, tb = kf_tile(fmt);
-    float s[4][16];
+    float s[4][32];
     for (int64_t b = 0; b < K / 32; b++)
         for (int r = 0; r < 4; r++) {
             __m512 lo, hi;
@@ -242,7 +242,8 @@ static void tile_any(int fmt, const float *x, int64_t M, int64_t K, const uint8_
     switch (fmt) {
 #define CASE(F) case F: tile_all(F, x, M, K, tile, y, N, n0); break;
     CASE(KF_Q4) CASE(KF_Q8) CASE(KF_Q5_0) CASE(KF_Q5_1) CASE(KF_Q4_K) CASE(KF_Q5_K)
-    CASE(KF_Q6_K) CASE(KF_F16) CASE(KF_BF16) CASE(KF_F32)
+    CASE(KF_Q6_K) CASE(KF_F16) CASE(KF_BF16) CASE(KF_F32) CASE(KF_Q2_K)
+    CASE(KF_Q3_K)
 #undef CASE
     default: break;
     }

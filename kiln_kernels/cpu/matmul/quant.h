@@ -12,7 +12,7 @@
  *   blocks one after another (KF_Q5_0 ... KF_F32; blocks_legacy.h, blocks_k.h, blocks_float.h). */
 enum {
     KF_Q4 = 0, KF_Q8 = 1, KF_Q5_0 = 2, KF_Q5_1 = 3, KF_Q4_K = 4, KF_Q5_K = 5, KF_Q6_K = 6,
-    KF_F16 = 7, KF_BF16 = 8, KF_F32 = 9, KF_COUNT = 10
+    KF_F16 = 7, KF_BF16 = 8, KF_F32 = 9, KF_Q2_K = 10, KF_Q3_K = 11, KF_COUNT = 12
 };
 
 /* A weight [N][K] as up to KILN_MAX_PARTS row-wise parts, each in its own format (a fused
