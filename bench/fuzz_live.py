@@ -7,8 +7,9 @@ and ``--workers 1``, stops the server and writes a summary to ``bench/results/fu
 
 This module is also the schemathesis hooks module (``SCHEMATHESIS_HOOKS=bench.fuzz_live``): the
 hooks keep generation cheap on a CPU (positive bodies get ``max_tokens <= 4``, ``n <= 2``, at most
-4 batch prompts) and skip positive bodies that break the semantic constraints JSON Schema cannot
-express, reusing the filter of ``tests/api/test_schemathesis.py``.
+4 batch prompts) and skip positive bodies that break a rule JSON Schema cannot state, with the
+filter ``tests/api/test_schemathesis.py`` uses too (``kiln/fuzz_filter.py``); every other bound
+is in the served document, whose ``x-kiln-served-bounds`` the filter reads.
 
     python -m bench.fuzz_live --max-examples 50 --timeout 600
 """
@@ -26,15 +27,15 @@ import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 from typing import Any, TypeGuard
 
 import schemathesis
 
 from bench.live_server import PYTHON, RESULTS, ROOT, running_server, write_random_adapter
+from kiln.fuzz_filter import semantically_valid
 
 # Cost caps applied to positive (schema-valid) generation bodies.
 MAX_TOKENS = 4
@@ -58,14 +59,13 @@ GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions/batch")
 # -- schemathesis hooks --------------------------------------------------------------------------
 
 
-@cache
-def _semantic_filter() -> Callable[..., bool]:
-    # Imported lazily: the module builds an in-process app on the engine test double.
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
-    from tests.api.test_schemathesis import semantically_valid
-
-    return semantically_valid
+def _served_bounds(case: Any) -> dict[str, Any]:
+    """The server's bounds as its served /openapi.json states them (x-kiln-served-bounds)."""
+    raw = getattr(case.operation.schema, "raw_schema", None)
+    bounds = raw.get("x-kiln-served-bounds") if isinstance(raw, dict) else None
+    if not isinstance(bounds, dict):
+        raise RuntimeError("the served OpenAPI document has no x-kiln-served-bounds")
+    return bounds
 
 
 def _is_int(value: object) -> TypeGuard[int]:
@@ -144,10 +144,14 @@ def _body_is_positive(case: Any) -> bool:
 
 @schemathesis.hook
 def filter_case(ctx: Any, case: Any) -> bool:
-    """Skip valid bodies the server rightly refuses for semantic (non-schema) reasons."""
+    """Skip valid bodies the server rightly refuses for a rule JSON Schema cannot state
+    (kiln/fuzz_filter.py lists each with its reason)."""
     if not _body_is_positive(case):
         return True
-    return _semantic_filter()(case.operation.path, case.body, case.path_parameters)
+    bounds = _served_bounds(case)
+    return semantically_valid(case.operation.path, case.body,
+                              max_logprobs=int(bounds["max_logprobs"]),
+                              max_model_len=int(bounds["max_model_len"]))
 
 
 @schemathesis.hook

@@ -107,9 +107,11 @@ def _operation(route: dict[str, Any], examples: dict[str, Any]) -> dict[str, Any
         "responses": {},
     }
     params = re.findall(r"{([^}]+)}", route["path"])
+    typed = route.get("path_parameters", {})  # a path parameter's contract $defs name
     if params:
         op["parameters"] = [
-            {"name": p, "in": "path", "required": True, "schema": {"type": "string"}}
+            {"name": p, "in": "path", "required": True,
+             "schema": _schema_ref(typed[p]) if p in typed else {"type": "string"}}
             for p in params
         ]
     request = route.get("request")

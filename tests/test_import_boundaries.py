@@ -63,8 +63,9 @@ def test_engine_never_imports_api() -> None:
 
 
 def test_no_serving_module_imports_the_test_helper() -> None:
-    """kiln.testing starts servers for tests and benches; `kiln serve` never loads it."""
+    """kiln.testing starts servers and kiln.fuzz_filter filters fuzz cases, for tests and
+    benches; `kiln serve` loads neither."""
     code = ("import sys, kiln.cli, kiln.serving, kiln.api.app\n"
-            "print('kiln.testing' in sys.modules)\n")
+            "print('kiln.testing' in sys.modules, 'kiln.fuzz_filter' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
+    assert out.stdout.strip() == "False False"

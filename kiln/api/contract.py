@@ -42,11 +42,18 @@ RULE_MESSAGES: dict[tuple[str, int], tuple[str, str | None]] = {
         "adapters",
     ),
     ("ChatCompletionRequest", 1): ("n greater than 1 requires stream=false", "n"),
+    ("ChatCompletionRequest", 3): ("top_logprobs requires logprobs: true", "top_logprobs"),
+    ("BatchCompletionRequest", 1): ("top_logprobs requires logprobs: true", "top_logprobs"),
     ("ChatCompletionRequest", 2): (
         "rollout_provenance=true requires stream=false, n=1, ignore_eos=false and "
         "max_tokens null or at least 1",
         "rollout_provenance",
     ),
+}
+
+# A definition's own oneOf / anyOf that states a rule (not a union of types): its message, param.
+DEF_RULE_MESSAGES: dict[tuple[str, str], tuple[str, str | None]] = {
+    ("TokenizeRequest", "oneOf"): ("give exactly one of prompt and messages", "prompt"),
 }
 
 
@@ -59,6 +66,23 @@ def _param(path: list[str | int]) -> str | None:
 
 # Conversation arrays that must hold a message: empty or missing is the gateway's `empty_array`.
 CONVERSATION_ARRAYS = frozenset({"messages", "prompts"})
+
+
+# Where the contract's AdapterName rule applies: (definition or None for any, parameter path).
+_ADAPTER_PARAM = re.compile(r"adapter|adapters\[\d+\]\.name")
+
+
+def _adapter_name(definition: str, param: str | None, value: Any) -> Violation | None:
+    """A string that breaks the AdapterName rule is `invalid_adapter_name`, as the adapter
+    store's own check has always answered (the contract states the same rule)."""
+    if not isinstance(value, str) or param is None:
+        return None
+    if not (_ADAPTER_PARAM.fullmatch(param)
+            or (definition == "AdapterLoadRequest" and param == "name")):
+        return None
+    return Violation(f"{param}: {value[:80]!r} is not a valid adapter name (ASCII letters, "
+                     "digits, '_', '-' and single inner dots; at most 255 characters)",
+                     param, None, "invalid_adapter_name")
 
 
 @dataclass(frozen=True)
@@ -129,10 +153,16 @@ class Contract:
             rule = (str(schema_path[1]), int(schema_path[3]))
             message, param = RULE_MESSAGES.get(rule, (_shorten(error.message), None))
             return Violation(message, param or _param(instance_path), rule)
+        if schema_path[:1] == ["$defs"] and tuple(schema_path[1:3]) in DEF_RULE_MESSAGES:
+            message, param = DEF_RULE_MESSAGES[(str(schema_path[1]), str(schema_path[2]))]
+            return Violation(message, param, None)
         empty = _empty_array_param(error)
         if empty is not None:
             return Violation(f"{empty} must hold at least one message", empty, None, "empty_array")
         param = _param(instance_path)
+        named = _adapter_name(definition, param, error.instance)
+        if named is not None:
+            return named
         prefix = f"{param}: " if param else ""
         return Violation(prefix + _shorten(error.message), param, None)
 
@@ -157,7 +187,8 @@ class Contract:
             raise ApiError(400, error_code, TOO_DEEP) from None
         if violation is not None:
             code = violation.code or error_code
-            if violation.param is not None and violation.param.startswith("adapters"):
+            if (violation.code is None and violation.param is not None
+                    and violation.param.startswith("adapters")):
                 code = "invalid_compose_request"  # Kiln's code for a bad composition
             raise ApiError(400, code, violation.message, param=violation.param)
         for _ in range(MAX_INTEGRAL_FIXES + 1):

@@ -92,6 +92,15 @@ RULES = [
             chat(rollout_provenance=True, max_tokens=0),
         ],
     ),
+    Rule(
+        M,
+        "ChatCompletionRequest",
+        "allOf/3",  # an integer top_logprobs needs logprobs: true (not a deviation: a 400 anyway)
+        valid=[chat(top_logprobs=2, logprobs=True), chat(top_logprobs=None), chat(logprobs=True),
+               chat(top_logprobs=0, logprobs=True)],
+        invalid=[chat(top_logprobs=2), chat(top_logprobs=0, logprobs=False),
+                 chat(top_logprobs=1, logprobs=None)],
+    ),
     # --- BatchCompletionRequest ------------------------------------------------------------
     Rule(
         M,
@@ -105,6 +114,17 @@ RULES = [
         ],
         invalid=[batch(adapter="style", adapters=ADAPTERS), batch(adapter="", adapters=[])],
     ),
+    Rule(
+        M,
+        "BatchCompletionRequest",
+        "allOf/1",  # an integer top_logprobs needs logprobs: true
+        valid=[batch(top_logprobs=2, logprobs=True), batch(top_logprobs=None)],
+        invalid=[batch(top_logprobs=2), batch(top_logprobs=3, logprobs=False)],
+    ),
+    # --- TokenizeRequest -------------------------------------------------------------------
+    Rule(M, "TokenizeRequest", "oneOf",  # exactly one of prompt and messages
+         valid=[{"prompt": "hi"}, {"messages": [{"role": "user", "content": "hi"}]}],
+         invalid=[{}, {"prompt": "hi", "messages": [{"role": "user", "content": "hi"}]}]),
     # --- helpers with a def-level oneOf / anyOf / propertyNames ----------------------------
     Rule(M, "ResponseFormat", "allOf/0",
          valid=[{"type": "json_object"}, {"type": "json_schema", "json_schema": {"name": "x"}}],
@@ -114,6 +134,9 @@ RULES = [
     Rule(M, "NullableNonNegativeNumber", "oneOf", valid=[None, 0, 2.5], invalid=[-0.1, "1"]),
     Rule(M, "NullableSamplingNumber", "oneOf", valid=[None, -3, 0.7], invalid=["0.7", True]),
     Rule(M, "NullableString", "oneOf", valid=[None, ""], invalid=[1, []]),
+    Rule(M, "NullableAdapterSelector", "oneOf",  # null, "" (base), or an AdapterName
+         valid=[None, "", "style", "my-adapter_2", "v1.2"],
+         invalid=[1, "a/b", "..", ".hidden", "a..b", "x\u0003", "%2e%2e", "a b", "x" * 256]),
     Rule(
         M,
         "NullableTemplateKwargs",
@@ -302,9 +325,10 @@ def test_every_rule_has_cases() -> None:
 
 
 def test_chat_rules_are_the_seed_rules() -> None:
-    """The composition of ChatCompletionRequest is exactly three allOf branches."""
-    assert len(main_schema()["$defs"]["ChatCompletionRequest"]["allOf"]) == 3
-    assert len(main_schema()["$defs"]["BatchCompletionRequest"]["allOf"]) == 1
+    """The composition of ChatCompletionRequest is the seed's three allOf branches plus
+    top_logprobs-needs-logprobs (as on batch, whose one seed branch it follows)."""
+    assert len(main_schema()["$defs"]["ChatCompletionRequest"]["allOf"]) == 4
+    assert len(main_schema()["$defs"]["BatchCompletionRequest"]["allOf"]) == 2
 
 
 def _cases(kind: str) -> list[Any]:

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-from importlib import resources
-
 from starlette.requests import Request
 from starlette.responses import Response
 
 from kiln import metrics
-from kiln.api import _generated
 from kiln.api.encode import json_response
+from kiln.api.served_openapi import served_openapi
 from kiln.api.state import app_state
-
-_OPENAPI: bytes | None = None
 
 
 async def health(request: Request) -> Response:
@@ -49,7 +45,9 @@ async def prometheus(request: Request) -> Response:
 
 
 async def openapi(request: Request) -> Response:
-    global _OPENAPI
-    if _OPENAPI is None:
-        _OPENAPI = resources.files(_generated).joinpath("openapi.json").read_bytes()
-    return Response(_OPENAPI, media_type="application/json")
+    """The contract's OpenAPI document with the loaded model's and this server's bounds."""
+    state = app_state(request)
+    backend = state.backend
+    body = served_openapi(backend.tokenizer.vocab_size, state.config.max_logprobs,
+                          backend.max_model_len)
+    return Response(body, media_type="application/json")
