@@ -16,7 +16,8 @@ each with why JSON Schema cannot say it:
   prompt that tokenizes to nothing);
 - fields the server accepts in the schema but refuses with 400 `unsupported_parameter` when set
   to a non-default value (kiln/api/handlers/unsupported.py): the seed keeps them as fields, the
-  refusal names the field, which a schema `not` would turn into a generic contract error;
+  refusal names the field, which a schema `not` would turn into a generic contract error
+  (likewise a `structural_tag` response_format / structured_outputs);
 - rules that depend on other parts of the request (continue_final_message needs a final
   assistant message, min_tokens with stop strings, the thinking budget's close sequence).
 """
@@ -47,6 +48,8 @@ def semantically_valid(path: str, body: object, *, max_logprobs: int, max_model_
             return bool(len(prompts) * n <= BATCH_CAP)
     if path in ("/v1/completions", "/v1/completions/render"):
         return _completion_valid(body, max_logprobs, max_model_len)
+    if _structural_tag(body):
+        return False
     if path in ("/v1/chat/completions", "/v1/chat/completions/render"):
         if any(name in body and body[name] not in unsupported._NEUTRAL[name]
                for name in unsupported.CHAT_FIELDS):
@@ -59,6 +62,14 @@ def semantically_valid(path: str, body: object, *, max_logprobs: int, max_model_
         if not _extras_valid(body):
             return False
     return True
+
+
+def _structural_tag(body: dict[str, Any]) -> bool:
+    """A structural_tag constraint (response_format or structured_outputs): the contract lists
+    it, the server answers 400 `unsupported_parameter` naming it."""
+    fmt, so = body.get("response_format"), body.get("structured_outputs")
+    return ((isinstance(fmt, dict) and fmt.get("type") == "structural_tag")
+            or (isinstance(so, dict) and so.get("structural_tag") is not None))
 
 
 def _extras_valid(body: dict[str, Any]) -> bool:

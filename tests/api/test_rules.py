@@ -37,6 +37,14 @@ CASES: dict[tuple[str, int], tuple[dict[str, Any], dict[str, Any]]] = {
         {"messages": M, "rollout_provenance": False, "stream": True},
         {"messages": M, "rollout_provenance": True, "stream": True},
     ),
+    ("ChatCompletionRequest", 3): (
+        {"messages": M, "top_logprobs": 2, "logprobs": True},
+        {"messages": M, "top_logprobs": 2},
+    ),
+    ("BatchCompletionRequest", 1): (
+        {"prompts": [M], "top_logprobs": 2, "logprobs": True},
+        {"prompts": [M], "top_logprobs": 2, "logprobs": False},
+    ),
     ("BatchCompletionRequest", 0): (
         {"prompts": [M], "adapter": None, "adapters": None},
         {"prompts": [M], "adapter": "a", "adapters": [{"name": "b", "scale": 1}]},
