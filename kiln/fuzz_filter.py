@@ -17,7 +17,8 @@ each with why JSON Schema cannot say it:
 - fields the server accepts in the schema but refuses with 400 `unsupported_parameter` when set
   to a non-default value (kiln/api/handlers/unsupported.py): the seed keeps them as fields, the
   refusal names the field, which a schema `not` would turn into a generic contract error
-  (likewise a `structural_tag` response_format / structured_outputs);
+  (likewise a `structural_tag` response_format / structured_outputs, and chat's echo /
+  return_token_ids beside stream: true);
 - rules that depend on other parts of the request (continue_final_message needs a final
   assistant message, min_tokens with stop strings, the thinking budget's close sequence).
 """
@@ -42,14 +43,14 @@ def semantically_valid(path: str, body: object, *, max_logprobs: int, max_model_
     length, as the served document's ``x-kiln-served-bounds`` states them."""
     if not isinstance(body, dict):
         return True
+    if _structural_tag(body):
+        return False
     if path == "/v1/completions/batch":
         prompts, n = body.get("prompts"), body.get("n")
         if isinstance(prompts, list) and _number(n):
             return bool(len(prompts) * n <= BATCH_CAP)
     if path in ("/v1/completions", "/v1/completions/render"):
         return _completion_valid(body, max_logprobs, max_model_len)
-    if _structural_tag(body):
-        return False
     if path in ("/v1/chat/completions", "/v1/chat/completions/render"):
         if any(name in body and body[name] not in unsupported._NEUTRAL[name]
                for name in unsupported.CHAT_FIELDS):
@@ -96,8 +97,6 @@ def _completion_valid(body: dict[str, Any], max_logprobs: int, max_model_len: in
     if body.get("response_format") not in (None, {"type": "text"}):
         return False
     if not _extras_valid(body):
-        return False
-    if _number(body.get("logprobs")) and body["logprobs"] > max_logprobs:
         return False
     prompt, k, n = body.get("prompt"), body.get("prompt_logprobs"), body.get("n") or 1
     prompts = [prompt] if isinstance(prompt, str) or (
