@@ -47,12 +47,12 @@ MAX_GENERATION_PROMPT_TOKENS = 64
 # Scoring cost grows faster than linearly with prompt length on a CPU (4096 tokens: ~40 s).
 MAX_SCORING_PROMPT_TOKENS = int(os.environ.get("KILN_FUZZ_MAX_PROMPT_TOKENS", "512"))
 ACCEPTED_LOG_ENV = "KILN_FUZZ_ACCEPTED_LOG"
-# Documented 400s for schema-valid bodies (docs/behavior.md §8, docs/features.md):
-# the contract cannot express "renders under the model's chat template" or "tokenizes to at
-# least one token". (status, error code, message prefix)
+# Documented 400s for schema-valid bodies (docs/behavior.md §8, docs/features.md): the contract
+# cannot express "renders under the model's chat template" (a Jinja program over the messages).
+# (An empty completions prompt, which tokenizes to no token, is the contract's minLength now.)
+# (status, error code, message prefix)
 SEMANTIC_REJECTIONS = (
     (400, "invalid_messages", "Failed to apply chat template"),
-    (400, "completion_invalid_request", "prompt tokenizes to 0 tokens"),
 )
 GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions/batch")
 
