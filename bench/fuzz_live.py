@@ -127,8 +127,9 @@ def _cap_min_tokens(out: dict[str, Any]) -> None:
     cap = out.get("max_tokens")
     if cap is None:  # chat: max_tokens wins over max_completion_tokens when non-null
         cap = out.get("max_completion_tokens")
-    if _is_int(out.get("min_tokens")) and _is_int(cap):
-        out["min_tokens"] = min(out["min_tokens"], cap)
+    low = out.get("min_tokens")  # an integral float is an integer to the contract
+    if isinstance(low, int | float) and not isinstance(low, bool) and _is_int(cap):
+        out["min_tokens"] = min(low, cap)
 
 
 def _body_is_positive(case: Any) -> bool:

@@ -18,6 +18,10 @@ each with why JSON Schema cannot say it:
   refusal names the field, which a schema `not` would turn into a generic contract error
   (likewise a `structural_tag` response_format / structured_outputs, and chat's echo /
   return_token_ids beside stream: true);
+- a regex, grammar or JSON schema to compile (structured_outputs, response_format
+  json_schema): whether it compiles in the server's engine is no JSON Schema property;
+- one output constraint per request (response_format beside structured_outputs): a
+  composition rule the contract could state but does not yet;
 - rules that depend on other parts of the request (continue_final_message needs a final
   assistant message, min_tokens with stop strings, the thinking budget's close sequence).
 
@@ -46,7 +50,7 @@ def semantically_valid(path: str, body: object, *, max_logprobs: int, max_model_
     length, as the served document's ``x-kiln-served-bounds`` states them."""
     if not isinstance(body, dict):
         return True
-    if _structural_tag(body):
+    if _structural_tag(body) or _two_constraints(body) or _compiled_program(body):
         return False
     if path == "/v1/completions/batch":
         prompts, n = body.get("prompts"), body.get("n")
@@ -76,13 +80,34 @@ def _structural_tag(body: dict[str, Any]) -> bool:
             or (isinstance(so, dict) and so.get("structural_tag") is not None))
 
 
-def _extras_valid(body: dict[str, Any]) -> bool:
+def _two_constraints(body: dict[str, Any]) -> bool:
+    """response_format (other than text) beside structured_outputs: the server builds at most
+    one output constraint per request. Expressible in JSON Schema only as a rule over which
+    structured_outputs kinds are non-null; not yet written into the contract."""
+    fmt, so = body.get("response_format"), body.get("structured_outputs")
+    constrained = isinstance(fmt, dict) and fmt.get("type") not in (None, "text")
+    return constrained and isinstance(so, dict) and any(v is not None for v in so.values())
+
+
+def _compiled_program(body: dict[str, Any]) -> bool:
+    """A structured_outputs regex, grammar or JSON schema, or a response_format json_schema:
+    text in another language that the server compiles (a 400 naming the field when it does not
+    compile); whether it compiles is not a JSON Schema property."""
+    so, fmt = body.get("structured_outputs"), body.get("response_format")
+    if isinstance(so, dict) and any(so.get(k) is not None for k in ("regex", "grammar", "json")):
+        return True
+    return isinstance(fmt, dict) and fmt.get("type") == "json_schema"
+
+
+def _extras_valid(body: dict[str, Any], completion: bool = False) -> bool:
     """min_tokens <= max_tokens, and no stop strings beside min_tokens."""
     min_tokens, stop = body.get("min_tokens"), body.get("stop")
     # chat: max_tokens wins over max_completion_tokens when both are non-null
     max_tokens = body.get("max_tokens")
     if max_tokens is None:
         max_tokens = body.get("max_completion_tokens")
+    if max_tokens is None and completion:
+        max_tokens = 16  # completions: a missing or null max_tokens is 16 (OpenAI's default)
     if _number(min_tokens) and min_tokens > 0:
         if _number(max_tokens) and min_tokens > max_tokens:
             return False
@@ -99,7 +124,7 @@ def _completion_valid(body: dict[str, Any], max_logprobs: int, max_model_len: in
         return False
     if body.get("response_format") not in (None, {"type": "text"}):
         return False
-    if not _extras_valid(body):
+    if not _extras_valid(body, completion=True):
         return False
     prompt, k, n = body.get("prompt"), body.get("prompt_logprobs"), body.get("n") or 1
     prompts = [prompt] if isinstance(prompt, str) or (
