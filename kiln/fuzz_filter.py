@@ -20,8 +20,8 @@ each with why JSON Schema cannot say it:
   return_token_ids beside stream: true);
 - a regex, grammar or JSON schema to compile (structured_outputs, response_format
   json_schema): whether it compiles in the server's engine is no JSON Schema property;
-- one output constraint per request (response_format beside structured_outputs): a
-  composition rule the contract could state but does not yet;
+- one output constraint per request (response_format beside structured_outputs), and none
+  beside ignore_eos: composition rules the contract could state but does not yet;
 - rules that depend on other parts of the request (continue_final_message needs a final
   assistant message, min_tokens with stop strings, the thinking budget's close sequence).
 
@@ -85,8 +85,11 @@ def _two_constraints(body: dict[str, Any]) -> bool:
     one output constraint per request. Expressible in JSON Schema only as a rule over which
     structured_outputs kinds are non-null; not yet written into the contract."""
     fmt, so = body.get("response_format"), body.get("structured_outputs")
-    constrained = isinstance(fmt, dict) and fmt.get("type") not in (None, "text")
-    return constrained and isinstance(so, dict) and any(v is not None for v in so.values())
+    by_format = isinstance(fmt, dict) and fmt.get("type") not in (None, "text")
+    by_outputs = isinstance(so, dict) and any(v is not None for v in so.values())
+    # ignore_eos beside any constraint: a finished constraint ends the output with EOS
+    return (by_format and by_outputs) or (body.get("ignore_eos") is True
+                                          and (by_format or by_outputs))
 
 
 def _compiled_program(body: dict[str, Any]) -> bool:
