@@ -66,6 +66,7 @@ class PreparedChat:
     budget_applied: bool = False
     echo_text: str = ""  # echo: the final assistant message, put before each choice's content
     return_token_ids: bool = False
+    include_stop: bool = False  # include_stop_str_in_output: the matched stop string ends the text
 
     @property
     def thinking_mode(self) -> str:
@@ -362,4 +363,5 @@ async def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> Prep
         logprobs=extras["logprobs"],
         echo_text=echo_text,
         return_token_ids=opt(req.return_token_ids) is True,
+        include_stop=opt(req.include_stop_str_in_output) is True,
     )

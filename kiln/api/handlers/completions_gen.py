@@ -24,7 +24,7 @@ from kiln.api.encode import json_response
 from kiln.api.errors import ApiError
 from kiln.api.handlers.adapters import Selection
 from kiln.api.handlers.chat_prepare import apply_budget
-from kiln.api.handlers.extras import check_logprobs, logits_extras
+from kiln.api.handlers.extras import check_logprobs, included_stop, logits_extras
 from kiln.api.handlers.generation import Admitted, Completion, collect, submit_all, until_disconnect
 from kiln.api.handlers.logprobs import CompletionLogprobs
 from kiln.api.handlers.params import (
@@ -285,8 +285,7 @@ def echo_logprobs(state: AppState, prep: Prepared, p: int) -> CompletionLogprobs
 
 def stop_text(prep: Prepared, finish: str | None, stop_reason: str | int | None) -> str:
     """The matched stop string when include_stop_str_in_output asks for it."""
-    ok = prep.include_stop and finish == "stop" and isinstance(stop_reason, str)
-    return str(stop_reason) if ok else ""
+    return included_stop(prep.include_stop, finish, stop_reason)
 
 
 def choice_body(state: AppState, prep: Prepared, index: int, p: int, c: Completion

@@ -61,6 +61,13 @@ def logits_extras(req: Any, tokenizer: Any, *, code: str, stop: tuple[str, ...],
     return out
 
 
+def included_stop(include: bool, finish_reason: str | None, stop_reason: Any) -> str:
+    """include_stop_str_in_output: the stop string that ended the output, to put back at the end
+    of its text ("" when not asked, or when no stop string ended it)."""
+    ok = include and finish_reason == "stop" and isinstance(stop_reason, str)
+    return str(stop_reason) if ok else ""
+
+
 def logprobs_wanted(req: Any, max_logprobs: int, code: str) -> int | None:
     """Chat's and batch's ``logprobs: true`` + ``top_logprobs`` -> alternatives per token (None:
     no logprobs). top_logprobs needs logprobs: true and is at most ``max_logprobs``."""
@@ -76,7 +83,8 @@ def chat_extras(req: Any, tokenizer: Any, stop: tuple[str, ...], max_tokens: int
                 max_logprobs: int) -> dict[str, Any]:
     """Chat's vLLM/OpenAI generation extras as SamplingParams fields (after refusing the ones
     not implemented): logprobs (top_logprobs alternatives; top_logprobs needs logprobs: true),
-    stop_token_ids, logit_bias and min_tokens."""
+    stop_token_ids, logit_bias and min_tokens (include_stop_str_in_output is the handler's:
+    ``included_stop``)."""
     check(req, CHAT_FIELDS)
     given = opt(getattr(req, "stop_token_ids", None))
     stop_ids = tuple(int(t) for t in given or ())
