@@ -72,6 +72,9 @@ class SamplingParams:
     allowed_token_ids: tuple[int, ...] | None = None  # only these can be sampled
     min_tokens: int = 0  # until this many tokens are out, min_tokens_ids cannot be sampled
     min_tokens_ids: tuple[int, ...] = ()  # EOS (unless ignore_eos) and stop_token_ids
+    # vLLM's bad_words as token ids: a word's last id is banned while the output ends with the
+    # ids before it (a one-token word always)
+    bad_words_ids: tuple[tuple[int, ...], ...] = ()
     grammar: GrammarSpec | None = None  # structured output / forced tool call (a token mask)
 
     def __post_init__(self) -> None:
@@ -83,7 +86,7 @@ class SamplingParams:
     @property
     def processes_logits(self) -> bool:
         return bool(self.logit_bias) or self.allowed_token_ids is not None or (
-            self.min_tokens > 0 and bool(self.min_tokens_ids))
+            self.min_tokens > 0 and bool(self.min_tokens_ids)) or bool(self.bad_words_ids)
 
     @property
     def uses_penalties(self) -> bool:

@@ -86,3 +86,13 @@ def test_include_stop_str_in_output(client: TestClient, backend: FakeBackend) ->
     chunks = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
     text = "".join(ch["delta"].get("content") or "" for c in chunks for ch in c["choices"])
     assert text == "abcd"
+
+
+def test_bad_words_reach_the_engine_as_token_ids(client: TestClient, backend: FakeBackend
+                                                 ) -> None:
+    """Each word as is and after a space, when that spelling has as many tokens and another
+    first one (never on this byte tokenizer: " ab" is one token longer than "ab")."""
+    r = client.post(CHAT, json={"messages": MSG, "bad_words": ["ab", " c", ""]})
+    assert r.status_code == 200, r.text
+    assert backend.submitted[-1].sampling.bad_words_ids == ((ord("a") + 3, ord("b") + 3),
+                                                            (ord("c") + 3,))

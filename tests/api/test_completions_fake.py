@@ -11,6 +11,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from kiln.api.contract import contract
+from kiln.api.handlers.extras import bad_words_ids
 from tests.api.fake_backend import FakeBackend
 
 URL = "/v1/completions"
@@ -95,7 +96,7 @@ def test_stop_token_ids_and_return_token_ids(client: TestClient, backend: FakeBa
 
 @pytest.mark.parametrize(("field", "value"), [
     ("suffix", "x"), ("use_beam_search", True),
-    ("logprob_token_ids", [3]), ("bad_words", ["a"]), ("prompt_embeds", "x"),
+    ("logprob_token_ids", [3]), ("prompt_embeds", "x"),
     ("kv_transfer_params", {}), ("skip_special_tokens", False),
     ("repetition_detection", {"min_count": 2}), ("spaces_between_special_tokens", False),
 ])
@@ -214,3 +215,23 @@ def test_include_stop_str_in_output(client: TestClient, backend: FakeBackend) ->
     assert body["choices"][0]["stop_reason"] == "d"
     plain = post(client, prompt="a", max_tokens=8, stop="d")
     assert plain["choices"][0]["text"] == "abc"
+
+
+def test_bad_words_spelling_after_a_space() -> None:
+    """vLLM's rule: the spaced spelling counts when it has as many tokens and another first."""
+    table = {"cat": [10], " cat": [11], "sea lion": [12, 13], " sea lion": [14, 15, 16]}
+
+    class Words:
+        def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+            return table[text]
+
+    assert bad_words_ids(["  cat", "sea lion"], Words()) == ((10,), (11,), (12, 13))
+
+
+def test_bad_words_reach_the_engine_and_not_scoring(client: TestClient, backend: FakeBackend
+                                                    ) -> None:
+    post(client, prompt="a", max_tokens=2, bad_words=["b"])
+    assert backend.submitted[-1].sampling.bad_words_ids == ((ord("b") + 3,),)
+    r = client.post(URL, json={"prompt": "ab", "max_tokens": 0, "prompt_logprobs": 1,
+                               "bad_words": ["b"]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "bad_words", r.text

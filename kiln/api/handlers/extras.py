@@ -1,7 +1,8 @@
 """vLLM's logits extras on completions and chat -> SamplingParams fields, checked against the
 served vocabulary: ``logit_bias`` (decimal token-ID keys, values clamped to ±100),
 ``allowed_token_ids``, and ``min_tokens`` (EOS and the stop token IDs cannot be sampled before
-it; with stop strings a 400, since those are still matched from the first token)."""
+it; with stop strings a 400, since those are still matched from the first token), and
+``bad_words`` (token-id sequences whose last id cannot complete them)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,22 @@ def check_logprobs(value: Any, limit: int, param: str, code: str) -> None:
     if value is not None and value is not UNSET and int(value) > limit:
         raise ApiError(400, code, f"{param} {int(value)} is more than this server's maximum of "
                                   f"{limit} (--max-logprobs)", param=param)
+
+
+def bad_words_ids(words: Any, tokenizer: Any) -> tuple[tuple[int, ...], ...]:
+    """vLLM's tokenization of ``bad_words``: each word (leading spaces stripped) as is, and with
+    one leading space when that spelling starts with another token but has as many tokens (the
+    word after a space in running text). Words that tokenize to nothing are dropped."""
+    out: list[tuple[int, ...]] = []
+    for word in words or ():
+        bare = tuple(tokenizer.encode(word.lstrip(), add_special_tokens=False))
+        if not bare:
+            continue
+        out.append(bare)
+        spaced = tuple(tokenizer.encode(" " + word.lstrip(), add_special_tokens=False))
+        if spaced and spaced[0] != bare[0] and len(spaced) == len(bare):
+            out.append(spaced)
+    return tuple(dict.fromkeys(out))
 
 
 def logits_extras(req: Any, tokenizer: Any, *, code: str, stop: tuple[str, ...],
@@ -58,6 +75,9 @@ def logits_extras(req: Any, tokenizer: Any, *, code: str, stop: tuple[str, ...],
         eos = () if bool(opt(getattr(req, "ignore_eos", False))) else tokenizer.eos_token_ids
         out["min_tokens"] = min_tokens
         out["min_tokens_ids"] = tuple(sorted({*eos, *stop_token_ids}))
+    words = bad_words_ids(opt(getattr(req, "bad_words", None)), tokenizer)
+    if words:
+        out["bad_words_ids"] = words
     return out
 
 

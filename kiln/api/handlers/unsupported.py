@@ -20,7 +20,6 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "skip_special_tokens": (True,),
     "spaces_between_special_tokens": (True,),
     "logprob_token_ids": (None,),
-    "bad_words": ([],),
     "prompt_embeds": (None,),
     "session_id": (None,),
     "routed_experts_prompt_start": (0,),

@@ -1,0 +1,34 @@
+"""vLLM's sampling extras on the default model: bad_words, skip_special_tokens."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from tests.e2e.conftest import LiveServer
+
+
+def post(live_server: LiveServer, route: str, **body: Any) -> dict[str, Any]:
+    r = httpx.post(live_server.url + route, timeout=120, json=body)
+    assert r.status_code == 200, r.text
+    data: dict[str, Any] = r.json()
+    return data
+
+
+def test_bad_words_change_the_greedy_text(live_server: LiveServer) -> None:
+    """A word the greedy answer says is never said once it is a bad word, on completions and
+    chat; its tokens do not appear after their prefix."""
+    prompt = {"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0,
+              "return_token_ids": True}
+    plain = post(live_server, "/v1/completions", **prompt)["choices"][0]
+    assert "Paris" in plain["text"]
+    banned = post(live_server, "/v1/completions", **prompt, bad_words=["Paris"])["choices"][0]
+    assert "Paris" not in banned["text"]
+    msg = [{"role": "user", "content": "What is the capital of France?"}]
+    chat = {"messages": msg, "max_tokens": 24, "temperature": 0}
+    assert "Paris" in post(live_server, "/v1/chat/completions", **chat)[
+        "choices"][0]["message"]["content"]
+    content = post(live_server, "/v1/chat/completions", **chat, bad_words=["Paris"])[
+        "choices"][0]["message"]["content"]
+    assert "Paris" not in content
