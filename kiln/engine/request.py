@@ -76,6 +76,8 @@ class SamplingParams:
     # ids before it (a one-token word always)
     bad_words_ids: tuple[tuple[int, ...], ...] = ()
     grammar: GrammarSpec | None = None  # structured output / forced tool call (a token mask)
+    skip_special_tokens: bool = True  # special tokens make no text
+    spaces_between_special_tokens: bool = True  # kept special tokens: a space beside each
 
     def __post_init__(self) -> None:
         if self.max_tokens < 0:

@@ -97,8 +97,7 @@ def test_stop_token_ids_and_return_token_ids(client: TestClient, backend: FakeBa
 @pytest.mark.parametrize(("field", "value"), [
     ("suffix", "x"), ("use_beam_search", True),
     ("logprob_token_ids", [3]), ("prompt_embeds", "x"),
-    ("kv_transfer_params", {}), ("skip_special_tokens", False),
-    ("repetition_detection", {"min_count": 2}), ("spaces_between_special_tokens", False),
+    ("kv_transfer_params", {}), ("repetition_detection", {"min_count": 2}),
 ])
 def test_unsupported_fields_are_a_400_naming_them(
     client: TestClient, field: str, value: Any
@@ -235,3 +234,18 @@ def test_bad_words_reach_the_engine_and_not_scoring(client: TestClient, backend:
     r = client.post(URL, json={"prompt": "ab", "max_tokens": 0, "prompt_logprobs": 1,
                                "bad_words": ["b"]})
     assert r.status_code == 400 and r.json()["error"]["param"] == "bad_words", r.text
+
+
+def test_special_token_text_settings_reach_the_engine(client: TestClient, backend: FakeBackend
+                                                      ) -> None:
+    post(client, prompt="a", max_tokens=2)
+    p = backend.submitted[-1].sampling
+    assert (p.skip_special_tokens, p.spaces_between_special_tokens) == (True, True)
+    post(client, prompt="a", max_tokens=2, skip_special_tokens=False,
+         spaces_between_special_tokens=False)
+    p = backend.submitted[-1].sampling
+    assert (p.skip_special_tokens, p.spaces_between_special_tokens) == (False, False)
+    r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "a"}],
+                                                  "skip_special_tokens": False})
+    assert r.status_code == 200, r.text
+    assert backend.submitted[-1].sampling.skip_special_tokens is False

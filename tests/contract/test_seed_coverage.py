@@ -49,7 +49,8 @@ ADDED_FIELDS = {
     # issue 25: OpenAI's chat logprobs and vLLM's sampling extras
     *(("ChatCompletionRequest", f) for f in (
         "logprobs", "top_logprobs", "stop_token_ids", "logit_bias", "min_tokens",
-        "include_stop_str_in_output", "continue_final_message", "bad_words")),
+        "include_stop_str_in_output", "continue_final_message", "bad_words",
+        "skip_special_tokens", "spaces_between_special_tokens")),
     ("Choice", "logprobs"),
     ("ChunkChoice", "logprobs"),
     # issue 26: structured outputs on chat and batch

@@ -32,3 +32,22 @@ def test_bad_words_change_the_greedy_text(live_server: LiveServer) -> None:
     content = post(live_server, "/v1/chat/completions", **chat, bad_words=["Paris"])[
         "choices"][0]["message"]["content"]
     assert "Paris" not in content
+
+
+def test_skip_special_tokens_false_keeps_their_text(live_server: LiveServer) -> None:
+    """A special token forced by logit_bias makes no text by default; with
+    skip_special_tokens false it does, spaced unless spaces_between_special_tokens is false."""
+    tok = live_server.backend.tokenizer
+    start = tok.encode("<|im_start|>")
+    assert len(start) == 1 and tok.is_special(start[0])
+    body = {"prompt": "Hello", "max_tokens": 2, "temperature": 0, "ignore_eos": True,
+            "logit_bias": {str(start[0]): 100}}
+
+    def text(route_body: dict[str, Any]) -> str:
+        out: str = post(live_server, "/v1/completions", **route_body)["choices"][0]["text"]
+        return out
+
+    assert text(body) == ""
+    assert text({**body, "skip_special_tokens": False}) == "<|im_start|> <|im_start|>"
+    assert text({**body, "skip_special_tokens": False,
+                 "spaces_between_special_tokens": False}) == "<|im_start|><|im_start|>"

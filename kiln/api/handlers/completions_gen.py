@@ -24,7 +24,7 @@ from kiln.api.encode import json_response
 from kiln.api.errors import ApiError
 from kiln.api.handlers.adapters import Selection
 from kiln.api.handlers.chat_prepare import apply_budget
-from kiln.api.handlers.extras import check_logprobs, included_stop, logits_extras
+from kiln.api.handlers.extras import check_logprobs, included_stop, logits_extras, text_extras
 from kiln.api.handlers.generation import Admitted, Completion, collect, submit_all, until_disconnect
 from kiln.api.handlers.logprobs import CompletionLogprobs
 from kiln.api.handlers.params import (
@@ -185,7 +185,7 @@ def prepare(state: AppState, req: Any, selection: Selection, model: str, *,
     stop_ids = tuple(int(t) for t in (opt(req.stop_token_ids) or ()))
     wanted = opt(req.max_tokens) if max_tokens_given else DEFAULT_MAX_TOKENS
     extras = logits_extras(req, state.backend.tokenizer, code=ERROR_CODE, stop=stop,
-                           stop_token_ids=stop_ids, max_tokens=wanted)
+                           stop_token_ids=stop_ids, max_tokens=wanted) | text_extras(req)
     default = state_default(state)
     budget = thinking_budget(req)
     params: list[SamplingParams] = []

@@ -88,6 +88,12 @@ def included_stop(include: bool, finish_reason: str | None, stop_reason: Any) ->
     return str(stop_reason) if ok else ""
 
 
+def text_extras(req: Any) -> dict[str, Any]:
+    """skip_special_tokens and spaces_between_special_tokens (both true unless set false)."""
+    return {name: opt(getattr(req, name, True)) is not False
+            for name in ("skip_special_tokens", "spaces_between_special_tokens")}
+
+
 def logprobs_wanted(req: Any, max_logprobs: int, code: str) -> int | None:
     """Chat's and batch's ``logprobs: true`` + ``top_logprobs`` -> alternatives per token (None:
     no logprobs). top_logprobs needs logprobs: true and is at most ``max_logprobs``."""
@@ -113,4 +119,5 @@ def chat_extras(req: Any, tokenizer: Any, stop: tuple[str, ...], max_tokens: int
         "stop_token_ids": stop_ids,
         **logits_extras(req, tokenizer, code="chat_invalid_request", stop=stop,
                         stop_token_ids=stop_ids, max_tokens=max_tokens),
+        **text_extras(req),
     }

@@ -17,8 +17,6 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "use_beam_search": (False,),
     "watermarking": (None, False),
     "length_penalty": (1.0,),
-    "skip_special_tokens": (True,),
-    "spaces_between_special_tokens": (True,),
     "logprob_token_ids": (None,),
     "prompt_embeds": (None,),
     "session_id": (None,),
