@@ -249,3 +249,14 @@ def test_special_token_text_settings_reach_the_engine(client: TestClient, backen
                                                   "skip_special_tokens": False})
     assert r.status_code == 200, r.text
     assert backend.submitted[-1].sampling.skip_special_tokens is False
+
+
+def test_session_id_is_accepted_and_changes_nothing(client: TestClient, backend: FakeBackend
+                                                    ) -> None:
+    """An opaque routing key (kiln/scale/routing.py): the same engine request as without it."""
+    a = post(client, prompt="a", max_tokens=3, seed=5)
+    sent = backend.submitted[-1]
+    b = post(client, prompt="a", max_tokens=3, seed=5, session_id="chat-42")
+    assert backend.submitted[-1].sampling == sent.sampling
+    assert backend.submitted[-1].prompt_token_ids == sent.prompt_token_ids
+    assert a["choices"] == b["choices"]

@@ -19,7 +19,6 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "length_penalty": (1.0,),
     "logprob_token_ids": (None,),
     "prompt_embeds": (None,),
-    "session_id": (None,),
     "routed_experts_prompt_start": (0,),
     "return_token_offsets": (None, False),
     "mm_payload": ("tensors",),
