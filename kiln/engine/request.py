@@ -66,6 +66,8 @@ class SamplingParams:
     # Logprobs of each generated token and of its `logprobs` most likely alternatives, from
     # the distribution the sampler used (after penalties and temperature); None: not wanted.
     logprobs: int | None = None
+    # vLLM's logprob_token_ids: these ids' logprobs at each position instead of the top `logprobs`
+    logprob_token_ids: tuple[int, ...] | None = None
     stop_token_ids: tuple[int, ...] = ()  # generating one of these stops (stop_reason: the id)
     # vLLM's logits processors, applied to the raw logits before penalties and sampling:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit)

@@ -96,7 +96,7 @@ def test_stop_token_ids_and_return_token_ids(client: TestClient, backend: FakeBa
 
 @pytest.mark.parametrize(("field", "value"), [
     ("suffix", "x"), ("use_beam_search", True),
-    ("logprob_token_ids", [3]), ("prompt_embeds", "x"),
+    ("prompt_embeds", "x"),
     ("kv_transfer_params", {}), ("repetition_detection", {"min_count": 2}),
 ])
 def test_unsupported_fields_are_a_400_naming_them(
@@ -260,3 +260,22 @@ def test_session_id_is_accepted_and_changes_nothing(client: TestClient, backend:
     assert backend.submitted[-1].sampling == sent.sampling
     assert backend.submitted[-1].prompt_token_ids == sent.prompt_token_ids
     assert a["choices"] == b["choices"]
+
+
+def test_logprob_token_ids_reach_the_engine(client: TestClient, backend: FakeBackend) -> None:
+    post(client, prompt="a", max_tokens=2, logprobs=1, logprob_token_ids=[7, 5, 7])
+    assert backend.submitted[-1].sampling.logprob_token_ids == (7, 5)
+    assert backend.submitted[-1].sampling.logprobs == 1
+
+
+@pytest.mark.parametrize(("body", "code"), [
+    ({"logprob_token_ids": [3]}, "completion_invalid_request"),  # needs logprobs
+    ({"logprob_token_ids": [1000], "logprobs": 0}, "completion_invalid_request"),
+    ({"logprob_token_ids": [], "logprobs": 0}, "completion_invalid_request"),
+    ({"logprob_token_ids": list(range(257)), "logprobs": 0}, "completion_invalid_request"),
+    ({"logprob_token_ids": [3], "max_tokens": 0, "prompt_logprobs": 1}, "unsupported_parameter"),
+])
+def test_logprob_token_ids_checks(client: TestClient, body: dict[str, Any], code: str) -> None:
+    r = client.post(URL, json={"prompt": "ab", **body})
+    assert r.status_code == 400, r.text
+    assert (r.json()["error"]["param"], r.json()["error"]["code"]) == ("logprob_token_ids", code)

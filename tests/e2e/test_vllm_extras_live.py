@@ -51,3 +51,18 @@ def test_skip_special_tokens_false_keeps_their_text(live_server: LiveServer) -> 
     assert text({**body, "skip_special_tokens": False}) == "<|im_start|> <|im_start|>"
     assert text({**body, "skip_special_tokens": False,
                  "spaces_between_special_tokens": False}) == "<|im_start|><|im_start|>"
+
+
+def test_logprob_token_ids_equal_the_natural_top_logprobs(live_server: LiveServer) -> None:
+    """The natural top 3 of each greedy position, asked for by id, read the same values."""
+    body = {"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0, "ignore_eos": True,
+            "return_tokens_as_token_ids": True}
+    natural = post(live_server, "/v1/completions", **body, logprobs=3)["choices"][0]["logprobs"]
+    first = natural["top_logprobs"][0]
+    ids = [int(k.split(":")[1]) for k in first]
+    named = post(live_server, "/v1/completions", **body, logprobs=0,
+                 logprob_token_ids=ids[::-1])["choices"][0]["logprobs"]
+    assert named["tokens"] == natural["tokens"]
+    assert named["top_logprobs"][0] == first  # the same ids, the same values
+    for top in named["top_logprobs"]:
+        assert set(top) >= {f"token_id:{t}" for t in ids}

@@ -44,6 +44,7 @@ ERROR_CODE = "completion_invalid_request"
 DEFAULT_MAX_TOKENS = 16  # vLLM's completions default
 MAX_CHOICES = 64
 MAX_ECHO_CANDIDATES = 65_536  # as scoring: echoed positions * (logprobs + 1)
+MAX_NAMED_LOGPROBS = 256  # logprob_token_ids per request (scoring's top-K bound)
 
 
 def bad(message: str, param: str | None = None) -> ApiError:
@@ -173,6 +174,7 @@ def prepare(state: AppState, req: Any, selection: Selection, model: str, *,
         raise bad(f"{len(prompts)} prompts x {param}={n} is more than {MAX_CHOICES} choices", param)
     logprobs = opt(req.logprobs)
     check_logprobs(logprobs, state.config.max_logprobs, "logprobs", ERROR_CODE)
+    named = logprob_token_ids(req, logprobs, state.backend.tokenizer.vocab_size)
     prompt_logprobs = opt(req.prompt_logprobs)
     check_logprobs(prompt_logprobs, state.config.max_logprobs, "prompt_logprobs", ERROR_CODE)
     echo = bool(opt(req.echo))
@@ -198,7 +200,7 @@ def prepare(state: AppState, req: Any, selection: Selection, model: str, *,
                                    seed=choice_seed(req.seed, p * n + c), base=default)
             params.append(dataclasses.replace(
                 base, logprobs=None if logprobs is None else int(logprobs),
-                stop_token_ids=stop_ids, thinking=spec, **extras))
+                logprob_token_ids=named, stop_token_ids=stop_ids, thinking=spec, **extras))
     options = opt(req.stream_options)
     rid = opt(req.request_id)
     return Prepared(
@@ -212,6 +214,25 @@ def prepare(state: AppState, req: Any, selection: Selection, model: str, *,
         include_stop=bool(req.include_stop_str_in_output), keep=keep,
         cache_salt=opt(req.cache_salt), priority=int(opt(req.priority) or 0),
         prompt_logprobs=None if prompt_logprobs is None else int(prompt_logprobs))
+
+
+def logprob_token_ids(req: Any, logprobs: Any, vocab: int) -> tuple[int, ...] | None:
+    """vLLM's logprob_token_ids: at each generated position these ids' logprobs (in the order
+    given, duplicates once) take the place of the top ``logprobs``; it needs ``logprobs``."""
+    given = opt(getattr(req, "logprob_token_ids", None))
+    if given is None:
+        return None
+    if logprobs is None:
+        raise bad("logprob_token_ids requires logprobs to be set", "logprob_token_ids")
+    ids = tuple(dict.fromkeys(int(t) for t in given))
+    if not ids or len(ids) > MAX_NAMED_LOGPROBS:
+        raise bad(f"logprob_token_ids must name 1 to {MAX_NAMED_LOGPROBS} tokens",
+                  "logprob_token_ids")
+    outside = [t for t in ids if t >= vocab]
+    if outside:
+        raise bad(f"logprob_token_ids names token id {outside[0]}, outside the vocabulary "
+                  f"(size {vocab})", "logprob_token_ids")
+    return ids
 
 
 def thinking_budget(req: Any) -> BudgetConfig:

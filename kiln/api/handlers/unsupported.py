@@ -17,7 +17,6 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "use_beam_search": (False,),
     "watermarking": (None, False),
     "length_penalty": (1.0,),
-    "logprob_token_ids": (None,),
     "prompt_embeds": (None,),
     "routed_experts_prompt_start": (0,),
     "return_token_offsets": (None, False),
