@@ -61,6 +61,8 @@ def semantically_valid(path: str, body: object, path_params: dict[str, object] |
     # rejects them with 400, which schemathesis would count as a valid request refused).
     if not isinstance(body, dict):
         return True
+    if body.get("structured_outputs") is not None:  # its own rules (one constraint, compilable)
+        return False
     if path == "/v1/completions/batch":
         prompts, n = body.get("prompts"), body.get("n")
         if not _logprobs_valid(body):
@@ -99,12 +101,17 @@ def _logprobs_valid(body: dict[str, Any]) -> bool:
 
 
 def _extras_valid(body: dict[str, Any]) -> bool:
-    """logit_bias / allowed_token_ids within the vocabulary; min_tokens <= max_tokens and
-    without stop strings."""
+    """logit_bias / allowed_token_ids / logprob_token_ids within the vocabulary; min_tokens <=
+    max_tokens and without stop strings."""
     bias, allowed = body.get("logit_bias"), body.get("allowed_token_ids")
-    if isinstance(bias, dict) and any(int(k) >= VOCAB for k in bias):
+    if isinstance(bias, dict) and any(k.isdigit() and int(k) >= VOCAB for k in bias):
         return False
     if isinstance(allowed, list) and any(_number(t) and t >= VOCAB for t in allowed):
+        return False
+    named = body.get("logprob_token_ids")  # completions: needs logprobs; 1..256 ids in the vocab
+    if isinstance(named, list) and all(map(_number, named)) and (
+            body.get("logprobs") is None or any(t >= VOCAB for t in named)
+            or not 1 <= len(set(map(int, named))) <= 256):
         return False
     min_tokens, stop = body.get("min_tokens"), body.get("stop")
     # chat: max_tokens wins over max_completion_tokens when both are non-null
@@ -162,7 +169,8 @@ def _completion_valid(body: dict[str, Any]) -> bool:
         return False
     if len(prompts) != 1 or n != 1 or body.get("stream") or any(
             body.get(f) not in (None, False) for f in
-            ("echo", "logprobs", "return_token_ids", "return_tokens_as_token_ids")):
+            ("echo", "logprobs", "return_token_ids", "return_tokens_as_token_ids",
+             "logprob_token_ids")) or body.get("bad_words"):
         return False
     if isinstance(prompt, list | str) and _number(k):
         return not len(prompt) * (k + 1) > 65_536
