@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kiln.engine.outputs import RequestOutput
+from kiln.engine.repetition import REPETITION
 from kiln.engine.request import Request, SamplingParams
 from kiln.engine.stop import Detokenizer, StopChecker
 
@@ -64,8 +65,8 @@ class OutputProcessor:
         ids = out.new_token_ids
         if out.finish_reason in ("abort", "error"):
             return
-        if out.finish_reason == "stop":  # ended on a token id: that token makes no text
-            ids = ids[:-1]
+        if out.finish_reason == "stop" and out.stop_reason != REPETITION:
+            ids = ids[:-1]  # ended on a token id (EOS, stop_token_ids): that token makes no text
         text = ""
         matched: str | None = None
         for token_id in ids:

@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 
 from kiln.engine.lora_mix import LoraMix
+from kiln.engine.repetition import RepetitionDetection
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,7 @@ class SamplingParams:
     # ids before it (a one-token word always)
     bad_words_ids: tuple[tuple[int, ...], ...] = ()
     grammar: GrammarSpec | None = None  # structured output / forced tool call (a token mask)
+    repetition_detection: RepetitionDetection | None = None  # stop a looping output early
     skip_special_tokens: bool = True  # special tokens make no text
     spaces_between_special_tokens: bool = True  # kept special tokens: a space beside each
 

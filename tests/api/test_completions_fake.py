@@ -11,7 +11,8 @@ import pytest
 from starlette.testclient import TestClient
 
 from kiln.api.contract import contract
-from kiln.api.handlers.extras import bad_words_ids
+from kiln.api.handlers.extras import bad_words_ids, included_stop
+from kiln.engine.repetition import RepetitionDetection
 from tests.api.fake_backend import FakeBackend
 
 URL = "/v1/completions"
@@ -97,7 +98,7 @@ def test_stop_token_ids_and_return_token_ids(client: TestClient, backend: FakeBa
 @pytest.mark.parametrize(("field", "value"), [
     ("suffix", "x"), ("use_beam_search", True),
     ("prompt_embeds", "x"),
-    ("kv_transfer_params", {}), ("repetition_detection", {"min_count": 2}),
+    ("kv_transfer_params", {}),
 ])
 def test_unsupported_fields_are_a_400_naming_them(
     client: TestClient, field: str, value: Any
@@ -231,9 +232,11 @@ def test_bad_words_reach_the_engine_and_not_scoring(client: TestClient, backend:
                                                     ) -> None:
     post(client, prompt="a", max_tokens=2, bad_words=["b"])
     assert backend.submitted[-1].sampling.bad_words_ids == ((ord("b") + 3,),)
-    r = client.post(URL, json={"prompt": "ab", "max_tokens": 0, "prompt_logprobs": 1,
-                               "bad_words": ["b"]})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "bad_words", r.text
+    for field, value in (("bad_words", ["b"]),
+                         ("repetition_detection", {"max_pattern_size": 2, "min_count": 2})):
+        r = client.post(URL, json={"prompt": "ab", "max_tokens": 0, "prompt_logprobs": 1,
+                                   field: value})
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
 
 
 def test_special_token_text_settings_reach_the_engine(client: TestClient, backend: FakeBackend
@@ -279,3 +282,29 @@ def test_logprob_token_ids_checks(client: TestClient, body: dict[str, Any], code
     r = client.post(URL, json={"prompt": "ab", **body})
     assert r.status_code == 400, r.text
     assert (r.json()["error"]["param"], r.json()["error"]["code"]) == ("logprob_token_ids", code)
+
+
+def test_repetition_detection_reaches_the_engine(client: TestClient, backend: FakeBackend
+                                                 ) -> None:
+    post(client, prompt="a", max_tokens=2,
+         repetition_detection={"max_pattern_size": 4, "min_count": 3})
+    assert backend.submitted[-1].sampling.repetition_detection == RepetitionDetection(4, 3, 1)
+    post(client, prompt="a", max_tokens=2, repetition_detection=None)
+    assert backend.submitted[-1].sampling.repetition_detection is None
+
+
+@pytest.mark.parametrize("rule", [{}, {"min_count": 2}, {"max_pattern_size": 3},
+                                  {"max_pattern_size": 2, "min_count": 2, "min_pattern_size": 3},
+                                  {"max_pattern_size": "2", "min_count": 2}])
+def test_repetition_detection_that_detects_nothing_is_a_400(client: TestClient,
+                                                            rule: dict[str, Any]) -> None:
+    r = client.post(URL, json={"prompt": "a", "max_tokens": 2, "repetition_detection": rule})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "repetition_detection"
+
+
+def test_include_stop_str_only_puts_back_a_stop_string() -> None:
+    assert included_stop(True, "stop", "d", ("d",)) == "d"
+    assert included_stop(True, "stop", "repetition_detected", ("d",)) == ""
+    assert included_stop(False, "stop", "d", ("d",)) == ""
+    assert included_stop(True, "length", None, ("d",)) == ""

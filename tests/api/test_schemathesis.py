@@ -63,6 +63,8 @@ def semantically_valid(path: str, body: object, path_params: dict[str, object] |
         return True
     if body.get("structured_outputs") is not None:  # its own rules (one constraint, compilable)
         return False
+    if body.get("response_format") not in (None, {"type": "text"}):  # the same
+        return False
     if path == "/v1/completions/batch":
         prompts, n = body.get("prompts"), body.get("n")
         if not _logprobs_valid(body):
@@ -135,6 +137,8 @@ def _completion_valid(body: dict[str, Any]) -> bool:
     if body.get("response_format") not in (None, {"type": "text"}):
         return False
     if not _extras_valid(body):
+        return False
+    if body.get("repetition_detection") is not None:  # its rule must detect something
         return False
     if _number(body.get("logprobs")) and body["logprobs"] > MAX_LOGPROBS:
         return False

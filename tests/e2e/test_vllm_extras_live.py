@@ -66,3 +66,17 @@ def test_logprob_token_ids_equal_the_natural_top_logprobs(live_server: LiveServe
     assert named["top_logprobs"][0] == first  # the same ids, the same values
     for top in named["top_logprobs"]:
         assert set(top) >= {f"token_id:{t}" for t in ids}
+
+
+def test_repetition_detection_ends_a_loop_early(live_server: LiveServer) -> None:
+    """Greedy counting of ones loops; with repetition_detection it stops once the loop shows."""
+    body = {"prompt": "1 1 1 1 1 1 1 1 1 1 1 1", "max_tokens": 40, "temperature": 0,
+            "ignore_eos": True, "return_token_ids": True}
+    plain = post(live_server, "/v1/completions", **body)["choices"][0]
+    assert plain["finish_reason"] == "length" and len(plain["token_ids"]) == 40
+    rule = {"max_pattern_size": 4, "min_count": 4}
+    cut = post(live_server, "/v1/completions", **body, repetition_detection=rule)["choices"][0]
+    assert (cut["finish_reason"], cut["stop_reason"]) == ("stop", "repetition_detected")
+    assert len(cut["token_ids"]) < 40
+    assert cut["token_ids"] == plain["token_ids"][:len(cut["token_ids"])]  # the same greedy run
+    assert plain["text"].startswith(cut["text"])

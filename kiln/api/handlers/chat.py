@@ -147,7 +147,8 @@ def response_body(
     completion_tokens = 0
     for index, c in enumerate(completions):
         finish = _finish_reason(c)
-        kept = included_stop(prepared.include_stop, c.finish_reason, c.stop_reason)
+        kept = included_stop(prepared.include_stop, c.finish_reason, c.stop_reason,
+                             prepared.params[0].stop)
         reasoning, content = split_reasoning(c.text + kept, prepared.in_reasoning)
         stop = "" if kept else closing_stop(c.finish_reason, c.stop_reason)
         reasoning, content, calls = extract_tool_calls(prepared, reasoning, content, stop)

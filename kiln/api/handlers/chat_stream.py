@@ -198,7 +198,8 @@ async def frames(
         )
         yield DONE
         return
-    kept = included_stop(prepared.include_stop, final.finish_reason, final.stop_reason)
+    kept = included_stop(prepared.include_stop, final.finish_reason, final.stop_reason,
+                         prepared.params[0].stop)
     if kept:  # include_stop_str_in_output: the stop string is text like the rest
         for frame in tools.frames(splitter.push(kept)):
             yield frame

@@ -102,8 +102,9 @@ async def _score(request: Request, state: AppState, req: Any, selection: Selecti
             raise unsupported.unsupported(
                 name, "it does not apply to prompt scoring (prompt_logprobs with max_tokens 0); "
                       "vLLM's way, echo with logprobs and max_tokens 0, needs no prompt_logprobs")
-    if opt(req.bad_words):
-        raise unsupported.unsupported("bad_words", "prompt scoring generates no tokens to ban")
+    for name in ("bad_words", "repetition_detection"):
+        if opt(getattr(req, name)):
+            raise unsupported.unsupported(name, "prompt scoring generates no tokens")
     if not isinstance(req.prompt, str) and not all(map(completions_gen.is_token_id, req.prompt)):
         raise _bad("prompt scoring takes one prompt (a text or a token-ID list)", "prompt")
     if (opt(req.thinking_token_budget) or -1) >= 0:

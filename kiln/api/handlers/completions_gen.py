@@ -24,7 +24,13 @@ from kiln.api.encode import json_response
 from kiln.api.errors import ApiError
 from kiln.api.handlers.adapters import Selection
 from kiln.api.handlers.chat_prepare import apply_budget
-from kiln.api.handlers.extras import check_logprobs, included_stop, logits_extras, text_extras
+from kiln.api.handlers.extras import (
+    check_logprobs,
+    included_stop,
+    logits_extras,
+    repetition_detection,
+    text_extras,
+)
 from kiln.api.handlers.generation import Admitted, Completion, collect, submit_all, until_disconnect
 from kiln.api.handlers.logprobs import CompletionLogprobs
 from kiln.api.handlers.params import (
@@ -188,6 +194,7 @@ def prepare(state: AppState, req: Any, selection: Selection, model: str, *,
     wanted = opt(req.max_tokens) if max_tokens_given else DEFAULT_MAX_TOKENS
     extras = logits_extras(req, state.backend.tokenizer, code=ERROR_CODE, stop=stop,
                            stop_token_ids=stop_ids, max_tokens=wanted) | text_extras(req)
+    extras["repetition_detection"] = repetition_detection(req, ERROR_CODE)
     default = state_default(state)
     budget = thinking_budget(req)
     params: list[SamplingParams] = []
@@ -306,7 +313,7 @@ def echo_logprobs(state: AppState, prep: Prepared, p: int) -> CompletionLogprobs
 
 def stop_text(prep: Prepared, finish: str | None, stop_reason: str | int | None) -> str:
     """The matched stop string when include_stop_str_in_output asks for it."""
-    return included_stop(prep.include_stop, finish, stop_reason)
+    return included_stop(prep.include_stop, finish, stop_reason, prep.params[0].stop)
 
 
 def choice_body(state: AppState, prep: Prepared, index: int, p: int, c: Completion

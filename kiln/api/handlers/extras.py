@@ -13,6 +13,7 @@ from msgspec import UNSET
 from kiln.api.errors import ApiError
 from kiln.api.handlers.params import opt
 from kiln.api.handlers.unsupported import CHAT_FIELDS, check, unsupported
+from kiln.engine.repetition import RepetitionDetection
 
 LOGIT_BIAS_LIMIT = 100.0  # OpenAI's and vLLM's range
 
@@ -81,11 +82,34 @@ def logits_extras(req: Any, tokenizer: Any, *, code: str, stop: tuple[str, ...],
     return out
 
 
-def included_stop(include: bool, finish_reason: str | None, stop_reason: Any) -> str:
-    """include_stop_str_in_output: the stop string that ended the output, to put back at the end
-    of its text ("" when not asked, or when no stop string ended it)."""
-    ok = include and finish_reason == "stop" and isinstance(stop_reason, str)
+def included_stop(include: bool, finish_reason: str | None, stop_reason: Any,
+                  stops: tuple[str, ...]) -> str:
+    """include_stop_str_in_output: the stop string (one of ``stops``, the request's) that ended
+    the output, to put back at the end of its text ("" when not asked, or when none ended it)."""
+    ok = include and finish_reason == "stop" and stop_reason in stops
     return str(stop_reason) if ok else ""
+
+
+def repetition_detection(req: Any, code: str) -> RepetitionDetection | None:
+    """vLLM's repetition_detection object -> the engine's rule; null is off. An object that
+    would detect nothing (max_pattern_size < 1, min_count < 2, min_pattern_size above
+    max_pattern_size) is a 400, never accepted and ignored."""
+    given = opt(getattr(req, "repetition_detection", None))
+    if given is None:
+        return None
+    values = {}
+    for key in ("max_pattern_size", "min_pattern_size", "min_count"):
+        v = given.get(key, 0)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ApiError(400, code, f"repetition_detection.{key} must be a non-negative "
+                                      "integer", param="repetition_detection")
+        values[key] = v
+    try:
+        return RepetitionDetection(values["max_pattern_size"], values["min_count"],
+                                   max(1, values["min_pattern_size"]))
+    except ValueError as exc:
+        raise ApiError(400, code, f"repetition_detection detects nothing: {exc}",
+                       param="repetition_detection") from None
 
 
 def text_extras(req: Any) -> dict[str, Any]:

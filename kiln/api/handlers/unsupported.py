@@ -25,7 +25,6 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "kv_transfer_params": (None,),
     "ec_transfer_params": (None,),
     "vllm_xargs": (None,),
-    "repetition_detection": (None,),
     "continue_final_message": (False,),
 }
 # Chat's share of them (the fields chat's contract gained for issue 25 but does not implement).
