@@ -96,3 +96,21 @@ def test_bad_words_reach_the_engine_as_token_ids(client: TestClient, backend: Fa
     assert r.status_code == 200, r.text
     assert backend.submitted[-1].sampling.bad_words_ids == ((ord("a") + 3, ord("b") + 3),
                                                             (ord("c") + 3,))
+
+
+def test_batch_items_take_the_same_extras(client: TestClient, backend: FakeBackend) -> None:
+    """bad_words, skip_special_tokens / spaces_between_special_tokens and
+    include_stop_str_in_output on every batch item, as on chat."""
+    backend.reply, backend.stop_string = "abc", "d"
+    body = {"prompts": [MSG, MSG], "stop": "d", "bad_words": ["x"], "skip_special_tokens": False,
+            "spaces_between_special_tokens": False,
+            "chat_template_kwargs": {"enable_thinking": False}}
+    kept = client.post("/v1/completions/batch",
+                       json={**body, "include_stop_str_in_output": True}).json()
+    assert [i["text"] for i in kept["completions"]] == ["abcd", "abcd"]
+    for r in backend.submitted[-2:]:
+        p = r.sampling
+        assert p.bad_words_ids == ((ord("x") + 3,),)
+        assert (p.skip_special_tokens, p.spaces_between_special_tokens) == (False, False)
+    plain = client.post("/v1/completions/batch", json=body).json()
+    assert [i["text"] for i in plain["completions"]] == ["abc", "abc"]

@@ -58,6 +58,9 @@ ADDED_FIELDS = {
       for f in ("response_format", "structured_outputs")),
     # issue 25, second part: batch logprobs and token ids; vLLM's chat fields
     *(("BatchCompletionRequest", f) for f in ("logprobs", "top_logprobs", "return_token_ids")),
+    *(("BatchCompletionRequest", f) for f in (
+        "include_stop_str_in_output", "bad_words", "skip_special_tokens",
+        "spaces_between_special_tokens")),
     *(("BatchCompletionItem", f) for f in ("logprobs", "prompt_token_ids", "token_ids")),
     *(("ChatCompletionRequest", f) for f in ("add_generation_prompt", "echo", "return_token_ids")),
     ("ChatCompletionResponse", "prompt_token_ids"),
