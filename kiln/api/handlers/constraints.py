@@ -3,9 +3,11 @@
 
 * ``response_format`` (OpenAI): ``text``, ``json_object``, ``json_schema``;
 * ``structured_outputs`` (vLLM): ``json``, ``regex``, ``choice``, ``grammar``, ``json_object``;
-* ``tool_choice`` ``"required"`` or a named function: the Hermes/Qwen3 tool-call format
-  ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`` (which the tool parser reads
-  on every model), arguments valid against the tool's ``parameters``.
+* ``tool_choice`` ``"required"`` or a named function: calls in the model's tool-call format,
+  arguments valid against the tool's ``parameters``: the Hermes/Qwen3 JSON format
+  ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``, or, when the chat template
+  writes Qwen3.5's XML, ``<tool_call>\\n<function=NAME>\\n<parameter=KEY>\\nVALUE\\n</parameter>
+  \\n</function>\\n</tool_call>`` (kiln/api/handlers/xml_tools.py).
 
 JSON defaults (docs/structured-outputs.md): an object schema without ``additionalProperties``
 admits no extra keys, and whitespace is bounded (one space after ``,`` and ``:``, nothing else) so a model
@@ -23,6 +25,7 @@ import msgspec
 from msgspec import UNSET
 
 from kiln.api.errors import ApiError
+from kiln.api.handlers import xml_tools
 from kiln.api.handlers.unsupported import unsupported
 from kiln.engine.grammar import GrammarError, compiler_for
 from kiln.engine.request import GrammarSpec
@@ -145,12 +148,14 @@ def _tool_functions(tools: Any) -> dict[str, Any]:
 
 
 def from_tool_choice(tools: Any, tool_choice: Any, parallel: bool,
-                     tag_ids: tuple[int | None, int | None] = (None, None)
-                     ) -> tuple[str, str] | None:
+                     tag_ids: tuple[int | None, int | None] = (None, None),
+                     fmt: str = "json") -> tuple[str, str] | None:
     """The grammar of a forced tool call: ``"required"`` (one or more calls of any tool; one
-    when ``parallel`` is false) or a named function (exactly one call of it). ``tag_ids``: the
-    tokenizer's own tokens for ``<tool_call>`` / ``</tool_call>`` (Qwen3 has them as added
-    tokens, which llguidance keeps apart from text), allowed beside the spelled-out tags."""
+    when ``parallel`` is false) or a named function (exactly one call of it), in the model's
+    format ``fmt`` (``kiln.text.tools.tool_format``: ``"json"`` or Qwen3.5 ``"xml"``).
+    ``tag_ids``: the tokenizer's own tokens for ``<tool_call>`` / ``</tool_call>`` (Qwen3 has
+    them as added tokens, which llguidance keeps apart from text), allowed beside the
+    spelled-out tags."""
     choice = plain(tool_choice)
     if choice in (None, "auto", "none"):
         return None
@@ -176,6 +181,12 @@ def from_tool_choice(tools: Any, tool_choice: Any, parallel: bool,
         schema = closed(functions[name])
         if not isinstance(schema, dict):
             raise _bad("tools", f"function {name!r}: parameters must be a JSON Schema object")
+        if fmt == "xml":
+            try:
+                rules.extend(xml_tools.call_rules(i, name, schema, dict(JSON_OPTIONS)))
+            except xml_tools.Refused as e:
+                raise _bad("tools", str(e)) from None
+            continue
         call = {"type": "object", "properties": {"name": {"const": name}, "arguments": schema},
                 "required": ["name", "arguments"], "additionalProperties": False}
         options = json.dumps({**call, "x-guidance": JSON_OPTIONS})
@@ -193,7 +204,8 @@ def from_tool_choice(tools: Any, tool_choice: Any, parallel: bool,
 async def constraint(tokenizer: Any, *, code: str, response_format: Any = None,
                      structured_outputs: Any = None, tools: Any = None, tool_choice: Any = None,
                      parallel_tool_calls: bool = True, after: tuple[int, ...] = (),
-                     ignore_eos: bool = False) -> GrammarSpec | None:
+                     ignore_eos: bool = False, tool_format: str = "json"
+                     ) -> GrammarSpec | None:
     """The request's one constraint as a GrammarSpec (None: unconstrained), compiled once off
     the event loop; a malformed field, or a grammar llguidance refuses (a bad regex, a schema
     keyword it cannot enforce), is a 400 naming the field and saying why."""
@@ -201,7 +213,7 @@ async def constraint(tokenizer: Any, *, code: str, response_format: Any = None,
         built = [b for b in (from_response_format(response_format),
                              from_structured_outputs(structured_outputs),
                              from_tool_choice(tools, tool_choice, parallel_tool_calls,
-                                              _tag_ids(tokenizer)))
+                                              _tag_ids(tokenizer), tool_format))
                  if b is not None]
     except _Invalid as e:
         raise ApiError(400, code, f"{e.param}: {e.message}", param=e.param) from None
