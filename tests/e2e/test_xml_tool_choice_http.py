@@ -27,7 +27,7 @@ PARAMS: dict[str, Any] = {"type": "object", "properties": {
     "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
     "days": {"type": "integer", "minimum": 1, "maximum": 7},
     "wind": {"type": "boolean"}}, "required": ["unit", "days"]}
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": PARAMS}},
+TOOLS: list[dict[str, Any]] = [{"type": "function", "function": {"name": "get_weather", "parameters": PARAMS}},
          {"type": "function", "function": {"name": "get_time", "parameters": {
              "type": "object", "properties": {"utc": {"type": "boolean"}},
              "required": ["utc"]}}}]
