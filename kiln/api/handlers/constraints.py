@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import llguidance
@@ -25,7 +26,7 @@ import msgspec
 from msgspec import UNSET
 
 from kiln.api.errors import ApiError
-from kiln.api.handlers import xml_tools
+from kiln.api.handlers import structural_tags, xml_tools
 from kiln.api.handlers.unsupported import unsupported
 from kiln.engine.grammar import GrammarError, compiler_for
 from kiln.engine.request import GrammarSpec
@@ -81,7 +82,38 @@ def json_grammar(schema: Any, param: str,
         raise _bad(param, str(e)) from None
 
 
-def from_response_format(value: Any, param: str = "response_format") -> tuple[str, str] | None:
+def _no_token(text: str) -> int | None:
+    return None
+
+
+def _schema_expansion(schema: Any, param: str) -> str:
+    """``%json {...}``: a Lark expansion of JSON valid against ``schema`` (closed, bounded
+    whitespace, as JSON outputs)."""
+    if not isinstance(schema, dict):
+        raise _bad(f"{param}.schema", "a JSON Schema must be a JSON object")
+    return f"%json {json.dumps({**closed(schema), 'x-guidance': JSON_OPTIONS})}"
+
+
+def from_structural_tag(spec: Any, param: str,
+                        token_id: Callable[[str], int | None] = _no_token) -> tuple[str, str]:
+    """(grammar, param) of a structural tag in the legacy ``structures``/``triggers`` form;
+    xgrammar's ``format`` form is a 400 unsupported_parameter."""
+    if isinstance(spec, dict) and "format" in spec and "structures" not in spec:
+        raise unsupported(f"{param}.format", "structural tags in the nested `format` form are "
+                                             "not supported; use `structures` and `triggers`")
+    try:
+        lark = structural_tags.legacy_grammar(spec, param, _schema_expansion, token_id)
+    except structural_tags.StructuralTagError as e:
+        raise _bad(e.param, str(e)) from None
+    try:
+        return str(llguidance.LLMatcher.grammar_from_lark(lark)), param
+    except ValueError as e:
+        raise _bad(param, str(e)) from None
+
+
+def from_response_format(value: Any, param: str = "response_format",
+                         token_id: Callable[[str], int | None] = _no_token
+                         ) -> tuple[str, str] | None:
     """(grammar, param) for a response_format, None for text / null."""
     fmt = plain(value)
     if fmt is None:
@@ -97,11 +129,12 @@ def from_response_format(value: Any, param: str = "response_format") -> tuple[st
         where = f"{param}.json_schema.schema"
         return json_grammar({} if schema is None else schema, where), where
     if kind == "structural_tag":
-        raise unsupported(f"{param}.type", "structural_tag is not implemented")
+        return from_structural_tag(fmt, param, token_id)
     raise _bad(f"{param}.type", f"unknown response format type {kind!r}")
 
 
-def from_structured_outputs(value: Any, param: str = "structured_outputs"
+def from_structured_outputs(value: Any, param: str = "structured_outputs",
+                            token_id: Callable[[str], int | None] = _no_token
                             ) -> tuple[str, str] | None:
     so = {k: v for k, v in (plain(value) or {}).items() if v is not None}
     kinds = [k for k in _SO_KINDS if k in so and so[k] is not False]
@@ -113,7 +146,13 @@ def from_structured_outputs(value: Any, param: str = "structured_outputs"
     kind = kinds[0]
     where = f"{param}.{kind}"
     if kind == "structural_tag":
-        raise unsupported(where, "structural_tag is not implemented")
+        tag = so["structural_tag"]
+        if isinstance(tag, str):
+            try:
+                tag = json.loads(tag)
+            except ValueError as e:
+                raise _bad(where, f"not valid JSON: {e}") from None
+        return from_structural_tag(tag, where, token_id)
     if kind in ("json", "json_object"):
         options: JsonCompileOptions = JSON_OPTIONS
         if so.get("disable_any_whitespace"):
@@ -210,8 +249,9 @@ async def constraint(tokenizer: Any, *, code: str, response_format: Any = None,
     the event loop; a malformed field, or a grammar llguidance refuses (a bad regex, a schema
     keyword it cannot enforce), is a 400 naming the field and saying why."""
     try:
-        built = [b for b in (from_response_format(response_format),
-                             from_structured_outputs(structured_outputs),
+        token_id = _token_id(tokenizer)
+        built = [b for b in (from_response_format(response_format, token_id=token_id),
+                             from_structured_outputs(structured_outputs, token_id=token_id),
                              from_tool_choice(tools, tool_choice, parallel_tool_calls,
                                               _tag_ids(tokenizer), tool_format))
                  if b is not None]
@@ -232,6 +272,16 @@ async def constraint(tokenizer: Any, *, code: str, response_format: Any = None,
     except GrammarError as e:
         raise ApiError(400, code, f"{param}: {e}", param=param) from None
     return GrammarSpec(grammar, after, param.split(".")[0])
+
+
+def _token_id(tokenizer: Any) -> Callable[[str], int | None]:
+    """``text`` -> its id when the tokenizer holds it as one token, else None."""
+    lookup = getattr(tokenizer, "token_to_id", None)
+
+    def token_id(text: str) -> int | None:
+        found = lookup(text) if callable(lookup) else None
+        return found if isinstance(found, int) else None
+    return token_id
 
 
 def _tag_ids(tokenizer: Any) -> tuple[int | None, int | None]:
