@@ -7,7 +7,10 @@ Qwen format:
   also be a JSON string holding an object);
 * Qwen3.5 XML: ``<tool_call><function=NAME><parameter=KEY>VALUE</parameter>…</function>
   </tool_call>``; values are text, converted to JSON only where the tool's JSON-schema type for
-  that parameter asks for it.
+  that parameter asks for it (local ``$ref``s followed).
+
+``tool_format`` says which of the two a chat template teaches its model (forced tool calls are
+constrained to that one, kiln/api/handlers/constraints.py).
 
 Kiln's fallback: when no block parses and the whole answer is a JSON object
 ``{"name": <declared tool>, "arguments": {...}}``, that object is the call.

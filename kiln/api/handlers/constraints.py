@@ -1,8 +1,10 @@
 """Structured outputs and forced tool calls: request fields -> an llguidance grammar, compiled
 (off the event loop, cached) before any token so that a bad one is a 400 naming its field.
 
-* ``response_format`` (OpenAI): ``text``, ``json_object``, ``json_schema``;
-* ``structured_outputs`` (vLLM): ``json``, ``regex``, ``choice``, ``grammar``, ``json_object``;
+* ``response_format`` (OpenAI): ``text``, ``json_object``, ``json_schema``, ``structural_tag``
+  (vLLM's ``structures``/``triggers`` form, kiln/api/handlers/structural_tags.py);
+* ``structured_outputs`` (vLLM): ``json``, ``regex``, ``choice``, ``grammar``, ``json_object``,
+  ``structural_tag`` (the same, as JSON text);
 * ``tool_choice`` ``"required"`` or a named function: calls in the model's tool-call format,
   arguments valid against the tool's ``parameters``: the Hermes/Qwen3 JSON format
   ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``, or, when the chat template
