@@ -98,3 +98,17 @@ def test_a_schema_raw_text_cannot_enforce_is_a_400(client: TestClient) -> None:
     assert r.status_code == 400
     err = r.json()["error"]
     assert err["param"] == "tools" and "format" in err["message"]
+
+
+def test_batch_forces_an_xml_call_on_every_item(client: TestClient) -> None:
+    r = client.post("/v1/completions/batch", json={
+        "prompts": [MSG, [{"role": "user", "content": "And tomorrow?"}]], "n": 2, "seed": 3,
+        "max_tokens": 120, "tools": TOOLS,
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}}})
+    assert r.status_code == 200, r.text
+    items = r.json()["completions"]
+    assert len(items) == 4
+    for item in items:
+        assert item["finish_reason"] == "tool_calls", item
+        assert [c["function"]["name"] for c in item["tool_calls"]] == ["get_weather"]
+        jsonschema.validate(json.loads(item["tool_calls"][0]["function"]["arguments"]), PARAMS)
