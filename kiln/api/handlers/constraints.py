@@ -230,6 +230,9 @@ def from_tool_choice(tools: Any, tool_choice: Any, parallel: bool,
             continue
         call = {"type": "object", "properties": {"name": {"const": name}, "arguments": schema},
                 "required": ["name", "arguments"], "additionalProperties": False}
+        for key in ("$defs", "definitions"):  # "#/$defs/.." refs point at the call's root now
+            if key in schema:
+                call[key] = schema[key]
         options = json.dumps({**call, "x-guidance": JSON_OPTIONS})
         rules.append(f"call{i}: %json {options}")
     alternatives = " | ".join(f"call{i}" for i in range(len(names)))
