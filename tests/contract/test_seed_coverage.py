@@ -81,6 +81,7 @@ ADDED = {
     "TokenizeRequest", "TokenizeResponse", "DetokenizeRequest", "DetokenizeResponse",
     "TokenizerInfoResponse",
     "ResponseFormat", "JsonSchemaResponseFormat", "StructuredOutputsParams",  # issue 26
+    "LegacyStructuralTag",  # issue 26: structural_tag structures (vLLM's name)
     "RenderedPrompt", "CompletionRenderResponse",
     "ComputePlan", "ComputeImplementation",  # issue 24: /health shows the compute plan
 }

@@ -47,7 +47,7 @@ from kiln.api.state import AppState, app_state, request_id
 from kiln.engine.request import SamplingParams
 from kiln.text.budget import resolve
 from kiln.text.reasoning import CLOSE_TAG, fold, prompt_starts_in_reasoning, split_reasoning
-from kiln.text.tools import closing_stop, parse_closed
+from kiln.text.tools import closing_stop, parse_closed, tool_format
 
 ERROR_CODE = "batch_invalid_request"
 
@@ -95,7 +95,8 @@ async def create(request: Request) -> Response:
             state.backend.tokenizer, code=ERROR_CODE, response_format=opt(req.response_format),
             structured_outputs=opt(req.structured_outputs), tools=tools, tool_choice=tool_choice,
             parallel_tool_calls=opt(req.parallel_tool_calls) is not False,
-            ignore_eos=bool(opt(req.ignore_eos)), after=close_ids if in_reasoning else ())
+            ignore_eos=bool(opt(req.ignore_eos)), after=close_ids if in_reasoning else (),
+            tool_format=tool_format(getattr(state.backend.chat_template, "source", None)))
         for in_reasoning in sorted({r for _, r in prompts})}
     base = state_default(state)
     logprobs = logprobs_wanted(req, state.config.max_logprobs, ERROR_CODE)

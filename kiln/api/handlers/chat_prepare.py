@@ -33,6 +33,7 @@ from kiln.engine.request import SamplingParams, ThinkingBudgetSpec
 from kiln.text.budget import BudgetConfig, resolve
 from kiln.text.reasoning import CLOSE_TAG, prompt_starts_in_reasoning
 from kiln.text.thinking_budget import budget_problem
+from kiln.text.tools import tool_format
 
 TEXT_PARTS = ("text", "input_text", "output_text")
 
@@ -316,6 +317,7 @@ async def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> Prep
         backend.tokenizer, code="chat_invalid_request", response_format=opt(req.response_format),
         structured_outputs=opt(req.structured_outputs), tools=tools, tool_choice=tool_choice,
         parallel_tool_calls=parallel, ignore_eos=bool(opt(req.ignore_eos)),
+        tool_format=tool_format(getattr(backend.chat_template, "source", None)),
         after=tuple(backend.tokenizer.encode(CLOSE_TAG)) if in_reasoning else ())
     params = [
         replace(
