@@ -78,6 +78,7 @@ def logits_extras(req: Any, tokenizer: Any, *, code: str, stop: tuple[str, ...],
         out["min_tokens_ids"] = tuple(sorted({*eos, *stop_token_ids}))
     words = bad_words_ids(opt(getattr(req, "bad_words", None)), tokenizer)
     if words:
+        _ids_in_vocab([t for w in words for t in w], vocab, "bad_words", code)
         out["bad_words_ids"] = words
     return out
 
