@@ -22,6 +22,8 @@ each with why JSON Schema cannot say it:
   json_schema): whether it compiles in the server's engine is no JSON Schema property;
 - one output constraint per request (response_format beside structured_outputs), and none
   beside ignore_eos: composition rules the contract could state but does not yet;
+- logprob_token_ids (needs logprobs; 1..256 distinct IDs in the vocabulary), a
+  repetition_detection rule that must detect something, bad_words beside scoring;
 - rules that depend on other parts of the request (continue_final_message needs a final
   assistant message, min_tokens with stop strings, the thinking budget's close sequence).
 
@@ -51,6 +53,14 @@ def semantically_valid(path: str, body: object, *, max_logprobs: int, max_model_
     if not isinstance(body, dict):
         return True
     if _structural_tag(body) or _two_constraints(body) or _compiled_program(body):
+        return False
+    if body.get("structured_outputs") is not None:  # its own rules (one constraint, compilable)
+        return False
+    if body.get("response_format") not in (None, {"type": "text"}):  # the same
+        return False
+    if isinstance(body.get("logprob_token_ids"), list):
+        return False  # needs logprobs, 1..256 distinct IDs below the vocabulary
+    if body.get("repetition_detection") is not None:  # its rule must detect something
         return False
     if path == "/v1/completions/batch":
         prompts, n = body.get("prompts"), body.get("n")
@@ -154,7 +164,8 @@ def _completion_valid(body: dict[str, Any], max_logprobs: int, max_model_len: in
         return False
     if len(prompts) != 1 or n != 1 or body.get("stream") or any(
             body.get(f) not in (None, False) for f in
-            ("echo", "logprobs", "return_token_ids", "return_tokens_as_token_ids")):
+            ("echo", "logprobs", "return_token_ids", "return_tokens_as_token_ids",
+             "logprob_token_ids")) or body.get("bad_words"):
         return False
     if isinstance(prompt, list | str) and _number(k):
         return not len(prompt) * (k + 1) > 65_536

@@ -19,6 +19,7 @@ from kiln.model import CausalLM, LoadedModel, ModelConfig, build_model, load_mod
 
 FIXTURES = Path(__file__).parent / "fixtures"
 QWEN3_TEMPLATE = FIXTURES / "qwen3_chat_template.jinja"
+QWEN35_XML_TEMPLATE = FIXTURES / "qwen35_xml_chat_template.jinja"  # tool calls in the XML format
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MARKUP_TOKENS = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>",
@@ -122,8 +123,9 @@ def _write_folder(folder: Path, cfg: ModelConfig, seed: int, shards: int,
     return folder
 
 
-def write_tiny_qwen3(dir: Path, *, seed: int = 0) -> Path:
-    """Write a tiny random Qwen3 HF folder (2 safetensors shards + index) into ``dir``."""
+def write_tiny_qwen3(dir: Path, *, seed: int = 0, template: Path = QWEN3_TEMPLATE) -> Path:
+    """Write a tiny random Qwen3 HF folder (2 safetensors shards + index) into ``dir``, with
+    ``template`` as its chat template."""
     tok = tiny_tokenizer()
     im_end = tok.token_to_id("<|im_end|>")
     eot = tok.token_to_id("<|endoftext|>")
@@ -131,7 +133,7 @@ def write_tiny_qwen3(dir: Path, *, seed: int = 0) -> Path:
         Path(dir), tiny_config("qwen3"), seed, shards=2,
         tokenizer_config={
             "bos_token": None, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
-            "chat_template": QWEN3_TEMPLATE.read_text(encoding="utf-8"),
+            "chat_template": template.read_text(encoding="utf-8"),
             "model_max_length": 2048},
         generation_config={"eos_token_id": [im_end, eot], "pad_token_id": eot,
                            "do_sample": True, "temperature": 0.6, "top_p": 0.95, "top_k": 20},

@@ -55,11 +55,14 @@ def build_core(loaded: LoadedModel, config: EngineConfig) -> tuple[Scheduler, Mo
 
 
 def build_output_processor(loaded: LoadedModel) -> OutputProcessor:
-    """The output stage for ``loaded``'s tokenizer (special tokens make no text)."""
+    """The output stage for ``loaded``'s tokenizer (special tokens make text only where a
+    request sets skip_special_tokens false)."""
     from kiln.text.detokenizer import IncrementalDetokenizer
 
     tok = loaded.tokenizer
-    return OutputProcessor(lambda: IncrementalDetokenizer(tok, skip_special_tokens=True))
+    return OutputProcessor(lambda sp: IncrementalDetokenizer(
+        tok, skip_special_tokens=sp.skip_special_tokens,
+        spaces_between_special_tokens=sp.spaces_between_special_tokens))
 
 
 class AsyncEngine:

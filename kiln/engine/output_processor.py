@@ -18,7 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kiln.engine.outputs import RequestOutput
-from kiln.engine.request import Request
+from kiln.engine.repetition import REPETITION
+from kiln.engine.request import Request, SamplingParams
 from kiln.engine.stop import Detokenizer, StopChecker
 
 __all__ = ["FinishStopped", "OutputProcessor"]
@@ -30,10 +31,12 @@ FinishStopped = Callable[[str], RequestOutput | None]
 
 class OutputProcessor:
     """Per-request text state, kept from ``add_request`` until the request's final output
-    passes through ``process``. Without a detokenizer factory no text is made and stop strings
-    are not matched (an engine over token ids only, as tests build)."""
+    passes through ``process``. The detokenizer factory makes one per request from its sampling
+    params (skip_special_tokens, spaces_between_special_tokens). Without a factory no text is
+    made and stop strings are not matched (an engine over token ids only, as tests build)."""
 
-    def __init__(self, detokenizer: Callable[[], Detokenizer] | None = None) -> None:
+    def __init__(self, detokenizer: Callable[[SamplingParams], Detokenizer] | None = None
+                 ) -> None:
         self._detokenizer = detokenizer
         self._checkers: dict[str, StopChecker] = {}
 
@@ -44,7 +47,8 @@ class OutputProcessor:
     def add_request(self, req: Request) -> None:
         """Start ``req``'s text (call once the scheduler accepted it)."""
         if self._detokenizer is not None:
-            self._checkers[req.request_id] = StopChecker(self._detokenizer(), req.sampling.stop)
+            self._checkers[req.request_id] = StopChecker(self._detokenizer(req.sampling),
+                                                        req.sampling.stop)
 
     def process(self, outputs: list[RequestOutput], finish: FinishStopped) -> list[RequestOutput]:
         """Fill in each output's ``text_delta``; an output whose text completed a stop string
@@ -61,8 +65,8 @@ class OutputProcessor:
         ids = out.new_token_ids
         if out.finish_reason in ("abort", "error"):
             return
-        if out.finish_reason == "stop":  # ended on a token id: that token makes no text
-            ids = ids[:-1]
+        if out.finish_reason == "stop" and out.stop_reason != REPETITION:
+            ids = ids[:-1]  # ended on a token id (EOS, stop_token_ids): that token makes no text
         text = ""
         matched: str | None = None
         for token_id in ids:

@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 
 from kiln.engine.lora_mix import LoraMix
+from kiln.engine.repetition import RepetitionDetection
 
 
 @dataclass(frozen=True)
@@ -66,13 +67,21 @@ class SamplingParams:
     # Logprobs of each generated token and of its `logprobs` most likely alternatives, from
     # the distribution the sampler used (after penalties and temperature); None: not wanted.
     logprobs: int | None = None
+    # vLLM's logprob_token_ids: these ids' logprobs at each position instead of the top `logprobs`
+    logprob_token_ids: tuple[int, ...] | None = None
     stop_token_ids: tuple[int, ...] = ()  # generating one of these stops (stop_reason: the id)
     # vLLM's logits processors, applied to the raw logits before penalties and sampling:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit)
     allowed_token_ids: tuple[int, ...] | None = None  # only these can be sampled
     min_tokens: int = 0  # until this many tokens are out, min_tokens_ids cannot be sampled
     min_tokens_ids: tuple[int, ...] = ()  # EOS (unless ignore_eos) and stop_token_ids
+    # vLLM's bad_words as token ids: a word's last id is banned while the output ends with the
+    # ids before it (a one-token word always)
+    bad_words_ids: tuple[tuple[int, ...], ...] = ()
     grammar: GrammarSpec | None = None  # structured output / forced tool call (a token mask)
+    repetition_detection: RepetitionDetection | None = None  # stop a looping output early
+    skip_special_tokens: bool = True  # special tokens make no text
+    spaces_between_special_tokens: bool = True  # kept special tokens: a space beside each
 
     def __post_init__(self) -> None:
         if self.max_tokens < 0:
@@ -83,7 +92,7 @@ class SamplingParams:
     @property
     def processes_logits(self) -> bool:
         return bool(self.logit_bias) or self.allowed_token_ids is not None or (
-            self.min_tokens > 0 and bool(self.min_tokens_ids))
+            self.min_tokens > 0 and bool(self.min_tokens_ids)) or bool(self.bad_words_ids)
 
     @property
     def uses_penalties(self) -> bool:

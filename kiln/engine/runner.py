@@ -27,7 +27,8 @@ from kiln.text.tokenizer import Tokenizer
 log = logging.getLogger("kiln.engine")
 
 NON_FINITE = "the model produced non-finite logits (inf or NaN); no token could be sampled"
-NOTHING_ALLOWED = "the constraint and the request's logits processors allow no token together"
+NOTHING_ALLOWED = ("the request's logits processors (allowed_token_ids, min_tokens, bad_words) "
+                   "and constraint allow no token together")
 
 
 def kv_num_blocks(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype) -> int:
@@ -157,8 +158,9 @@ class ModelRunner:
         if any(s.sampling.grammar is not None for s in seqs):
             logits, seqs = self._constrain(logits, seqs, errors)
         logits = apply_logits_processors(logits, seqs)  # after the check: masks write -inf
-        if any(s.sampling.grammar is not None and s.sampling.processes_logits for s in seqs):
-            # a grammar mask is never empty; with allowed_token_ids or min_tokens it can be
+        if any(s.sampling.processes_logits for s in seqs):
+            # a grammar mask is never empty; with allowed_token_ids, min_tokens or bad_words
+            # (alone or together) a row can be
             alive = torch.isfinite(logits).any(dim=1).tolist()
             errors.update({s.request_id: NOTHING_ALLOWED
                            for s, ok in zip(seqs, alive, strict=True) if not ok})

@@ -23,6 +23,8 @@ from kiln_kernels.sampling.reference import GREEDY_TEMPERATURE, apply_penalties
 from kiln.engine.outputs import ScheduledSeq, TokenLogprobs
 from kiln.engine.scoring import top_k_ids
 
+LOGPROB_FLOOR = -9999.0  # OpenAI's: a named token that cannot be sampled (JSON has no -inf)
+
 
 class Sampler:
     def __init__(self, device: torch.device, impl: Literal["c", "triton", "torch"]) -> None:
@@ -102,12 +104,19 @@ class Sampler:
         if any(t != 1.0 for t in temps):
             rows = rows / torch.tensor(temps, dtype=torch.float32, device=rows.device)[:, None]
         lp = torch.log_softmax(rows, dim=-1)
-        k = max(int(s.sampling.logprobs or 0) for s in sub)
+        k = max((int(s.sampling.logprobs or 0) for s in sub
+                 if s.sampling.logprob_token_ids is None), default=0)
         ids = top_k_ids(lp, k)
         chosen = torch.tensor([tokens[i] for i in want], dtype=torch.int64, device=lp.device)
         chosen_lp = lp.gather(1, chosen[:, None]).flatten().tolist()
         top_lp = lp.gather(1, ids).tolist()
         for j, (i, s) in enumerate(zip(want, sub, strict=True)):
+            named = s.sampling.logprob_token_ids
+            if named is not None:  # the request's own ids, in its order; -inf as OpenAI's floor
+                vals = lp[j, torch.tensor(named, dtype=torch.int64, device=lp.device)].tolist()
+                out[i] = TokenLogprobs(float(chosen_lp[j]), named,
+                                       tuple(max(v, LOGPROB_FLOOR) for v in vals))
+                continue
             n = int(s.sampling.logprobs or 0)
             # a masked token (allowed_token_ids, min_tokens) has logprob -inf: not an alternative
             top = [(t, v) for t, v in zip(ids[j, :n].tolist(), top_lp[j][:n], strict=True)

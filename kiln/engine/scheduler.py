@@ -25,6 +25,7 @@ from kiln.engine.lora_mix import AdapterAdmission, LoraMix, check_mix
 from kiln.engine.metrics import PHASE_DECODE, PHASE_PREEMPTED, PHASE_PREFILL
 from kiln.engine.outputs import ModelRunnerOutput, RequestOutput, ScheduledSeq, SchedulerOutput
 from kiln.engine.priority import WaitingQueue, pick_victim
+from kiln.engine.repetition import REPETITION, repeats
 from kiln.engine.request import Request
 from kiln.engine.state import RequestState, Status
 from kiln.text.thinking_budget import validate_budget
@@ -295,6 +296,9 @@ class Scheduler:
             reason = "stop"
         elif token_id in st.request.sampling.stop_token_ids:
             reason, stop_reason = "stop", token_id
+        elif (rule := st.request.sampling.repetition_detection) is not None and repeats(
+                st.output_token_ids, rule):
+            reason, stop_reason = "stop", REPETITION
         elif len(st.output_token_ids) >= st.max_tokens:
             reason = "length"
         if reason is None:

@@ -5,6 +5,10 @@ that decoders which treat the first token specially behave as in a full decode) 
 yet emitted. While the decoded window ends in U+FFFD (an incomplete multi-byte character), the
 text is held back. The concatenation of everything returned by :meth:`push` and :meth:`flush`
 equals ``tokenizer.decode(all_ids)`` for byte-level tokenizers.
+
+``skip_special_tokens`` leaves special tokens out of the text; without it,
+``spaces_between_special_tokens`` puts a space between each special token's text and the text
+beside it, as Hugging Face's slow tokenizers (and vLLM's detokenizer over them) do.
 """
 
 from __future__ import annotations
@@ -17,17 +21,40 @@ from kiln.text.tokenizer import Tokenizer
 _REPLACEMENT = "\ufffd"
 
 
+def decode_text(tokenizer: Tokenizer, ids: list[int], skip_special_tokens: bool,
+                spaces_between_special_tokens: bool = False) -> str:
+    """``tokenizer.decode``; when special tokens are kept and spaced, the runs of ordinary
+    tokens and each special token decoded apart and joined with single spaces."""
+    if skip_special_tokens or not spaces_between_special_tokens:
+        return tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+    parts: list[str] = []
+    run: list[int] = []
+    for token_id in ids:
+        if tokenizer.is_special(token_id):
+            if run:
+                parts.append(tokenizer.decode(run))
+                run = []
+            parts.append(tokenizer.decode([token_id]))
+        else:
+            run.append(token_id)
+    if run:
+        parts.append(tokenizer.decode(run))
+    return " ".join(parts)
+
+
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = False) -> None:
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = False,
+                 spaces_between_special_tokens: bool = False) -> None:
         self._tok = tokenizer
         self._skip = skip_special_tokens
+        self._spaces = spaces_between_special_tokens
         self.ids: list[int] = []
         self._prefix = 0  # window start: first id of the last emitted chunk
         self._read = 0  # ids before this index have been emitted
         self.text = ""  # everything emitted so far
 
     def _decode(self, start: int, end: int | None = None) -> str:
-        return self._tok.decode(self.ids[start:end], skip_special_tokens=self._skip)
+        return decode_text(self._tok, self.ids[start:end], self._skip, self._spaces)
 
     def push(self, token_id: int) -> str:
         """Add one id; return the text that became stable (may be "")."""

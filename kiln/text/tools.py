@@ -7,7 +7,10 @@ Qwen format:
   also be a JSON string holding an object);
 * Qwen3.5 XML: ``<tool_call><function=NAME><parameter=KEY>VALUE</parameter>…</function>
   </tool_call>``; values are text, converted to JSON only where the tool's JSON-schema type for
-  that parameter asks for it.
+  that parameter asks for it (local ``$ref``s followed).
+
+``tool_format`` says which of the two a chat template teaches its model (forced tool calls are
+constrained to that one, kiln/api/handlers/constraints.py).
 
 Kiln's fallback: when no block parses and the whole answer is a JSON object
 ``{"name": <declared tool>, "arguments": {...}}``, that object is the call.
@@ -89,9 +92,26 @@ def tool_names(tools: list[Any] | None) -> set[str]:
     return {str(f["name"]) for f in _function_defs(tools)}
 
 
-def _schema_types(schema: Any) -> list[str]:
-    """JSON-schema types of one property (``type`` string or list, or ``anyOf``/``oneOf``)."""
-    prop = _as_mapping(schema)
+def _follow(schema: Any, root: Any) -> Any:
+    """``schema`` with a local ``$ref`` (``#/$defs/..``, ``#/definitions/..``) followed."""
+    for _ in range(32):
+        prop = _as_mapping(schema)
+        ref = None if prop is None else prop.get("$ref")
+        if not isinstance(ref, str) or not ref.startswith("#/"):
+            return schema
+        target: Any = root
+        for part in ref[2:].split("/"):
+            target = target.get(part) if isinstance(target, Mapping) else None
+        if target is None:
+            return schema
+        schema = target
+    return schema
+
+
+def schema_types(schema: Any, root: Any = None) -> list[str]:
+    """JSON-schema types of one property (``type`` string or list, or ``anyOf``/``oneOf``),
+    following local ``$ref``s into ``root`` (the tool's ``parameters``)."""
+    prop = _as_mapping(_follow(schema, root))
     if prop is None:
         return []
     kind = prop.get("type")
@@ -104,8 +124,16 @@ def _schema_types(schema: Any) -> list[str]:
         variants = prop.get(key)
         if isinstance(variants, list):
             for variant in variants:
-                out.extend(t for t in _schema_types(variant) if t not in out)
+                out.extend(t for t in schema_types(variant, root) if t not in out)
     return out
+
+
+def tool_format(template_source: str | None) -> str:
+    """The tool-call format a chat template teaches its model: ``"xml"`` (Qwen3.5's
+    ``<function=NAME><parameter=KEY>``) when the template writes ``<function=`` and
+    ``<parameter=``, else ``"json"`` (Hermes/Qwen3 JSON inside ``<tool_call>``)."""
+    source = template_source or ""
+    return "xml" if _FUNC_OPEN in source and _PARAM_OPEN in source else "json"
 
 
 class ToolSet:
@@ -120,7 +148,7 @@ class ToolSet:
             self.names.add(name)
             params = _as_mapping(func.get("parameters")) or {}
             props = _as_mapping(params.get("properties")) or {}
-            self._types[name] = {str(k): _schema_types(v) for k, v in props.items()}
+            self._types[name] = {str(k): schema_types(v, params) for k, v in props.items()}
 
     def param_types(self, function: str, param: str) -> list[str]:
         return self._types.get(function, {}).get(param, [])

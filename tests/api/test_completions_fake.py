@@ -11,6 +11,8 @@ import pytest
 from starlette.testclient import TestClient
 
 from kiln.api.contract import contract
+from kiln.api.handlers.extras import bad_words_ids, included_stop
+from kiln.engine.repetition import RepetitionDetection
 from tests.api.fake_backend import FakeBackend
 
 URL = "/v1/completions"
@@ -95,9 +97,8 @@ def test_stop_token_ids_and_return_token_ids(client: TestClient, backend: FakeBa
 
 @pytest.mark.parametrize(("field", "value"), [
     ("suffix", "x"), ("use_beam_search", True),
-    ("logprob_token_ids", [3]), ("bad_words", ["a"]), ("prompt_embeds", "x"),
-    ("kv_transfer_params", {}), ("skip_special_tokens", False),
-    ("repetition_detection", {"min_count": 2}), ("spaces_between_special_tokens", False),
+    ("prompt_embeds", "x"),
+    ("kv_transfer_params", {}),
 ])
 def test_unsupported_fields_are_a_400_naming_them(
     client: TestClient, field: str, value: Any
@@ -214,3 +215,96 @@ def test_include_stop_str_in_output(client: TestClient, backend: FakeBackend) ->
     assert body["choices"][0]["stop_reason"] == "d"
     plain = post(client, prompt="a", max_tokens=8, stop="d")
     assert plain["choices"][0]["text"] == "abc"
+
+
+def test_bad_words_spelling_after_a_space() -> None:
+    """vLLM's rule: the spaced spelling counts when it has as many tokens and another first."""
+    table = {"cat": [10], " cat": [11], "sea lion": [12, 13], " sea lion": [14, 15, 16]}
+
+    class Words:
+        def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+            return table[text]
+
+    assert bad_words_ids(["  cat", "sea lion"], Words()) == ((10,), (11,), (12, 13))
+
+
+def test_bad_words_reach_the_engine_and_not_scoring(client: TestClient, backend: FakeBackend
+                                                    ) -> None:
+    post(client, prompt="a", max_tokens=2, bad_words=["b"])
+    assert backend.submitted[-1].sampling.bad_words_ids == ((ord("b") + 3,),)
+    for field, value in (("bad_words", ["b"]),
+                         ("repetition_detection", {"max_pattern_size": 2, "min_count": 2})):
+        r = client.post(URL, json={"prompt": "ab", "max_tokens": 0, "prompt_logprobs": 1,
+                                   field: value})
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+
+
+def test_special_token_text_settings_reach_the_engine(client: TestClient, backend: FakeBackend
+                                                      ) -> None:
+    post(client, prompt="a", max_tokens=2)
+    p = backend.submitted[-1].sampling
+    assert (p.skip_special_tokens, p.spaces_between_special_tokens) == (True, True)
+    post(client, prompt="a", max_tokens=2, skip_special_tokens=False,
+         spaces_between_special_tokens=False)
+    p = backend.submitted[-1].sampling
+    assert (p.skip_special_tokens, p.spaces_between_special_tokens) == (False, False)
+    r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "a"}],
+                                                  "skip_special_tokens": False})
+    assert r.status_code == 200, r.text
+    assert backend.submitted[-1].sampling.skip_special_tokens is False
+
+
+def test_session_id_is_accepted_and_changes_nothing(client: TestClient, backend: FakeBackend
+                                                    ) -> None:
+    """An opaque routing key (kiln/scale/routing.py): the same engine request as without it."""
+    a = post(client, prompt="a", max_tokens=3, seed=5)
+    sent = backend.submitted[-1]
+    b = post(client, prompt="a", max_tokens=3, seed=5, session_id="chat-42")
+    assert backend.submitted[-1].sampling == sent.sampling
+    assert backend.submitted[-1].prompt_token_ids == sent.prompt_token_ids
+    assert a["choices"] == b["choices"]
+
+
+def test_logprob_token_ids_reach_the_engine(client: TestClient, backend: FakeBackend) -> None:
+    post(client, prompt="a", max_tokens=2, logprobs=1, logprob_token_ids=[7, 5, 7])
+    assert backend.submitted[-1].sampling.logprob_token_ids == (7, 5)
+    assert backend.submitted[-1].sampling.logprobs == 1
+
+
+@pytest.mark.parametrize(("body", "code"), [
+    ({"logprob_token_ids": [3]}, "completion_invalid_request"),  # needs logprobs
+    ({"logprob_token_ids": [1000], "logprobs": 0}, "completion_invalid_request"),
+    ({"logprob_token_ids": [], "logprobs": 0}, "completion_invalid_request"),
+    ({"logprob_token_ids": list(range(257)), "logprobs": 0}, "completion_invalid_request"),
+    ({"logprob_token_ids": [3], "max_tokens": 0, "prompt_logprobs": 1}, "unsupported_parameter"),
+])
+def test_logprob_token_ids_checks(client: TestClient, body: dict[str, Any], code: str) -> None:
+    r = client.post(URL, json={"prompt": "ab", **body})
+    assert r.status_code == 400, r.text
+    assert (r.json()["error"]["param"], r.json()["error"]["code"]) == ("logprob_token_ids", code)
+
+
+def test_repetition_detection_reaches_the_engine(client: TestClient, backend: FakeBackend
+                                                 ) -> None:
+    post(client, prompt="a", max_tokens=2,
+         repetition_detection={"max_pattern_size": 4, "min_count": 3})
+    assert backend.submitted[-1].sampling.repetition_detection == RepetitionDetection(4, 3, 1)
+    post(client, prompt="a", max_tokens=2, repetition_detection=None)
+    assert backend.submitted[-1].sampling.repetition_detection is None
+
+
+@pytest.mark.parametrize("rule", [{}, {"min_count": 2}, {"max_pattern_size": 3},
+                                  {"max_pattern_size": 2, "min_count": 2, "min_pattern_size": 3},
+                                  {"max_pattern_size": "2", "min_count": 2}])
+def test_repetition_detection_that_detects_nothing_is_a_400(client: TestClient,
+                                                            rule: dict[str, Any]) -> None:
+    r = client.post(URL, json={"prompt": "a", "max_tokens": 2, "repetition_detection": rule})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "repetition_detection"
+
+
+def test_include_stop_str_only_puts_back_a_stop_string() -> None:
+    assert included_stop(True, "stop", "d", ("d",)) == "d"
+    assert included_stop(True, "stop", "repetition_detected", ("d",)) == ""
+    assert included_stop(False, "stop", "d", ("d",)) == ""
+    assert included_stop(True, "length", None, ("d",)) == ""

@@ -134,3 +134,17 @@ def test_ignore_eos_with_a_constraint_is_a_400() -> None:
         asyncio.run(constraint(object(), code="c", structured_outputs={"choice": ["a"]},
                                ignore_eos=True))
     assert info.value.param == "ignore_eos"
+
+
+def test_json_tool_call_arguments_may_use_local_refs() -> None:
+    """A parameters schema with ``$defs`` (as pydantic writes nested models) compiles: its
+    ``#/$defs/..`` refs resolve inside the call object, which carries the definitions."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"o": {"$ref": "#/$defs/O"}}, "required": ["o"],
+        "$defs": {"O": {"type": "object", "properties": {"w": {"type": "boolean"}},
+                        "required": ["w"]}}}}}]
+    built = from_tool_choice(tools, "required", False, _tags())
+    assert built is not None
+    ok = '<tool_call>\n{"name": "f", "arguments": {"o": {"w": true}}}\n</tool_call>'
+    assert _accepts(built[0], ok)
+    assert not _accepts(built[0], ok.replace("true", "1"))

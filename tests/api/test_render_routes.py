@@ -74,7 +74,7 @@ def test_completion_render_of_a_scoring_request(client: TestClient) -> None:
     ("/v1/chat/completions", {"messages": []}, "messages"),
     ("/v1/chat/completions", {"messages": MSG, "model": "nope"}, "model"),
     ("/v1/completions", {"prompt": [5000]}, "prompt"),
-    ("/v1/completions", {"prompt": "a", "bad_words": ["x"]}, "bad_words"),
+    ("/v1/completions", {"prompt": "a", "suffix": "x"}, "suffix"),
 ])
 def test_render_refuses_what_the_route_refuses(client: TestClient, route: str,
                                                body: dict[str, Any], param: str) -> None:

@@ -59,7 +59,8 @@ ADDED_FIELDS = {
     # issue 25: OpenAI's chat logprobs and vLLM's sampling extras
     *(("ChatCompletionRequest", f) for f in (
         "logprobs", "top_logprobs", "stop_token_ids", "logit_bias", "min_tokens",
-        "include_stop_str_in_output", "continue_final_message")),
+        "include_stop_str_in_output", "continue_final_message", "bad_words",
+        "skip_special_tokens", "spaces_between_special_tokens")),
     ("Choice", "logprobs"),
     ("ChunkChoice", "logprobs"),
     # issue 26: structured outputs on chat and batch
@@ -67,6 +68,9 @@ ADDED_FIELDS = {
       for f in ("response_format", "structured_outputs")),
     # issue 25, second part: batch logprobs and token ids; vLLM's chat fields
     *(("BatchCompletionRequest", f) for f in ("logprobs", "top_logprobs", "return_token_ids")),
+    *(("BatchCompletionRequest", f) for f in (
+        "include_stop_str_in_output", "bad_words", "skip_special_tokens",
+        "spaces_between_special_tokens")),
     *(("BatchCompletionItem", f) for f in ("logprobs", "prompt_token_ids", "token_ids")),
     *(("ChatCompletionRequest", f) for f in ("add_generation_prompt", "echo", "return_token_ids")),
     ("ChatCompletionResponse", "prompt_token_ids"),
@@ -87,6 +91,7 @@ ADDED = {
     "TokenizeRequest", "TokenizeResponse", "DetokenizeRequest", "DetokenizeResponse",
     "TokenizerInfoResponse",
     "ResponseFormat", "JsonSchemaResponseFormat", "StructuredOutputsParams",  # issue 26
+    "LegacyStructuralTag",  # issue 26: structural_tag structures (vLLM's name)
     "RenderedPrompt", "CompletionRenderResponse",
     "AdapterName", "NullableAdapterSelector", "TokenId",  # issue 28: bounds the server enforces
     "ComputePlan", "ComputeImplementation",  # issue 24: /health shows the compute plan

@@ -89,12 +89,32 @@ def test_stream_regex(live_server: LiveServer) -> None:
     assert re.fullmatch("[0-9]{4}", out), out
 
 
+def test_structural_tag_enforces_each_structure_after_its_trigger(
+        live_server: LiveServer) -> None:
+    """Free text, but every "=" the model writes starts `=<integer 0..99>;`."""
+    tag = {"type": "structural_tag", "triggers": ["="], "structures": [
+        {"begin": "=", "schema": {"type": "integer", "minimum": 0, "maximum": 99}, "end": ";"}]}
+    prompt = "a=1; b=2; c=3; d"
+    written = 0
+    for seed in (1, 2, 3):
+        r = httpx.post(live_server.url + "/v1/completions", timeout=600, json={
+            "prompt": prompt, "max_tokens": 16, "seed": seed, "response_format": tag})
+        (text, finish), = texts(r)
+        closed = re.fullmatch(r"[^=]*(=(0|[1-9][0-9]?);[^=]*)*", text)
+        cut = re.fullmatch(r"[^=]*(=(0|[1-9][0-9]?);[^=]*)*=[0-9]{0,2}", text)
+        assert closed or (finish == "length" and cut), (text, finish)
+        written += text.count("=")
+    assert written > 0  # the prompt's pattern makes the model write the trigger
+
+
 @pytest.mark.parametrize(("so", "param", "code"), [
     ({"regex": "[a-"}, "structured_outputs.regex", None),
     ({"grammar": "start: foo"}, "structured_outputs.grammar", None),
     ({"json": "{not json"}, "structured_outputs.json", None),
     ({"regex": "a", "choice": ["a"]}, "structured_outputs", None),
-    ({"structural_tag": "x"}, "structured_outputs.structural_tag", "unsupported_parameter"),
+    ({"structural_tag": "x"}, "structured_outputs.structural_tag", None),
+    ({"structural_tag": '{"format": {"type": "any_text"}}'},
+     "structured_outputs.structural_tag.format", "unsupported_parameter"),
     ({"json": {"type": "object", "not": {}}}, "structured_outputs.json", None),
 ])
 def test_bad_constraint_is_a_400(live_server: LiveServer, so: dict[str, Any], param: str,

@@ -17,7 +17,7 @@ from tests.engine.fakes import CharDetok, FakeRunner
 
 def make(eos: frozenset[int] = frozenset()) -> tuple[Scheduler, OutputProcessor]:
     cfg = EngineConfig(block_size=4, num_blocks=64, max_num_batched_tokens=32, max_num_seqs=16)
-    return Scheduler(cfg, 64, 1000, eos_token_ids=eos), OutputProcessor(CharDetok)
+    return Scheduler(cfg, 64, 1000, eos_token_ids=eos), OutputProcessor(lambda sp: CharDetok())
 
 
 def req(rid: str, max_tokens: int = 8, n: int = 10, **kw: object) -> Request:
@@ -119,7 +119,7 @@ def test_abort_and_error_make_no_text_and_drop_the_state() -> None:
 def test_engine_step_runs_the_output_stage() -> None:
     """Through the engine thread: text deltas and a stop string reach the caller's stream."""
     cfg = EngineConfig(block_size=4, num_blocks=64, max_num_batched_tokens=32)
-    stage = OutputProcessor(CharDetok)
+    stage = OutputProcessor(lambda sp: CharDetok())
     eng = AsyncEngine.from_components(Scheduler(cfg, 64, 200),
                                       ScriptRunner({"a": [0, 1, 2, 3, 4, 5]}), stage)
     eng.start()

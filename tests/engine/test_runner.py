@@ -227,3 +227,16 @@ def test_filters_that_keep_only_the_top_token_decode_greedily(tiny_llama: Loaded
                         **filters)  # type: ignore[arg-type]
     greedy = token_ids(gen(tiny_llama, [req(tiny_llama, "g", TEXT)])["g"])
     assert token_ids(gen(tiny_llama, [req(tiny_llama, "s", TEXT, sp)])["s"]) == greedy
+
+
+def test_logits_processors_that_ban_every_token_end_that_request(tiny_llama: LoadedModel
+                                                                 ) -> None:
+    """allowed_token_ids whose only token is a bad word leave nothing to sample: that request
+    ends in an error saying so (never a made-up token); the other sample as usual."""
+    base = token_ids(gen(tiny_llama, [req(tiny_llama, "b", "Hi")])["b"])
+    stuck = SamplingParams(temperature=0.0, max_tokens=4, allowed_token_ids=(5,),
+                           bad_words_ids=((5,),))
+    outs = gen(tiny_llama, [req(tiny_llama, "x", TEXT, stuck), req(tiny_llama, "b", "Hi")])
+    assert outs["x"][-1].finish_reason == "error" and token_ids(outs["x"]) == []
+    assert "allow no token" in (outs["x"][-1].error or "")
+    assert token_ids(outs["b"]) == base

@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kiln.text import IncrementalDetokenizer, Tokenizer
+from kiln.text.detokenizer import decode_text
 
 SAMPLES = ["caf\u00e9 \u4f60\u597d\u4e16\u754c \U0001F600\U0001F680 na\u00efve",
            "\u65e5\u672c\u8a9e\u306e\u30c6\u30ad\u30b9\u30c8 \U0001F9D1\u200D\U0001F4BB ok",
@@ -89,3 +90,21 @@ def test_decoded_tokens_in_context_join_to_the_text(smollm_tok: Tokenizer, text:
     assert not any("\ufffd" in p for p in pieces)
     if "世" in text:
         assert "世" in pieces or any(p.endswith("世") for p in pieces)
+
+
+@pytest.mark.parametrize(("skip", "spaces", "want"), [
+    (True, True, "assistant\nHi"),
+    (False, False, "<|im_start|>assistant\nHi<|im_end|><|im_end|>"),
+    (False, True, "<|im_start|> assistant\nHi <|im_end|> <|im_end|>"),
+])
+def test_special_tokens_kept_and_spaced_on_request(smollm_tok: Tokenizer, skip: bool,
+                                                   spaces: bool, want: str) -> None:
+    """skip_special_tokens false keeps their text; spaces_between_special_tokens puts a space
+    beside each, as Hugging Face's slow tokenizers do. Streamed equals decoded at once."""
+    ids = smollm_tok.encode("<|im_start|>assistant\nHi<|im_end|><|im_end|>")
+    assert sum(map(smollm_tok.is_special, ids)) == 3  # the markers are single special tokens
+    detok = IncrementalDetokenizer(smollm_tok, skip_special_tokens=skip,
+                                   spaces_between_special_tokens=spaces)
+    chunks = [detok.push(i) for i in ids]
+    chunks.append(detok.flush())
+    assert "".join(chunks) == decode_text(smollm_tok, ids, skip, spaces) == want

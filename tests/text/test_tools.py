@@ -261,3 +261,18 @@ def test_plain_answer_with_tools_is_untouched() -> None:
 def test_toolcall_create_encodes_arguments() -> None:
     call = ToolCall.create("f", {"ü": 1})
     assert call.arguments == '{"ü": 1}'
+
+
+def test_xml_parameter_types_follow_local_refs() -> None:
+    """A parameter typed through ``$ref`` (pydantic writes nested models so) decodes as JSON."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {
+            "opts": {"$ref": "#/$defs/Opts"},
+            "maybe": {"anyOf": [{"$ref": "#/definitions/N"}, {"type": "null"}]},
+            "dangling": {"$ref": "#/$defs/Missing"}},
+        "$defs": {"Opts": {"type": "object"}}, "definitions": {"N": {"type": "integer"}}}}}]
+    text = ("<tool_call>\n<function=f>\n<parameter=opts>\n{\"a\": 1}\n</parameter>\n"
+            "<parameter=maybe>\n7\n</parameter>\n<parameter=dangling>\n{}\n</parameter>\n"
+            "</function>\n</tool_call>")
+    assert calls(parse_tool_calls(text, tools)) == [
+        ("f", {"opts": {"a": 1}, "maybe": 7, "dangling": "{}"})]

@@ -29,7 +29,7 @@ from kiln.api.handlers.chat_prepare import (
     tools_enabled,
 )
 from kiln.api.handlers.constraints import constraint, plain
-from kiln.api.handlers.extras import logprobs_wanted
+from kiln.api.handlers.extras import bad_words_ids, included_stop, logprobs_wanted, text_extras
 from kiln.api.handlers.generation import Admitted, Completion, collect, submit_all, until_disconnect
 from kiln.api.handlers.logprobs import chat_content
 from kiln.api.handlers.models import resolve_model
@@ -47,7 +47,7 @@ from kiln.api.state import AppState, app_state, request_id
 from kiln.engine.request import SamplingParams
 from kiln.text.budget import resolve
 from kiln.text.reasoning import CLOSE_TAG, fold, prompt_starts_in_reasoning, split_reasoning
-from kiln.text.tools import closing_stop, parse_closed
+from kiln.text.tools import closing_stop, parse_closed, tool_format
 
 ERROR_CODE = "batch_invalid_request"
 
@@ -95,11 +95,15 @@ async def create(request: Request) -> Response:
             state.backend.tokenizer, code=ERROR_CODE, response_format=opt(req.response_format),
             structured_outputs=opt(req.structured_outputs), tools=tools, tool_choice=tool_choice,
             parallel_tool_calls=opt(req.parallel_tool_calls) is not False,
-            ignore_eos=bool(opt(req.ignore_eos)), after=close_ids if in_reasoning else ())
+            ignore_eos=bool(opt(req.ignore_eos)), after=close_ids if in_reasoning else (),
+            tool_format=tool_format(getattr(state.backend.chat_template, "source", None)))
         for in_reasoning in sorted({r for _, r in prompts})}
     base = state_default(state)
     logprobs = logprobs_wanted(req, state.config.max_logprobs, ERROR_CODE)
     token_ids = opt(req.return_token_ids) is True
+    bad_words = bad_words_ids(opt(req.bad_words), state.backend.tokenizer)
+    special = text_extras(req)
+    include_stop = opt(req.include_stop_str_in_output) is True
     work: list[tuple[str, list[int], SamplingParams, tuple[tuple[Any, float], ...]]] = []
     for p, (ids, in_reasoning) in enumerate(prompts):
         max_tokens = effective_max_tokens(requested, len(ids), limit)
@@ -110,7 +114,7 @@ async def create(request: Request) -> Response:
                 req, max_tokens=max_tokens, stop=stop, seed=item_seed, base=base
             )
             params = replace(params, thinking=spec, logprobs=logprobs,
-                             grammar=grammars[in_reasoning])
+                             grammar=grammars[in_reasoning], bad_words_ids=bad_words, **special)
             work.append((f"{rid}-{p}-{c}", ids, params, selection.lora))
     jobs = submit_all(state, work, code="batch_too_large")
     results = await until_disconnect(request, _gather(jobs))
@@ -119,9 +123,10 @@ async def create(request: Request) -> Response:
     usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
     for k, done in enumerate(results):
         p, c = divmod(k, n)
-        item = _item(state, p, c, done, len(prompts[p][0]), prompts[p][1])
+        kept = included_stop(include_stop, done.finish_reason, done.stop_reason, stop)
+        item = _item(state, p, c, done, len(prompts[p][0]), prompts[p][1], kept)
         _add_tool_calls(item, parse_tools, first_only=opt(req.parallel_tool_calls) is False,
-                        stop=closing_stop(done.finish_reason, done.stop_reason))
+                        stop="" if kept else closing_stop(done.finish_reason, done.stop_reason))
         if work[k][2].thinking is not None and done.thinking_outcome is not None:
             item["thinking_budget"] = done.thinking_outcome.wire()
         if item["finish_reason"] != "error":
@@ -170,13 +175,15 @@ def _add_tool_calls(item: dict[str, Any], tools: list[Any] | None, first_only: b
 
 
 def _item(
-    state: AppState, p: int, c: int, done: Completion, prompt_len: int, in_reasoning: bool
+    state: AppState, p: int, c: int, done: Completion, prompt_len: int, in_reasoning: bool,
+    kept: str = "",
 ) -> dict[str, Any]:
+    """One item's body; ``kept`` is the stop string include_stop_str_in_output puts back."""
     item: dict[str, Any] = {"prompt_index": p, "completion_index": c}
     if done.finish_reason in ("error", "abort"):
         item.update(text="", finish_reason="error")
     else:
-        reasoning, content = split_reasoning(done.text, in_reasoning)
+        reasoning, content = split_reasoning(done.text + kept, in_reasoning)
         if state.config.fold_reasoning_into_content and reasoning:
             content = fold(reasoning, content)
         item["text"] = content

@@ -16,6 +16,7 @@ from kiln.api.encode import json_response
 from kiln.api.errors import ApiError
 from kiln.api.handlers import chat_stream, rollout
 from kiln.api.handlers.chat_prepare import PreparedChat, prepare_chat
+from kiln.api.handlers.extras import included_stop
 from kiln.api.handlers.generation import (
     Admitted,
     Completion,
@@ -146,8 +147,10 @@ def response_body(
     completion_tokens = 0
     for index, c in enumerate(completions):
         finish = _finish_reason(c)
-        reasoning, content = split_reasoning(c.text, prepared.in_reasoning)
-        stop = closing_stop(c.finish_reason, c.stop_reason)
+        kept = included_stop(prepared.include_stop, c.finish_reason, c.stop_reason,
+                             prepared.params[0].stop)
+        reasoning, content = split_reasoning(c.text + kept, prepared.in_reasoning)
+        stop = "" if kept else closing_stop(c.finish_reason, c.stop_reason)
         reasoning, content, calls = extract_tool_calls(prepared, reasoning, content, stop)
         meta = content_metadata(prepared, reasoning, content, bool(calls))
         first_meta = first_meta or meta

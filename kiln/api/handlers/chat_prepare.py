@@ -33,6 +33,7 @@ from kiln.engine.request import SamplingParams, ThinkingBudgetSpec
 from kiln.text.budget import BudgetConfig, resolve
 from kiln.text.reasoning import CLOSE_TAG, prompt_starts_in_reasoning
 from kiln.text.thinking_budget import budget_problem
+from kiln.text.tools import tool_format
 
 TEXT_PARTS = ("text", "input_text", "output_text")
 
@@ -66,6 +67,7 @@ class PreparedChat:
     budget_applied: bool = False
     echo_text: str = ""  # echo: the final assistant message, put before each choice's content
     return_token_ids: bool = False
+    include_stop: bool = False  # include_stop_str_in_output: the matched stop string ends the text
 
     @property
     def thinking_mode(self) -> str:
@@ -315,6 +317,7 @@ async def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> Prep
         backend.tokenizer, code="chat_invalid_request", response_format=opt(req.response_format),
         structured_outputs=opt(req.structured_outputs), tools=tools, tool_choice=tool_choice,
         parallel_tool_calls=parallel, ignore_eos=bool(opt(req.ignore_eos)),
+        tool_format=tool_format(getattr(backend.chat_template, "source", None)),
         after=tuple(backend.tokenizer.encode(CLOSE_TAG)) if in_reasoning else ())
     params = [
         replace(
@@ -362,4 +365,5 @@ async def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> Prep
         logprobs=extras["logprobs"],
         echo_text=echo_text,
         return_token_ids=opt(req.return_token_ids) is True,
+        include_stop=opt(req.include_stop_str_in_output) is True,
     )

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from kiln.api.handlers.chat_prepare import PreparedChat
+from kiln.api.handlers.extras import included_stop
 from kiln.api.handlers.generation import Completion
 from kiln.api.handlers.logprobs import chat_content
 from kiln.api.handlers.perf import performance
@@ -197,7 +198,12 @@ async def frames(
         )
         yield DONE
         return
-    stop = closing_stop(final.finish_reason, final.stop_reason)
+    kept = included_stop(prepared.include_stop, final.finish_reason, final.stop_reason,
+                         prepared.params[0].stop)
+    if kept:  # include_stop_str_in_output: the stop string is text like the rest
+        for frame in tools.frames(splitter.push(kept)):
+            yield frame
+    stop = "" if kept else closing_stop(final.finish_reason, final.stop_reason)
     tail = splitter.flush()
     if stop and not tail.reasoning and tools.closes_with(tail.content + stop):
         tail = Delta(reasoning=tail.reasoning, content=tail.content + stop)

@@ -97,11 +97,14 @@ async def _score(request: Request, state: AppState, req: Any, selection: Selecti
     if opt(req.stream):
         raise _bad("prompt scoring is non-streaming only (stream must be false)", "stream")
     for name in ("echo", "logprobs", "return_token_ids", "return_tokens_as_token_ids",
-                 "truncate_prompt_tokens", "best_of"):
+                 "truncate_prompt_tokens", "best_of", "logprob_token_ids"):
         if opt(getattr(req, name)) not in (None, False, 1 if name == "best_of" else None):
             raise unsupported.unsupported(
                 name, "it does not apply to prompt scoring (prompt_logprobs with max_tokens 0); "
                       "vLLM's way, echo with logprobs and max_tokens 0, needs no prompt_logprobs")
+    for name in ("bad_words", "repetition_detection"):
+        if opt(getattr(req, name)):
+            raise unsupported.unsupported(name, "prompt scoring generates no tokens")
     if not isinstance(req.prompt, str) and not all(map(completions_gen.is_token_id, req.prompt)):
         raise _bad("prompt scoring takes one prompt (a text or a token-ID list)", "prompt")
     if (opt(req.thinking_token_budget) or -1) >= 0:

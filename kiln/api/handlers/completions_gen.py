@@ -24,7 +24,13 @@ from kiln.api.encode import json_response
 from kiln.api.errors import ApiError
 from kiln.api.handlers.adapters import Selection
 from kiln.api.handlers.chat_prepare import apply_budget
-from kiln.api.handlers.extras import check_logprobs, logits_extras
+from kiln.api.handlers.extras import (
+    check_logprobs,
+    included_stop,
+    logits_extras,
+    repetition_detection,
+    text_extras,
+)
 from kiln.api.handlers.generation import Admitted, Completion, collect, submit_all, until_disconnect
 from kiln.api.handlers.logprobs import CompletionLogprobs
 from kiln.api.handlers.params import (
@@ -44,6 +50,7 @@ ERROR_CODE = "completion_invalid_request"
 DEFAULT_MAX_TOKENS = 16  # vLLM's completions default
 MAX_CHOICES = 64
 MAX_ECHO_CANDIDATES = 65_536  # as scoring: echoed positions * (logprobs + 1)
+MAX_NAMED_LOGPROBS = 256  # logprob_token_ids per request (scoring's top-K bound)
 
 
 def bad(message: str, param: str | None = None) -> ApiError:
@@ -173,6 +180,7 @@ def prepare(state: AppState, req: Any, selection: Selection, model: str, *,
         raise bad(f"{len(prompts)} prompts x {param}={n} is more than {MAX_CHOICES} choices", param)
     logprobs = opt(req.logprobs)
     check_logprobs(logprobs, state.config.max_logprobs, "logprobs", ERROR_CODE)
+    named = logprob_token_ids(req, logprobs, state.backend.tokenizer.vocab_size)
     prompt_logprobs = opt(req.prompt_logprobs)
     check_logprobs(prompt_logprobs, state.config.max_logprobs, "prompt_logprobs", ERROR_CODE)
     echo = bool(opt(req.echo))
@@ -185,7 +193,8 @@ def prepare(state: AppState, req: Any, selection: Selection, model: str, *,
     stop_ids = tuple(int(t) for t in (opt(req.stop_token_ids) or ()))
     wanted = opt(req.max_tokens) if max_tokens_given else DEFAULT_MAX_TOKENS
     extras = logits_extras(req, state.backend.tokenizer, code=ERROR_CODE, stop=stop,
-                           stop_token_ids=stop_ids, max_tokens=wanted)
+                           stop_token_ids=stop_ids, max_tokens=wanted) | text_extras(req)
+    extras["repetition_detection"] = repetition_detection(req, ERROR_CODE)
     default = state_default(state)
     budget = thinking_budget(req)
     params: list[SamplingParams] = []
@@ -198,7 +207,7 @@ def prepare(state: AppState, req: Any, selection: Selection, model: str, *,
                                    seed=choice_seed(req.seed, p * n + c), base=default)
             params.append(dataclasses.replace(
                 base, logprobs=None if logprobs is None else int(logprobs),
-                stop_token_ids=stop_ids, thinking=spec, **extras))
+                logprob_token_ids=named, stop_token_ids=stop_ids, thinking=spec, **extras))
     options = opt(req.stream_options)
     rid = opt(req.request_id)
     return Prepared(
@@ -212,6 +221,25 @@ def prepare(state: AppState, req: Any, selection: Selection, model: str, *,
         include_stop=bool(req.include_stop_str_in_output), keep=keep,
         cache_salt=opt(req.cache_salt), priority=int(opt(req.priority) or 0),
         prompt_logprobs=None if prompt_logprobs is None else int(prompt_logprobs))
+
+
+def logprob_token_ids(req: Any, logprobs: Any, vocab: int) -> tuple[int, ...] | None:
+    """vLLM's logprob_token_ids: at each generated position these ids' logprobs (in the order
+    given, duplicates once) take the place of the top ``logprobs``; it needs ``logprobs``."""
+    given = opt(getattr(req, "logprob_token_ids", None))
+    if given is None:
+        return None
+    if logprobs is None:
+        raise bad("logprob_token_ids requires logprobs to be set", "logprob_token_ids")
+    ids = tuple(dict.fromkeys(int(t) for t in given))
+    if not ids or len(ids) > MAX_NAMED_LOGPROBS:
+        raise bad(f"logprob_token_ids must name 1 to {MAX_NAMED_LOGPROBS} tokens",
+                  "logprob_token_ids")
+    outside = [t for t in ids if t >= vocab]
+    if outside:
+        raise bad(f"logprob_token_ids names token id {outside[0]}, outside the vocabulary "
+                  f"(size {vocab})", "logprob_token_ids")
+    return ids
 
 
 def thinking_budget(req: Any) -> BudgetConfig:
@@ -285,8 +313,7 @@ def echo_logprobs(state: AppState, prep: Prepared, p: int) -> CompletionLogprobs
 
 def stop_text(prep: Prepared, finish: str | None, stop_reason: str | int | None) -> str:
     """The matched stop string when include_stop_str_in_output asks for it."""
-    ok = prep.include_stop and finish == "stop" and isinstance(stop_reason, str)
-    return str(stop_reason) if ok else ""
+    return included_stop(prep.include_stop, finish, stop_reason, prep.params[0].stop)
 
 
 def choice_body(state: AppState, prep: Prepared, index: int, p: int, c: Completion

@@ -1,11 +1,15 @@
 """Structured outputs and forced tool calls: request fields -> an llguidance grammar, compiled
 (off the event loop, cached) before any token so that a bad one is a 400 naming its field.
 
-* ``response_format`` (OpenAI): ``text``, ``json_object``, ``json_schema``;
-* ``structured_outputs`` (vLLM): ``json``, ``regex``, ``choice``, ``grammar``, ``json_object``;
-* ``tool_choice`` ``"required"`` or a named function: the Hermes/Qwen3 tool-call format
-  ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`` (which the tool parser reads
-  on every model), arguments valid against the tool's ``parameters``.
+* ``response_format`` (OpenAI): ``text``, ``json_object``, ``json_schema``, ``structural_tag``
+  (vLLM's ``structures``/``triggers`` form, kiln/api/handlers/structural_tags.py);
+* ``structured_outputs`` (vLLM): ``json``, ``regex``, ``choice``, ``grammar``, ``json_object``,
+  ``structural_tag`` (the same, as JSON text);
+* ``tool_choice`` ``"required"`` or a named function: calls in the model's tool-call format,
+  arguments valid against the tool's ``parameters``: the Hermes/Qwen3 JSON format
+  ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``, or, when the chat template
+  writes Qwen3.5's XML, ``<tool_call>\\n<function=NAME>\\n<parameter=KEY>\\nVALUE\\n</parameter>
+  \\n</function>\\n</tool_call>`` (kiln/api/handlers/xml_tools.py).
 
 JSON defaults (docs/structured-outputs.md): an object schema without ``additionalProperties``
 admits no extra keys, and whitespace is bounded (one space after ``,`` and ``:``, nothing else) so a model
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import llguidance
@@ -23,6 +28,7 @@ import msgspec
 from msgspec import UNSET
 
 from kiln.api.errors import ApiError
+from kiln.api.handlers import structural_tags, xml_tools
 from kiln.api.handlers.unsupported import unsupported
 from kiln.engine.grammar import GrammarError, compiler_for
 from kiln.engine.request import GrammarSpec
@@ -78,7 +84,38 @@ def json_grammar(schema: Any, param: str,
         raise _bad(param, str(e)) from None
 
 
-def from_response_format(value: Any, param: str = "response_format") -> tuple[str, str] | None:
+def _no_token(text: str) -> int | None:
+    return None
+
+
+def _schema_expansion(schema: Any, param: str) -> str:
+    """``%json {...}``: a Lark expansion of JSON valid against ``schema`` (closed, bounded
+    whitespace, as JSON outputs)."""
+    if not isinstance(schema, dict):
+        raise _bad(f"{param}.schema", "a JSON Schema must be a JSON object")
+    return f"%json {json.dumps({**closed(schema), 'x-guidance': JSON_OPTIONS})}"
+
+
+def from_structural_tag(spec: Any, param: str,
+                        token_id: Callable[[str], int | None] = _no_token) -> tuple[str, str]:
+    """(grammar, param) of a structural tag in the legacy ``structures``/``triggers`` form;
+    xgrammar's ``format`` form is a 400 unsupported_parameter."""
+    if isinstance(spec, dict) and "format" in spec and "structures" not in spec:
+        raise unsupported(f"{param}.format", "structural tags in the nested `format` form are "
+                                             "not supported; use `structures` and `triggers`")
+    try:
+        lark = structural_tags.legacy_grammar(spec, param, _schema_expansion, token_id)
+    except structural_tags.StructuralTagError as e:
+        raise _bad(e.param, str(e)) from None
+    try:
+        return str(llguidance.LLMatcher.grammar_from_lark(lark)), param
+    except ValueError as e:
+        raise _bad(param, str(e)) from None
+
+
+def from_response_format(value: Any, param: str = "response_format",
+                         token_id: Callable[[str], int | None] = _no_token
+                         ) -> tuple[str, str] | None:
     """(grammar, param) for a response_format, None for text / null."""
     fmt = plain(value)
     if fmt is None:
@@ -94,11 +131,12 @@ def from_response_format(value: Any, param: str = "response_format") -> tuple[st
         where = f"{param}.json_schema.schema"
         return json_grammar({} if schema is None else schema, where), where
     if kind == "structural_tag":
-        raise unsupported(f"{param}.type", "structural_tag is not implemented")
+        return from_structural_tag(fmt, param, token_id)
     raise _bad(f"{param}.type", f"unknown response format type {kind!r}")
 
 
-def from_structured_outputs(value: Any, param: str = "structured_outputs"
+def from_structured_outputs(value: Any, param: str = "structured_outputs",
+                            token_id: Callable[[str], int | None] = _no_token
                             ) -> tuple[str, str] | None:
     so = {k: v for k, v in (plain(value) or {}).items() if v is not None}
     kinds = [k for k in _SO_KINDS if k in so and so[k] is not False]
@@ -110,7 +148,13 @@ def from_structured_outputs(value: Any, param: str = "structured_outputs"
     kind = kinds[0]
     where = f"{param}.{kind}"
     if kind == "structural_tag":
-        raise unsupported(where, "structural_tag is not implemented")
+        tag = so["structural_tag"]
+        if isinstance(tag, str):
+            try:
+                tag = json.loads(tag)
+            except ValueError as e:
+                raise _bad(where, f"not valid JSON: {e}") from None
+        return from_structural_tag(tag, where, token_id)
     if kind in ("json", "json_object"):
         options: JsonCompileOptions = JSON_OPTIONS
         if so.get("disable_any_whitespace"):
@@ -145,12 +189,14 @@ def _tool_functions(tools: Any) -> dict[str, Any]:
 
 
 def from_tool_choice(tools: Any, tool_choice: Any, parallel: bool,
-                     tag_ids: tuple[int | None, int | None] = (None, None)
-                     ) -> tuple[str, str] | None:
+                     tag_ids: tuple[int | None, int | None] = (None, None),
+                     fmt: str = "json") -> tuple[str, str] | None:
     """The grammar of a forced tool call: ``"required"`` (one or more calls of any tool; one
-    when ``parallel`` is false) or a named function (exactly one call of it). ``tag_ids``: the
-    tokenizer's own tokens for ``<tool_call>`` / ``</tool_call>`` (Qwen3 has them as added
-    tokens, which llguidance keeps apart from text), allowed beside the spelled-out tags."""
+    when ``parallel`` is false) or a named function (exactly one call of it), in the model's
+    format ``fmt`` (``kiln.text.tools.tool_format``: ``"json"`` or Qwen3.5 ``"xml"``).
+    ``tag_ids``: the tokenizer's own tokens for ``<tool_call>`` / ``</tool_call>`` (Qwen3 has
+    them as added tokens, which llguidance keeps apart from text), allowed beside the
+    spelled-out tags."""
     choice = plain(tool_choice)
     if choice in (None, "auto", "none"):
         return None
@@ -176,8 +222,17 @@ def from_tool_choice(tools: Any, tool_choice: Any, parallel: bool,
         schema = closed(functions[name])
         if not isinstance(schema, dict):
             raise _bad("tools", f"function {name!r}: parameters must be a JSON Schema object")
+        if fmt == "xml":
+            try:
+                rules.extend(xml_tools.call_rules(i, name, schema, dict(JSON_OPTIONS)))
+            except xml_tools.Refused as e:
+                raise _bad("tools", str(e)) from None
+            continue
         call = {"type": "object", "properties": {"name": {"const": name}, "arguments": schema},
                 "required": ["name", "arguments"], "additionalProperties": False}
+        for key in ("$defs", "definitions"):  # "#/$defs/.." refs point at the call's root now
+            if key in schema:
+                call[key] = schema[key]
         options = json.dumps({**call, "x-guidance": JSON_OPTIONS})
         rules.append(f"call{i}: %json {options}")
     alternatives = " | ".join(f"call{i}" for i in range(len(names)))
@@ -193,15 +248,17 @@ def from_tool_choice(tools: Any, tool_choice: Any, parallel: bool,
 async def constraint(tokenizer: Any, *, code: str, response_format: Any = None,
                      structured_outputs: Any = None, tools: Any = None, tool_choice: Any = None,
                      parallel_tool_calls: bool = True, after: tuple[int, ...] = (),
-                     ignore_eos: bool = False) -> GrammarSpec | None:
+                     ignore_eos: bool = False, tool_format: str = "json"
+                     ) -> GrammarSpec | None:
     """The request's one constraint as a GrammarSpec (None: unconstrained), compiled once off
     the event loop; a malformed field, or a grammar llguidance refuses (a bad regex, a schema
     keyword it cannot enforce), is a 400 naming the field and saying why."""
     try:
-        built = [b for b in (from_response_format(response_format),
-                             from_structured_outputs(structured_outputs),
+        token_id = _token_id(tokenizer)
+        built = [b for b in (from_response_format(response_format, token_id=token_id),
+                             from_structured_outputs(structured_outputs, token_id=token_id),
                              from_tool_choice(tools, tool_choice, parallel_tool_calls,
-                                              _tag_ids(tokenizer)))
+                                              _tag_ids(tokenizer), tool_format))
                  if b is not None]
     except _Invalid as e:
         raise ApiError(400, code, f"{e.param}: {e.message}", param=e.param) from None
@@ -220,6 +277,16 @@ async def constraint(tokenizer: Any, *, code: str, response_format: Any = None,
     except GrammarError as e:
         raise ApiError(400, code, f"{param}: {e}", param=param) from None
     return GrammarSpec(grammar, after, param.split(".")[0])
+
+
+def _token_id(tokenizer: Any) -> Callable[[str], int | None]:
+    """``text`` -> its id when the tokenizer holds it as one token, else None."""
+    lookup = getattr(tokenizer, "token_to_id", None)
+
+    def token_id(text: str) -> int | None:
+        found = lookup(text) if callable(lookup) else None
+        return found if isinstance(found, int) else None
+    return token_id
 
 
 def _tag_ids(tokenizer: Any) -> tuple[int | None, int | None]:

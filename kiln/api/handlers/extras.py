@@ -1,7 +1,8 @@
 """vLLM's logits extras on completions and chat -> SamplingParams fields, checked against the
 served vocabulary: ``logit_bias`` (decimal token-ID keys, values clamped to ±100),
 ``allowed_token_ids``, and ``min_tokens`` (EOS and the stop token IDs cannot be sampled before
-it; with stop strings a 400, since those are still matched from the first token)."""
+it; with stop strings a 400, since those are still matched from the first token), and
+``bad_words`` (token-id sequences whose last id cannot complete them)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from msgspec import UNSET
 from kiln.api.errors import ApiError
 from kiln.api.handlers.params import opt
 from kiln.api.handlers.unsupported import CHAT_FIELDS, check, unsupported
+from kiln.engine.repetition import RepetitionDetection
 
 LOGIT_BIAS_LIMIT = 100.0  # OpenAI's and vLLM's range
 
@@ -28,6 +30,22 @@ def check_logprobs(value: Any, limit: int, param: str, code: str) -> None:
     if value is not None and value is not UNSET and int(value) > limit:
         raise ApiError(400, code, f"{param} {int(value)} is more than this server's maximum of "
                                   f"{limit} (--max-logprobs)", param=param)
+
+
+def bad_words_ids(words: Any, tokenizer: Any) -> tuple[tuple[int, ...], ...]:
+    """vLLM's tokenization of ``bad_words``: each word (leading spaces stripped) as is, and with
+    one leading space when that spelling starts with another token but has as many tokens (the
+    word after a space in running text). Words that tokenize to nothing are dropped."""
+    out: list[tuple[int, ...]] = []
+    for word in words or ():
+        bare = tuple(tokenizer.encode(word.lstrip(), add_special_tokens=False))
+        if not bare:
+            continue
+        out.append(bare)
+        spaced = tuple(tokenizer.encode(" " + word.lstrip(), add_special_tokens=False))
+        if spaced and spaced[0] != bare[0] and len(spaced) == len(bare):
+            out.append(spaced)
+    return tuple(dict.fromkeys(out))
 
 
 def logits_extras(req: Any, tokenizer: Any, *, code: str, stop: tuple[str, ...],
@@ -58,7 +76,47 @@ def logits_extras(req: Any, tokenizer: Any, *, code: str, stop: tuple[str, ...],
         eos = () if bool(opt(getattr(req, "ignore_eos", False))) else tokenizer.eos_token_ids
         out["min_tokens"] = min_tokens
         out["min_tokens_ids"] = tuple(sorted({*eos, *stop_token_ids}))
+    words = bad_words_ids(opt(getattr(req, "bad_words", None)), tokenizer)
+    if words:
+        _ids_in_vocab([t for w in words for t in w], vocab, "bad_words", code)
+        out["bad_words_ids"] = words
     return out
+
+
+def included_stop(include: bool, finish_reason: str | None, stop_reason: Any,
+                  stops: tuple[str, ...]) -> str:
+    """include_stop_str_in_output: the stop string (one of ``stops``, the request's) that ended
+    the output, to put back at the end of its text ("" when not asked, or when none ended it)."""
+    ok = include and finish_reason == "stop" and stop_reason in stops
+    return str(stop_reason) if ok else ""
+
+
+def repetition_detection(req: Any, code: str) -> RepetitionDetection | None:
+    """vLLM's repetition_detection object -> the engine's rule; null is off. An object that
+    would detect nothing (max_pattern_size < 1, min_count < 2, min_pattern_size above
+    max_pattern_size) is a 400, never accepted and ignored."""
+    given = opt(getattr(req, "repetition_detection", None))
+    if given is None:
+        return None
+    values = {}
+    for key in ("max_pattern_size", "min_pattern_size", "min_count"):
+        v = given.get(key, 0)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ApiError(400, code, f"repetition_detection.{key} must be a non-negative "
+                                      "integer", param="repetition_detection")
+        values[key] = v
+    try:
+        return RepetitionDetection(values["max_pattern_size"], values["min_count"],
+                                   max(1, values["min_pattern_size"]))
+    except ValueError as exc:
+        raise ApiError(400, code, f"repetition_detection detects nothing: {exc}",
+                       param="repetition_detection") from None
+
+
+def text_extras(req: Any) -> dict[str, Any]:
+    """skip_special_tokens and spaces_between_special_tokens (both true unless set false)."""
+    return {name: opt(getattr(req, name, True)) is not False
+            for name in ("skip_special_tokens", "spaces_between_special_tokens")}
 
 
 def logprobs_wanted(req: Any, max_logprobs: int, code: str) -> int | None:
@@ -76,7 +134,8 @@ def chat_extras(req: Any, tokenizer: Any, stop: tuple[str, ...], max_tokens: int
                 max_logprobs: int) -> dict[str, Any]:
     """Chat's vLLM/OpenAI generation extras as SamplingParams fields (after refusing the ones
     not implemented): logprobs (top_logprobs alternatives; top_logprobs needs logprobs: true),
-    stop_token_ids, logit_bias and min_tokens."""
+    stop_token_ids, logit_bias and min_tokens (include_stop_str_in_output is the handler's:
+    ``included_stop``)."""
     check(req, CHAT_FIELDS)
     given = opt(getattr(req, "stop_token_ids", None))
     stop_ids = tuple(int(t) for t in given or ())
@@ -85,4 +144,5 @@ def chat_extras(req: Any, tokenizer: Any, stop: tuple[str, ...], max_tokens: int
         "stop_token_ids": stop_ids,
         **logits_extras(req, tokenizer, code="chat_invalid_request", stop=stop,
                         stop_token_ids=stop_ids, max_tokens=max_tokens),
+        **text_extras(req),
     }

@@ -17,13 +17,7 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "use_beam_search": (False,),
     "watermarking": (None, False),
     "length_penalty": (1.0,),
-    "include_stop_str_in_output": (False,),
-    "skip_special_tokens": (True,),
-    "spaces_between_special_tokens": (True,),
-    "logprob_token_ids": (None,),
-    "bad_words": ([],),
     "prompt_embeds": (None,),
-    "session_id": (None,),
     "routed_experts_prompt_start": (0,),
     "return_token_offsets": (None, False),
     "mm_payload": ("tensors",),
@@ -31,13 +25,11 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "kv_transfer_params": (None,),
     "ec_transfer_params": (None,),
     "vllm_xargs": (None,),
-    "repetition_detection": (None,),
     "continue_final_message": (False,),
 }
 # Chat's share of them (the fields chat's contract gained for issue 25 but does not implement).
-CHAT_FIELDS = ("include_stop_str_in_output",)
-COMPLETION_FIELDS = tuple(k for k in _NEUTRAL
-                          if k not in ("continue_final_message", "include_stop_str_in_output"))
+CHAT_FIELDS: tuple[str, ...] = ()
+COMPLETION_FIELDS = tuple(k for k in _NEUTRAL if k != "continue_final_message")
 
 
 def unsupported(param: str, why: str) -> ApiError:

@@ -1,0 +1,114 @@
+"""Forced tool calls over HTTP on a tiny random Qwen3 whose chat template writes tool calls in
+the Qwen3.5 XML format: the grammar makes even random weights answer with a valid XML call,
+which comes back as ``tool_calls`` (JSON and SSE) with arguments valid against the schema."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import jsonschema
+import pytest
+from starlette.testclient import TestClient
+
+from kiln.api.app import build_app
+from kiln.api.contract import contract
+from kiln.config import ServerConfig
+from kiln.model.loader import load_model
+from kiln.serving import EngineBackend
+from tests.api.test_chat_fake import sse_events
+from tests.tiny_models import QWEN35_XML_TEMPLATE, write_tiny_qwen3
+
+CHAT = "/v1/chat/completions"
+MSG = [{"role": "user", "content": "What is the weather?"}]
+# Every value is bounded (enum, small integer, boolean), so a random model finishes its call.
+PARAMS: dict[str, Any] = {"type": "object", "properties": {
+    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+    "days": {"type": "integer", "minimum": 1, "maximum": 7},
+    "wind": {"type": "boolean"}}, "required": ["unit", "days"]}
+TOOLS: list[dict[str, Any]] = [{"type": "function", "function": {"name": "get_weather", "parameters": PARAMS}},
+         {"type": "function", "function": {"name": "get_time", "parameters": {
+             "type": "object", "properties": {"utc": {"type": "boolean"}},
+             "required": ["utc"]}}}]
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
+    folder = write_tiny_qwen3(tmp_path_factory.mktemp("xml-tools") / "model", seed=5,
+                              template=QWEN35_XML_TEMPLATE)
+    config = ServerConfig(model=str(folder), kv_memory_mb=32)
+    with TestClient(build_app(config, EngineBackend(load_model(str(folder)), config))) as c:
+        yield c
+
+
+def chat(client: TestClient, **body: Any) -> dict[str, Any]:
+    r = client.post(CHAT, json={"messages": MSG, "tools": TOOLS, "max_tokens": 120, **body})
+    assert r.status_code == 200, r.text
+    data: dict[str, Any] = r.json()
+    assert contract().first_violation("ChatCompletionResponse", data) is None
+    return data
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_named_function_returns_a_valid_xml_call(client: TestClient, seed: int) -> None:
+    data = chat(client, seed=seed, logprobs=True, tool_choice={
+        "type": "function", "function": {"name": "get_weather"}})
+    choice = data["choices"][0]
+    written = "".join(t["token"] for t in choice["logprobs"]["content"])
+    assert written.startswith("<tool_call>\n<function=get_weather>\n<parameter=unit>\n")
+    assert choice["finish_reason"] == "tool_calls"
+    calls = choice["message"]["tool_calls"]
+    assert [c["function"]["name"] for c in calls] == ["get_weather"]
+    jsonschema.validate(json.loads(calls[0]["function"]["arguments"]), PARAMS)
+
+
+def test_required_without_parallel_returns_one_call(client: TestClient) -> None:
+    data = chat(client, seed=4, tool_choice="required", parallel_tool_calls=False)
+    calls = data["choices"][0]["message"]["tool_calls"]
+    assert len(calls) == 1 and calls[0]["function"]["name"] in {"get_weather", "get_time"}
+    schema = TOOLS[0 if calls[0]["function"]["name"] == "get_weather" else 1]["function"]
+    jsonschema.validate(json.loads(calls[0]["function"]["arguments"]), schema["parameters"])
+
+
+def test_streamed_named_call(client: TestClient) -> None:
+    body = {"messages": MSG, "tools": TOOLS, "max_tokens": 120, "seed": 1, "stream": True,
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}
+    with client.stream("POST", CHAT, json=body) as r:
+        assert r.status_code == 200
+        events = sse_events("".join(r.iter_text()))
+    deltas = [c["delta"] for e in events if isinstance(e, dict) for c in e.get("choices", [])]
+    finish = [c["finish_reason"] for e in events if isinstance(e, dict)
+              for c in e.get("choices", []) if c.get("finish_reason")]
+    assert finish == ["tool_calls"]
+    args = "".join(tc["function"].get("arguments", "") for d in deltas
+                   for tc in d.get("tool_calls", []))
+    streamed = json.loads(args)
+    jsonschema.validate(streamed, PARAMS)
+    alone = chat(client, seed=1, tool_choice={"type": "function",
+                                              "function": {"name": "get_weather"}})
+    assert streamed == json.loads(alone["choices"][0]["message"]["tool_calls"][0]["function"]
+                                  ["arguments"])  # same seed, same tokens, same call
+
+
+def test_a_schema_raw_text_cannot_enforce_is_a_400(client: TestClient) -> None:
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"d": {"type": "string", "format": "date"}}}}}]
+    r = client.post(CHAT, json={"messages": MSG, "tools": tools, "tool_choice": "required"})
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["param"] == "tools" and "format" in err["message"]
+
+
+def test_batch_forces_an_xml_call_on_every_item(client: TestClient) -> None:
+    r = client.post("/v1/completions/batch", json={
+        "prompts": [MSG, [{"role": "user", "content": "And tomorrow?"}]], "n": 2, "seed": 3,
+        "max_tokens": 120, "tools": TOOLS,
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}}})
+    assert r.status_code == 200, r.text
+    items = r.json()["completions"]
+    assert len(items) == 4
+    for item in items:
+        assert item["finish_reason"] == "tool_calls", item
+        assert [c["function"]["name"] for c in item["tool_calls"]] == ["get_weather"]
+        jsonschema.validate(json.loads(item["tool_calls"][0]["function"]["arguments"]), PARAMS)
