@@ -83,6 +83,22 @@ def test_missing_batch_prompts_is_empty_array(client: TestClient) -> None:
     assert assert_envelope(r, 400, "empty_array")["param"] == "prompts"
 
 
+@pytest.mark.parametrize("route", [CHAT, "/v1/completions/batch", "/v1/completions"])
+@pytest.mark.parametrize("field", ["presence_penalty", "frequency_penalty"])
+@pytest.mark.parametrize("value", [2.5, -3.75e287])
+def test_penalty_past_openais_range_is_400_naming_it(client: TestClient, route: str, field: str,
+                                                    value: float) -> None:
+    """-3.75e287 overflowed float32 into an infinite logit and a NaN logprob (the live fuzz)."""
+    body: dict[str, Any] = ({"prompt": "Hi", "max_tokens": 1} if route == "/v1/completions"
+                            else {"prompts": [MSG["messages"]]} if route.endswith("batch")
+                            else dict(MSG))
+    r = client.post(route, json={**body, field: value})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == field
+    ok = client.post(route, json={**body, field: -2})
+    assert ok.status_code == 200, ok.text
+
+
 def test_non_object_body(client: TestClient) -> None:
     assert_envelope(client.post(CHAT, json=[1, 2]), 400, "chat_invalid_request")
 

@@ -133,6 +133,7 @@ RULES = [
     Rule(M, "NullableNonNegativeInteger", "oneOf", valid=[None, 0, 7], invalid=[-1, 1.5]),
     Rule(M, "NullableNonNegativeNumber", "oneOf", valid=[None, 0, 2.5], invalid=[-0.1, "1"]),
     Rule(M, "NullableSamplingNumber", "oneOf", valid=[None, -3, 0.7], invalid=["0.7", True]),
+    Rule(M, "NullablePenalty", "oneOf", valid=[None, -2, 0, 1.5, 2], invalid=[2.5, -3.75e287, "1", True]),
     Rule(M, "NullableString", "oneOf", valid=[None, ""], invalid=[1, []]),
     Rule(M, "NullableAdapterSelector", "oneOf",  # null, "" (base), or an AdapterName
          valid=[None, "", "style", "my-adapter_2", "v1.2"],

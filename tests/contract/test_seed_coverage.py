@@ -48,6 +48,10 @@ NARROWED = {
     ("AdapterRef", "name"): ("string", "AdapterName"),
     ("ChatCompletionRequest", "adapter"): ("NullableString", "NullableAdapterSelector"),
     ("BatchCompletionRequest", "adapter"): ("NullableString", "NullableAdapterSelector"),
+    # OpenAI's +-2 range for the two additive penalties (a float32 overflow made NaN logprobs)
+    **{(d, f): ("NullableSamplingNumber", "NullablePenalty")
+       for d in ("ChatCompletionRequest", "BatchCompletionRequest")
+       for f in ("presence_penalty", "frequency_penalty")},
 }
 # Composition branches the contract appends after the seed's (CHANGELOG.md, issue 28:
 # top_logprobs needs logprobs: true), as (definition, keyword) -> how many.
@@ -84,6 +88,7 @@ REPLACED = {"TextCompletionRequest", "TextCompletionChoice", "TextCompletionResp
 
 # Definitions that are new in the contract (not in the seed).
 ADDED = {
+    "NullablePenalty",  # OpenAI's +-2 penalty range (CHANGELOG.md, Tightened request fields)
     "ErrorDetail", "ErrorResponse", "HealthResponse", "ModelCard", "ModelList",
     "AdapterInfo", "AdapterList", "AdapterLoadRequest", "AdapterStatusResponse",
     "CompletionLogprobs", "ChatLogprobs", "ChatTokenLogprob", "ChatTopLogprob",
