@@ -52,3 +52,16 @@ class CharDetok:
 
     def flush(self) -> str:
         return ""
+
+
+class ScriptRunner:
+    """Samples request ``rid``'s script[step] (its output position); with CharDetok, token t reads
+    chr(ord('a') + t)."""
+
+    def __init__(self, scripts: dict[str, list[int]]) -> None:
+        self.scripts = scripts
+
+    def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        return ModelRunnerOutput({s.request_id: SampledToken(self.scripts[s.request_id][s.step],
+                                                             -1.0)
+                                  for s in so.seqs if s.sample})

@@ -8,13 +8,13 @@ import pytest
 from kiln.engine.config import EngineConfig
 from kiln.engine.errors import EngineError
 from kiln.engine.loop import build_core
-from kiln.engine.outputs import ModelRunnerOutput, RequestOutput, SampledToken, SchedulerOutput
+from kiln.engine.outputs import RequestOutput
 from kiln.engine.request import Request, SamplingParams, ThinkingBudgetSpec
 from kiln.engine.scheduler import Scheduler
 from kiln.model import LoadedModel
 from kiln.text.budget import Outcome
 from tests.engine.drive import drive
-from tests.engine.fakes import FakeRunner, next_token
+from tests.engine.fakes import FakeRunner, ScriptRunner, next_token
 from tests.numerics import sampled_logprob_atol
 
 CLOSE = (60, 61, 62)  # outside the fake runner's vocabulary: never sampled by the model
@@ -156,18 +156,6 @@ def test_clamped_max_tokens_that_cannot_fit_the_close_is_rejected() -> None:
     with pytest.raises(EngineError):
         sched.add_request(Request("s", [1, 2], SamplingParams(
             stop=("</",), thinking=ThinkingBudgetSpec(CLOSE, 4))))
-
-
-class ScriptRunner:
-    """Samples request ``rid``'s script[step]: the model's candidates, by output position."""
-
-    def __init__(self, scripts: dict[str, list[int]]) -> None:
-        self.scripts = scripts
-
-    def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
-        return ModelRunnerOutput({s.request_id: SampledToken(self.scripts[s.request_id][s.step],
-                                                             -1.0)
-                                  for s in so.seqs if s.sample})
 
 
 def test_natural_close_and_unclosed_eos_outcomes() -> None:

@@ -8,11 +8,11 @@ import asyncio
 from kiln.engine.config import EngineConfig
 from kiln.engine.loop import AsyncEngine
 from kiln.engine.output_processor import OutputProcessor
-from kiln.engine.outputs import ModelRunnerOutput, RequestOutput, SampledToken, SchedulerOutput
+from kiln.engine.outputs import RequestOutput
 from kiln.engine.request import Request, SamplingParams
 from kiln.engine.scheduler import Scheduler
 from tests.engine.drive import drive, text, token_ids
-from tests.engine.fakes import CharDetok, FakeRunner
+from tests.engine.fakes import CharDetok, FakeRunner, ScriptRunner
 
 
 def make(eos: frozenset[int] = frozenset()) -> tuple[Scheduler, OutputProcessor]:
@@ -23,18 +23,6 @@ def make(eos: frozenset[int] = frozenset()) -> tuple[Scheduler, OutputProcessor]
 def req(rid: str, max_tokens: int = 8, n: int = 10, **kw: object) -> Request:
     sp = SamplingParams(max_tokens=max_tokens, seed=1, **kw)  # type: ignore[arg-type]
     return Request(rid, [i % 50 for i in range(n)], sp)
-
-
-class ScriptRunner:
-    """Samples request ``rid``'s script[step]; token t reads chr(ord('a') + t) (CharDetok)."""
-
-    def __init__(self, scripts: dict[str, list[int]]) -> None:
-        self.scripts = scripts
-
-    def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
-        return ModelRunnerOutput({s.request_id: SampledToken(self.scripts[s.request_id][s.step],
-                                                             -1.0)
-                                  for s in so.seqs if s.sample})
 
 
 def test_eos_counts_but_has_no_text() -> None:

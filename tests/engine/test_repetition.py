@@ -6,7 +6,8 @@ import pytest
 
 from kiln.engine.repetition import REPETITION, RepetitionDetection, repeats
 from tests.engine.drive import drive, text, token_ids
-from tests.engine.test_output_processor import ScriptRunner, make, req
+from tests.engine.fakes import ScriptRunner
+from tests.engine.test_output_processor import make, req
 
 
 @pytest.mark.parametrize(("tokens", "rule", "want"), [
