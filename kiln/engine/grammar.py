@@ -19,6 +19,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import llguidance
 
@@ -32,6 +33,16 @@ CACHE_SIZE = 256  # compiled grammars kept per tokenizer (least recently used dr
 class GrammarError(ValueError):
     """A grammar llguidance refuses (invalid, or a keyword it cannot enforce); the message is
     llguidance's."""
+
+
+def _vocabulary(tokenizer: object) -> Any:
+    """The tokenizers library object llguidance reads the vocabulary from (None: none)."""
+    return getattr(tokenizer, "backend", None)
+
+
+def can_drive(tokenizer: object) -> bool:
+    """Whether ``tokenizer`` can drive a grammar at all (it exposes its vocabulary)."""
+    return _vocabulary(tokenizer) is not None
 
 
 class GrammarCompiler:
@@ -50,7 +61,7 @@ class GrammarCompiler:
         with self._lock:
             if self._llt is None:
                 eos = sorted(self._tokenizer.eos_token_ids)
-                backend = getattr(self._tokenizer, "backend", None)
+                backend = _vocabulary(self._tokenizer)
                 if backend is None:
                     raise GrammarError("this model's tokenizer cannot drive a grammar")
                 self._llt = llguidance.LLTokenizer(backend.to_str(), eos_token=eos or None)

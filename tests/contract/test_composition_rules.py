@@ -101,6 +101,23 @@ RULES = [
         invalid=[chat(top_logprobs=2), chat(top_logprobs=0, logprobs=False),
                  chat(top_logprobs=1, logprobs=None)],
     ),
+    # --- TextCompletionRequest (issue 28) ---------------------------------------------------
+    Rule(
+        M,
+        "TextCompletionRequest",
+        "allOf/0",  # an array logprob_token_ids needs an integer logprobs
+        valid=[{"prompt": "a", "logprob_token_ids": [3], "logprobs": 0},
+               {"prompt": "a", "logprob_token_ids": None}],
+        invalid=[{"prompt": "a", "logprob_token_ids": [3]},
+                 {"prompt": "a", "logprob_token_ids": [3], "logprobs": None}],
+    ),
+    Rule(M, "ToolChoice", "oneOf",  # the forms the constraint stage accepts (issue 28)
+         valid=[None, "none", "auto", "required",
+                {"type": "function", "function": {"name": "f"}}],
+         invalid=["bogus", {"type": "function"}, {"function": {"name": "f"}}, 1]),
+    Rule(M, "RequestTemplateKwargs", "oneOf",  # not messages or tools (issue 28)
+         valid=[None, {}, {"enable_thinking": True}],
+         invalid=[{"messages": []}, {"tools": None}, []]),
     # --- BatchCompletionRequest ------------------------------------------------------------
     Rule(
         M,

@@ -52,6 +52,11 @@ NARROWED = {
     **{(d, f): ("NullableSamplingNumber", "NullablePenalty")
        for d in ("ChatCompletionRequest", "BatchCompletionRequest")
        for f in ("presence_penalty", "frequency_penalty")},
+    # issue 28: the forms the constraint stage accepts, and the names the template reserves
+    **{(d, "tool_choice"): ("any", "ToolChoice")
+       for d in ("ChatCompletionRequest", "BatchCompletionRequest")},
+    **{(d, "chat_template_kwargs"): ("NullableTemplateKwargs", "RequestTemplateKwargs")
+       for d in ("ChatCompletionRequest", "BatchCompletionRequest")},
 }
 # Composition branches the contract appends after the seed's (CHANGELOG.md, issue 28:
 # top_logprobs needs logprobs: true), as (definition, keyword) -> how many.
@@ -99,6 +104,7 @@ ADDED = {
     "LegacyStructuralTag",  # issue 26: structural_tag structures (vLLM's name)
     "RenderedPrompt", "CompletionRenderResponse",
     "AdapterName", "NullableAdapterSelector", "TokenId",  # issue 28: bounds the server enforces
+    "ToolChoice", "RequestTemplateKwargs",  # issue 28: rules the server enforces
     "ComputePlan", "ComputeImplementation",  # issue 24: /health shows the compute plan
 }
 

@@ -232,7 +232,7 @@ def logprob_token_ids(req: Any, logprobs: Any, vocab: int) -> tuple[int, ...] | 
     if logprobs is None:
         raise bad("logprob_token_ids requires logprobs to be set", "logprob_token_ids")
     ids = tuple(dict.fromkeys(int(t) for t in given))
-    if not ids or len(ids) > MAX_NAMED_LOGPROBS:
+    if not given or len(given) > MAX_NAMED_LOGPROBS:  # as the contract counts: duplicates too
         raise bad(f"logprob_token_ids must name 1 to {MAX_NAMED_LOGPROBS} tokens",
                   "logprob_token_ids")
     outside = [t for t in ids if t >= vocab]
