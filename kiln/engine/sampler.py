@@ -15,6 +15,7 @@ from typing import Literal
 
 import numpy
 import torch
+from kiln_kernels.grammar import apply_token_bitmask_ref
 from kiln_kernels.sampling import SamplingTensors, sample_reference
 from kiln_kernels.sampling.native import FLOAT_COLUMNS, INT_COLUMNS, sample_rows
 from kiln_kernels.sampling.params import to_int64_bits
@@ -27,9 +28,11 @@ LOGPROB_FLOOR = -9999.0  # OpenAI's: a named token that cannot be sampled (JSON 
 
 
 class Sampler:
-    def __init__(self, device: torch.device, impl: Literal["c", "triton", "torch"]) -> None:
+    def __init__(self, device: torch.device, impl: Literal["c", "triton", "torch"],
+                 mask_impl: Literal["numpy", "triton", "torch"] = "numpy") -> None:
         self.device = device
         self.impl = impl  # the compute plan's sampler
+        self.mask_impl = mask_impl  # the compute plan's grammar_mask
         self._zero_counts = torch.zeros((0, 0), dtype=torch.int32, device=device)
         self._zero_mask = torch.zeros((0, 0), dtype=torch.bool, device=device)
 
@@ -57,32 +60,28 @@ class Sampler:
         return [int(t) for t in tokens.tolist()], [float(x) for x in logprobs.tolist()]
 
     def constrain(self, logits: torch.Tensor, masks: dict[int, bytes]) -> torch.Tensor:
-        """The grammar masks (llguidance bitmasks, row index -> bytes) applied: a disallowed
-        token's logit becomes -inf, and so does every id past the mask (padding beyond the
-        tokenizer's vocabulary). On the CPU ``logits`` (the step's own, fresh from the model) is
-        masked in place; elsewhere a copy is. Other rows keep their values bit for bit."""
+        """The grammar masks (llguidance bitmasks, row index -> bytes) applied, by the compute
+        plan's ``grammar_mask``: a disallowed token's logit becomes -inf, and so does every id
+        past the mask (padding beyond the tokenizer's vocabulary). ``numpy`` masks the CPU's
+        float32 ``logits`` (the step's own, fresh from the model) in place; otherwise a copy is
+        masked, by the Triton kernel (``triton``, CUDA) or the torch reference
+        (kiln_kernels.grammar). Other rows keep their values bit for bit."""
         if not masks:
             return logits
         rows = sorted(masks)
-        vocab = int(logits.shape[1])
-        # numpy unpacks the bits (one pass, no thread team to wake for a few KB)
-        bits = numpy.unpackbits(numpy.frombuffer(b"".join(masks[i] for i in rows),
-                                                 dtype=numpy.uint8),
-                                bitorder="little").reshape(len(rows), -1)
-        disallowed = numpy.ones((len(rows), vocab), dtype=numpy.bool_)  # padding: disallowed
-        width = min(vocab, bits.shape[1])
-        disallowed[:, :width] = bits[:, :width] == 0
-        if logits.device.type == "cpu" and logits.dtype == torch.float32:
-            # in place, in numpy: a few small torch ops on the CPU cost ~20 ms each on a busy
-            # machine (waking torch's thread team); this is ~0.1 ms for 8 rows
-            arr = logits.numpy()
-            for j, i in enumerate(rows):
-                arr[i][disallowed[j]] = -numpy.inf
-            return logits
+        packed = b"".join(masks[i] for i in rows)
+        if self.mask_impl == "numpy" and logits.device.type == "cpu":
+            return _constrain_numpy(logits, rows, packed)
         out = logits.clone()
-        block = torch.from_numpy(disallowed).to(logits.device)
-        for j, i in enumerate(rows):
-            out[i].masked_fill_(block[j], float("-inf"))
+        bitmask = torch.from_numpy(numpy.frombuffer(packed, dtype="<i4").reshape(len(rows), -1)
+                                   .copy()).to(out.device)
+        row_ids = torch.tensor(rows, dtype=torch.int32).to(out.device)
+        if self.mask_impl == "triton" and out.is_cuda:
+            from kiln_kernels.grammar.bitmask import apply_token_bitmask_triton
+
+            apply_token_bitmask_triton(out, bitmask, row_ids)
+        else:
+            apply_token_bitmask_ref(out, bitmask, row_ids)
         return out
 
     def token_logprobs(self, logits: torch.Tensor, seqs: Sequence[ScheduledSeq],
@@ -179,6 +178,29 @@ class Sampler:
             self._zero_mask = torch.zeros((max(b, 8), vocab), dtype=torch.bool,
                                           device=self.device)
         return self._zero_mask[:b]
+
+
+def _constrain_numpy(logits: torch.Tensor, rows: list[int], packed: bytes) -> torch.Tensor:
+    """The CPU's masks: numpy unpacks the bits (one pass, no thread team to wake for a few KB);
+    float32 logits are masked in place, in numpy (a few small torch ops on the CPU cost ~20 ms
+    each on a busy machine, waking torch's thread team; this is ~0.1 ms for 8 rows), others in
+    a copy."""
+    vocab = int(logits.shape[1])
+    bits = numpy.unpackbits(numpy.frombuffer(packed, dtype=numpy.uint8),
+                            bitorder="little").reshape(len(rows), -1)
+    disallowed = numpy.ones((len(rows), vocab), dtype=numpy.bool_)  # padding: disallowed
+    width = min(vocab, bits.shape[1])
+    disallowed[:, :width] = bits[:, :width] == 0
+    if logits.dtype == torch.float32:
+        arr = logits.numpy()
+        for j, i in enumerate(rows):
+            arr[i][disallowed[j]] = -numpy.inf
+        return logits
+    out = logits.clone()
+    block = torch.from_numpy(disallowed)
+    for j, i in enumerate(rows):
+        out[i].masked_fill_(block[j], float("-inf"))
+    return out
 
 
 def _greedy(s: ScheduledSeq) -> bool:
