@@ -96,7 +96,8 @@ async def create(request: Request) -> Response:
             structured_outputs=opt(req.structured_outputs), tools=tools, tool_choice=tool_choice,
             parallel_tool_calls=opt(req.parallel_tool_calls) is not False,
             ignore_eos=bool(opt(req.ignore_eos)), after=close_ids if in_reasoning else (),
-            tool_format=tool_format(getattr(state.backend.chat_template, "source", None)))
+            tool_format=tool_format(getattr(state.backend.chat_template, "source", None)),
+            deadline_s=state.config.grammar_compile_timeout_s)
         for in_reasoning in sorted({r for _, r in prompts})}
     base = state_default(state)
     logprobs = logprobs_wanted(req, state.config.max_logprobs, ERROR_CODE)

@@ -318,7 +318,8 @@ async def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> Prep
         structured_outputs=opt(req.structured_outputs), tools=tools, tool_choice=tool_choice,
         parallel_tool_calls=parallel, ignore_eos=bool(opt(req.ignore_eos)),
         tool_format=tool_format(getattr(backend.chat_template, "source", None)),
-        after=tuple(backend.tokenizer.encode(CLOSE_TAG)) if in_reasoning else ())
+        after=tuple(backend.tokenizer.encode(CLOSE_TAG)) if in_reasoning else (),
+        deadline_s=cfg.grammar_compile_timeout_s)
     params = [
         replace(
             sampling_params(
