@@ -131,6 +131,13 @@ def test_const_string_regex_grammar_and_or(text: str, ok: bool) -> None:
     assert accepts(fmt, text) is ok
 
 
+def test_a_gbnf_grammar_inside_a_tag() -> None:
+    fmt = {"type": "tag", "begin": "<g>", "end": "</g>", "content": {
+        "type": "grammar", "grammar": 'root ::= "yes" | "no" num\nnum ::= [0-9]+'}}
+    assert accepts(fmt, "<g>yes</g>") and accepts(fmt, "<g>no42</g>")
+    assert not accepts(fmt, "<g>maybe</g>")
+
+
 def test_json_schema_is_closed_and_a_tag_takes_several_ends() -> None:
     fmt = {"type": "tag", "begin": "<r>", "end": ["</r>", "</answer>"],
            "content": {"type": "json_schema", "json_schema": {
