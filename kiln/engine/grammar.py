@@ -11,7 +11,7 @@ budget forced), and computes the rows' masks. Rows without a constraint never re
 
 No torch here: masks are llguidance's little-endian bitmasks (bit ``t % 32`` of 32-bit word
 ``t // 32`` set = token ``t`` allowed), one int32 row per constrained row, applied to the logits
-by the sampler (kiln_kernels/token_mask).
+by the sampler (kiln_kernels/grammar, as the compute plan's ``grammar_mask`` names).
 
 ``start`` syncs the matchers on the engine thread, then fills the masks, inline or (``beside``:
 the compute plan's ``grammar_beside_step``, where the model runs on an accelerator) on one worker
