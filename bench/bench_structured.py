@@ -22,6 +22,7 @@ from kiln.engine.grammar import GrammarCompiler, GrammarRows
 from kiln.engine.loop import AsyncEngine
 from kiln.engine.outputs import ScheduledSeq
 from kiln.engine.request import GrammarSpec, Request, SamplingParams
+from kiln.engine.runner import ModelRunner
 from kiln.engine.sampler import Sampler
 from kiln.model import LoadedModel
 from kiln.model.loader import load_model
@@ -79,7 +80,7 @@ def mask_cost(loaded: LoadedModel, rows: int, steps: int = 48) -> float:
         seqs = [_seq(i, spec, list(outputs[i])) for i in range(rows)]
         t0 = time.perf_counter()
         step = stage.masks(seqs)
-        masked = sampler.constrain(logits, step.masks)
+        masked = sampler.constrain(logits, step.bits, list(step.rows))
         times.append(time.perf_counter() - t0)
         assert not step.errors, step.errors
         for i, t in enumerate(masked.argmax(dim=1).tolist()):
@@ -95,41 +96,88 @@ async def _run(engine: AsyncEngine, reqs: list[Request]) -> None:
     await asyncio.gather(*(one(r) for r in reqs))
 
 
+# The constraints of the step-time comparison, each unable to finish within the run's tokens
+# (every step masks all constrained rows): a JSON schema as clients send them, and a bounded
+# repeat, llguidance's costly case (its lexer state is new at every position).
+CONSTRAINTS: dict[str, dict[str, object]] = {
+    "json": {"json": {"type": "array", "items": {"type": "string"}, "minItems": 50}},
+    "regex_bounded_repeat": {"regex": "[a-z ]{400}"},
+}
+
+
 def step_times(loaded: LoadedModel, tokens: int = 32) -> dict[str, float]:
     """Milliseconds per engine step: 8 unconstrained rows alone, and beside 8 constrained rows
-    (a regex that cannot finish within ``tokens``, so every step masks all 8), against 16
-    unconstrained rows (the same model work): the difference is the grammar's cost."""
+    (each of ``CONSTRAINTS``), against 16 unconstrained rows (the same model work): the
+    difference is the grammar's cost."""
     engine = AsyncEngine(loaded, EngineConfig(kv_memory_mb=256))
     engine.start()
     prompt = loaded.tokenizer.encode(loaded.chat_template.render(
         [{"role": "user", "content": "Write a long story."}], add_generation_prompt=True))
-    built = from_structured_outputs({"regex": "[a-z ]{400}"})
-    assert built is not None
-    spec = GrammarSpec(built[0])
+    specs = {}
+    for name, structured in CONSTRAINTS.items():
+        built = from_structured_outputs(structured)
+        assert built is not None
+        specs[name] = GrammarSpec(built[0])
 
-    def rows(constrained: int, tag: str) -> list[Request]:
+    def rows(constrained: int, tag: str, spec: GrammarSpec | None = None) -> list[Request]:
         free = [Request(f"{tag}u{i}", prompt, SamplingParams(
             max_tokens=tokens, ignore_eos=True, seed=i)) for i in range(8)]
         held = [Request(f"{tag}c{i}", prompt, SamplingParams(
             max_tokens=tokens, seed=i, grammar=spec)) for i in range(constrained)]
         return free + held
 
+    runs: list[tuple[str, int, GrammarSpec | None]] = [
+        ("8_unconstrained", 0, None), ("16_unconstrained", 0, None),
+        *((f"8_unconstrained_8_{name}", 8, spec) for name, spec in specs.items())]
     samples: dict[str, list[float]] = {}
+    grammar_s = _time_grammar_stage(engine)
     try:
-        asyncio.run(_run(engine, rows(8, "warm")))
-        for rep in range(3):  # interleaved repeats; the median of each is reported
-            for label, constrained in (("8_unconstrained", 0), ("16_unconstrained", 0),
-                                       ("8_unconstrained_8_constrained", 8)):
-                reqs = rows(constrained, f"{label}{rep}")
+        for name, warm in specs.items():
+            asyncio.run(_run(engine, rows(8, f"warm{name}", warm)))
+        for rep in range(5):  # interleaved repeats; the median of each is reported
+            for label, constrained, spec in runs:
+                reqs = rows(constrained, f"{label}{rep}", spec)
                 if label.startswith("16"):
                     reqs += rows(0, f"{label}{rep}b")
                 steps0, t0 = engine.num_steps, time.perf_counter()
+                spent0 = grammar_s[0]
                 asyncio.run(_run(engine, reqs))
-                per_step = (time.perf_counter() - t0) / (engine.num_steps - steps0)
+                steps = engine.num_steps - steps0
+                per_step = (time.perf_counter() - t0) / steps
                 samples.setdefault(label + "_step_ms", []).append(per_step * 1e3)
+                if spec is not None:
+                    samples.setdefault(label + "_grammar_ms", []).append(
+                        (grammar_s[0] - spent0) / steps * 1e3)
     finally:
         engine.shutdown()
-    return {k: statistics.median(v) for k, v in samples.items()}
+    out = {k: statistics.median(v) for k, v in samples.items()}
+    base = out["16_unconstrained_step_ms"]
+    for name in specs:  # the constrained rows' cost, as a share of the same model work
+        label = f"8_unconstrained_8_{name}"
+        out[f"{name}_step_overhead_pct"] = 100 * (out[f"{label}_step_ms"] / base - 1)
+        out[f"{name}_grammar_share_of_step_pct"] = 100 * out[f"{label}_grammar_ms"] / base
+    return out
+
+
+def _time_grammar_stage(engine: AsyncEngine) -> list[float]:
+    """Seconds the engine thread spends in the grammar stage (masks filled and applied), counted
+    into the returned one-element list: the constrained rows' own cost, which a whole-step
+    difference on a shared 2-core machine cannot resolve to a few percent."""
+    spent = [0.0]
+    runner = engine.executor
+    assert isinstance(runner, ModelRunner)
+    for owner, name in ((runner, "_start_masks"), (runner.sampler, "constrain")):
+        inner = getattr(owner, name)
+
+        def timed(*args: Any, _inner: Any = inner) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return _inner(*args)
+            finally:
+                spent[0] += time.perf_counter() - t0
+
+        setattr(owner, name, timed)
+    return spent
 
 
 def main() -> None:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from concurrent.futures import Future
 
+import numpy
 import torch
 
 from kiln.engine.block_pool import BlockPool
 from kiln.engine.config import EngineConfig
-from kiln.engine.grammar import GrammarRows, compiler_for
+from kiln.engine.grammar import GrammarRows, RowMasks, compiler_for
 from kiln.engine.logits_processors import apply_logits_processors
 from kiln.engine.lora_mix import LoraMix
 from kiln.engine.outputs import ModelRunnerOutput, SampledToken, ScheduledSeq, SchedulerOutput
@@ -68,24 +70,18 @@ class ModelRunner:
         if self.grammar is not None:
             self.grammar.release(request_ids)
 
-    def _constrain(self, logits: torch.Tensor, seqs: list[ScheduledSeq],
-                   errors: dict[str, str]) -> tuple[torch.Tensor, list[ScheduledSeq]]:
-        """The grammar masks of the constrained rows applied; a row that cannot go on (its
-        output left the grammar, nothing allowed) leaves the step with an error."""
+    def _start_masks(self, seqs: list[ScheduledSeq]) -> Future[RowMasks] | None:
+        """The grammar masks of the step's constrained rows, filled now or, where the compute plan
+        says so, while the model runs (None: no row is constrained)."""
+        if not any(s.sampling.grammar is not None for s in seqs):
+            return None
         if self.grammar is None:
-            bad = {s.request_id: "this engine has no tokenizer to enforce a grammar with"
-                   for s in seqs if s.sampling.grammar is not None}
-        else:
-            step = self.grammar.masks(seqs)
-            bad, masks = step.errors, step.masks
-        errors.update(bad)
-        keep = [i for i, s in enumerate(seqs) if s.request_id not in bad]
-        if len(keep) < len(seqs):
-            logits, seqs = logits[keep], [seqs[i] for i in keep]
-        if self.grammar is None:
-            return logits, seqs
-        where = {old: new for new, old in enumerate(keep)}
-        return self.sampler.constrain(logits, {where[i]: m for i, m in masks.items()}), seqs
+            done: Future[RowMasks] = Future()
+            done.set_result(RowMasks((), numpy.zeros((0, 0), dtype=numpy.int32), {
+                s.request_id: "this engine has no tokenizer to enforce a grammar with"
+                for s in seqs if s.sampling.grammar is not None}))
+            return done
+        return self.grammar.start(seqs, beside=self.plan.grammar_beside_step)
 
     @property
     def lora_slots(self) -> AdapterSlots:
@@ -136,27 +132,30 @@ class ModelRunner:
         batch.logits_indices = batch.logits_indices[rows or [0]]
         lora = self._lora_batch(so.seqs)
         batch.lora = lora
+        seqs = [so.seqs[i] for i in rows]
+        pending = self._start_masks(seqs)
         try:
             logits = self.model.forward(batch, self.kv)
         finally:
             if lora is not None:
                 lora.release()
+            masks = pending.result() if pending is not None else None  # also when forward fails
         if not rows:
             return ModelRunnerOutput({})
-        seqs = [so.seqs[i] for i in rows]
-        errors: dict[str, str] = {}
+        errors: dict[str, str] = dict(masks.errors) if masks is not None else {}
         # A row whose logits hold inf or NaN (an overflowing LoRA mix, a broken checkpoint) has
         # no distribution to sample: it ends in an error, never in a made-up token. One sum per
         # row finds them (~13 us for a 49k vocabulary).
-        finite = torch.isfinite(logits.sum(dim=1))
-        if not bool(finite.all()):
-            good = [i for i, ok in enumerate(finite.tolist()) if ok]
-            errors = {seqs[i].request_id: NON_FINITE for i in range(len(seqs)) if i not in good}
-            logits, seqs = logits[good], [seqs[i] for i in good]
+        finite = torch.isfinite(logits.sum(dim=1)).tolist()
+        keep = [i for i, ok in enumerate(finite) if ok and seqs[i].request_id not in errors]
+        errors.update({seqs[i].request_id: NON_FINITE for i, ok in enumerate(finite) if not ok})
+        if masks is not None and masks.rows:
+            # row j of the masks belongs to step row masks.rows[j]; a grammar mask is never empty
+            logits = self.sampler.constrain(logits, masks.bits, [int(i) for i in masks.rows])
+        if len(keep) < len(seqs):
+            logits, seqs = logits[keep], [seqs[i] for i in keep]
             if not seqs:
                 return ModelRunnerOutput({}, errors)
-        if any(s.sampling.grammar is not None for s in seqs):
-            logits, seqs = self._constrain(logits, seqs, errors)
         logits = apply_logits_processors(logits, seqs)  # after the check: masks write -inf
         if any(s.sampling.processes_logits for s in seqs):
             # a grammar mask is never empty; with allowed_token_ids, min_tokens or bad_words

@@ -19,6 +19,7 @@ from kiln_kernels.sampling import SamplingTensors, sample_reference
 from kiln_kernels.sampling.native import FLOAT_COLUMNS, INT_COLUMNS, sample_rows
 from kiln_kernels.sampling.params import to_int64_bits
 from kiln_kernels.sampling.reference import GREEDY_TEMPERATURE, apply_penalties
+from kiln_kernels.token_mask import apply_token_mask
 
 from kiln.engine.outputs import ScheduledSeq, TokenLogprobs
 from kiln.engine.scoring import top_k_ids
@@ -56,33 +57,17 @@ class Sampler:
             tokens, logprobs = sample_reference(logits, p)
         return [int(t) for t in tokens.tolist()], [float(x) for x in logprobs.tolist()]
 
-    def constrain(self, logits: torch.Tensor, masks: dict[int, bytes]) -> torch.Tensor:
-        """The grammar masks (llguidance bitmasks, row index -> bytes) applied: a disallowed
-        token's logit becomes -inf, and so does every id past the mask (padding beyond the
-        tokenizer's vocabulary). On the CPU ``logits`` (the step's own, fresh from the model) is
-        masked in place; elsewhere a copy is. Other rows keep their values bit for bit."""
-        if not masks:
+    def constrain(self, logits: torch.Tensor, bits: numpy.ndarray,
+                  rows: list[int]) -> torch.Tensor:
+        """The grammar masks applied: ``bits[j]`` (llguidance's int32 bitmask words) masks row
+        ``rows[j]``; a disallowed token's logit becomes -inf, and so does every id past the mask
+        (padding beyond the tokenizer's vocabulary). On the CPU ``logits`` (the step's own, fresh
+        from the model) is masked in place; elsewhere a copy is. Other rows keep their values bit
+        for bit. The kernel is the compute plan's (kiln_kernels/token_mask)."""
+        if not rows:
             return logits
-        rows = sorted(masks)
-        vocab = int(logits.shape[1])
-        # numpy unpacks the bits (one pass, no thread team to wake for a few KB)
-        bits = numpy.unpackbits(numpy.frombuffer(b"".join(masks[i] for i in rows),
-                                                 dtype=numpy.uint8),
-                                bitorder="little").reshape(len(rows), -1)
-        disallowed = numpy.ones((len(rows), vocab), dtype=numpy.bool_)  # padding: disallowed
-        width = min(vocab, bits.shape[1])
-        disallowed[:, :width] = bits[:, :width] == 0
-        if logits.device.type == "cpu" and logits.dtype == torch.float32:
-            # in place, in numpy: a few small torch ops on the CPU cost ~20 ms each on a busy
-            # machine (waking torch's thread team); this is ~0.1 ms for 8 rows
-            arr = logits.numpy()
-            for j, i in enumerate(rows):
-                arr[i][disallowed[j]] = -numpy.inf
-            return logits
-        out = logits.clone()
-        block = torch.from_numpy(disallowed).to(logits.device)
-        for j, i in enumerate(rows):
-            out[i].masked_fill_(block[j], float("-inf"))
+        out = logits if logits.device.type == "cpu" else logits.clone()
+        apply_token_mask(out, torch.from_numpy(bits), rows, self.impl)
         return out
 
     def token_logprobs(self, logits: torch.Tensor, seqs: Sequence[ScheduledSeq],

@@ -65,6 +65,14 @@ class ComputePlan:
         return "triton" if self.device.startswith("cuda") else "torch"
 
     @property
+    def grammar_beside_step(self) -> bool:
+        """Whether grammar masks fill on a worker thread while the model runs: where the model
+        runs on an accelerator and leaves the CPU free. On the CPU the step's threads use every
+        core, and a mask walk beside them stalls the whole team at its next barrier, so the masks
+        fill inline (measured with ``python -m bench.bench_structured``)."""
+        return not self.device.startswith("cpu")
+
+    @property
     def packed_rows(self) -> bool:
         """Whether rows of the torch path read packed blocks (every weight form but dense)."""
         return self.weights != "dense"

@@ -30,7 +30,7 @@ INCLUDE_DIRS = (HERE / "common", HERE / "matmul", HERE / "step", HERE / "samplin
 SOURCES = (HERE / "matmul" / "gemm.c", HERE / "step" / "cpu_step.c",
            HERE / "step" / "attention.c", HERE / "common" / "vmath.c",
            HERE / "sampling" / "counter.c", HERE / "sampling" / "sample.c",
-           HERE / "sampling" / "top_p.c")
+           HERE / "sampling" / "top_p.c", HERE / "sampling" / "token_mask.c")
 HEADERS = (HERE / "matmul" / "quant.h", HERE / "matmul" / "blocks.h",
            HERE / "matmul" / "blocks_legacy.h", HERE / "matmul" / "blocks_k.h",
            HERE / "matmul" / "blocks_float.h", HERE / "step" / "cpu_step.h",
@@ -135,6 +135,8 @@ def load(flags: tuple[str, ...] = NATIVE_FLAGS) -> ctypes.CDLL:
             lib.kiln_sample.restype = None
             lib.kiln_sample_scratch_floats.argtypes = [i64, i64]
             lib.kiln_sample_scratch_floats.restype = i64
+            lib.kiln_apply_token_mask.argtypes = [p, i64, i64, p, i64, p, i64]
+            lib.kiln_apply_token_mask.restype = None
             _loaded[flags] = lib
         return lib
 

@@ -8,12 +8,14 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+from typing import Literal
 
+import numpy
 import pytest
 import torch
 
 from kiln.api.handlers.constraints import from_response_format, from_structured_outputs
-from kiln.engine.grammar import GrammarError, GrammarRows, compiler_for
+from kiln.engine.grammar import GrammarError, GrammarRows, RowMasks, compiler_for
 from kiln.engine.loop import AsyncEngine
 from kiln.engine.outputs import RequestOutput, ScheduledSeq
 from kiln.engine.request import GrammarSpec, Request, SamplingParams
@@ -33,8 +35,8 @@ def seq(rid: str, spec: GrammarSpec | None, output: list[int]) -> ScheduledSeq:
                         len(output), [0], list(output))
 
 
-def allowed(mask: bytes) -> set[int]:
-    words = torch.frombuffer(bytearray(mask), dtype=torch.int32)
+def allowed(step: RowMasks, row: int) -> set[int]:
+    words = torch.from_numpy(step.bits[step.rows.index(row)].copy())
     bits = ((words[:, None] >> torch.arange(32, dtype=torch.int32)) & 1).flatten()
     return set(torch.nonzero(bits).flatten().tolist())
 
@@ -44,12 +46,12 @@ def test_choice_mask_allows_prefixes_then_eos(smollm: LoadedModel) -> None:
     spec = GrammarSpec(grammar({"choice": ["yes", "no"]}), param="structured_outputs")
     rows = GrammarRows(compiler_for(tok))
     step = rows.masks([seq("a", spec, [])])
-    assert not step.errors and set(step.masks) == {0}
-    first = allowed(step.masks[0])
+    assert not step.errors and step.rows == (0,)
+    first = allowed(step, 0)
     assert {tok.decode([t]) for t in first} <= {"y", "ye", "yes", "n", "no"}
     assert tok.encode("yes")[0] in first and tok.encode("no")[0] in first
     done = rows.masks([seq("a", spec, tok.encode("yes"))])
-    assert allowed(done.masks[0]) == set(tok.eos_token_ids)  # complete: only EOS
+    assert allowed(done, 0) == set(tok.eos_token_ids)  # complete: only EOS
     rows.release(["a"])
     assert len(rows) == 0
 
@@ -60,7 +62,7 @@ def test_output_outside_the_grammar_is_a_row_error(smollm: LoadedModel) -> None:
     rows = GrammarRows(compiler_for(tok))
     step = rows.masks([seq("ok", None, []), seq("bad", spec, tok.encode("abc"))])
     assert set(step.errors) == {"bad"} and "structured_outputs" in step.errors["bad"]
-    assert step.masks == {}  # the unconstrained row never gets a mask
+    assert step.rows == ()  # the unconstrained row never gets a mask
 
 
 def test_constraint_waits_for_the_close_sequence(smollm: LoadedModel) -> None:
@@ -69,9 +71,9 @@ def test_constraint_waits_for_the_close_sequence(smollm: LoadedModel) -> None:
     spec = GrammarSpec(grammar({"regex": "[0-9]+"}), after=close)
     rows = GrammarRows(compiler_for(tok))
     thinking = tok.encode("<think>hmm, words")
-    assert rows.masks([seq("r", spec, thinking)]).masks == {}  # free text while reasoning
+    assert rows.masks([seq("r", spec, thinking)]).rows == ()  # free text while reasoning
     step = rows.masks([seq("r", spec, [*thinking, *close])])
-    assert step.masks and all(tok.decode([t]).isdigit() for t in allowed(step.masks[0]))
+    assert step.rows == (0,) and all(tok.decode([t]).isdigit() for t in allowed(step, 0))
 
 
 def test_compiler_refuses_and_caches(smollm: LoadedModel) -> None:
@@ -86,12 +88,13 @@ def test_compiler_refuses_and_caches(smollm: LoadedModel) -> None:
     assert compiler.matcher(text_) is not compiler.matcher(text_)  # copies of one compile
 
 
-def test_sampler_mask_leaves_other_rows_bit_identical() -> None:
+@pytest.mark.parametrize("impl", ["c", "torch"])
+def test_sampler_mask_leaves_other_rows_bit_identical(impl: Literal["c", "torch"]) -> None:
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(3, 70, generator=gen)
-    mask = bytearray(8)  # 64 bits: ids 64..69 lie past the mask (padding)
-    mask[0] = 0b101  # tokens 0 and 2
-    out = Sampler(torch.device("cpu"), "c").constrain(logits.clone(), {1: bytes(mask)})
+    mask = numpy.zeros((1, 2), dtype=numpy.int32)  # 64 bits: ids 64..69 lie past the mask
+    mask[0, 0] = 0b101  # tokens 0 and 2
+    out = Sampler(torch.device("cpu"), impl).constrain(logits.clone(), mask, [1])
     assert torch.equal(out[0], logits[0]) and torch.equal(out[2], logits[2])  # bits promised
     finite = torch.isfinite(out[1]).nonzero().flatten().tolist()
     assert finite == [0, 2] and torch.equal(out[1, [0, 2]], logits[1, [0, 2]])
