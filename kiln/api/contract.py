@@ -51,6 +51,10 @@ RULE_MESSAGES: dict[tuple[str, int], tuple[str, str | None]] = {
     ),
     ("TextCompletionRequest", 0): ("logprob_token_ids requires logprobs to be set",
                                    "logprob_token_ids"),
+    ("ChatCompletionRequest", 4): ("logprob_token_ids requires logprobs: true",
+                                   "logprob_token_ids"),
+    ("BatchCompletionRequest", 2): ("logprob_token_ids requires logprobs: true",
+                                    "logprob_token_ids"),
 }
 
 # A definition's own oneOf / anyOf that states a rule (not a union of types): its message, param.

@@ -49,6 +49,14 @@ CASES: dict[tuple[str, int], tuple[dict[str, Any], dict[str, Any]]] = {
         {"prompts": [M], "top_logprobs": 2, "logprobs": True},
         {"prompts": [M], "top_logprobs": 2, "logprobs": False},
     ),
+    ("ChatCompletionRequest", 4): (
+        {"messages": M, "logprob_token_ids": [3], "logprobs": True},
+        {"messages": M, "logprob_token_ids": [3]},
+    ),
+    ("BatchCompletionRequest", 2): (
+        {"prompts": [M], "logprob_token_ids": [3], "logprobs": True},
+        {"prompts": [M], "logprob_token_ids": [3], "logprobs": False},
+    ),
     ("BatchCompletionRequest", 0): (
         {"prompts": [M], "adapter": None, "adapters": None},
         {"prompts": [M], "adapter": "a", "adapters": [{"name": "b", "scale": 1}]},

@@ -59,8 +59,9 @@ NARROWED = {
        for d in ("ChatCompletionRequest", "BatchCompletionRequest")},
 }
 # Composition branches the contract appends after the seed's (CHANGELOG.md, issue 28:
-# top_logprobs needs logprobs: true), as (definition, keyword) -> how many.
-ADDED_BRANCHES = {("ChatCompletionRequest", "allOf"): 1, ("BatchCompletionRequest", "allOf"): 1}
+# top_logprobs needs logprobs: true; issue 25: so does logprob_token_ids), as
+# (definition, keyword) -> how many.
+ADDED_BRANCHES = {("ChatCompletionRequest", "allOf"): 2, ("BatchCompletionRequest", "allOf"): 2}
 # Fields that are new in the contract (CHANGELOG.md), appended after the seed's fields.
 ADDED_FIELDS = {
     ("ChatCompletionRequest", "parallel_tool_calls"),
@@ -84,6 +85,12 @@ ADDED_FIELDS = {
     *(("ChatCompletionRequest", f) for f in ("add_generation_prompt", "echo", "return_token_ids")),
     ("ChatCompletionResponse", "prompt_token_ids"),
     ("Choice", "token_ids"),
+    # issue 25, third part: the per-token extras, priority and cache salt on chat and batch;
+    # vLLM's stop_reason on chat choices and batch items
+    *((d, f) for d in ("ChatCompletionRequest", "BatchCompletionRequest")
+      for f in ("logprob_token_ids", "repetition_detection", "session_id", "priority",
+                "cache_salt")),
+    *((d, "stop_reason") for d in ("Choice", "ChunkChoice", "BatchCompletionItem")),
 }
 # Definitions that vLLM's completions request (seed vllm-completion-request.schema.json) has
 # replaced: tests/contract/test_vllm_seed_coverage.py checks them against that seed. Here they

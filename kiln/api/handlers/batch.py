@@ -29,7 +29,13 @@ from kiln.api.handlers.chat_prepare import (
     tools_enabled,
 )
 from kiln.api.handlers.constraints import constraint, plain
-from kiln.api.handlers.extras import bad_words_ids, included_stop, logprobs_wanted, text_extras
+from kiln.api.handlers.extras import (
+    bad_words_ids,
+    generation_extras,
+    included_stop,
+    logprobs_wanted,
+    text_extras,
+)
 from kiln.api.handlers.generation import Admitted, Completion, collect, submit_all, until_disconnect
 from kiln.api.handlers.logprobs import chat_content
 from kiln.api.handlers.models import resolve_model
@@ -41,6 +47,7 @@ from kiln.api.handlers.params import (
     requested_max_tokens,
     sampling_params,
     state_default,
+    state_max_tokens,
 )
 from kiln.api.rules import check_batch
 from kiln.api.state import AppState, app_state, request_id
@@ -82,6 +89,7 @@ async def create(request: Request) -> Response:
             )
         prompts.append((ids, prompt_starts_in_reasoning(text)))
     requested = requested_max_tokens(req.max_tokens, req.max_completion_tokens)
+    model_default = state_max_tokens(state)
     stop = normalize_stop(opt(req.stop))
     seed = opt(req.seed)
     rid = request_id(request)
@@ -96,17 +104,19 @@ async def create(request: Request) -> Response:
             structured_outputs=opt(req.structured_outputs), tools=tools, tool_choice=tool_choice,
             parallel_tool_calls=opt(req.parallel_tool_calls) is not False,
             ignore_eos=bool(opt(req.ignore_eos)), after=close_ids if in_reasoning else (),
-            tool_format=tool_format(getattr(state.backend.chat_template, "source", None)))
+            tool_format=tool_format(getattr(state.backend.chat_template, "source", None)),
+            deadline_s=state.config.grammar_compile_timeout_s)
         for in_reasoning in sorted({r for _, r in prompts})}
     base = state_default(state)
     logprobs = logprobs_wanted(req, state.config.max_logprobs, ERROR_CODE)
     token_ids = opt(req.return_token_ids) is True
     bad_words = bad_words_ids(opt(req.bad_words), state.backend.tokenizer)
-    special = text_extras(req)
+    extras = text_extras(req) | generation_extras(
+        req, logprobs, state.backend.tokenizer.vocab_size, ERROR_CODE)
     include_stop = opt(req.include_stop_str_in_output) is True
     work: list[tuple[str, list[int], SamplingParams, tuple[tuple[Any, float], ...]]] = []
     for p, (ids, in_reasoning) in enumerate(prompts):
-        max_tokens = effective_max_tokens(requested, len(ids), limit)
+        max_tokens = effective_max_tokens(requested, len(ids), limit, model_default)
         spec = apply_budget(state, budget, in_reasoning, max_tokens, stop, "chat_invalid_request")
         for c in range(n):
             item_seed = None if seed is None else (int(seed) + p * n + c) % U64
@@ -114,9 +124,10 @@ async def create(request: Request) -> Response:
                 req, max_tokens=max_tokens, stop=stop, seed=item_seed, base=base
             )
             params = replace(params, thinking=spec, logprobs=logprobs,
-                             grammar=grammars[in_reasoning], bad_words_ids=bad_words, **special)
+                             grammar=grammars[in_reasoning], bad_words_ids=bad_words, **extras)
             work.append((f"{rid}-{p}-{c}", ids, params, selection.lora))
-    jobs = submit_all(state, work, code="batch_too_large")
+    jobs = submit_all(state, work, code="batch_too_large", cache_salt=opt(req.cache_salt),
+                      priority=int(opt(req.priority) or 0))
     results = await until_disconnect(request, _gather(jobs))
     parse_tools = tools if tools_enabled(tools, tool_choice) else None
     items = []
@@ -190,6 +201,8 @@ def _item(
         if reasoning is not None:
             item["reasoning_content"] = reasoning
         item["finish_reason"] = done.finish_reason
+        if done.stop_reason is not None:
+            item["stop_reason"] = done.stop_reason
     item["usage"] = {
         "prompt_tokens": prompt_len,
         "completion_tokens": done.num_output_tokens,

@@ -50,14 +50,15 @@ async def create(request: Request) -> Response:
     rid = request_id(request)
     if prepared.stream:
         outputs = submit(
-            state, f"{rid}-0", prepared.prompt_ids, prepared.params[0], prepared.lora, arrived
+            state, f"{rid}-0", prepared.prompt_ids, prepared.params[0], prepared.lora, arrived,
+            cache_salt=prepared.cache_salt, priority=prepared.priority,
         )
         frames = chat_stream.frames(state, prepared, completion_id, outputs, started)
         return EventStream(frames, on_close=outputs.aclose)
     streams = submit_all(
         state,
         [(f"{rid}-{i}", prepared.prompt_ids, p, prepared.lora) for i, p in enumerate(prepared.params)],
-        arrived, code=ERROR_CODE,
+        arrived, code=ERROR_CODE, cache_salt=prepared.cache_salt, priority=prepared.priority,
     )
     completions = await until_disconnect(request, _collect_all(streams))
     body_out = response_body(state, prepared, completion_id, completions, started)
@@ -164,6 +165,8 @@ def response_body(
             message["tool_calls"] = [call.wire() for call in calls]
             finish = "length" if finish == "length" else "tool_calls"  # a cut call is told
         choice: dict[str, Any] = {"index": index, "message": message, "finish_reason": finish}
+        if c.stop_reason is not None:  # vLLM's: a stop string or token id, repetition_detected
+            choice["stop_reason"] = c.stop_reason
         if prepared.return_token_ids:
             choice["token_ids"] = c.token_ids
         if prepared.logprobs is not None:

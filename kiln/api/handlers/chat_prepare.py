@@ -26,6 +26,7 @@ from kiln.api.handlers.params import (
     requested_max_tokens,
     sampling_params,
     state_default,
+    state_max_tokens,
 )
 from kiln.api.handlers.unsupported import unsupported
 from kiln.api.state import AppState
@@ -68,6 +69,8 @@ class PreparedChat:
     echo_text: str = ""  # echo: the final assistant message, put before each choice's content
     return_token_ids: bool = False
     include_stop: bool = False  # include_stop_str_in_output: the matched stop string ends the text
+    priority: int = 0  # vLLM's scheduling priority (lower first)
+    cache_salt: str | None = None  # vLLM's: different salts never share prefix-cache blocks
 
     @property
     def thinking_mode(self) -> str:
@@ -297,7 +300,7 @@ async def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> Prep
             param="messages",
         )
     requested = requested_max_tokens(req.max_tokens, req.max_completion_tokens)
-    max_tokens = effective_max_tokens(requested, len(prompt_ids), limit)
+    max_tokens = effective_max_tokens(requested, len(prompt_ids), limit, state_max_tokens(state))
     stop = normalize_stop(opt(req.stop))
     n = int(opt(req.n) or 1)
     budget = resolve(
@@ -320,7 +323,8 @@ async def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> Prep
         structured_outputs=opt(req.structured_outputs), tools=tools, tool_choice=tool_choice,
         parallel_tool_calls=parallel, ignore_eos=bool(opt(req.ignore_eos)),
         tool_format=tool_format(getattr(backend.chat_template, "source", None)),
-        after=tuple(backend.tokenizer.encode(CLOSE_TAG)) if in_reasoning else ())
+        after=tuple(backend.tokenizer.encode(CLOSE_TAG)) if in_reasoning else (),
+        deadline_s=cfg.grammar_compile_timeout_s)
     params = [
         replace(
             sampling_params(
@@ -368,4 +372,6 @@ async def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> Prep
         echo_text=echo_text,
         return_token_ids=opt(req.return_token_ids) is True,
         include_stop=opt(req.include_stop_str_in_output) is True,
+        priority=int(opt(req.priority) or 0),
+        cache_salt=opt(req.cache_salt),
     )

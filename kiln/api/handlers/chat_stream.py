@@ -43,13 +43,16 @@ class _Chunks:
         # logprobs content of tokens not sent yet: the next chunk of the choice carries them
         self.pending: list[dict[str, Any]] = []
 
-    def choice(self, delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
+    def choice(self, delta: dict[str, Any], finish: str | None = None,
+               stop_reason: str | int | None = None, **extra: Any) -> bytes:
         choice: dict[str, Any] = {"index": 0, "delta": delta}
         if self.pending:
             choice["logprobs"] = {"content": self.pending}
             self.pending = []
         if finish is not None:
             choice["finish_reason"] = finish
+        if stop_reason is not None:  # vLLM's, on the finishing chunk
+            choice["stop_reason"] = stop_reason
         return event({**self.base, "choices": [choice], **extra})
 
     def deltas(self, d: Delta) -> list[bytes]:
@@ -228,7 +231,7 @@ async def frames(
     finish = final.finish_reason or "stop"
     if tools.calls and finish != "length":  # max_tokens may have cut a further call short
         finish = "tool_calls"
-    yield chunks.choice({}, finish, metadata=metadata)
+    yield chunks.choice({}, finish, final.stop_reason, metadata=metadata)
     if prepared.include_usage:
         yield chunks.usage(prompt_tokens, final.num_output_tokens)
     yield DONE

@@ -29,6 +29,7 @@ from kiln.api.handlers.params import opt
 from kiln.api.sse import EventStream
 from kiln.api.state import AppState, app_state, request_id
 from kiln.engine.errors import EngineError
+from kiln.engine.request import GrammarSpec
 from kiln.provenance import adapter_identity, compact_json
 
 ERROR_CODE = "completion_invalid_request"
@@ -68,18 +69,12 @@ async def create(request: Request) -> Response:
         if model_adapter else BASE
     )
     given = state.contract.decode(body)  # an object: parse accepted it
-    grammar = await constraint(
-        backend.tokenizer, code=ERROR_CODE, response_format=opt(req.response_format),
-        structured_outputs=opt(req.structured_outputs), ignore_eos=bool(opt(req.ignore_eos)))
-    if is_scoring(req, given):
-        if grammar is not None:
-            raise unsupported.unsupported(grammar.param, "prompt scoring generates no text "
-                                                         "to constrain")
+    scoring = is_scoring(req, given)
+    grammar = await output_constraint(state, req, scoring)
+    if scoring:
         return await _score(request, state, req, selection, model_adapter)
-    prep = completions_gen.prepare(state, req, selection, model_adapter or backend.model_id,
-                                   max_tokens_given="max_tokens" in given)
-    if grammar is not None:  # structured outputs: the same constraint on every choice
-        prep.params = [dataclasses.replace(p, grammar=grammar) for p in prep.params]
+    prep = prepare_generation(state, req, selection, model_adapter or backend.model_id, given,
+                              grammar)
     fingerprint = teacher_fingerprint(backend, selection)
     rid = request_id(request) or prep.completion_id
     if opt(req.stream):
@@ -93,6 +88,30 @@ async def create(request: Request) -> Response:
         return EventStream(completions_stream.frames(state, prep, streams, started),
                            on_close=close)
     return await completions_gen.respond(request, state, prep, rid, arrived, fingerprint)
+
+
+async def output_constraint(state: AppState, req: Any, scoring: bool) -> GrammarSpec | None:
+    """The request's structured-output constraint (None: none), compiled under the server's
+    deadline; beside prompt scoring a 400."""
+    grammar = await constraint(
+        state.backend.tokenizer, code=ERROR_CODE, response_format=opt(req.response_format),
+        structured_outputs=opt(req.structured_outputs), ignore_eos=bool(opt(req.ignore_eos)),
+        deadline_s=state.config.grammar_compile_timeout_s)
+    if grammar is not None and scoring:
+        raise unsupported.unsupported(grammar.param, "prompt scoring generates no text to "
+                                                     "constrain")
+    return grammar
+
+
+def prepare_generation(state: AppState, req: Any, selection: Selection, model: str,
+                       given: dict[str, Any], grammar: GrammarSpec | None
+                       ) -> completions_gen.Prepared:
+    """The engine requests of a generating request (the generating and the render route's)."""
+    prep = completions_gen.prepare(state, req, selection, model,
+                                   max_tokens_given="max_tokens" in given)
+    if grammar is not None:  # structured outputs: the same constraint on every choice
+        prep.params = [dataclasses.replace(p, grammar=grammar) for p in prep.params]
+    return prep
 
 
 async def _score(request: Request, state: AppState, req: Any, selection: Selection,
