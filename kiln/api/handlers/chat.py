@@ -21,6 +21,7 @@ from kiln.api.handlers.generation import (
     Admitted,
     Completion,
     collect,
+    generation_failed,
     submit,
     submit_all,
     until_disconnect,
@@ -96,7 +97,7 @@ def extract_tool_calls(
 
 def _finish_reason(c: Completion) -> str:
     if c.finish_reason == "error":
-        raise ApiError(500, "generation_error", f"generation failed: {c.error or 'unknown error'}")
+        raise generation_failed(c, ERROR_CODE)
     if c.finish_reason == "abort":  # the engine stopped it (shutdown): not a finished answer
         raise ApiError(503, "engine_not_running", c.error or "the engine stopped this request",
                        headers={"retry-after": "1"})
