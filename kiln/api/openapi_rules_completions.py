@@ -26,6 +26,15 @@ from kiln.api.openapi_rule_parts import (
 from kiln.api.served_openapi import Bounds
 
 
+def unconstrained_scoring() -> list[Rule]:
+    """completions.output_constraint: prompt scoring takes no output constraint."""
+    return [rule("refused_when", name, unsupported.CODE,
+                 "kiln.api.handlers.completions.output_constraint",
+                 "prompt scoring generates no text to constrain", when=all_of(SCORING, given_set))
+            for name, given_set in (("response_format", RESPONSE_FORMAT_SET),
+                                    ("structured_outputs", STRUCTURED_OUTPUTS_SET))]
+
+
 def scoring_rules(b: Bounds) -> list[Rule]:
     """completions._score: what prompt scoring (prompt_logprobs, max_tokens missing, null, 0 or
     1) refuses beyond the schema."""
@@ -33,10 +42,6 @@ def scoring_rules(b: Bounds) -> list[Rule]:
     unset = unsupported.CODE
     tokens = field("prompt", measure="text_tokens")
     return [
-        *[rule("refused_when", name, unset, "kiln.api.handlers.completions.create",
-               "prompt scoring generates no text to constrain", when=all_of(SCORING, given_set))
-          for name, given_set in (("response_format", RESPONSE_FORMAT_SET),
-                                  ("structured_outputs", STRUCTURED_OUTPUTS_SET))],
         rule("refused_when", "n", code, where, "prompt scoring makes one choice",
              when=all_of(SCORING, has("n", {"not": {"enum": [None, 1]}}))),
         rule("refused_when", "stream", code, where, "prompt scoring does not stream",
@@ -131,6 +136,7 @@ def completion_rules(b: Bounds, render: bool) -> list[Rule]:
              "prompt scoring takes one prompt (a text or a token-ID list)",
              when=all_of(SCORING, has("prompt", {"type": "array",
                                                  "contains": {"not": {"type": "number"}}})))]
+    out += [*constraint_rules(b, code, tools=False), *unconstrained_scoring()]
     if not render:
-        out += [*constraint_rules(b, code, tools=False), *scoring_rules(b)]
+        out += scoring_rules(b)
     return out + generation_rules(b, render)
