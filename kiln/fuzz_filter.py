@@ -63,6 +63,8 @@ def semantically_valid(path: str, body: object, *, max_logprobs: int, max_model_
     if body.get("repetition_detection") is not None:  # its rule must detect something
         return False
     if path == "/v1/completions/batch":
+        if not _extras_valid(body):  # min_tokens, as on chat
+            return False
         prompts, n = body.get("prompts"), body.get("n")
         if isinstance(prompts, list) and _number(n):
             return bool(len(prompts) * n <= BATCH_CAP)

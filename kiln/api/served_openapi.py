@@ -21,7 +21,7 @@ from typing import Any
 
 from kiln.api import _generated
 
-_LOGIT_BIAS = ("ChatCompletionRequest", "TextCompletionRequest")
+_LOGIT_BIAS = ("ChatCompletionRequest", "BatchCompletionRequest", "TextCompletionRequest")
 _TOP_LOGPROBS = (("ChatCompletionRequest", "top_logprobs"),
                  ("BatchCompletionRequest", "top_logprobs"),
                  ("TextCompletionRequest", "logprobs"))

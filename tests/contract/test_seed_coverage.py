@@ -85,6 +85,10 @@ ADDED_FIELDS = {
       for f in ("logprob_token_ids", "repetition_detection", "session_id", "priority",
                 "cache_salt")),
     *((d, "stop_reason") for d in ("Choice", "ChunkChoice", "BatchCompletionItem")),
+    # issue 25, fourth part: the logits extras on batch as on chat
+    *(("BatchCompletionRequest", f) for f in (
+        "stop_token_ids", "min_tokens", "logit_bias", "allowed_token_ids")),
+    ("ChatCompletionRequest", "allowed_token_ids"),
 }
 # Definitions that vLLM's completions request (seed vllm-completion-request.schema.json) has
 # replaced: tests/contract/test_vllm_seed_coverage.py checks them against that seed. Here they

@@ -29,13 +29,7 @@ from kiln.api.handlers.chat_prepare import (
     tools_enabled,
 )
 from kiln.api.handlers.constraints import constraint, plain
-from kiln.api.handlers.extras import (
-    bad_words_ids,
-    generation_extras,
-    included_stop,
-    logprobs_wanted,
-    text_extras,
-)
+from kiln.api.handlers.extras import chat_extras, included_stop
 from kiln.api.handlers.generation import Admitted, Completion, collect, submit_all, until_disconnect
 from kiln.api.handlers.logprobs import chat_content
 from kiln.api.handlers.models import resolve_model
@@ -108,11 +102,10 @@ async def create(request: Request) -> Response:
             deadline_s=state.config.grammar_compile_timeout_s)
         for in_reasoning in sorted({r for _, r in prompts})}
     base = state_default(state)
-    logprobs = logprobs_wanted(req, state.config.max_logprobs, ERROR_CODE)
+    extras = chat_extras(req, state.backend.tokenizer, stop, requested,
+                         state.config.max_logprobs, code=ERROR_CODE)  # as chat: every item
+    logprobs = extras["logprobs"]
     token_ids = opt(req.return_token_ids) is True
-    bad_words = bad_words_ids(opt(req.bad_words), state.backend.tokenizer)
-    extras = text_extras(req) | generation_extras(
-        req, logprobs, state.backend.tokenizer.vocab_size, ERROR_CODE)
     include_stop = opt(req.include_stop_str_in_output) is True
     work: list[tuple[str, list[int], SamplingParams, tuple[tuple[Any, float], ...]]] = []
     for p, (ids, in_reasoning) in enumerate(prompts):
@@ -123,8 +116,7 @@ async def create(request: Request) -> Response:
             params = sampling_params(
                 req, max_tokens=max_tokens, stop=stop, seed=item_seed, base=base
             )
-            params = replace(params, thinking=spec, logprobs=logprobs,
-                             grammar=grammars[in_reasoning], bad_words_ids=bad_words, **extras)
+            params = replace(params, thinking=spec, grammar=grammars[in_reasoning], **extras)
             work.append((f"{rid}-{p}-{c}", ids, params, selection.lora))
     jobs = submit_all(state, work, code="batch_too_large", cache_salt=opt(req.cache_salt),
                       priority=int(opt(req.priority) or 0))

@@ -164,15 +164,16 @@ def logprobs_wanted(req: Any, max_logprobs: int, code: str) -> int | None:
 
 
 def chat_extras(req: Any, tokenizer: Any, stop: tuple[str, ...], max_tokens: int | None,
-                max_logprobs: int) -> dict[str, Any]:
-    """Chat's vLLM/OpenAI generation extras as SamplingParams fields (after refusing the ones
-    not implemented): logprobs (top_logprobs alternatives; top_logprobs needs logprobs: true),
-    stop_token_ids, logit_bias, min_tokens and ``generation_extras`` (include_stop_str_in_output
-    is the handler's: ``included_stop``)."""
+                max_logprobs: int, code: str = "chat_invalid_request") -> dict[str, Any]:
+    """Chat's and batch's vLLM/OpenAI generation extras as SamplingParams fields (after refusing
+    the ones not implemented), the same for every choice or item: logprobs (top_logprobs
+    alternatives; top_logprobs needs logprobs: true), stop_token_ids, logit_bias,
+    allowed_token_ids, min_tokens (``max_tokens``: the one asked for), bad_words, the text
+    extras and ``generation_extras`` (include_stop_str_in_output is the handler's:
+    ``included_stop``). ``code``: the route's error code."""
     check(req, CHAT_FIELDS)
     given = opt(getattr(req, "stop_token_ids", None))
     stop_ids = tuple(int(t) for t in given or ())
-    code = "chat_invalid_request"
     logprobs = logprobs_wanted(req, max_logprobs, code)
     return {
         "logprobs": logprobs,
