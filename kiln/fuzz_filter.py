@@ -25,7 +25,8 @@ each with why JSON Schema cannot say it:
 - logprob_token_ids (needs logprobs; 1..256 distinct IDs in the vocabulary), a
   repetition_detection rule that must detect something, bad_words beside scoring;
 - rules that depend on other parts of the request (continue_final_message needs a final
-  assistant message, min_tokens with stop strings, the thinking budget's close sequence).
+  assistant message, min_tokens with stop strings, the thinking budget's close sequence,
+  chat's thinking_token_budget beside thinking_budget_tokens, prompt_logprobs beside stream).
 
 The live run (bench/fuzz_live.py) also drops one documented response, not a body: a 400
 `invalid_messages` "Failed to apply chat template" (the model's Jinja template refused the
@@ -81,6 +82,14 @@ def semantically_valid(path: str, body: object, *, max_logprobs: int, max_model_
             return False
         if not _extras_valid(body):
             return False
+        if body.get("truncate_prompt_tokens") is not None:
+            return False  # 0, or -1 with a large max_tokens, leaves no prompt: a 400
+        if body.get("stream") is True and body.get("prompt_logprobs") is not None:
+            return False  # prompt_logprobs is for non-streaming chat
+        alias = body.get("thinking_token_budget")
+        if _number(alias) and "thinking_budget_tokens" in body and (
+                body["thinking_budget_tokens"] != (None if alias < 0 else alias)):
+            return False  # the alias and Kiln's field must name the same limit
     return True
 
 

@@ -89,6 +89,11 @@ ADDED_FIELDS = {
     *(("BatchCompletionRequest", f) for f in (
         "stop_token_ids", "min_tokens", "logit_bias", "allowed_token_ids")),
     ("ChatCompletionRequest", "allowed_token_ids"),
+    # and vLLM's request fields on chat as on completions
+    *(("ChatCompletionRequest", f) for f in (
+        "thinking_token_budget", "truncate_prompt_tokens", "truncation_side",
+        "return_tokens_as_token_ids", "request_id", "prompt_logprobs")),
+    ("ChatCompletionResponse", "prompt_logprobs"),
 }
 # Definitions that vLLM's completions request (seed vllm-completion-request.schema.json) has
 # replaced: tests/contract/test_vllm_seed_coverage.py checks them against that seed. Here they

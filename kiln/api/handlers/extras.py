@@ -3,10 +3,14 @@ served vocabulary: ``logit_bias`` (decimal token-ID keys, values clamped to ±10
 ``allowed_token_ids``, and ``min_tokens`` (EOS and the stop token IDs cannot be sampled before
 it; with stop strings a 400, since those are still matched from the first token),
 ``bad_words`` (token-id sequences whose last id cannot complete them), and the per-token extras
-every generating route shares (``generation_extras``: logprob_token_ids, repetition_detection)."""
+every generating route shares (``generation_extras``: logprob_token_ids, repetition_detection),
+and vLLM's request fields that completions and chat share: ``response_id`` (request_id),
+``thinking_tokens`` (thinking_token_budget), ``truncation`` / ``truncate``
+(truncate_prompt_tokens, truncation_side)."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from msgspec import UNSET
@@ -183,3 +187,48 @@ def chat_extras(req: Any, tokenizer: Any, stop: tuple[str, ...], max_tokens: int
                         stop_token_ids=stop_ids, max_tokens=max_tokens),
         **text_extras(req),
     }
+
+
+def response_id(req: Any, prefix: str) -> str:
+    """vLLM's request_id: the response id is ``<prefix>-<request_id>`` (else a fresh uuid)."""
+    rid = opt(getattr(req, "request_id", None))
+    return f"{prefix}-{rid if rid else uuid.uuid4()}"
+
+
+def thinking_tokens(req: Any, code: str) -> Any:
+    """The thinking-token limit a request asks for, as kiln.text.budget.resolve takes it (UNSET:
+    the server default; None: unlimited; n): Kiln's ``thinking_budget_tokens`` or vLLM's alias
+    ``thinking_token_budget`` (-1: unlimited; null: as if absent). Both set to different limits
+    is a 400 naming the alias, never one of them silently ignored."""
+    kiln = getattr(req, "thinking_budget_tokens", UNSET)
+    alias = opt(getattr(req, "thinking_token_budget", None))
+    if alias is None:
+        return kiln
+    limit = None if alias < 0 else int(alias)
+    if kiln is not UNSET and kiln != limit:
+        raise ApiError(400, code, f"thinking_token_budget ({alias}) and thinking_budget_tokens "
+                                  f"({kiln}) name different limits; set one",
+                       param="thinking_token_budget")
+    return limit
+
+
+def truncate(ids: list[int], keep: int | None, side: str | None) -> list[int]:
+    """truncate_prompt_tokens: the last ``keep`` tokens (truncation_side left, the default) or
+    the first (right)."""
+    if keep is None or len(ids) <= keep:
+        return ids
+    return ids[:keep] if side == "right" else ids[len(ids) - keep:]
+
+
+def truncation(req: Any, limit: int, wanted: int | None, code: str) -> int | None:
+    """truncate_prompt_tokens -> tokens to keep (None: no truncation); -1 keeps what leaves room
+    for max_tokens (``wanted``) in the context window (max_model_len - max_tokens)."""
+    t = opt(getattr(req, "truncate_prompt_tokens", None))
+    if t is None:
+        return None
+    if t == -1:
+        t = limit - int(wanted or 0)
+    if t < 1:
+        raise ApiError(400, code, f"truncate_prompt_tokens leaves {t} prompt tokens; at least 1 "
+                                  "is needed", param="truncate_prompt_tokens")
+    return int(t)
