@@ -64,7 +64,7 @@ def semantically_valid(path: str, body: object, *, max_logprobs: int, max_model_
     if body.get("repetition_detection") is not None:  # its rule must detect something
         return False
     if path == "/v1/completions/batch":
-        if not _extras_valid(body):  # min_tokens, as on chat
+        if not (_extras_valid(body) and _vllm_fields_valid(body)):  # as on chat
             return False
         prompts, n = body.get("prompts"), body.get("n")
         if isinstance(prompts, list) and _number(n):
@@ -82,15 +82,22 @@ def semantically_valid(path: str, body: object, *, max_logprobs: int, max_model_
             return False
         if not _extras_valid(body):
             return False
-        if body.get("truncate_prompt_tokens") is not None:
-            return False  # 0, or -1 with a large max_tokens, leaves no prompt: a 400
-        if body.get("stream") is True and body.get("prompt_logprobs") is not None:
-            return False  # prompt_logprobs is for non-streaming chat
-        alias = body.get("thinking_token_budget")
-        if _number(alias) and "thinking_budget_tokens" in body and (
-                body["thinking_budget_tokens"] != (None if alias < 0 else alias)):
-            return False  # the alias and Kiln's field must name the same limit
+        if not _vllm_fields_valid(body):
+            return False
     return True
+
+
+def _vllm_fields_valid(body: dict[str, Any]) -> bool:
+    """Chat's and batch's vLLM request fields: truncate_prompt_tokens must leave a prompt,
+    prompt_logprobs is for non-streaming requests, and thinking_token_budget beside
+    thinking_budget_tokens must name the same limit (-1 as null)."""
+    if body.get("truncate_prompt_tokens") is not None:
+        return False  # 0, or -1 with a large max_tokens, leaves no prompt: a 400
+    if body.get("stream") is True and body.get("prompt_logprobs") is not None:
+        return False
+    alias = body.get("thinking_token_budget")
+    return not (_number(alias) and "thinking_budget_tokens" in body
+                and body["thinking_budget_tokens"] != (None if alias < 0 else alias))
 
 
 def _structural_tag(body: dict[str, Any]) -> bool:

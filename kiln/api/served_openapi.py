@@ -7,7 +7,7 @@ The generated kiln/api/_generated/openapi.json stays model-independent (uint32 t
 
 - `TokenId.maximum` = the tokenizer's vocabulary size - 1 (completions prompt IDs,
   allowed_token_ids, detokenize tokens) and `logit_bias`'s keys as decimals below it;
-- `top_logprobs` (chat, batch), chat's `prompt_logprobs` and completions `logprobs` at most
+- `top_logprobs` and `prompt_logprobs` (chat, batch) and completions `logprobs` at most
   --max-logprobs;
 - `x-kiln-served-bounds`: the same figures plus the model's context length, in one place.
 """
@@ -26,6 +26,7 @@ _LOGIT_BIAS = ("ChatCompletionRequest", "BatchCompletionRequest", "TextCompletio
 _TOP_LOGPROBS = (("ChatCompletionRequest", "top_logprobs"),
                  ("ChatCompletionRequest", "prompt_logprobs"),  # beside generation, as vLLM
                  ("BatchCompletionRequest", "top_logprobs"),
+                 ("BatchCompletionRequest", "prompt_logprobs"),
                  ("TextCompletionRequest", "logprobs"))
 
 

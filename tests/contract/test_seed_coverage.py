@@ -94,6 +94,10 @@ ADDED_FIELDS = {
         "thinking_token_budget", "truncate_prompt_tokens", "truncation_side",
         "return_tokens_as_token_ids", "request_id", "prompt_logprobs")),
     ("ChatCompletionResponse", "prompt_logprobs"),
+    *(("BatchCompletionRequest", f) for f in (
+        "thinking_token_budget", "truncate_prompt_tokens", "truncation_side",
+        "return_tokens_as_token_ids", "request_id", "prompt_logprobs")),
+    ("BatchCompletionItem", "prompt_logprobs"),
 }
 # Definitions that vLLM's completions request (seed vllm-completion-request.schema.json) has
 # replaced: tests/contract/test_vllm_seed_coverage.py checks them against that seed. Here they

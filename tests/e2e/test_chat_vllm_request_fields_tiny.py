@@ -86,3 +86,25 @@ def test_return_tokens_as_token_ids_and_request_id(client: TestClient) -> None:
     assert [e["token"] for e in content] == [f"token_id:{t}" for t in choice["token_ids"]]
     # greedy: the top alternative is the chosen token, written the same way
     assert all(e["top_logprobs"][0]["token"] == e["token"] for e in content)
+
+
+def test_batch_items_take_the_same_fields(client: TestClient) -> None:
+    """Batch runs them per item as chat does: an item equals the chat request sent alone."""
+    fields: dict[str, Any] = {"temperature": 0, "max_tokens": 8, "ignore_eos": True,
+                              "return_token_ids": True, "truncate_prompt_tokens": 6,
+                              "prompt_logprobs": 2, "logprobs": True,
+                              "return_tokens_as_token_ids": True, "thinking_token_budget": 2}
+    r = client.post("/v1/completions/batch",
+                    json={"prompts": [MSG], "request_id": "b-1", **fields})
+    assert r.status_code == 200, r.text
+    data = r.json()
+    assert contract().first_violation("BatchCompletionResponse", data) is None, data
+    assert data["id"] == "batchcmpl-b-1"
+    (item,) = data["completions"]
+    alone = post(client, messages=MSG, **fields)
+    assert item["prompt_token_ids"] == alone["prompt_token_ids"] and len(item[
+        "prompt_token_ids"]) == 6
+    assert item["token_ids"] == alone["choices"][0]["token_ids"]
+    assert item["prompt_logprobs"] == alone["prompt_logprobs"]
+    assert item["logprobs"] == alone["choices"][0]["logprobs"]
+    assert item["thinking_budget"]["thinking_tokens"] == 2

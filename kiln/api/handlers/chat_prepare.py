@@ -18,7 +18,7 @@ from kiln.api.handlers.adapters import select
 from kiln.api.handlers.constraints import constraint, plain
 from kiln.api.handlers.extras import (
     chat_extras,
-    check_logprobs,
+    prompt_logprobs_wanted,
     thinking_tokens,
     truncate,
     truncation,
@@ -386,16 +386,6 @@ async def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> Prep
         priority=int(opt(req.priority) or 0),
         cache_salt=opt(req.cache_salt),
         as_ids=opt(req.return_tokens_as_token_ids) is True,
-        prompt_logprobs=_prompt_logprobs(req, cfg.max_logprobs),
+        prompt_logprobs=prompt_logprobs_wanted(req, cfg.max_logprobs, "chat_invalid_request"),
     )
 
-
-def _prompt_logprobs(req: wire.ChatCompletionRequest, max_logprobs: int) -> int | None:
-    """vLLM's prompt_logprobs beside generation (at most --max-logprobs; not streamed)."""
-    k = opt(req.prompt_logprobs)
-    if k is None:
-        return None
-    check_logprobs(k, max_logprobs, "prompt_logprobs", "chat_invalid_request")
-    if opt(req.stream) is True:
-        raise unsupported("prompt_logprobs", "it is implemented for non-streaming chat only")
-    return int(k)

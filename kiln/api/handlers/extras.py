@@ -232,3 +232,15 @@ def truncation(req: Any, limit: int, wanted: int | None, code: str) -> int | Non
         raise ApiError(400, code, f"truncate_prompt_tokens leaves {t} prompt tokens; at least 1 "
                                   "is needed", param="truncate_prompt_tokens")
     return int(t)
+
+
+def prompt_logprobs_wanted(req: Any, max_logprobs: int, code: str) -> int | None:
+    """Chat's and batch's prompt_logprobs beside generation: at most --max-logprobs; with
+    ``stream: true`` (chat) a 400 unsupported_parameter."""
+    k = opt(getattr(req, "prompt_logprobs", None))
+    if k is None:
+        return None
+    check_logprobs(k, max_logprobs, "prompt_logprobs", code)
+    if opt(getattr(req, "stream", None)) is True:
+        raise unsupported("prompt_logprobs", "it is implemented for non-streaming requests only")
+    return int(k)
