@@ -271,6 +271,7 @@ def batch_rules(b: Bounds) -> list[Rule]:
     code = "batch_invalid_request"
     both = [field("prompts", measure="length"), field("n", if_absent=1, if_null=1)]
     return [
+        *unsupported_fields(unsupported.CHAT_FIELDS),  # extras.chat_extras, as on chat
         rule("product_max", "prompts", "batch_too_large", "kiln.api.rules.check_batch",
              "prompts x n outputs per request", factors=both, max=MAX_BATCH_ITEMS),
         rule("product_max", "n", "batch_too_large", "kiln.api.handlers.generation.submit_all",

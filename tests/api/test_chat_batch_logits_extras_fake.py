@@ -2,7 +2,8 @@
 kiln/api/handlers/extras.chat_extras): logit_bias, allowed_token_ids, min_tokens and
 stop_token_ids reach every engine request a chat or batch request makes, and bad values are a
 400 naming the field. Until issue 25's second pass, chat had ignored allowed_token_ids and batch
-all four as unknown fields. (Their effect on a real model: tests/e2e/test_chat_batch_logits_extras_tiny.py.)"""
+all four as unknown fields. (Their effect on a real model: tests/e2e/test_chat_batch_logits_extras_tiny.py.)
+The seed fields vLLM's chat request also has but this server cannot apply are refused when set."""
 
 from __future__ import annotations
 
@@ -69,3 +70,19 @@ def test_bad_logits_extras_name_the_field(client: TestClient, route: str,
 def test_min_tokens_with_stop_strings_is_refused(client: TestClient, route: str) -> None:
     error = refused(client, route, min_tokens=2, stop=["x"], max_tokens=4)
     assert (error["param"], error["code"]) == ("min_tokens", "unsupported_parameter")
+
+
+@ROUTES
+@pytest.mark.parametrize(("name", "on", "neutral"), [
+    ("use_beam_search", True, False),
+    ("length_penalty", 0.5, 1.0),
+    ("kv_transfer_params", {"do_remote_prefill": True}, None),
+    ("vllm_xargs", {"k": 1}, None),
+])
+def test_seed_fields_this_server_cannot_apply_are_refused(
+        client: TestClient, route: str, name: str, on: Any, neutral: Any) -> None:
+    """vLLM's chat request has them too; set, a 400 naming them (they had been ignored as
+    unknown fields); at their default, accepted."""
+    error = refused(client, route, **{name: on})
+    assert (error["param"], error["code"]) == (name, "unsupported_parameter")
+    post(client, route, max_tokens=2, **{name: neutral})

@@ -104,6 +104,9 @@ ADDED_FIELDS = {
         "thinking_token_budget", "truncate_prompt_tokens", "truncation_side",
         "return_tokens_as_token_ids", "request_id", "prompt_logprobs")),
     ("BatchCompletionItem", "prompt_logprobs"),
+    # the seed's unsupported fields that vLLM's chat request has too: refused when set
+    *((d, f) for d in ("ChatCompletionRequest", "BatchCompletionRequest")
+      for f in ("use_beam_search", "length_penalty", "kv_transfer_params", "vllm_xargs")),
 }
 # Definitions that vLLM's completions request (seed vllm-completion-request.schema.json) has
 # replaced: tests/contract/test_vllm_seed_coverage.py checks them against that seed. Here they
