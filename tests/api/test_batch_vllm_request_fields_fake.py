@@ -87,3 +87,10 @@ def test_prompt_logprobs_on_every_item(client: TestClient, backend: FakeBackend)
     assert "prompt_logprobs" not in batch(client, max_tokens=2)["completions"][0]
     error = refused(client, BATCH, prompt_logprobs=21)  # over --max-logprobs (20)
     assert (error["param"], error["code"]) == ("prompt_logprobs", CODE)
+
+
+def test_add_special_tokens_on_every_item(client: TestClient, backend: FakeBackend) -> None:
+    batch(client, max_tokens=2)
+    whole = [r.prompt_token_ids for r in backend.submitted[-2:]]
+    batch(client, max_tokens=2, add_special_tokens=True)
+    assert [r.prompt_token_ids for r in backend.submitted[-2:]] == [[1, *ids] for ids in whole]

@@ -126,3 +126,15 @@ def test_bad_prompt_logprobs_are_refused(client: TestClient, fields: dict[str, A
                                          code: str) -> None:
     error = refused(client, CHAT, **fields)
     assert (error["param"], error["code"]) == ("prompt_logprobs", code)
+
+
+def test_add_special_tokens_puts_bos_before_the_template(client: TestClient,
+                                                        backend: FakeBackend) -> None:
+    plain = chat(client, max_tokens=2)
+    ids = backend.submitted[-1].prompt_token_ids
+    assert ids[0] != 1  # the double's BOS is 1; the template's text comes first by default
+    bos = chat(client, max_tokens=2, add_special_tokens=True)
+    assert backend.submitted[-1].prompt_token_ids == [1, *ids]
+    assert bos["usage"]["prompt_tokens"] == plain["usage"]["prompt_tokens"] + 1
+    chat(client, max_tokens=2, add_special_tokens=False)
+    assert backend.submitted[-1].prompt_token_ids == ids

@@ -107,6 +107,7 @@ ADDED_FIELDS = {
     # the seed's unsupported fields that vLLM's chat request has too: refused when set
     *((d, f) for d in ("ChatCompletionRequest", "BatchCompletionRequest")
       for f in ("use_beam_search", "length_penalty", "kv_transfer_params", "vllm_xargs")),
+    *((d, "add_special_tokens") for d in ("ChatCompletionRequest", "BatchCompletionRequest")),
 }
 # Definitions that vLLM's completions request (seed vllm-completion-request.schema.json) has
 # replaced: tests/contract/test_vllm_seed_coverage.py checks them against that seed. Here they

@@ -81,12 +81,13 @@ async def create(request: Request) -> Response:
     model_default = state_max_tokens(state)
     keep = truncation(req, limit, requested if requested is not None else model_default,
                       ERROR_CODE)
+    special = opt(req.add_special_tokens) is True  # vLLM's chat field: BOS on top of the template
     prompts: list[tuple[list[int], bool]] = []
     for p, messages in enumerate(req.prompts):
         text = render_prompt(state, messages, tools, kwargs)
         if keep is None and state.backend.tokenizer.surely_over(text, limit):
             raise too_long(limit, len(text), f"prompts[{p}]")
-        ids = state.backend.tokenizer.encode(text, add_special_tokens=False)
+        ids = state.backend.tokenizer.encode(text, add_special_tokens=special)
         if keep is not None and len(ids) > keep:  # truncate_prompt_tokens, as chat
             ids = truncate(ids, keep, opt(req.truncation_side))
             text = state.backend.tokenizer.decode(ids)

@@ -301,7 +301,8 @@ async def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> Prep
                       "chat_invalid_request")
     if keep is None and backend.tokenizer.surely_over(prompt_text, limit):
         raise too_long(limit, len(prompt_text), "messages")
-    prompt_ids = backend.tokenizer.encode(prompt_text, add_special_tokens=False)
+    prompt_ids = backend.tokenizer.encode(prompt_text,
+                                          add_special_tokens=opt(req.add_special_tokens) is True)
     if keep is not None and len(prompt_ids) > keep:  # truncate_prompt_tokens, as completions
         prompt_ids = truncate(prompt_ids, keep, opt(req.truncation_side))
         prompt_text = backend.tokenizer.decode(prompt_ids)
