@@ -12,6 +12,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from tests.api.fake_backend import FakeBackend
+from tests.api.test_chat_fake import sse_events
 from tests.api.test_generation_extras_fake import post, refused
 
 CHAT = "/v1/chat/completions"
@@ -138,3 +139,20 @@ def test_add_special_tokens_puts_bos_before_the_template(client: TestClient,
     assert bos["usage"]["prompt_tokens"] == plain["usage"]["prompt_tokens"] + 1
     chat(client, max_tokens=2, add_special_tokens=False)
     assert backend.submitted[-1].prompt_token_ids == ids
+
+
+def test_return_tokens_as_token_ids_in_a_stream(client: TestClient, backend: FakeBackend) -> None:
+    r = client.post(CHAT, json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
+                                "stream": True, "logprobs": True, "top_logprobs": 1,
+                                "return_tokens_as_token_ids": True, "request_id": "s-1"})
+    assert r.status_code == 200, r.text
+    chunks = [e for e in sse_events(r.text) if e != "[DONE]"]
+    assert {c["id"] for c in chunks} == {"chatcmpl-s-1"}
+    entries = [e for c in chunks for ch in c["choices"]
+               for e in ((ch.get("logprobs") or {}).get("content") or [])]
+    assert len(entries) == 3
+    assert all(e["token"].startswith("token_id:") and
+               e["top_logprobs"][0]["token"].startswith("token_id:") for e in entries)
+    tokens = [int(e["token"].removeprefix("token_id:")) for e in entries]
+    text = "".join(ch["delta"].get("content") or "" for c in chunks for ch in c["choices"])
+    assert backend.tokenizer.decode(tokens) == text  # the ids of the streamed text
