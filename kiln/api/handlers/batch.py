@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from dataclasses import replace
 from typing import Any
 
@@ -28,13 +27,16 @@ from kiln.api.handlers.chat_prepare import (
     too_long,
     tools_enabled,
 )
+from kiln.api.handlers.completions_gen import scored_prompt
 from kiln.api.handlers.constraints import constraint, plain
 from kiln.api.handlers.extras import (
-    bad_words_ids,
-    generation_extras,
+    chat_extras,
     included_stop,
-    logprobs_wanted,
-    text_extras,
+    prompt_logprobs_wanted,
+    response_id,
+    thinking_tokens,
+    truncate,
+    truncation,
 )
 from kiln.api.handlers.generation import Admitted, Completion, collect, submit_all, until_disconnect
 from kiln.api.handlers.logprobs import chat_content
@@ -75,12 +77,20 @@ async def create(request: Request) -> Response:
     if tool_choice is not None:  # as chat renders it: templates may read tool_choice
         kwargs.setdefault("tool_choice", tool_choice)
     limit = state.backend.max_model_len
+    requested = requested_max_tokens(req.max_tokens, req.max_completion_tokens)
+    model_default = state_max_tokens(state)
+    keep = truncation(req, limit, requested if requested is not None else model_default,
+                      ERROR_CODE)
+    special = opt(req.add_special_tokens) is True  # vLLM's chat field: BOS on top of the template
     prompts: list[tuple[list[int], bool]] = []
     for p, messages in enumerate(req.prompts):
         text = render_prompt(state, messages, tools, kwargs)
-        if state.backend.tokenizer.surely_over(text, limit):
+        if keep is None and state.backend.tokenizer.surely_over(text, limit):
             raise too_long(limit, len(text), f"prompts[{p}]")
-        ids = state.backend.tokenizer.encode(text, add_special_tokens=False)
+        ids = state.backend.tokenizer.encode(text, add_special_tokens=special)
+        if keep is not None and len(ids) > keep:  # truncate_prompt_tokens, as chat
+            ids = truncate(ids, keep, opt(req.truncation_side))
+            text = state.backend.tokenizer.decode(ids)
         if len(ids) >= limit:
             raise ApiError(
                 400, "context_length_exceeded",
@@ -88,13 +98,11 @@ async def create(request: Request) -> Response:
                 param=f"prompts[{p}]",
             )
         prompts.append((ids, prompt_starts_in_reasoning(text)))
-    requested = requested_max_tokens(req.max_tokens, req.max_completion_tokens)
-    model_default = state_max_tokens(state)
     stop = normalize_stop(opt(req.stop))
     seed = opt(req.seed)
     rid = request_id(request)
     budget = resolve(
-        req.thinking_budget_tokens, req.thinking_budget_ms,
+        thinking_tokens(req, ERROR_CODE), req.thinking_budget_ms,
         state.config.default_thinking_budget_tokens, state.config.default_thinking_budget_ms,
     )
     close_ids = tuple(state.backend.tokenizer.encode(CLOSE_TAG))
@@ -108,11 +116,12 @@ async def create(request: Request) -> Response:
             deadline_s=state.config.grammar_compile_timeout_s)
         for in_reasoning in sorted({r for _, r in prompts})}
     base = state_default(state)
-    logprobs = logprobs_wanted(req, state.config.max_logprobs, ERROR_CODE)
+    extras = chat_extras(req, state.backend.tokenizer, stop, requested,
+                         state.config.max_logprobs, code=ERROR_CODE)  # as chat: every item
+    logprobs = extras["logprobs"]
     token_ids = opt(req.return_token_ids) is True
-    bad_words = bad_words_ids(opt(req.bad_words), state.backend.tokenizer)
-    extras = text_extras(req) | generation_extras(
-        req, logprobs, state.backend.tokenizer.vocab_size, ERROR_CODE)
+    as_ids = opt(req.return_tokens_as_token_ids) is True
+    k_prompt = prompt_logprobs_wanted(req, state.config.max_logprobs, ERROR_CODE)
     include_stop = opt(req.include_stop_str_in_output) is True
     work: list[tuple[str, list[int], SamplingParams, tuple[tuple[Any, float], ...]]] = []
     for p, (ids, in_reasoning) in enumerate(prompts):
@@ -123,12 +132,13 @@ async def create(request: Request) -> Response:
             params = sampling_params(
                 req, max_tokens=max_tokens, stop=stop, seed=item_seed, base=base
             )
-            params = replace(params, thinking=spec, logprobs=logprobs,
-                             grammar=grammars[in_reasoning], bad_words_ids=bad_words, **extras)
+            params = replace(params, thinking=spec, grammar=grammars[in_reasoning], **extras)
             work.append((f"{rid}-{p}-{c}", ids, params, selection.lora))
     jobs = submit_all(state, work, code="batch_too_large", cache_salt=opt(req.cache_salt),
                       priority=int(opt(req.priority) or 0))
     results = await until_disconnect(request, _gather(jobs))
+    prompt_lists = [] if k_prompt is None else [  # vLLM's prompt_logprobs, per prompt
+        await scored_prompt(state, ids, k_prompt, selection.lora) for ids, _ in prompts]
     parse_tools = tools if tools_enabled(tools, tool_choice) else None
     items = []
     usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
@@ -144,7 +154,9 @@ async def create(request: Request) -> Response:
             ids = prompts[p][0]
             if logprobs is not None:
                 item["logprobs"] = {"content": chat_content(
-                    state.backend.tokenizer, ids, done.token_ids, done.tops)}
+                    state.backend.tokenizer, ids, done.token_ids, done.tops, as_ids=as_ids)}
+            if prompt_lists:
+                item["prompt_logprobs"] = prompt_lists[p]
             if token_ids:
                 item["prompt_token_ids"] = ids
                 item["token_ids"] = done.token_ids
@@ -153,7 +165,7 @@ async def create(request: Request) -> Response:
             usage[key] += items[-1]["usage"][key]
     return json_response(
         {
-            "id": f"batchcmpl-{uuid.uuid4()}",
+            "id": response_id(req, "batchcmpl"),  # vLLM's request_id, else a fresh uuid
             "object": "batch.completion",
             "created": int(time.time()),
             "model": model,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from typing import Any
 
 from starlette.requests import Request
@@ -16,7 +15,8 @@ from kiln.api.encode import json_response
 from kiln.api.errors import ApiError
 from kiln.api.handlers import chat_stream, rollout
 from kiln.api.handlers.chat_prepare import PreparedChat, prepare_chat
-from kiln.api.handlers.extras import included_stop
+from kiln.api.handlers.completions_gen import scored_prompt
+from kiln.api.handlers.extras import included_stop, response_id
 from kiln.api.handlers.generation import (
     Admitted,
     Completion,
@@ -47,7 +47,7 @@ async def create(request: Request) -> Response:
     prepared = await prepare_chat(state, req)
     if prepared.rollout:
         rollout.check(state, prepared)
-    completion_id = f"chatcmpl-{uuid.uuid4()}"
+    completion_id = response_id(req, "chatcmpl")  # vLLM's request_id, else a fresh uuid
     rid = request_id(request)
     if prepared.stream:
         outputs = submit(
@@ -63,6 +63,9 @@ async def create(request: Request) -> Response:
     )
     completions = await until_disconnect(request, _collect_all(streams))
     body_out = response_body(state, prepared, completion_id, completions, started)
+    if prepared.prompt_logprobs is not None:  # vLLM's, beside the choices
+        body_out["prompt_logprobs"] = await scored_prompt(
+            state, prepared.prompt_ids, prepared.prompt_logprobs, prepared.lora)
     return json_response(body_out)
 
 
@@ -172,7 +175,8 @@ def response_body(
             choice["token_ids"] = c.token_ids
         if prepared.logprobs is not None:
             choice["logprobs"] = {"content": chat_content(
-                state.backend.tokenizer, prepared.prompt_ids, c.token_ids, c.tops)}
+                state.backend.tokenizer, prepared.prompt_ids, c.token_ids, c.tops,
+                as_ids=prepared.as_ids)}
         if prepared.budget_applied and c.thinking_outcome is not None:
             choice["thinking_budget"] = c.thinking_outcome.wire()
         if prepared.rollout:

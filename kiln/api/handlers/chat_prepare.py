@@ -16,7 +16,13 @@ from kiln.api._generated import wire
 from kiln.api.errors import ApiError
 from kiln.api.handlers.adapters import select
 from kiln.api.handlers.constraints import constraint, plain
-from kiln.api.handlers.extras import chat_extras
+from kiln.api.handlers.extras import (
+    chat_extras,
+    prompt_logprobs_wanted,
+    thinking_tokens,
+    truncate,
+    truncation,
+)
 from kiln.api.handlers.models import resolve_model
 from kiln.api.handlers.params import (
     choice_seed,
@@ -71,6 +77,8 @@ class PreparedChat:
     include_stop: bool = False  # include_stop_str_in_output: the matched stop string ends the text
     priority: int = 0  # vLLM's scheduling priority (lower first)
     cache_salt: str | None = None  # vLLM's: different salts never share prefix-cache blocks
+    as_ids: bool = False  # return_tokens_as_token_ids: logprobs tokens written token_id:<id>
+    prompt_logprobs: int | None = None  # vLLM's prompt_logprobs beside generation
 
     @property
     def thinking_mode(self) -> str:
@@ -288,9 +296,16 @@ async def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> Prep
     if cont:
         prompt_text = continue_final(prompt_text, message_content(req.messages[-1].content))
     limit = backend.max_model_len
-    if backend.tokenizer.surely_over(prompt_text, limit):
+    requested = requested_max_tokens(req.max_tokens, req.max_completion_tokens)
+    keep = truncation(req, limit, requested if requested is not None else state_max_tokens(state),
+                      "chat_invalid_request")
+    if keep is None and backend.tokenizer.surely_over(prompt_text, limit):
         raise too_long(limit, len(prompt_text), "messages")
-    prompt_ids = backend.tokenizer.encode(prompt_text, add_special_tokens=False)
+    prompt_ids = backend.tokenizer.encode(prompt_text,
+                                          add_special_tokens=opt(req.add_special_tokens) is True)
+    if keep is not None and len(prompt_ids) > keep:  # truncate_prompt_tokens, as completions
+        prompt_ids = truncate(prompt_ids, keep, opt(req.truncation_side))
+        prompt_text = backend.tokenizer.decode(prompt_ids)
     tokenization_s = time.perf_counter() - started
     if len(prompt_ids) >= limit:
         raise ApiError(
@@ -299,12 +314,11 @@ async def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> Prep
             f"maximum context length is {limit} tokens; the prompt has {len(prompt_ids)} tokens",
             param="messages",
         )
-    requested = requested_max_tokens(req.max_tokens, req.max_completion_tokens)
     max_tokens = effective_max_tokens(requested, len(prompt_ids), limit, state_max_tokens(state))
     stop = normalize_stop(opt(req.stop))
     n = int(opt(req.n) or 1)
     budget = resolve(
-        req.thinking_budget_tokens,
+        thinking_tokens(req, "chat_invalid_request"),  # or vLLM's thinking_token_budget
         req.thinking_budget_ms,
         cfg.default_thinking_budget_tokens,
         cfg.default_thinking_budget_ms,
@@ -374,4 +388,7 @@ async def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> Prep
         include_stop=opt(req.include_stop_str_in_output) is True,
         priority=int(opt(req.priority) or 0),
         cache_salt=opt(req.cache_salt),
+        as_ids=opt(req.return_tokens_as_token_ids) is True,
+        prompt_logprobs=prompt_logprobs_wanted(req, cfg.max_logprobs, "chat_invalid_request"),
     )
+
