@@ -35,6 +35,7 @@ BENCHES = {
     "hostile": "bench.bench_hostile",
     "peer": "bench.bench_peer",
     "structured": "bench.bench_structured",
+    "grammar_engines": "bench.bench_grammar_engines",
 }
 
 
