@@ -306,7 +306,13 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{key}: not installed, skipped (see this module's docstring)")
             results["engines"][key] = {"skipped": "not installed"}
             continue
-        r = measure(factory(tok), tok, corpus)
+        try:
+            engine = factory(tok)
+        except ImportError as e:  # installed without a dependency it imports
+            print(f"{key}: cannot be imported ({e}), skipped")
+            results["engines"][key] = {"skipped": f"import failed: {e}"}
+            continue
+        r = measure(engine, tok, corpus)
         results["engines"][key] = r
         print(f"{key}: prepare {r['prepare_ms']:.0f} ms; compile {r['compiled']} schemas "
               f"p50 {r['compile_p50_ms']:.2f} / p99 {r['compile_p99_ms']:.2f} / max "
