@@ -26,7 +26,6 @@ from kiln.adapters import (
 )
 from kiln.api._generated import wire
 from kiln.api.backend import Backend
-from kiln.api.body import read_json_body
 from kiln.api.encode import json_response
 from kiln.api.errors import ApiError
 from kiln.api.handlers.generation import engine_error
@@ -103,7 +102,7 @@ async def select(
     backend: Backend, adapter: Any, adapters: Any, model_adapter: str | None, *, tri_state: bool
 ) -> Selection:
     """The adapter mix of a chat or batch request (tri_state: a missing ``adapter`` is the server
-    default), or of a scoring request (no default)."""
+    default), or of a completions request (no default)."""
     given_adapters = adapters is not UNSET and adapters is not None
     if model_adapter is not None:
         if (adapter is not UNSET and adapter not in (None, "")) or given_adapters:
@@ -126,6 +125,14 @@ async def select(
     if adapter is None or adapter == "":
         return BASE
     return await load_mix(backend, [(str(adapter), 1.0)], "adapter")
+
+
+def adapter_names(backend: Backend) -> list[str]:
+    """Adapters that `model` can name: one named like the served model or an alias is shadowed
+    by it (`model` selects the base), so it is not listed as a second card with the same id."""
+    store = _store(backend)
+    served = {backend.model_id, *backend.aliases}
+    return [i.name for i in (store.list() if store is not None else []) if i.name not in served]
 
 
 def adapter_named_by_model(backend: Backend, model: str | None) -> str | None:
@@ -162,9 +169,9 @@ async def list_adapters(request: Request) -> Response:
 
 async def load(request: Request) -> Response:
     state = app_state(request)
-    body = await read_json_body(request, state.config.max_body_bytes)
-    req = state.contract.parse(
-        "AdapterLoadRequest", body, wire.AdapterLoadRequest, "invalid_adapter_request"
+    req = await state.contract.read(
+        request, state.config.max_body_bytes, "AdapterLoadRequest", wire.AdapterLoadRequest,
+        "invalid_adapter_request",
     )
     store = _require_store(state.backend)
     selection = await load_mix(state.backend, [(req.name, 1.0)], "name")

@@ -17,15 +17,15 @@ from starlette.responses import Response
 
 from kiln import metrics
 from kiln.api._generated import wire
-from kiln.api.body import read_json_body
+from kiln.api.contract import read_json_body
 from kiln.api.encode import json_response
 from kiln.api.errors import ApiError
 from kiln.api.handlers import completions_gen, completions_stream, unsupported
 from kiln.api.handlers.adapters import BASE, Selection, select
 from kiln.api.handlers.constraints import constraint
 from kiln.api.handlers.generation import engine_error, until_disconnect
-from kiln.api.handlers.models import resolve_model
 from kiln.api.handlers.params import opt
+from kiln.api.handlers.prepare import resolve_model
 from kiln.api.sse import EventStream
 from kiln.api.state import AppState, app_state, request_id
 from kiln.engine.errors import EngineError
@@ -149,19 +149,16 @@ async def _score(request: Request, state: AppState, req: Any, selection: Selecti
     metrics.observe_request(len(ids), 0, "length", None, [], time.perf_counter() - started, None)
     logprobs = completions_gen.prompt_logprob_list(backend.tokenizer, ids, list(scores))
     fingerprint = teacher_fingerprint(backend, selection)
-    return json_response(
-        {
-            "id": f"cmpl-{uuid.uuid4()}",
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": model_adapter or backend.model_id,
-            "system_fingerprint": fingerprint,
-            "choices": [
-                {"index": 0, "text": "", "finish_reason": "length", "prompt_logprobs": logprobs}
-            ],
-            "usage": {"prompt_tokens": len(ids), "completion_tokens": 0, "total_tokens": len(ids)},
-        }
-    )
+    return json_response(wire.TextCompletionResponse(
+        id=f"cmpl-{uuid.uuid4()}",
+        object="text_completion",
+        created=int(time.time()),
+        model=model_adapter or backend.model_id,
+        system_fingerprint=fingerprint,
+        choices=[wire.TextCompletionChoice(index=0, text="", finish_reason="length",
+                                           prompt_logprobs=logprobs)],
+        usage=wire.Usage(prompt_tokens=len(ids), completion_tokens=0, total_tokens=len(ids)),
+    ))
 
 
 def teacher_fingerprint(backend: Any, selection: Selection) -> str | None:

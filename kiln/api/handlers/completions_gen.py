@@ -8,7 +8,6 @@ runs them and builds the JSON body; ``completions_stream`` streams them.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import time
 import uuid
@@ -19,11 +18,12 @@ from msgspec import UNSET
 from starlette.requests import Request
 from starlette.responses import Response
 
+from kiln.api._generated import wire
 from kiln.api.backend import PositionScore
-from kiln.api.encode import json_response
+from kiln.api.encode import Finish, as_wire, json_response
+from kiln.api.encode import finish_reason as wire_finish
 from kiln.api.errors import ApiError
 from kiln.api.handlers.adapters import Selection
-from kiln.api.handlers.chat_prepare import apply_budget
 from kiln.api.handlers.extras import (
     check_logprobs,
     included_stop,
@@ -31,7 +31,7 @@ from kiln.api.handlers.extras import (
     repetition_detection,
     text_extras,
 )
-from kiln.api.handlers.generation import Admitted, Completion, collect, submit_all, until_disconnect
+from kiln.api.handlers.generation import Completion, collect_all, submit_all, until_disconnect
 from kiln.api.handlers.logprobs import CompletionLogprobs
 from kiln.api.handlers.params import (
     choice_seed,
@@ -40,8 +40,10 @@ from kiln.api.handlers.params import (
     sampling_params,
     state_default,
 )
+from kiln.api.handlers.prepare import apply_budget, over_context
 from kiln.api.state import AppState
 from kiln.engine.request import SamplingParams
+from kiln.engine.stream import RequestStream
 from kiln.text.budget import BudgetConfig, resolve
 from kiln.text.detokenizer import decode_in_context
 from kiln.text.reasoning import prompt_starts_in_reasoning
@@ -149,9 +151,7 @@ def _tokenize(state: AppState, req: Any, keep: int | None = None
         if not ids:
             raise bad(f"prompt tokenizes to 0 tokens ({where})", "prompt")
         if len(ids) >= limit:
-            raise ApiError(400, "context_length_exceeded",
-                           f"{where} has {len(ids)} tokens; the maximum context length is {limit}",
-                           param="prompt")
+            raise over_context(where, len(ids), limit, "prompt")
         prompts.append(ids)
     return prompts, texts
 
@@ -287,7 +287,7 @@ def prompt_logprob_list(tokenizer: Any, ids: list[int], scores: list[PositionSco
     return out
 
 
-def start(state: AppState, prep: Prepared, rid: str, arrived: float) -> list[Admitted]:
+def start(state: AppState, prep: Prepared, rid: str, arrived: float) -> list[RequestStream]:
     """Admit every choice that generates (max_tokens 0 choices need no engine request)."""
     items = [(f"{rid}-{i}", prep.prompts[prep.prompt_of(i)], p, prep.lora)
              for i, p in enumerate(prep.params) if p.max_tokens > 0]
@@ -295,13 +295,13 @@ def start(state: AppState, prep: Prepared, rid: str, arrived: float) -> list[Adm
                       cache_salt=prep.cache_salt, priority=prep.priority)
 
 
-def finish_reason(c: Completion) -> str:
+def finish_reason(c: Completion) -> Finish:
     if c.finish_reason == "error":
         raise ApiError(500, "generation_error", f"generation failed: {c.error or 'unknown error'}")
     if c.finish_reason == "abort":
         raise ApiError(503, "engine_not_running", c.error or "the engine stopped this request",
                        headers={"retry-after": "1"})
-    return c.finish_reason if c.finish_reason in ("stop", "length") else "stop"
+    return wire_finish(c.finish_reason)
 
 
 def echo_logprobs(state: AppState, prep: Prepared, p: int) -> CompletionLogprobs:
@@ -317,20 +317,20 @@ def stop_text(prep: Prepared, finish: str | None, stop_reason: str | int | None)
 
 
 def choice_body(state: AppState, prep: Prepared, index: int, p: int, c: Completion
-                ) -> dict[str, Any]:
+                ) -> wire.TextCompletionChoice:
     text = ((prep.echo_texts[p] if prep.echo else "") + c.text
             + stop_text(prep, c.finish_reason, c.stop_reason))
-    choice: dict[str, Any] = {"index": index, "text": text, "logprobs": None,
-                              "finish_reason": finish_reason(c), "stop_reason": c.stop_reason}
+    choice = wire.TextCompletionChoice(index=index, text=text, finish_reason=finish_reason(c),
+                                       logprobs=None, stop_reason=c.stop_reason)
     if prep.logprobs is not None:
         lps = echo_logprobs(state, prep, p)
         lps.add_generated(state.backend.tokenizer, prep.prompts[p], c.token_ids, c.tops)
-        choice["logprobs"] = lps.wire()
+        choice.logprobs = as_wire(lps.wire())
     if prep.return_token_ids:
-        choice["prompt_token_ids"] = prep.prompts[p]
-        choice["token_ids"] = c.token_ids
+        choice.prompt_token_ids = prep.prompts[p]
+        choice.token_ids = c.token_ids
     if prep.prompt_logprobs is not None:
-        choice["prompt_logprobs"] = prep.prompt_lists[p]
+        choice.prompt_logprobs = prep.prompt_lists[p]
     return choice
 
 
@@ -347,30 +347,22 @@ def best(prep: Prepared, completions: list[Completion]) -> list[tuple[int, Compl
     return out
 
 
-def usage(prep: Prepared, completion_tokens: int) -> dict[str, int]:
+def usage(prep: Prepared, completion_tokens: int) -> wire.Usage:
     prompt_tokens = sum(len(p) for p in prep.prompts)
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
-
-
-async def _collect(streams: list[Admitted]) -> list[Completion]:
-    try:
-        return list(await asyncio.gather(*(collect(s) for s in streams)))
-    finally:
-        for s in streams:
-            await s.aclose()
+    return wire.Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                      total_tokens=prompt_tokens + completion_tokens)
 
 
 async def respond(request: Request, state: AppState, prep: Prepared, rid: str, arrived: float,
                   fingerprint: str | None) -> Response:
     await until_disconnect(request, score_echoes(state, prep))
     streams = start(state, prep, rid, arrived)
-    done = iter(await until_disconnect(request, _collect(streams)))
+    done = iter(await until_disconnect(request, collect_all(streams)))
     completions = [next(done) if p.max_tokens > 0 else Completion(finish_reason="length")
                    for p in prep.params]
     choices = [choice_body(state, prep, i, p, c) for i, (p, c) in enumerate(best(prep, completions))]
-    return json_response({
-        "id": prep.completion_id, "object": "text_completion", "created": int(time.time()),
-        "model": prep.model, "system_fingerprint": fingerprint, "choices": choices,
-        "usage": usage(prep, sum(c.num_output_tokens for c in completions)),
-    })
+    return json_response(wire.TextCompletionResponse(
+        id=prep.completion_id, object="text_completion", created=int(time.time()),
+        model=prep.model, system_fingerprint=fingerprint, choices=choices,
+        usage=usage(prep, sum(c.num_output_tokens for c in completions)),
+    ))
