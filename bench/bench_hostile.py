@@ -95,7 +95,7 @@ def back_to_baseline(before: dict[str, Any], after: dict[str, Any]) -> bool:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.bench_hostile")
     ap.add_argument("--quick", action="store_true", help="a smaller attack and fewer probes")
-    ap.add_argument("--probes", type=int, default=60)
+    ap.add_argument("--probes", type=int, default=200)
     ap.add_argument("--interval-s", type=float, default=0.2)
     ap.add_argument("--header-timeout-s", type=float, default=5.0)
     ap.add_argument("--body-timeout-s", type=float, default=10.0)

@@ -50,16 +50,35 @@ def default_files() -> list[Path]:
     return files
 
 
+PEER_CONTEXT = 8192  # llama-server -c: the KV cache's tokens (over its -np 8 slots), f16
+
+
+def kv_match_flags(model: Path) -> list[str]:
+    """Kiln's KV cache sized as llama-server's: PEER_CONTEXT tokens of float16 K and V in every
+    layer, so the RSS figures compare the same cache (Kiln's default is 512 MiB of float32)."""
+    from kiln.model.gguf_loader import FastGGUFReader, read_metadata
+
+    meta = read_metadata(FastGGUFReader(str(model)))
+    arch = meta["general.architecture"]
+    layers, heads = int(meta[f"{arch}.block_count"]), int(meta[f"{arch}.attention.head_count"])
+    kv_heads = int(meta.get(f"{arch}.attention.head_count_kv", heads))
+    head_dim = int(meta[f"{arch}.embedding_length"]) // heads
+    per_token = 2 * layers * kv_heads * head_dim * 2  # K and V, 2 bytes each
+    mib = -(-per_token * PEER_CONTEXT // (1024 * 1024))
+    return ["--kv-cache-dtype", "float16", "--kv-memory-mb", str(mib)]
+
+
 @contextlib.contextmanager
 def started(kind: str, model: Path, log_path: Path,
             threads: int) -> Iterator[tuple[ServerProcess, float]]:
     """A Kiln or llama-server process on a free 127.0.0.1 port; (server, seconds to healthy)."""
     port = free_port()
     if kind == "kiln":
-        cmd = serve_command([*BENCH_FLAGS, "--model", str(model)], port=port)
+        cmd = serve_command([*BENCH_FLAGS, *kv_match_flags(model), "--model", str(model)],
+                            port=port)
     else:
         cmd = [str(LLAMA_SERVER), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
-               "-t", str(threads), "-c", "8192", "-np", "8", "--no-webui"]
+               "-t", str(threads), "-c", str(PEER_CONTEXT), "-np", "8", "--no-webui"]
     t0 = time.perf_counter()
     server = start(cmd, url=f"http://127.0.0.1:{port}", log_path=log_path, cwd=ROOT)
     try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 import time
 from collections import Counter
@@ -204,5 +205,10 @@ async def _attack(attack: Attack, stop: Any, burst: Any) -> Counter[str]:
 
 def run_attack(attack: Attack, stop: Any, burst: Any, out: Any) -> None:
     """Process entry point: attack until ``stop`` is set (or ``max_seconds``), open the burst
-    when ``burst`` is set, then put the outcome counts on ``out`` (a queue)."""
+    when ``burst`` is set, then put the outcome counts on ``out`` (a queue).
+
+    The attacker runs at the lowest CPU priority: a real attacker spends its own machine's CPU,
+    not the server's, and on a 2-core test machine an attacker at normal priority takes a core
+    from the server (what the probe would then measure is the attacker's own cost)."""
+    os.nice(19)
     out.put(dict(asyncio.run(_attack(attack, stop, burst))))
