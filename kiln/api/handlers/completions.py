@@ -5,7 +5,6 @@ generation happens. Anything else generates (completions_gen, completions_stream
 from __future__ import annotations
 
 import base64
-import dataclasses
 import hashlib
 import time
 import uuid
@@ -70,9 +69,7 @@ async def create(request: Request) -> Response:
                                                          "to constrain")
         return await _score(request, state, req, selection, model_adapter)
     prep = completions_gen.prepare(state, req, selection, model_adapter or backend.model_id,
-                                   max_tokens_given="max_tokens" in given)
-    if grammar is not None:  # structured outputs: the same constraint on every choice
-        prep.params = [dataclasses.replace(p, grammar=grammar) for p in prep.params]
+                                   max_tokens_given="max_tokens" in given, grammar=grammar)
     fingerprint = teacher_fingerprint(backend, selection)
     rid = request_id(request) or prep.completion_id
     if opt(req.stream):

@@ -27,7 +27,7 @@ class _Choice:
 
     def __init__(self, state: AppState, prep: Prepared, index: int) -> None:
         self.index = index
-        self.prompt = prep.prompts[prep.prompt_of(index)]
+        self.prompt = prep.prompts[prep.prompt_of(index)].ids
         self.context = list(self.prompt)
         self.logprobs: CompletionLogprobs | None = None
         self.text = ""
@@ -35,9 +35,9 @@ class _Choice:
         self.sent_first = False
         self.tally = Completion()  # records the request's metrics when it finishes
         p = prep.prompt_of(index)
-        if prep.echo:
-            self.text = prep.echo_texts[p]
-        if prep.logprobs is not None:
+        if prep.shape.echo:
+            self.text = prep.prompts[p].text
+        if prep.shape.logprobs is not None:
             self.logprobs = echo_logprobs(state, prep, p)
 
 
@@ -49,7 +49,7 @@ class _Stream:
     def frame(self, choices: list[wire.TextCompletionChunkChoice],
               usage: wire.Usage | None = None) -> bytes:
         chunk = wire.TextCompletionChunk(id=self.prep.completion_id, object="text_completion",
-                                         created=self.created, model=self.prep.model,
+                                         created=self.created, model=self.prep.shape.model,
                                          choices=choices)
         if usage is not None:
             chunk.usage = usage
@@ -64,7 +64,7 @@ class _Stream:
             ch.logprobs = CompletionLogprobs(as_ids=self.prep.as_ids, offset=ch.logprobs.offset)
         if self.prep.prompt_logprobs is not None and not ch.sent_first:
             choice.prompt_logprobs = self.prep.prompt_lists[self.prep.prompt_of(ch.index)]
-        if self.prep.return_token_ids:
+        if self.prep.shape.return_token_ids:
             if not ch.sent_first:
                 choice.prompt_token_ids = ch.prompt
             choice.token_ids = ch.ids
@@ -89,8 +89,8 @@ def _error(message: str) -> bytes:
 async def frames(state: AppState, prep: Prepared, streams: list[RequestStream],
                  started: float) -> AsyncIterator[bytes]:
     sse = _Stream(state, prep)
-    choices = [_Choice(state, prep, i) for i in range(len(prep.params))]
-    live = [i for i, p in enumerate(prep.params) if p.max_tokens > 0]
+    choices = [_Choice(state, prep, i) for i in range(len(prep.run.params))]
+    live = [i for i, p in enumerate(prep.run.params) if p.max_tokens > 0]
     queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
 
     async def pump(i: int, outputs: RequestStream) -> None:
@@ -107,7 +107,7 @@ async def frames(state: AppState, prep: Prepared, streams: list[RequestStream],
     timeout = state.config.request_timeout_s
     deadline = asyncio.get_running_loop().time() + timeout - (time.perf_counter() - started)
     try:
-        for i, p in enumerate(prep.params):  # echo first; a max_tokens 0 choice is done at once
+        for i, p in enumerate(prep.run.params):  # echo first; a max_tokens 0 choice is done at once
             ch = choices[i]
             if p.max_tokens == 0:
                 yield sse.chunk(ch, "length")
@@ -146,7 +146,7 @@ async def frames(state: AppState, prep: Prepared, streams: list[RequestStream],
                     ch.text or (ch.logprobs is not None and ch.logprobs.tokens)):
                 since[i] = 0
                 yield sse.chunk(ch)
-        if prep.include_usage:
+        if prep.shape.include_usage:
             yield sse.frame([], usage(prep, completion_tokens))
         yield DONE
     finally:

@@ -1,7 +1,8 @@
 """Prompt preparation, shared by chat, batch and completions: the model and adapter a request
 runs under, the rendered and tokenized prompt checked against the context window, and one engine
-SamplingParams per choice. A chat or batch request becomes three small frozen records: what the
-prompt is (`Prompt`), what the engine runs (`Run`) and how the response is shaped (`Shape`)."""
+SamplingParams per choice. A request becomes three small frozen records: what the prompt is
+(`Prompt`), what the engine runs (`Run`) and how the response is shaped (`Shape`); completions
+builds them in `completions_gen.prepare`."""
 
 from __future__ import annotations
 
@@ -49,9 +50,9 @@ class Prompt:
 
     text: str
     ids: list[int]
-    in_reasoning: bool
-    thinking_source: ThinkingSource
-    tokenization_s: float
+    in_reasoning: bool = False
+    thinking_source: ThinkingSource = "template_default"
+    tokenization_s: float = 0.0
     messages: list[dict[str, Any]] = field(default_factory=list)
     template_kwargs: dict[str, Any] = field(default_factory=dict)
 
@@ -66,6 +67,8 @@ class Run:
     adapter: str
     budget: BudgetConfig
     budget_applied: bool
+    cache_salt: str | None = None  # vLLM's: requests of different salts share no cached prefix
+    priority: int = 0
 
     @property
     def n(self) -> int:
@@ -78,6 +81,7 @@ class Shape:
 
     model: str
     stream: bool = False
+    echo: bool = False  # completions: each prompt's text goes before its choices' text
     include_usage: bool = False
     include_performance: bool = False
     explicit_performance: bool = False

@@ -79,5 +79,5 @@ async def completion(request: Request) -> Response:
     prep = completions_gen.prepare(state, req, selection, model,
                                    max_tokens_given="max_tokens" in given)
     return json_response([
-        rendered(rid, model, ids, prep.echo_texts[i], prep.params[i * prep.n])
-        for i, ids in enumerate(prep.prompts)])
+        rendered(rid, model, prompt.ids, prompt.text, prep.run.params[i * prep.n])
+        for i, prompt in enumerate(prep.prompts)])
