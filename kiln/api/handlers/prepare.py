@@ -188,15 +188,6 @@ def render_prompt(state: AppState, messages: list[wire.ChatMessageInput], tools:
                        param="messages") from None
 
 
-def too_long(limit: int, chars: int, param: str) -> ApiError:
-    """context_length_exceeded for a prompt too long to be worth encoding."""
-    return ApiError(
-        400, "context_length_exceeded",
-        f"maximum context length is {limit} tokens; the prompt ({chars} characters) has more",
-        param=param,
-    )
-
-
 def over_context(where: str, tokens: int, limit: int, param: str) -> ApiError:
     """context_length_exceeded for a prompt of ``tokens`` tokens (``where``: which prompt)."""
     return ApiError(400, "context_length_exceeded",
@@ -208,8 +199,9 @@ def encode_prompt(backend: Backend, text: str, param: str, where: str | None = N
                   ) -> list[int]:
     """A rendered prompt's token ids, which must leave room in the context window for a token."""
     limit = backend.max_model_len
-    if backend.tokenizer.surely_over(text, limit):
-        raise too_long(limit, len(text), param)
+    if backend.tokenizer.surely_over(text, limit):  # too long to be worth encoding
+        raise ApiError(400, "context_length_exceeded", f"maximum context length is {limit} "
+                       f"tokens; the prompt ({len(text)} characters) has more", param=param)
     ids: list[int] = backend.tokenizer.encode(text, add_special_tokens=False)
     if len(ids) >= limit:
         if where is not None:
