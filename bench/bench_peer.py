@@ -110,7 +110,10 @@ async def one_stream(client: httpx.AsyncClient, prompt: str, tokens: int) -> flo
 
 
 async def measure(url: str, tokens: int, repeats: int, streams: int) -> dict[str, Any]:
-    async with httpx.AsyncClient(base_url=url) as client:
+    # a new connection per request, for both servers: llama-server closes a connection after a
+    # streamed response, and a pooled client's next request on it failed ("Server disconnected")
+    limits = httpx.Limits(max_keepalive_connections=0)
+    async with httpx.AsyncClient(base_url=url, limits=limits) as client:
         await one_stream(client, user_prompt(0), 16)  # warm-up
         single = [await one_stream(client, user_prompt(100 + r), tokens) for r in range(repeats)]
         multi = []
