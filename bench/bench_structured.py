@@ -1,6 +1,7 @@
-"""Structured outputs: grammar compile time over the shipped schema corpus, the grammar stage's
-cost per step (masks + applying them) at 1 and 8 constrained rows, and engine step time of
-8 unconstrained rows with and without 8 constrained neighbours, on the default model.
+"""Structured outputs: grammar compile time over the shipped schema corpus and of nested
+structural tags, the grammar stage's cost per step (masks + applying them) at 1 and 8
+constrained rows, and engine step time of 8 unconstrained rows with and without 8 constrained
+neighbours, on the default model.
 
 Writes bench/results/structured.json; prints the figures. Usage: python -m bench.bench_structured
 """
@@ -54,6 +55,44 @@ def compile_times(loaded: LoadedModel) -> dict[str, float]:
     return {"schemas": len(entries), "tokenizer_build_ms": tokenizer_s * 1e3,
             "compile_p50_ms": _pct(times, 0.5) * 1e3, "compile_p99_ms": _pct(times, 0.99) * 1e3,
             "compile_max_ms": max(times) * 1e3}
+
+
+def _tools(n: int) -> list[dict[str, Any]]:
+    return [{"begin": f"<function=f{i}>", "end": "</function>", "content": {
+        "type": "json_schema", "json_schema": {"type": "object", "properties": {
+            "x": {"type": "integer"}, f"k{i}": {"type": "string"}}, "required": ["x"]}}}
+        for i in range(n)]
+
+
+def structural_tag_formats() -> dict[str, dict[str, Any]]:
+    """Nested structural tags (xgrammar's ``format`` form) of the shapes clients send."""
+    calls = {"type": "triggered_tags", "triggers": ["<function="], "tags": _tools(8)}
+    return {
+        "triggered_tags_8_tools": calls,
+        "think_then_one_call": {"type": "sequence", "elements": [
+            {"type": "tag", "begin": "<think>", "content": {"type": "any_text"},
+             "end": "</think>"},
+            {**calls, "at_least_one": True, "stop_after_first": True}]},
+        "tags_with_separator_in_a_tag": {"type": "tag", "begin": "<calls>[", "end": "]</calls>",
+                                         "content": {"type": "tags_with_separator",
+                                                     "separator": ", ", "tags": _tools(8)}},
+        "triggered_tags_32_tools": {**calls, "tags": _tools(32)},
+    }
+
+
+def structural_tag_compile_ms(loaded: LoadedModel) -> dict[str, float]:
+    """Translation (format -> grammar) and a fresh compile of each nested structural tag, in ms
+    (the tokenizer already built)."""
+    compiler = GrammarCompiler(loaded.tokenizer)
+    _ = compiler.ll_tokenizer
+    out = {}
+    for name, fmt in structural_tag_formats().items():
+        t0 = time.perf_counter()
+        built = from_response_format({"type": "structural_tag", "format": fmt})
+        assert built is not None
+        compiler.check(built[0])
+        out[f"structural_tag_{name}_ms"] = (time.perf_counter() - t0) * 1e3
+    return out
 
 
 def _seq(i: int, spec: GrammarSpec, output: list[int]) -> ScheduledSeq:
@@ -183,6 +222,7 @@ def _time_grammar_stage(engine: AsyncEngine) -> list[float]:
 def main() -> None:
     loaded = load_model(None, device="cpu")
     result: dict[str, Any] = compile_times(loaded)
+    result.update(structural_tag_compile_ms(loaded))
     result["mask_step_ms_1_row"] = mask_cost(loaded, 1) * 1e3
     result["mask_step_ms_8_rows"] = mask_cost(loaded, 8) * 1e3
     result.update(step_times(loaded))

@@ -23,6 +23,7 @@ from kiln.presets import PRESETS, canonical_preset
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8420
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+DEFAULT_GRAMMAR_COMPILE_TIMEOUT_S = 10.0
 
 KINDS = ("str", "int", "float", "bool", "list")
 # Where a setting's value goes: a ServerConfig field, a ProcessSettings field (read where no
@@ -147,6 +148,9 @@ SETTINGS: tuple[Setting, ...] = (
        shown="the model's generation_config.json, else vLLM's neutral values"),
     _s("max_logprobs", "int", 20,
        "most logprobs (completions) or top_logprobs (chat) a request may ask for; more is a 400"),
+    _s("grammar_compile_timeout_s", "float", DEFAULT_GRAMMAR_COMPILE_TIMEOUT_S,
+       "a structured-output constraint (response_format, structured_outputs, forced "
+       "tool_choice) must compile within this many seconds, else 400 naming the field"),
     # read outside ServerConfig
     _s("quant_kernels", "bool", True,
        "on the CPU, keep GGUF and bf16/f16 weights in their stored format and run the "
@@ -212,6 +216,7 @@ class ServerConfig:
     send_timeout_s: float = _default("send_timeout_s")
     default_sampling_preset: str | None = _default("default_sampling_preset")
     max_logprobs: int = _default("max_logprobs")
+    grammar_compile_timeout_s: float = _default("grammar_compile_timeout_s")
     extra: Mapping[str, Any] = field(default_factory=dict)
     def __repr__(self) -> str:  # never print API keys
         shown = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "api_keys"}
@@ -255,6 +260,9 @@ class ServerConfig:
                 self.default_sampling_preset) is None:
             raise ConfigError(f"default_sampling_preset {self.default_sampling_preset!r} is not a "
                               f"preset ({', '.join(PRESETS)})")
+        if not 0 < self.grammar_compile_timeout_s < math.inf:
+            raise ConfigError("grammar_compile_timeout_s must be > 0 and finite, got "
+                              f"{self.grammar_compile_timeout_s}")
         if self.max_logprobs < 0:
             raise ConfigError(f"max_logprobs must be >= 0, got {self.max_logprobs}")
         if self.log_level not in (*setting("log_level").choices, "trace"):  # trace: env only

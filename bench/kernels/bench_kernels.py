@@ -21,6 +21,8 @@ from kiln_kernels.attention import paged_decode_ref, prefill_paged_ref, store_kv
 from kiln_kernels.attention.decode import paged_decode_triton
 from kiln_kernels.attention.kv_store import store_kv_triton
 from kiln_kernels.attention.prefill import prefill_paged_triton
+from kiln_kernels.grammar import apply_token_bitmask_ref
+from kiln_kernels.grammar.bitmask import apply_token_bitmask_triton
 from kiln_kernels.lora import lora_expand_ref, lora_shrink_ref
 from kiln_kernels.lora.sgmv import lora_expand_triton, lora_shrink_triton
 from kiln_kernels.sampling import SamplingTensors, sample_reference
@@ -67,6 +69,15 @@ def cases(quick: bool) -> list[tuple[str, Callable[[], object], Callable[[], obj
     p = SamplingTensors.build(rows, v, "cuda")
     out.append(("sample", lambda: sample_triton(logits, p), lambda: sample_reference(logits, p),
                 "GB/s", float(b * v * (4 + 4 + 1 + 4 * 3))))  # fmt: skip
+    # the grammar mask: 8 constrained rows of the sampler's logits (writes -inf in place, so
+    # repeated calls keep the same work); bytes: the masked rows read and written, the words read
+    words = (v + 31) // 32
+    bits = torch.randint(-2**31, 2**31, (8, words), device="cuda", dtype=torch.int64)
+    bitmask, masked = bits.to(torch.int32), torch.arange(8, device="cuda", dtype=torch.int32)
+    gl = logits.clone()
+    out.append(("grammar_mask", lambda: apply_token_bitmask_triton(gl, bitmask, masked),
+                lambda: apply_token_bitmask_ref(gl, bitmask, masked),
+                "GB/s", float(8 * v * 4 * 2 + 8 * words * 4)))  # fmt: skip
     b, ctx = (8, 1024) if quick else (64, 4096)
     pg = _paged(b, ctx, 8, 128, 16, dt)
     qd = torch.randn(b, 32, 128, device="cuda", dtype=dt)

@@ -11,7 +11,7 @@ budget forced), and computes the rows' masks. Rows without a constraint never re
 
 No torch here: masks are llguidance's little-endian bitmasks (bit ``t % 32`` of 32-bit word
 ``t // 32`` set = token ``t`` allowed), one int32 row per constrained row, applied to the logits
-by the sampler (kiln_kernels/token_mask).
+by the sampler (kiln_kernels/grammar, as the compute plan's ``grammar_mask`` names).
 
 ``start`` syncs the matchers on the engine thread, then fills the masks, inline or (``beside``:
 the compute plan's ``grammar_beside_step``, where the model runs on an accelerator) on one worker
@@ -37,6 +37,12 @@ from kiln.engine.request import GrammarSpec
 from kiln.text.tokenizer import Tokenizer
 
 CACHE_SIZE = 256  # compiled grammars kept per tokenizer (least recently used dropped)
+# llguidance's resource limits, stated here (they are its defaults) so that they hold whatever a
+# later llguidance defaults to: they end a runaway compile (or a runaway mask step) with an error,
+# which the handlers turn into a 400. initial_lexer_fuel ~ 20 ms of regex analysis.
+LIMITS = llguidance.LLParserLimits(
+    max_items_in_row=2000, initial_lexer_fuel=1_000_000, step_lexer_fuel=200_000,
+    step_max_items=50_000, max_lexer_states=250_000, max_grammar_size=500_000)
 
 
 class GrammarError(ValueError):
@@ -77,7 +83,8 @@ class GrammarCompiler:
             if cached is not None:
                 self._cache.move_to_end(grammar)
                 return cached.deep_copy()
-        compiled = llguidance.LLMatcher(self.ll_tokenizer, grammar, log_level=0)
+        compiled = llguidance.LLMatcher(self.ll_tokenizer, grammar, log_level=0,
+                                        limits=LIMITS)
         if compiled.is_error():
             raise GrammarError(compiled.get_error())
         with self._lock:

@@ -60,7 +60,7 @@ class ModelRunner:
         self.num_blocks = kv_num_blocks(cfg, config, cache_dtype)
         self.kv_bytes_per_block = KVCache.bytes_per_block(cfg, config.block_size, cache_dtype)
         self.kv = kv_cache_for(model, self.num_blocks, config.block_size, cache_dtype, device)
-        self.sampler = Sampler(device, self.plan.sampler)
+        self.sampler = Sampler(device, self.plan.sampler, self.plan.grammar_mask)
         self._lora_slots: AdapterSlots | None = None  # created on the first LoRA step
         # the matchers of constrained requests (structured outputs); none without a tokenizer
         self.grammar = GrammarRows(compiler_for(tokenizer)) if tokenizer is not None else None

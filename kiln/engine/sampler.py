@@ -15,11 +15,12 @@ from typing import Literal
 
 import numpy
 import torch
+from kiln_kernels.grammar import apply_token_bitmask_ref
+from kiln_kernels.grammar.native import apply_token_bitmask_native
 from kiln_kernels.sampling import SamplingTensors, sample_reference
 from kiln_kernels.sampling.native import FLOAT_COLUMNS, INT_COLUMNS, sample_rows
 from kiln_kernels.sampling.params import to_int64_bits
 from kiln_kernels.sampling.reference import GREEDY_TEMPERATURE, apply_penalties
-from kiln_kernels.token_mask import apply_token_mask
 
 from kiln.engine.outputs import ScheduledSeq, TokenLogprobs
 from kiln.engine.scoring import top_k_ids
@@ -28,9 +29,11 @@ LOGPROB_FLOOR = -9999.0  # OpenAI's: a named token that cannot be sampled (JSON 
 
 
 class Sampler:
-    def __init__(self, device: torch.device, impl: Literal["c", "triton", "torch"]) -> None:
+    def __init__(self, device: torch.device, impl: Literal["c", "triton", "torch"],
+                 mask_impl: Literal["c", "triton", "torch"] = "torch") -> None:
         self.device = device
         self.impl = impl  # the compute plan's sampler
+        self.mask_impl = mask_impl  # the compute plan's grammar_mask
         self._zero_counts = torch.zeros((0, 0), dtype=torch.int32, device=device)
         self._zero_mask = torch.zeros((0, 0), dtype=torch.bool, device=device)
 
@@ -59,15 +62,27 @@ class Sampler:
 
     def constrain(self, logits: torch.Tensor, bits: numpy.ndarray,
                   rows: list[int]) -> torch.Tensor:
-        """The grammar masks applied: ``bits[j]`` (llguidance's int32 bitmask words) masks row
-        ``rows[j]``; a disallowed token's logit becomes -inf, and so does every id past the mask
-        (padding beyond the tokenizer's vocabulary). On the CPU ``logits`` (the step's own, fresh
-        from the model) is masked in place; elsewhere a copy is. Other rows keep their values bit
-        for bit. The kernel is the compute plan's (kiln_kernels/token_mask)."""
+        """The grammar masks applied, by the compute plan's ``grammar_mask``: ``bits[j]``
+        (llguidance's int32 bitmask words) masks row ``rows[j]``; a disallowed token's logit
+        becomes -inf, and so does every id past the mask (padding beyond the tokenizer's
+        vocabulary). ``c`` masks the CPU's float32 ``logits`` (the step's own, fresh from the
+        model) in place (``cpu/sampling/token_mask.c``); otherwise a copy is masked, by the
+        Triton kernel (``triton``, CUDA) or the torch reference (kiln_kernels.grammar). Other
+        rows keep their values bit for bit."""
         if not rows:
             return logits
-        out = logits if logits.device.type == "cpu" else logits.clone()
-        apply_token_mask(out, torch.from_numpy(bits), rows, self.impl)
+        bitmask = torch.from_numpy(numpy.ascontiguousarray(bits, dtype=numpy.int32))
+        if self.mask_impl == "c" and apply_token_bitmask_native(logits, bitmask, rows):
+            return logits
+        out = logits.clone()
+        bitmask = bitmask.to(out.device)
+        row_ids = torch.tensor(rows, dtype=torch.int32).to(out.device)
+        if self.mask_impl == "triton" and out.is_cuda:
+            from kiln_kernels.grammar.bitmask import apply_token_bitmask_triton
+
+            apply_token_bitmask_triton(out, bitmask, row_ids)
+        else:
+            apply_token_bitmask_ref(out, bitmask, row_ids)
         return out
 
     def token_logprobs(self, logits: torch.Tensor, seqs: Sequence[ScheduledSeq],

@@ -17,6 +17,8 @@ The choices:
 - attention: ``c`` (inside the C step), ``triton`` (``kiln_kernels.attention``), ``torch``.
 - sampler: ``c`` (``kiln_kernels.sampling.native``), ``triton``, ``torch`` (the reference).
 - lora: ``c`` (inside the C step, on CPU stacks), ``triton`` (the SGMV pair), ``torch``.
+- grammar_mask: how the sampler applies structured outputs' token masks (``kiln_kernels.grammar``):
+  ``c`` (in place on the CPU's float32 logits), ``triton`` (CUDA), ``torch`` (the reference).
 - kv_layout: ``heads-major`` (the C step's blocks) or ``contiguous``; kv_dtype.
 """
 
@@ -51,6 +53,7 @@ class ComputePlan:
     attention: Impl
     sampler: Impl
     lora: Impl
+    grammar_mask: Impl
     kv_layout: Literal["heads-major", "contiguous"]
     kv_dtype: str
 
@@ -130,7 +133,9 @@ def model_plan(device: torch.device, dtype: torch.dtype, *, packed: bool, c_step
         device=str(device), dtype=_DTYPE_NAMES.get(dtype, str(dtype)),
         weights="packed" if c else ("dense+packed" if packed else "dense"),
         step="c" if c else "torch", attention="c" if c else gpu_or_torch, sampler=sampler,
-        lora="c" if c else gpu_or_torch, kv_layout="heads-major" if c else "contiguous",
+        lora="c" if c else gpu_or_torch,
+        grammar_mask=sampler,  # the masks go where the sampler runs, by the same rule
+        kv_layout="heads-major" if c else "contiguous",
         kv_dtype=_DTYPE_NAMES.get(dtype, str(dtype)))
 
 

@@ -5,7 +5,7 @@
   Python binding :mod:`kiln_kernels.cpu.cpu_step`
 - ``sampling/``: the sampler (``sample.c``, ``top_p.c``, ``counter.c``); Python binding
   :mod:`kiln_kernels.sampling.native`; grammar token masks (``token_mask.c``), bound by
-  :mod:`kiln_kernels.token_mask.native`
+  :mod:`kiln_kernels.grammar.native`
 - ``common/``: vector math shared by all three (``vmath.c``)
 
 Everything is compiled into one shared library by :mod:`.loader` (see ``kiln_kernels/README.md``).

@@ -110,7 +110,8 @@ def test_health_503(status: str) -> None:
 def test_health_shows_the_compute_plan() -> None:
     """/health carries the backend's compute plan once serving (absent without one)."""
     plan = {"device": "cpu", "dtype": "float32", "weights": "packed", "step": "c",
-            "attention": "c", "sampler": "c", "lora": "c", "kv_layout": "heads-major",
+            "attention": "c", "sampler": "c", "lora": "c", "grammar_mask": "numpy",
+            "kv_layout": "heads-major",
             "kv_dtype": "float32"}
     backend = FakeBackend()
     with make(backend) as c:

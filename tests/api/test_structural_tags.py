@@ -103,14 +103,9 @@ def test_bad_structural_tags_name_their_field(value: Any, param: str) -> None:
     assert getattr(info.value, "param", None) == param
 
 
-def test_the_nested_format_form_is_unsupported() -> None:
-    fmt = {"type": "structural_tag", "format": {"type": "triggered_tags", "triggers": ["<f"],
-                                               "tags": []}}
-    with pytest.raises(ApiError) as info:
-        asyncio.run(constraint(object(), code="c", response_format=fmt))
-    assert info.value.status == 400 and info.value.param == "response_format.format"
-    assert info.value.code == "unsupported_parameter"
+def test_structural_tag_text_that_is_not_json_names_its_field() -> None:
     with pytest.raises(ApiError) as info:
         asyncio.run(constraint(object(), code="c",
                                structured_outputs={"structural_tag": "{not json"}))
+    assert info.value.status == 400
     assert info.value.param == "structured_outputs.structural_tag"

@@ -88,13 +88,16 @@ def test_compiler_refuses_and_caches(smollm: LoadedModel) -> None:
     assert compiler.matcher(text_) is not compiler.matcher(text_)  # copies of one compile
 
 
-@pytest.mark.parametrize("impl", ["c", "torch"])
-def test_sampler_mask_leaves_other_rows_bit_identical(impl: Literal["c", "torch"]) -> None:
+@pytest.mark.parametrize(("mask_impl", "dtype"), [
+    ("c", torch.float32), ("c", torch.bfloat16), ("torch", torch.float32),
+    ("torch", torch.bfloat16), ("triton", torch.float32)])  # triton off CUDA: the reference
+def test_sampler_mask_leaves_other_rows_bit_identical(mask_impl: Literal["c", "triton", "torch"],
+                                                      dtype: torch.dtype) -> None:
     gen = torch.Generator().manual_seed(0)
-    logits = torch.randn(3, 70, generator=gen)
+    logits = torch.randn(3, 70, generator=gen).to(dtype)
     mask = numpy.zeros((1, 2), dtype=numpy.int32)  # 64 bits: ids 64..69 lie past the mask
     mask[0, 0] = 0b101  # tokens 0 and 2
-    out = Sampler(torch.device("cpu"), impl).constrain(logits.clone(), mask, [1])
+    out = Sampler(torch.device("cpu"), "c", mask_impl).constrain(logits.clone(), mask, [1])
     assert torch.equal(out[0], logits[0]) and torch.equal(out[2], logits[2])  # bits promised
     finite = torch.isfinite(out[1]).nonzero().flatten().tolist()
     assert finite == [0, 2] and torch.equal(out[1, [0, 2]], logits[1, [0, 2]])

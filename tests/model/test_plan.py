@@ -35,6 +35,9 @@ def test_the_plan_names_one_implementation_per_part() -> None:
     gpu = model_plan(CUDA, torch.bfloat16, packed=False, c_step=False)
     assert (gpu.step, gpu.attention, gpu.sampler, gpu.lora, gpu.dtype, gpu.kv_dtype) == (
         "torch", "triton", "triton", "triton", "bfloat16", "bfloat16")
+    assert (c.grammar_mask, dense.grammar_mask, gpu.grammar_mask) == ("c", "c", "triton")
+    assert model_plan(torch.device("meta"), torch.float32, packed=False,
+                      c_step=False).grammar_mask == "torch"
     # c_step on a GPU cannot be: the C step is a CPU program
     assert model_plan(CUDA, torch.float32, packed=True, c_step=True).step == "torch"
 
@@ -71,4 +74,5 @@ def test_the_runner_logs_its_plan_once_in_one_line(smollm: LoadedModel,
     assert isinstance(runner.plan, ComputePlan)
     assert runner.kv.heads_major == (runner.plan.kv_layout == "heads-major")
     assert set(runner.plan.as_dict()) == {"device", "dtype", "weights", "step", "attention",
-                                          "sampler", "lora", "kv_layout", "kv_dtype"}
+                                          "sampler", "lora", "grammar_mask", "kv_layout",
+                                          "kv_dtype"}

@@ -62,7 +62,8 @@ async def create(request: Request) -> Response:
     given = state.contract.decode(body)  # an object: parse accepted it
     grammar = await constraint(
         backend.tokenizer, code=ERROR_CODE, response_format=opt(req.response_format),
-        structured_outputs=opt(req.structured_outputs), ignore_eos=bool(opt(req.ignore_eos)))
+        structured_outputs=opt(req.structured_outputs), ignore_eos=bool(opt(req.ignore_eos)),
+        deadline_s=state.config.grammar_compile_timeout_s)
     if is_scoring(req, given):
         if grammar is not None:
             raise unsupported.unsupported(grammar.param, "prompt scoring generates no text "

@@ -2,7 +2,8 @@
 (off the event loop, cached) before any token so that a bad one is a 400 naming its field.
 
 * ``response_format`` (OpenAI): ``text``, ``json_object``, ``json_schema``, ``structural_tag``
-  (vLLM's ``structures``/``triggers`` form, kiln/api/handlers/structural_tags.py);
+  (vLLM's ``structures``/``triggers`` form, kiln/api/handlers/structural_tags.py, or xgrammar's
+  nested ``format`` form, kiln/api/handlers/structural_formats.py);
 * ``structured_outputs`` (vLLM): ``json``, ``regex``, ``choice``, ``grammar``, ``json_object``,
   ``structural_tag`` (the same, as JSON text);
 * ``tool_choice`` ``"required"`` or a named function: calls in the model's tool-call format,
@@ -20,7 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import llguidance
@@ -28,8 +31,8 @@ import msgspec
 from msgspec import UNSET
 
 from kiln.api.errors import ApiError
-from kiln.api.handlers import structural_tags, xml_tools
-from kiln.api.handlers.unsupported import unsupported
+from kiln.api.handlers import structural_formats, structural_tags, xml_tools
+from kiln.config import DEFAULT_GRAMMAR_COMPILE_TIMEOUT_S as DEFAULT_COMPILE_DEADLINE_S
 from kiln.engine.grammar import GrammarError, compiler_for
 from kiln.engine.request import GrammarSpec
 from kiln.text.tools import CLOSE_TAG, OPEN_TAG
@@ -98,12 +101,15 @@ def _schema_expansion(schema: Any, param: str) -> str:
 
 def from_structural_tag(spec: Any, param: str,
                         token_id: Callable[[str], int | None] = _no_token) -> tuple[str, str]:
-    """(grammar, param) of a structural tag in the legacy ``structures``/``triggers`` form;
-    xgrammar's ``format`` form is a 400 unsupported_parameter."""
-    if isinstance(spec, dict) and "format" in spec and "structures" not in spec:
-        raise unsupported(f"{param}.format", "structural tags in the nested `format` form are "
-                                             "not supported; use `structures` and `triggers`")
+    """(grammar, param) of a structural tag: the legacy ``structures``/``triggers`` form or
+    xgrammar's nested ``format`` form (kiln/api/handlers/structural_formats.py)."""
     try:
+        if isinstance(spec, dict) and "format" in spec:
+            if "structures" in spec or "triggers" in spec:
+                raise structural_tags.StructuralTagError(
+                    f"{param}.format", "give either `format` or `structures` and `triggers`")
+            return structural_formats.nested_grammar(spec, param, _schema_expansion,
+                                                     token_id), param
         lark = structural_tags.legacy_grammar(spec, param, _schema_expansion, token_id)
     except structural_tags.StructuralTagError as e:
         raise _bad(e.param, str(e)) from None
@@ -245,14 +251,74 @@ def from_tool_choice(tools: Any, tool_choice: Any, parallel: bool,
     return str(llguidance.LLMatcher.grammar_from_lark(lark)), "tool_choice"
 
 
+COMPILE_WORKERS = 4  # grammar compilations at once; more wait for a free worker
+_COMPILE_POOL = ThreadPoolExecutor(COMPILE_WORKERS, thread_name_prefix="kiln-grammar")
+
+
 async def constraint(tokenizer: Any, *, code: str, response_format: Any = None,
                      structured_outputs: Any = None, tools: Any = None, tool_choice: Any = None,
                      parallel_tool_calls: bool = True, after: tuple[int, ...] = (),
-                     ignore_eos: bool = False, tool_format: str = "json"
-                     ) -> GrammarSpec | None:
-    """The request's one constraint as a GrammarSpec (None: unconstrained), compiled once off
-    the event loop; a malformed field, or a grammar llguidance refuses (a bad regex, a schema
-    keyword it cannot enforce), is a 400 naming the field and saying why."""
+                     ignore_eos: bool = False, tool_format: str = "json",
+                     deadline_s: float = DEFAULT_COMPILE_DEADLINE_S) -> GrammarSpec | None:
+    """The request's one constraint as a GrammarSpec (None: unconstrained), built and compiled
+    once in a grammar worker thread, off the event loop; a malformed field, or a grammar
+    llguidance refuses (a bad regex, a schema keyword it cannot enforce), is a 400 naming the
+    field and saying why. Compilation that has not finished ``deadline_s`` seconds after it was
+    asked for is a 400 naming the field (docs/structured-outputs.md, compile deadline); the
+    thread runs on to llguidance's own limits, and its grammar lands in the cache. When every
+    grammar worker is busy past the deadline the request is a 503 ``server_overloaded``."""
+    field = _constrained_field(response_format, structured_outputs, tool_choice)
+    if field is None:
+        return None
+    where = [field]  # the field the deadline names: its full path once the grammar is built
+    started = threading.Event()
+
+    def work() -> GrammarSpec | None:
+        started.set()
+        built = _build(tokenizer, code, response_format, structured_outputs, tools,
+                       tool_choice, parallel_tool_calls, ignore_eos, tool_format)
+        if built is None:
+            return None
+        grammar, param = built
+        where[0] = param
+        try:
+            compiler_for(tokenizer).check(grammar)
+        except GrammarError as e:
+            raise ApiError(400, code, f"{param}: {e}", param=param) from None
+        return GrammarSpec(grammar, after, param.split(".")[0])
+
+    job = asyncio.get_running_loop().run_in_executor(_COMPILE_POOL, work)
+    try:
+        return await asyncio.wait_for(job, deadline_s)
+    except TimeoutError:
+        if not started.is_set():
+            raise ApiError(503, "server_overloaded", "every grammar compiler is busy; retry "
+                                                     "later", headers={"Retry-After": "1"}
+                           ) from None
+        raise ApiError(400, code, f"{where[0]}: the grammar did not compile within the "
+                                  f"server's {deadline_s:g} s deadline "
+                                  "(--grammar-compile-timeout-s); simplify it",
+                       param=where[0]) from None
+
+
+def _constrained_field(response_format: Any, structured_outputs: Any, tool_choice: Any
+                       ) -> str | None:
+    """The first field that asks for a constraint (None: the request is unconstrained)."""
+    fmt = plain(response_format)
+    if isinstance(fmt, dict) and fmt.get("type") not in (None, "text"):
+        return "response_format"
+    so = plain(structured_outputs)
+    if isinstance(so, dict) and any(so.get(k) not in (None, False) for k in _SO_KINDS):
+        return "structured_outputs"
+    if plain(tool_choice) not in (None, "auto", "none"):
+        return "tool_choice"
+    return None
+
+
+def _build(tokenizer: Any, code: str, response_format: Any, structured_outputs: Any,
+           tools: Any, tool_choice: Any, parallel_tool_calls: bool, ignore_eos: bool,
+           tool_format: str) -> tuple[str, str] | None:
+    """(grammar, param) of the request's one constraint, or None."""
     try:
         token_id = _token_id(tokenizer)
         built = [b for b in (from_response_format(response_format, token_id=token_id),
@@ -268,15 +334,11 @@ async def constraint(tokenizer: Any, *, code: str, response_format: Any = None,
         names = " and ".join(param.split(".")[0] for _, param in built)
         raise ApiError(400, code, f"{names} cannot be combined: a request takes one constraint",
                        param=built[1][1].split(".")[0])
-    grammar, param = built[0]
     if ignore_eos:
-        raise ApiError(400, code, f"ignore_eos cannot be combined with {param}: a finished "
-                                  "constraint ends the output with EOS", param="ignore_eos")
-    try:
-        await asyncio.to_thread(compiler_for(tokenizer).check, grammar)
-    except GrammarError as e:
-        raise ApiError(400, code, f"{param}: {e}", param=param) from None
-    return GrammarSpec(grammar, after, param.split(".")[0])
+        raise ApiError(400, code, f"ignore_eos cannot be combined with {built[0][1]}: a "
+                                  "finished constraint ends the output with EOS",
+                       param="ignore_eos")
+    return built[0]
 
 
 def _token_id(tokenizer: Any) -> Callable[[str], int | None]:

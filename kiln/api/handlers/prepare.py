@@ -285,7 +285,8 @@ def _grammar(state: AppState, req: Any, code: str, tools: Any, tool_choice: Any,
         parallel_tool_calls=opt(req.parallel_tool_calls) is not False,
         ignore_eos=bool(opt(req.ignore_eos)),
         tool_format=tool_format(getattr(state.backend.chat_template, "source", None)),
-        after=tuple(tokenizer.encode(CLOSE_TAG)) if in_reasoning else ())
+        after=tuple(tokenizer.encode(CLOSE_TAG)) if in_reasoning else (),
+        deadline_s=state.config.grammar_compile_timeout_s)
 
 
 # -- chat and batch ------------------------------------------------------------------------------

@@ -22,8 +22,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-_LEAD_TAG = re.compile(r"^<[^<>\s]+>")
-_TAIL_TAG = re.compile(r"<[^<>\s]+>$")
+LEAD_TAG = re.compile(r"^<[^<>\s]+>")
+TAIL_TAG = re.compile(r"<[^<>\s]+>$")
 _META = set("\\.+*?()|[]{}^$#&-~/")
 
 
@@ -35,11 +35,11 @@ class StructuralTagError(ValueError):
         self.param = param
 
 
-def _lit(text: str) -> str:
+def lit(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
-def _regex_escape(text: str) -> str:
+def regex_escape(text: str) -> str:
     """``text`` as a literal inside a Lark ``/.../`` regex."""
     return "".join("\\" + c if c in _META else c for c in text).replace("\n", "\\n") \
         .replace("\r", "\\r")
@@ -50,7 +50,7 @@ def _seq(*parts: str) -> str:
 
 
 def _opt_lit(text: str) -> str:
-    return _lit(text) if text else ""
+    return lit(text) if text else ""
 
 
 def legacy_grammar(spec: Any, param: str, schema_grammar: Callable[[Any, str], str],
@@ -72,7 +72,7 @@ def legacy_grammar(spec: Any, param: str, schema_grammar: Callable[[Any, str], s
             if t != other and t in other:
                 raise StructuralTagError(f"{param}.triggers", f"trigger {t!r} occurs inside "
                                                               f"trigger {other!r}")
-    any_trigger = "|".join(_regex_escape(t) for t in triggers)
+    any_trigger = "|".join(regex_escape(t) for t in triggers)
     body = f"/(.|\\n)*/ & ~/(.|\\n)*({any_trigger})(.|\\n)*/"
     rules = [f"TEXT: /(.|\\n)+/ & ~/(.|\\n)*({any_trigger})(.|\\n)*/"]
     rests: dict[int, list[str]] = {k: [] for k in range(len(triggers))}
@@ -88,20 +88,20 @@ def legacy_grammar(spec: Any, param: str, schema_grammar: Callable[[Any, str], s
                                                        "the triggers")
         schema = item.get("schema")
         rules.append(f"s{i}: {schema_grammar({} if schema is None else schema, where)}")
-        tail = _TAIL_TAG.search(end)
+        tail = TAIL_TAG.search(end)
         end_id = token_id(tail.group(0)) if tail else None
         closing = _opt_lit(end) if end_id is None or tail is None else \
-            _seq(_opt_lit(end[:tail.start()]), f"({_lit(tail.group(0))} | <[{end_id}]>)")
+            _seq(_opt_lit(end[:tail.start()]), f"({lit(tail.group(0))} | <[{end_id}]>)")
         k = owners[0]
         rests[k].append(_seq(_opt_lit(begin[len(triggers[k]):]), f"s{i}", closing))
     alternatives = []
     for k, trigger in enumerate(triggers):
         if not rests[k]:
             continue
-        rules.append(f"PRE{k}: {body} {_lit(trigger)}")
+        rules.append(f"PRE{k}: {body} {lit(trigger)}")
         rules.append(f"rest{k}: {' | '.join(f'({r})' for r in rests[k])}")
         alternatives.append(f"PRE{k} rest{k}")
-        lead = _LEAD_TAG.match(trigger)
+        lead = LEAD_TAG.match(trigger)
         lead_id = token_id(lead.group(0)) if lead else None
         if lead is not None and lead_id is not None:
             alternatives.append(_seq(f"TEXT? <[{lead_id}]>",

@@ -1,4 +1,4 @@
-/* Grammar token masks applied to the logits, on the CPU (the op of kiln_kernels/token_mask/).
+/* Grammar token masks applied to the logits, on the CPU (the op of kiln_kernels/grammar/).
  *
  * A mask is llguidance's bitmask: 32-bit word w, bit b set = token 32*w + b allowed. Each masked
  * row gets -inf at every disallowed id and at every id past the mask (padding rows of the head
