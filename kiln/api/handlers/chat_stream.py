@@ -19,7 +19,7 @@ from kiln.api.handlers.generation import Completion
 from kiln.api.handlers.logprobs import chat_content
 from kiln.api.handlers.perf import performance
 from kiln.api.handlers.prepare import PreparedChat
-from kiln.api.sse import DONE, event
+from kiln.api.sse import DONE, event, generation_error
 from kiln.api.state import AppState
 from kiln.engine.outputs import RequestOutput
 from kiln.text.budget import record
@@ -117,24 +117,22 @@ class _ToolFilter:
 def _timing(index: int, token_id: int, ready: float, received: float, start: float) -> bytes:
     now = time.monotonic()
     handler_queue = max(0.0, received - ready)
-    return event(
-        {
-            "object": "kiln.token_timing",
-            "source": "batching_engine",
-            "token_index": index,
-            "token_id": token_id,
-            "ready_ms": _ms(ready, start),
-            "producer_delivered_ms": _ms(ready, start),
-            "handler_received_ms": _ms(received, start),
-            "body_enqueued_ms": _ms(now, start),
-            "response_delivery_ms": 0.0,
-            "handler_queue_ms": round(handler_queue * 1000.0, 3),
-            "queue_delay_ms": round(handler_queue * 1000.0, 3),
-            "client_delivery_ms": _ms(now, received),
-            "blocking_phase": None,
-            "blocking_phase_ms": None,
-        }
-    )
+    return event(wire.StreamingTokenTiming(
+        object="kiln.token_timing",
+        source="batching_engine",
+        token_index=index,
+        token_id=token_id,
+        ready_ms=_ms(ready, start),
+        producer_delivered_ms=_ms(ready, start),
+        handler_received_ms=_ms(received, start),
+        body_enqueued_ms=_ms(now, start),
+        response_delivery_ms=0.0,
+        handler_queue_ms=round(handler_queue * 1000.0, 3),
+        queue_delay_ms=round(handler_queue * 1000.0, 3),
+        client_delivery_ms=_ms(now, received),
+        blocking_phase=None,
+        blocking_phase_ms=None,
+    ))
 
 
 async def frames(
@@ -195,10 +193,7 @@ async def frames(
         message = (final.error if final else None) or "generation ended without a result"
         if timed_out:  # docs/behavior.md §10: an error event, no finish chunk
             message = f"streaming generation timed out after {round(timeout * 1000)} ms"
-        yield event(
-            {"error": {"message": message, "type": "server_error", "param": None,
-                       "code": "generation_error"}}
-        )
+        yield generation_error(message)
         yield DONE
         return
     kept = included_stop(prepared.shape.include_stop, final.finish_reason, final.stop_reason,

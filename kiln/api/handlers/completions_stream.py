@@ -14,7 +14,7 @@ from kiln.api.encode import Finish, as_wire, finish_reason
 from kiln.api.handlers.completions_gen import Prepared, echo_logprobs, stop_text, usage
 from kiln.api.handlers.generation import Completion
 from kiln.api.handlers.logprobs import CompletionLogprobs
-from kiln.api.sse import DONE, event
+from kiln.api.sse import DONE, event, generation_error
 from kiln.api.state import AppState
 from kiln.engine.outputs import RequestOutput
 from kiln.engine.stream import RequestStream
@@ -81,11 +81,6 @@ class _Stream:
         ch.context.extend(out.new_token_ids)
 
 
-def _error(message: str) -> bytes:
-    return event({"error": {"message": message, "type": "server_error", "param": None,
-                            "code": "generation_error"}})
-
-
 async def frames(state: AppState, prep: Prepared, streams: list[RequestStream],
                  started: float) -> AsyncIterator[bytes]:
     sse = _Stream(state, prep)
@@ -119,13 +114,14 @@ async def frames(state: AppState, prep: Prepared, streams: list[RequestStream],
                 async with asyncio.timeout_at(deadline):
                     i, out = await queue.get()
             except TimeoutError:
-                yield _error(f"streaming generation timed out after {round(timeout * 1000)} ms")
+                yield generation_error(
+                    f"streaming generation timed out after {round(timeout * 1000)} ms")
                 yield DONE
                 return
             ch = choices[i]
             if out is _END:
                 if i in pending:  # ended without a finished output
-                    yield _error("generation ended without a result")
+                    yield generation_error("generation ended without a result")
                     yield DONE
                     return
                 continue
@@ -133,7 +129,7 @@ async def frames(state: AppState, prep: Prepared, streams: list[RequestStream],
             if out.finished:
                 pending.discard(i)
                 if out.finish_reason in ("error", "abort"):
-                    yield _error(out.error or "generation failed")
+                    yield generation_error(out.error or "generation failed")
                     yield DONE
                     return
                 completion_tokens += out.num_output_tokens
