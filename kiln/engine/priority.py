@@ -1,9 +1,10 @@
 """The priority policy of the scheduler (vLLM's ``priority``): lower values run first.
 
-Two decisions live here so the scheduler reads as batching alone: where a request joins the
-waiting queue, and which running request gives up its blocks when another must grow. With every
-request at one level (the default, 0) both reduce to the plain FIFO / newest-first behaviour.
-Pure Python, like the scheduler.
+The decisions live here so the scheduler reads as batching alone: where a request joins the
+waiting queue, which running request gives up its blocks when another must grow, and which one
+a waiting request of higher priority preempts when it cannot be admitted (vLLM's priority
+policy). With every request at one level (the default, 0) they reduce to plain FIFO /
+newest-first, and a waiting request never preempts. Pure Python, like the scheduler.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Collection, Sequence
 
+from kiln.engine.outputs import ScheduledSeq
 from kiln.engine.state import RequestState
 
 
@@ -43,3 +45,24 @@ def pick_victim(running: Sequence[RequestState], exclude: Collection[str],
     if victim is not None and growing.request.priority > victim.request.priority:
         return None
     return victim
+
+
+def admission_victim(running: Sequence[RequestState], waiting: RequestState
+                     ) -> RequestState | None:
+    """The running request to preempt for ``waiting``, which cannot be admitted (the running set
+    is full or KV blocks ran out): of those ranking strictly below it (a higher ``priority``
+    value) the lowest, the latest-arrived within it. None when none ranks below: equal
+    priorities never preempt each other (FIFO within a level)."""
+    p = waiting.request.priority
+    lower = [(st.request.priority, st.request.arrival_time, i)
+             for i, st in enumerate(running) if st.request.priority > p]
+    return running[max(lower)[2]] if lower else None
+
+
+def unschedule(seqs: list[ScheduledSeq], request_id: str) -> int:
+    """Drop ``request_id`` from this step's ``seqs`` (it was just preempted). -> the tokens it
+    had in the step (0 when it had none)."""
+    kept = [s for s in seqs if s.request_id != request_id]
+    freed = sum(s.num_tokens for s in seqs) - sum(s.num_tokens for s in kept)
+    seqs[:] = kept
+    return freed

@@ -4,12 +4,12 @@
 each), then running prefills in chunks, then waiting requests (lower priority first, FIFO
 within a level) with prefix-cache hits skipped, all sharing ``max_num_batched_tokens``. When KV
 blocks run out, the newest running request of the lowest priority is preempted (blocks freed,
-recomputed later). ``update_from_output()`` applies the
-sampled tokens (through the request's thinking-budget controller, which may force the close
-sequence instead), checks EOS / stop token ids / length and returns one RequestOutput per request
-that made progress, without text: detokenization and stop strings are the output stage's
-(kiln.engine.output_processor), which ends a request stopped by a string through
-``finish_stopped``.
+recomputed later); a waiting request that cannot be admitted preempts a running one of strictly
+lower priority (vLLM's priority policy). ``update_from_output()`` applies the sampled tokens
+(through the request's thinking-budget controller, which may force the close sequence instead),
+checks EOS / stop token ids / length and returns one RequestOutput per request that made
+progress, without text: detokenization and stop strings are the output stage's
+(kiln.engine.output_processor), which ends a request stopped by a string via ``finish_stopped``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from kiln.engine.errors import EngineError
 from kiln.engine.lora_mix import AdapterAdmission, LoraMix, check_mix
 from kiln.engine.metrics import PHASE_DECODE, PHASE_PREEMPTED, PHASE_PREFILL
 from kiln.engine.outputs import ModelRunnerOutput, RequestOutput, ScheduledSeq, SchedulerOutput
-from kiln.engine.priority import WaitingQueue, pick_victim
+from kiln.engine.priority import WaitingQueue, admission_victim, pick_victim, unschedule
 from kiln.engine.repetition import REPETITION, repeats
 from kiln.engine.request import Request
 from kiln.engine.state import RequestState, Status
@@ -152,7 +152,7 @@ class Scheduler:
         if not preempted:
             if seqs and not prefills:  # only decodes so far: admissions get the short budget
                 budget, capped = min(budget, self.config.max_prefill_tokens_while_decoding), True
-            self._admit(budget, seqs, now, capped)
+            self._admit(budget, seqs, now, capped, preempted)
         return SchedulerOutput(
             seqs=seqs,
             block_size=self.block_size,
@@ -168,7 +168,8 @@ class Scheduler:
         scale = self.config.prefill_cap_context
         return max(1, self.config.max_prefill_tokens_while_decoding * scale // (scale + computed))
 
-    def _admit(self, budget: int, seqs: list[ScheduledSeq], now: float, capped: bool) -> None:
+    def _admit(self, budget: int, seqs: list[ScheduledSeq], now: float, capped: bool,
+               preempted: list[str]) -> None:
         bs = self.block_size
         inflight: set[int] = set()
         for s in self._running:
@@ -176,8 +177,16 @@ class Scheduler:
         deferred: list[RequestState] = []
         slots = AdapterAdmission((s.request.lora for s in self._running),
                                  self.config.max_lora_slots)
-        while self._waiting and budget > 0 and len(self._running) < self.config.max_num_seqs:
+        while self._waiting and budget > 0:
             st = self._waiting.popleft()
+            if st.request_id in preempted:  # it made room for another this step: not back yet
+                self._waiting.appendleft(st)
+                break
+            if len(self._running) >= self.config.max_num_seqs:
+                if (freed := self._preempt_for(st, seqs, preempted)) is None:
+                    break
+                budget += freed
+                continue
             if not slots.admits(st.request.lora):
                 deferred.append(st)
                 continue
@@ -190,8 +199,10 @@ class Scheduler:
             n = min(st.num_tokens - cached, budget, self._chunk_cap(cached, capped))
             need = _cdiv(cached + n, bs) - len(hits)
             if self.pool.num_free_blocks < need + self.pool.num_unreferenced(hits):
-                self._waiting.appendleft(st)
-                break
+                if (freed := self._preempt_for(st, seqs, preempted)) is None:
+                    break
+                budget += freed
+                continue
             self.pool.touch(hits)
             st.block_ids = hits + self.pool.allocate(need)
             st.num_computed_tokens = cached
@@ -209,6 +220,19 @@ class Scheduler:
             seqs.append(self._scheduled_seq(st, n, is_new=True, now=now))
             budget -= n
         self._waiting.extendleft(reversed(deferred))
+
+    def _preempt_for(self, st: RequestState, seqs: list[ScheduledSeq], preempted: list[str]
+                     ) -> int | None:
+        """Waiting ``st`` cannot be admitted: put it back at the queue's head and preempt the
+        running request that ranks below it (kiln.engine.priority), dropping it from this step's
+        ``seqs``. -> the step tokens given back; None when none ranks below ``st``."""
+        self._waiting.appendleft(st)
+        victim = admission_victim(self._running, st)
+        if victim is None:
+            return None
+        self._preempt(victim)
+        preempted.append(victim.request_id)
+        return unschedule(seqs, victim.request_id)
 
     def _grow(self, st: RequestState, total_tokens: int) -> bool:
         need = _cdiv(total_tokens, self.block_size) - len(st.block_ids)
@@ -302,7 +326,7 @@ class Scheduler:
         elif len(st.output_token_ids) >= st.max_tokens:
             reason = "length"
         if reason is None:
-            return self._output(st, new, None, None)
+            return st.output(new, None, None, self._clock)
         return self._finish(st, reason, stop_reason, new=new)
 
     # -- finishing ---------------------------------------------------------------------------
@@ -342,36 +366,12 @@ class Scheduler:
         st.status = Status.FINISHED
         self._requests.pop(st.request_id, None)
         st.metrics.finalize(self._clock())
-        out = self._output(st, new, reason, stop_reason)
+        out = st.output(new, reason, stop_reason, self._clock)
         out.error = error
         if st.thinking is not None:
             out.thinking_outcome = st.thinking.outcome(len(st.output_token_ids),
                                                        self._clock() * 1000.0)
         return out
-
-    def _output(
-        self,
-        st: RequestState,
-        new: NewTokens,
-        reason: str | None,
-        stop_reason: str | int | None,
-    ) -> RequestOutput:
-        return RequestOutput(
-            request_id=st.request_id,
-            new_token_ids=list(new[0]),
-            new_logprobs=list(new[1]),
-            new_forced=list(new[2]),
-            text_delta="",  # the output stage's
-            finished=reason is not None,
-            finish_reason=reason,
-            stop_reason=stop_reason,
-            num_prompt_tokens=st.num_prompt_tokens,
-            num_output_tokens=len(st.output_token_ids),
-            num_cached_tokens=max(0, st.num_cached_tokens),
-            seed=st.seed,
-            metrics=st.metrics if reason is not None else None,
-            ready_time=st.metrics.token_times[-1] if st.metrics.token_times else self._clock(),
-        )
 
     # -- introspection -------------------------------------------------------------------------
     @property

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from kiln.engine.block_pool import ROOT_HASH, block_hashes, salted_root
 from kiln.engine.lora_mix import mix_root_hash
 from kiln.engine.metrics import RequestMetrics
+from kiln.engine.outputs import RequestOutput
 from kiln.engine.request import Request
 from kiln.text.thinking_budget import ThinkingBudgetController
 
@@ -105,3 +107,25 @@ class RequestState:
     def block_tokens(self, block_index: int) -> list[int]:
         bs = self.block_size
         return self.all_token_ids[block_index * bs:(block_index + 1) * bs]
+
+    def output(self, new: tuple[Sequence[int], Sequence[float], Sequence[bool]],
+               reason: str | None, stop_reason: str | int | None,
+               clock: Callable[[], float]) -> RequestOutput:
+        """This request's output for a step: ``new`` tokens (ids, behaviour logprobs, forced),
+        finished when ``reason`` is set; no text (the output stage's)."""
+        return RequestOutput(
+            request_id=self.request_id,
+            new_token_ids=list(new[0]),
+            new_logprobs=list(new[1]),
+            new_forced=list(new[2]),
+            text_delta="",
+            finished=reason is not None,
+            finish_reason=reason,
+            stop_reason=stop_reason,
+            num_prompt_tokens=self.num_prompt_tokens,
+            num_output_tokens=len(self.output_token_ids),
+            num_cached_tokens=max(0, self.num_cached_tokens),
+            seed=self.seed,
+            metrics=self.metrics if reason is not None else None,
+            ready_time=self.metrics.token_times[-1] if self.metrics.token_times else clock(),
+        )

@@ -194,11 +194,12 @@ class FakeBackend:
 
     @staticmethod
     def _tops(request: Request, ids: list[int]) -> list[TokenLogprobs | None]:
-        """As the mock scorer: logprob(token) = -token_id / 100; the top ids are 3, 4, ..."""
+        """As the mock scorer: logprob(token) = -token_id / 100; the top ids are 3, 4, ..., or
+        the request's logprob_token_ids in their order (as the engine's sampler)."""
         k = request.sampling.logprobs
         if k is None:
             return []
-        top = tuple(range(3, 3 + k))
+        top = request.sampling.logprob_token_ids or tuple(range(3, 3 + k))
         return [TokenLogprobs(-t / 100, top, tuple(-i / 100 for i in top)) for t in ids]
 
     async def score(

@@ -3,8 +3,10 @@ would run, exactly what its generating route submits, and nothing generated."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
+import msgspec
 import pytest
 from starlette.testclient import TestClient
 
@@ -12,9 +14,16 @@ from kiln.api.app import build_app
 from kiln.api.contract import contract
 from kiln.api.handlers.render import sampling
 from kiln.config import ServerConfig
+from kiln.engine.request import Request, SamplingParams
 from tests.api.fake_backend import FakeBackend
 
 MSG = [{"role": "user", "content": "hi"}]
+
+
+def ran_with(request: Request) -> Any:
+    """What render should show for an engine request, as JSON reads it back."""
+    shown = sampling(request.sampling, request.priority, request.cache_salt)
+    return msgspec.json.decode(msgspec.json.encode(shown))
 
 
 def render(client: TestClient, route: str, body: dict[str, Any], schema: str) -> Any:
@@ -40,7 +49,7 @@ def test_chat_render_is_what_chat_runs(client: TestClient, backend: FakeBackend,
     (ran,) = backend.submitted
     assert out["token_ids"] == ran.prompt_token_ids
     assert backend.tokenizer.encode(out["prompt"]) == ran.prompt_token_ids
-    assert out["sampling_params"] == sampling(ran.sampling)
+    assert out["sampling_params"] == ran_with(ran)
     assert out["model"] == "fake-model"
 
 
@@ -60,7 +69,50 @@ def test_completion_render_is_what_completions_run(client: TestClient, backend: 
     for i, entry in enumerate(out):
         ran = backend.submitted[i * n]
         assert entry["token_ids"] == ran.prompt_token_ids
-        assert entry["sampling_params"] == sampling(ran.sampling)
+        assert entry["sampling_params"] == ran_with(ran)
+
+
+NEWEST: dict[str, Any] = {
+    "max_tokens": 16, "temperature": 0.5, "top_k": -1, "seed": 4, "logprobs": True,
+    "logprob_token_ids": [9, 7], "repetition_detection": {"max_pattern_size": 3, "min_count": 2},
+    "bad_words": ["q"], "logit_bias": {"12": 250, "5": -1}, "min_tokens": 2,
+    "stop_token_ids": [11], "ignore_eos": True, "skip_special_tokens": False,
+}
+
+
+@pytest.mark.parametrize(("route", "body"), [
+    ("/v1/chat/completions", {"messages": MSG, **NEWEST, "thinking_budget_tokens": 3,
+                              "chat_template_kwargs": {"enable_thinking": True},
+                              "priority": 4, "cache_salt": "room"}),
+    ("/v1/completions", {"prompt": "Why?<think>", **NEWEST, "logprobs": 1,
+                         "thinking_token_budget": 3, "priority": -2, "cache_salt": "tenant",
+                         "allowed_token_ids": [7, 9, 11, 12, 13, 14, 15]}),
+])
+def test_render_shows_every_sampling_field(client: TestClient, backend: FakeBackend,
+                                           route: str, body: dict[str, Any]) -> None:
+    """Every field of the engine's SamplingParams (one mapping, so none can be left out), the
+    newest included, with the values the generating route hands the engine."""
+    schema = "RenderedPrompt" if route.startswith("/v1/chat") else "CompletionRenderResponse"
+    out = render(client, route, body, schema)
+    shown = out if isinstance(out, dict) else out[0]
+    params = shown["sampling_params"]
+    assert set(params) == {f.name for f in dataclasses.fields(SamplingParams)} | {
+        "priority", "cache_salt"}
+    assert client.post(route, json=body).status_code == 200
+    (ran,) = backend.submitted
+    assert params == ran_with(ran)
+    assert params["logprob_token_ids"] == [9, 7]
+    assert params["repetition_detection"] == {"max_pattern_size": 3, "min_count": 2,
+                                              "min_pattern_size": 1}
+    assert params["logit_bias"] == [[5, -1.0], [12, 100.0]]  # sorted, clamped to +/-100
+    assert params["bad_words_ids"] == [[ord("q") + 3]]
+    assert params["thinking"]["max_tokens"] == 3
+    assert (params["min_tokens"], params["stop_token_ids"], params["top_k"]) == (2, [11], 0)
+    assert params["skip_special_tokens"] is False
+    chat = route.startswith("/v1/chat")
+    assert (params["priority"], params["cache_salt"]) == ((4, "room") if chat else (-2, "tenant"))
+    assert (ran.priority, ran.cache_salt) == (params["priority"], params["cache_salt"])
+    assert params["allowed_token_ids"] == (None if chat else [7, 9, 11, 12, 13, 14, 15])
 
 
 def test_completion_render_of_a_scoring_request(client: TestClient) -> None:

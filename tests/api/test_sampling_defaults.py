@@ -111,3 +111,51 @@ def test_the_flag_and_the_environment_set_it() -> None:
     env = from_env({"KILN_DEFAULT_SAMPLING_PRESET": "qwen3-thinking-coding"})
     assert env.default_sampling_preset == "qwen3-thinking-coding"
     assert ServerConfig().default_sampling_preset is None
+
+
+CHAT_ROUTES = ("/v1/chat/completions", "/v1/completions/batch")
+
+
+@pytest.mark.parametrize("route", CHAT_ROUTES)
+def test_max_new_tokens_is_the_default_max_tokens(
+    client: TestClient, backend: FakeBackend, route: str
+) -> None:
+    """vLLM's `--generation-config auto`: the model's max_new_tokens where the request sets no
+    max_tokens (nor max_completion_tokens); the request's own value wins, above it too."""
+    assert sampled(client, backend, route).max_tokens == 2048  # no generation config
+    backend.generation_config = dict(QWEN_GEN)  # max_new_tokens 99
+    assert sampled(client, backend, route).max_tokens == 99
+    assert sampled(client, backend, route, max_tokens=None).max_tokens == 99
+    assert sampled(client, backend, route, max_tokens=500).max_tokens == 500
+    assert sampled(client, backend, route, max_completion_tokens=7).max_tokens == 7
+
+
+def test_max_new_tokens_on_completions_bounds_vllms_defaults(
+    client: TestClient, backend: FakeBackend
+) -> None:
+    """Completions keep vLLM's 16 for a missing max_tokens (the model's max_new_tokens only when
+    it is smaller), and null (the rest of the context) becomes max_new_tokens."""
+    route = "/v1/completions"
+    room = backend.max_model_len - 3  # the double's "hi": BOS + 2 tokens
+    assert sampled(client, backend, route, max_tokens=None).max_tokens == room
+    backend.generation_config = {"max_new_tokens": 99}
+    body = {"prompt": "hi"}
+    assert client.post(route, json=body).status_code == 200
+    assert backend.submitted[-1].sampling.max_tokens == 16
+    assert sampled(client, backend, route, max_tokens=None).max_tokens == 99
+    assert sampled(client, backend, route, max_tokens=300).max_tokens == 300
+    backend.generation_config = {"max_new_tokens": 5}
+    assert client.post(route, json=body).status_code == 200
+    assert backend.submitted[-1].sampling.max_tokens == 5
+
+
+@pytest.mark.parametrize("config", [{"max_new_tokens": 0}, {"max_new_tokens": -3},
+                                    {"max_new_tokens": True}, {"max_new_tokens": "50"},
+                                    {"max_new_tokens": 12.5}, {"max_length": 20}])
+def test_max_length_and_unusable_max_new_tokens_are_not_defaults(
+    client: TestClient, backend: FakeBackend, config: dict[str, Any]
+) -> None:
+    """max_length counts the prompt too (transformers) and vLLM does not read it; a
+    max_new_tokens that is no positive integer is ignored, as the sampling fields are."""
+    backend.generation_config = config
+    assert sampled(client, backend, "/v1/chat/completions").max_tokens == 2048

@@ -79,6 +79,12 @@ ADDED_FIELDS = {
     *(("ChatCompletionRequest", f) for f in ("add_generation_prompt", "echo", "return_token_ids")),
     ("ChatCompletionResponse", "prompt_token_ids"),
     ("Choice", "token_ids"),
+    # issue 25, third part: the per-token extras, priority and cache salt on chat and batch;
+    # vLLM's stop_reason on chat choices and batch items
+    *((d, f) for d in ("ChatCompletionRequest", "BatchCompletionRequest")
+      for f in ("logprob_token_ids", "repetition_detection", "session_id", "priority",
+                "cache_salt")),
+    *((d, "stop_reason") for d in ("Choice", "ChunkChoice", "BatchCompletionItem")),
 }
 # Definitions that vLLM's completions request (seed vllm-completion-request.schema.json) has
 # replaced: tests/contract/test_vllm_seed_coverage.py checks them against that seed. Here they

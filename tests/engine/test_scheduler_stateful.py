@@ -3,8 +3,9 @@
 Invariants after every step: free + used = total blocks; no block is owned by two running requests
 unless it is a shared prefix-cache block whose ref count equals its owners; ref counts are never
 negative; every request is in exactly one of waiting/running/finished. At the end every request
-finishes (or was aborted), and every block is free again; preempted requests resume and finish
-with the same tokens a solo run produces.
+finishes (or was aborted), and every block is free again; preempted requests (out of blocks, or
+for a waiting request of higher priority) resume and finish with the same tokens a solo run
+produces.
 """
 
 from __future__ import annotations
@@ -50,14 +51,17 @@ class SchedulerMachine(RuleBasedStateMachine):
                 self.finished.add(o.request_id)
 
     @rule(prompt=st.lists(st.integers(0, 4), min_size=1, max_size=20),
-          shared=st.booleans(), max_tokens=st.integers(0, 12), seed=st.integers(0, 5))
-    def add(self, prompt: list[int], shared: bool, max_tokens: int, seed: int) -> None:
+          shared=st.booleans(), max_tokens=st.integers(0, 12), seed=st.integers(0, 5),
+          priority=st.integers(0, 2))
+    def add(self, prompt: list[int], shared: bool, max_tokens: int, seed: int,
+            priority: int) -> None:
         if shared:  # a common prefix, so the prefix cache and sharing get exercised
             prompt = [1, 2, 3, 4, 1, 2, 3, 4, *prompt]
         rid = f"r{self.count}"
         self.count += 1
         req = Request(rid, prompt, SamplingParams(max_tokens=max_tokens, seed=seed,
                                                   ignore_eos=True))
+        req.priority = priority  # higher ones preempt lower running ones (kiln.engine.priority)
         self.requests[rid] = req
         first = self.sched.add_request(req)
         if first is not None:

@@ -35,7 +35,9 @@ async def create(request: Request) -> Response:
     shape, rid = batch.shape, request_id(request)
     work = [(f"{rid}-{p}-{c}", prompt.ids, params, run.lora)
             for p, (prompt, run) in enumerate(batch.items) for c, params in enumerate(run.params)]
-    jobs = submit_all(state, work, code="batch_too_large")
+    run0 = batch.items[0][1]  # cache_salt and priority are the request's, the same on every item
+    jobs = submit_all(state, work, code="batch_too_large", cache_salt=run0.cache_salt,
+                      priority=run0.priority)
     results = await until_disconnect(request, collect_all(jobs))
     n = batch.items[0][1].n
     items = []
@@ -79,6 +81,8 @@ def _item(state: AppState, shape: Shape, p: int, c: int, done: Completion, promp
                                     finish_reason=finish_reason(done.finish_reason), usage=usage)
     if reasoning is not None:
         item.reasoning_content = reasoning
+    if done.stop_reason is not None:  # vLLM's: a stop string or token id, repetition_detected
+        item.stop_reason = done.stop_reason
     if shape.tools is not None:
         stop_text = "" if kept else closing_stop(done.finish_reason, done.stop_reason)
         parsed = parse_closed(item.text, shape.tools, stop_text)

@@ -45,12 +45,13 @@ async def create(request: Request) -> Response:
     completion_id = f"chatcmpl-{uuid.uuid4()}"
     rid = request_id(request)
     if prepared.shape.stream:
-        outputs = submit(state, f"{rid}-0", prompt.ids, run.params[0], run.lora, arrived)
+        outputs = submit(state, f"{rid}-0", prompt.ids, run.params[0], run.lora, arrived,
+                         cache_salt=run.cache_salt, priority=run.priority)
         frames = chat_stream.frames(state, prepared, completion_id, outputs, started)
         return EventStream(frames, on_close=outputs.aclose)
     streams = submit_all(
         state, [(f"{rid}-{i}", prompt.ids, p, run.lora) for i, p in enumerate(run.params)],
-        arrived, code=ERROR_CODE,
+        arrived, code=ERROR_CODE, cache_salt=run.cache_salt, priority=run.priority,
     )
     completions = await until_disconnect(request, collect_all(streams))
     body_out = response_body(state, prepared, completion_id, completions, started)
@@ -145,6 +146,8 @@ def response_body(
             message.tool_calls = [call.wire() for call in calls]
             finish = "length" if finish == "length" else "tool_calls"  # a cut call is told
         choice = wire.Choice(index=index, message=message, finish_reason=finish)
+        if c.stop_reason is not None:  # vLLM's: a stop string or token id, repetition_detected
+            choice.stop_reason = c.stop_reason
         if shape.return_token_ids:
             choice.token_ids = c.token_ids
         if shape.logprobs is not None:

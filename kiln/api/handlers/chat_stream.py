@@ -45,6 +45,7 @@ class _Chunks:
                                         created=self.created, model=self.model, choices=choices)
 
     def choice(self, delta: wire.Delta, finish: Finish | None = None,
+               stop_reason: str | int | None = None,
                metadata: wire.StreamingTerminalMetadata | None = None) -> bytes:
         choice = wire.ChunkChoice(index=0, delta=delta)
         if self.pending:
@@ -52,6 +53,8 @@ class _Chunks:
             self.pending = []
         if finish is not None:
             choice.finish_reason = finish
+        if stop_reason is not None:  # vLLM's, on the finishing chunk
+            choice.stop_reason = stop_reason
         chunk = self.chunk([choice])
         if metadata is not None:
             chunk.metadata = metadata
@@ -225,7 +228,7 @@ async def frames(
     finish = finish_reason(final.finish_reason)
     if tools.calls and finish != "length":  # max_tokens may have cut a further call short
         finish = "tool_calls"
-    yield chunks.choice(wire.Delta(), finish, metadata=metadata)
+    yield chunks.choice(wire.Delta(), finish, final.stop_reason, metadata=metadata)
     if prepared.shape.include_usage:
         yield chunks.usage(prompt_tokens, final.num_output_tokens)
     yield DONE

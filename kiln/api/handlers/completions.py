@@ -28,6 +28,7 @@ from kiln.api.handlers.prepare import resolve_model
 from kiln.api.sse import EventStream
 from kiln.api.state import AppState, app_state, request_id
 from kiln.engine.errors import EngineError
+from kiln.engine.request import GrammarSpec
 from kiln.provenance import adapter_identity, compact_json
 
 ERROR_CODE = "completion_invalid_request"
@@ -60,14 +61,9 @@ async def create(request: Request) -> Response:
         if model_adapter else BASE
     )
     given = state.contract.decode(body)  # an object: parse accepted it
-    grammar = await constraint(
-        backend.tokenizer, code=ERROR_CODE, response_format=opt(req.response_format),
-        structured_outputs=opt(req.structured_outputs), ignore_eos=bool(opt(req.ignore_eos)),
-        deadline_s=state.config.grammar_compile_timeout_s)
-    if is_scoring(req, given):
-        if grammar is not None:
-            raise unsupported.unsupported(grammar.param, "prompt scoring generates no text "
-                                                         "to constrain")
+    scoring = is_scoring(req, given)
+    grammar = await output_constraint(state, req, scoring)
+    if scoring:
         return await _score(request, state, req, selection, model_adapter)
     prep = completions_gen.prepare(state, req, selection, model_adapter or backend.model_id,
                                    max_tokens_given="max_tokens" in given, grammar=grammar)
@@ -84,6 +80,19 @@ async def create(request: Request) -> Response:
         return EventStream(completions_stream.frames(state, prep, streams, started),
                            on_close=close)
     return await completions_gen.respond(request, state, prep, rid, arrived, fingerprint)
+
+
+async def output_constraint(state: AppState, req: Any, scoring: bool) -> GrammarSpec | None:
+    """The request's structured-output constraint (None: none), compiled under the server's
+    deadline; beside prompt scoring a 400."""
+    grammar = await constraint(
+        state.backend.tokenizer, code=ERROR_CODE, response_format=opt(req.response_format),
+        structured_outputs=opt(req.structured_outputs), ignore_eos=bool(opt(req.ignore_eos)),
+        deadline_s=state.config.grammar_compile_timeout_s)
+    if grammar is not None and scoring:
+        raise unsupported.unsupported(grammar.param, "prompt scoring generates no text to "
+                                                     "constrain")
+    return grammar
 
 
 async def _score(request: Request, state: AppState, req: Any, selection: Selection,

@@ -26,9 +26,9 @@ from kiln.api.errors import ApiError
 from kiln.api.handlers.adapters import Selection
 from kiln.api.handlers.extras import (
     check_logprobs,
+    generation_extras,
     included_stop,
     logits_extras,
-    repetition_detection,
     text_extras,
 )
 from kiln.api.handlers.generation import Completion, collect_all, submit_all, until_disconnect
@@ -39,6 +39,7 @@ from kiln.api.handlers.params import (
     opt,
     sampling_params,
     state_default,
+    state_max_tokens,
 )
 from kiln.api.handlers.prepare import Prompt, Run, Shape, apply_budget, over_context
 from kiln.api.state import AppState
@@ -52,7 +53,6 @@ ERROR_CODE = "completion_invalid_request"
 DEFAULT_MAX_TOKENS = 16  # vLLM's completions default
 MAX_CHOICES = 64
 MAX_ECHO_CANDIDATES = 65_536  # as scoring: echoed positions * (logprobs + 1)
-MAX_NAMED_LOGPROBS = 256  # logprob_token_ids per request (scoring's top-K bound)
 
 
 def bad(message: str, param: str | None = None) -> ApiError:
@@ -104,14 +104,13 @@ def truncate(ids: list[int], keep: int | None, side: str | None) -> list[int]:
     return ids[:keep] if side == "right" else ids[len(ids) - keep:]
 
 
-def _truncation(req: Any, limit: int, max_tokens_given: bool) -> int | None:
+def _truncation(req: Any, limit: int, wanted: int | None) -> int | None:
     """truncate_prompt_tokens -> tokens to keep (None: no truncation); -1 keeps what leaves room
-    for max_tokens in the context window (max_model_len - max_tokens)."""
+    for max_tokens (``wanted``) in the context window (max_model_len - max_tokens)."""
     t = opt(req.truncate_prompt_tokens)
     if t is None:
         return None
     if t == -1:
-        wanted = opt(req.max_tokens) if max_tokens_given else DEFAULT_MAX_TOKENS
         t = limit - int(wanted or 0)
     if t < 1:
         raise bad(f"truncate_prompt_tokens leaves {t} prompt tokens; at least 1 is needed",
@@ -152,20 +151,27 @@ def _tokenize(state: AppState, req: Any, keep: int | None = None
     return prompts, texts
 
 
-def _max_tokens(req: Any, given: bool, prompt_len: int, limit: int) -> int:
-    """vLLM: 16 when missing, the rest of the context window when null; clamped to it."""
-    wanted = req.max_tokens
+def wanted_max_tokens(req: Any, given: bool, model_default: int | None) -> int | None:
+    """The max_tokens asked for (None: the rest of the context window). vLLM: 16 when missing,
+    the rest of the window when null, and the model's generation_config max_new_tokens
+    (``model_default``) bounds both defaults."""
+    if not given or req.max_tokens is UNSET:
+        return DEFAULT_MAX_TOKENS if model_default is None else min(DEFAULT_MAX_TOKENS,
+                                                                    model_default)
+    return model_default if req.max_tokens is None else int(req.max_tokens)
+
+
+def _max_tokens(wanted: int | None, prompt_len: int, limit: int) -> int:
     room = limit - prompt_len
-    if not given or wanted is UNSET:
-        return min(DEFAULT_MAX_TOKENS, room)
-    return room if wanted is None else max(0, min(int(wanted), room))
+    return room if wanted is None else max(0, min(wanted, room))
 
 
 def prepare(state: AppState, req: Any, selection: Selection, model: str, *,
             max_tokens_given: bool, grammar: GrammarSpec | None = None) -> Prepared:
     """``grammar``: the structured-output constraint every choice runs under."""
     limit = state.backend.max_model_len
-    prompts, texts = _tokenize(state, req, _truncation(req, limit, max_tokens_given))
+    wanted = wanted_max_tokens(req, max_tokens_given, state_max_tokens(state))
+    prompts, texts = _tokenize(state, req, _truncation(req, limit, wanted))
     keep = int(opt(req.n) or 1)
     n = int(opt(getattr(req, "best_of", None)) or keep)
     if n < keep:
@@ -177,7 +183,6 @@ def prepare(state: AppState, req: Any, selection: Selection, model: str, *,
         raise bad(f"{len(prompts)} prompts x {param}={n} is more than {MAX_CHOICES} choices", param)
     logprobs = opt(req.logprobs)
     check_logprobs(logprobs, state.config.max_logprobs, "logprobs", ERROR_CODE)
-    named = logprob_token_ids(req, logprobs, state.backend.tokenizer.vocab_size)
     prompt_logprobs = opt(req.prompt_logprobs)
     check_logprobs(prompt_logprobs, state.config.max_logprobs, "prompt_logprobs", ERROR_CODE)
     echo = bool(opt(req.echo))
@@ -188,16 +193,16 @@ def prepare(state: AppState, req: Any, selection: Selection, model: str, *,
                       "logprobs")
     stop = normalize_stop(opt(req.stop))
     stop_ids = tuple(int(t) for t in (opt(req.stop_token_ids) or ()))
-    wanted = opt(req.max_tokens) if max_tokens_given else DEFAULT_MAX_TOKENS
     extras = logits_extras(req, state.backend.tokenizer, code=ERROR_CODE, stop=stop,
                            stop_token_ids=stop_ids, max_tokens=wanted) | text_extras(req)
-    extras["repetition_detection"] = repetition_detection(req, ERROR_CODE)
+    extras |= generation_extras(req, None if logprobs is None else int(logprobs),
+                                state.backend.tokenizer.vocab_size, ERROR_CODE)
     default = state_default(state)
     budget = thinking_budget(req)
     params: list[SamplingParams] = []
     records: list[Prompt] = []
     for p, ids in enumerate(prompts):
-        max_tokens = _max_tokens(req, max_tokens_given, len(ids), limit)
+        max_tokens = _max_tokens(wanted, len(ids), limit)
         in_reasoning = prompt_starts_in_reasoning(texts[p])
         spec = apply_budget(state, budget, in_reasoning, max_tokens,
                             stop, ERROR_CODE) if budget.configured else None
@@ -206,8 +211,7 @@ def prepare(state: AppState, req: Any, selection: Selection, model: str, *,
                                    seed=choice_seed(req.seed, p * n + c), base=default)
             params.append(dataclasses.replace(
                 base, logprobs=None if logprobs is None else int(logprobs),
-                logprob_token_ids=named, stop_token_ids=stop_ids, thinking=spec, grammar=grammar,
-                **extras))
+                stop_token_ids=stop_ids, thinking=spec, grammar=grammar, **extras))
         records.append(Prompt(texts[p], ids, in_reasoning))
     options = opt(req.stream_options)
     rid = opt(req.request_id)
@@ -225,25 +229,6 @@ def prepare(state: AppState, req: Any, selection: Selection, model: str, *,
         n=n, keep=keep, as_ids=bool(opt(req.return_tokens_as_token_ids)),
         stream_interval=int(opt(req.stream_interval) or 1),
         prompt_logprobs=None if prompt_logprobs is None else int(prompt_logprobs))
-
-
-def logprob_token_ids(req: Any, logprobs: Any, vocab: int) -> tuple[int, ...] | None:
-    """vLLM's logprob_token_ids: at each generated position these ids' logprobs (in the order
-    given, duplicates once) take the place of the top ``logprobs``; it needs ``logprobs``."""
-    given = opt(getattr(req, "logprob_token_ids", None))
-    if given is None:
-        return None
-    if logprobs is None:
-        raise bad("logprob_token_ids requires logprobs to be set", "logprob_token_ids")
-    ids = tuple(dict.fromkeys(int(t) for t in given))
-    if not ids or len(ids) > MAX_NAMED_LOGPROBS:
-        raise bad(f"logprob_token_ids must name 1 to {MAX_NAMED_LOGPROBS} tokens",
-                  "logprob_token_ids")
-    outside = [t for t in ids if t >= vocab]
-    if outside:
-        raise bad(f"logprob_token_ids names token id {outside[0]}, outside the vocabulary "
-                  f"(size {vocab})", "logprob_token_ids")
-    return ids
 
 
 def thinking_budget(req: Any) -> BudgetConfig:

@@ -1,8 +1,9 @@
 """vLLM's logits extras on completions and chat -> SamplingParams fields, checked against the
 served vocabulary: ``logit_bias`` (decimal token-ID keys, values clamped to ±100),
 ``allowed_token_ids``, and ``min_tokens`` (EOS and the stop token IDs cannot be sampled before
-it; with stop strings a 400, since those are still matched from the first token), and
-``bad_words`` (token-id sequences whose last id cannot complete them)."""
+it; with stop strings a 400, since those are still matched from the first token),
+``bad_words`` (token-id sequences whose last id cannot complete them), and the per-token extras
+every generating route shares (``generation_extras``: logprob_token_ids, repetition_detection)."""
 
 from __future__ import annotations
 
@@ -113,6 +114,38 @@ def repetition_detection(req: Any, code: str) -> RepetitionDetection | None:
                        param="repetition_detection") from None
 
 
+MAX_NAMED_LOGPROBS = 256  # logprob_token_ids per request (scoring's top-K bound)
+
+
+def logprob_token_ids(req: Any, logprobs: int | None, vocab: int, code: str
+                      ) -> tuple[int, ...] | None:
+    """vLLM's logprob_token_ids: at each generated position these ids' logprobs (in the order
+    given, duplicates once) take the place of the top ``logprobs``; it needs logprobs (chat and
+    batch: ``logprobs: true``)."""
+    given = opt(getattr(req, "logprob_token_ids", None))
+    if given is None:
+        return None
+    param = "logprob_token_ids"
+    if logprobs is None:
+        raise ApiError(400, code, "logprob_token_ids requires logprobs (chat and batch: "
+                                  "logprobs: true)", param=param)
+    ids = tuple(dict.fromkeys(int(t) for t in given))
+    if not ids or len(ids) > MAX_NAMED_LOGPROBS:
+        raise ApiError(400, code, f"logprob_token_ids must name 1 to {MAX_NAMED_LOGPROBS} tokens",
+                       param=param)
+    _ids_in_vocab(list(ids), vocab, param, code)
+    return ids
+
+
+def generation_extras(req: Any, logprobs: int | None, vocab: int, code: str) -> dict[str, Any]:
+    """vLLM's per-token extras as SamplingParams fields, one mapping for completions, chat and
+    batch: ``logprob_token_ids`` (``logprobs``: the alternatives the route resolved) and
+    ``repetition_detection``. (``session_id`` needs none: it is a routing key only,
+    kiln/scale/routing.py, and changes nothing in generation.)"""
+    return {"logprob_token_ids": logprob_token_ids(req, logprobs, vocab, code),
+            "repetition_detection": repetition_detection(req, code)}
+
+
 def text_extras(req: Any) -> dict[str, Any]:
     """skip_special_tokens and spaces_between_special_tokens (both true unless set false)."""
     return {name: opt(getattr(req, name, True)) is not False
@@ -134,15 +167,18 @@ def chat_extras(req: Any, tokenizer: Any, stop: tuple[str, ...], max_tokens: int
                 max_logprobs: int) -> dict[str, Any]:
     """Chat's vLLM/OpenAI generation extras as SamplingParams fields (after refusing the ones
     not implemented): logprobs (top_logprobs alternatives; top_logprobs needs logprobs: true),
-    stop_token_ids, logit_bias and min_tokens (include_stop_str_in_output is the handler's:
-    ``included_stop``)."""
+    stop_token_ids, logit_bias, min_tokens and ``generation_extras`` (include_stop_str_in_output
+    is the handler's: ``included_stop``)."""
     check(req, CHAT_FIELDS)
     given = opt(getattr(req, "stop_token_ids", None))
     stop_ids = tuple(int(t) for t in given or ())
+    code = "chat_invalid_request"
+    logprobs = logprobs_wanted(req, max_logprobs, code)
     return {
-        "logprobs": logprobs_wanted(req, max_logprobs, "chat_invalid_request"),
+        "logprobs": logprobs,
         "stop_token_ids": stop_ids,
-        **logits_extras(req, tokenizer, code="chat_invalid_request", stop=stop,
+        **generation_extras(req, logprobs, int(tokenizer.vocab_size), code),
+        **logits_extras(req, tokenizer, code=code, stop=stop,
                         stop_token_ids=stop_ids, max_tokens=max_tokens),
         **text_extras(req),
     }

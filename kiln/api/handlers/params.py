@@ -5,7 +5,8 @@ A request starts from the sampling preset it names (unknown names fall back to
 `--default-sampling-preset` when given, else the model's own generation_config.json (vLLM's
 `--generation-config auto`; fields it lacks, and every GGUF, take vLLM's neutral values).
 Explicit fields override it. `max_tokens` wins over `max_completion_tokens` when both are
-non-null, the default is 2048, and the result is clamped to what is left of the context window.
+non-null, the default is the model's generation_config.json `max_new_tokens`, else 2048, and the
+result is clamped to what is left of the context window.
 """
 
 from __future__ import annotations
@@ -66,6 +67,20 @@ def state_default(state: Any) -> Preset:
     return server_default(state.config.default_sampling_preset, state.backend.generation_config)
 
 
+def model_max_tokens(generation_config: Mapping[str, Any] | None) -> int | None:
+    """generation_config.json's ``max_new_tokens`` (a positive integer), which vLLM's
+    `--generation-config auto` takes as the default max_tokens; None when it has none.
+    ``max_length`` is not read: it counts the prompt too (transformers), and vLLM ignores it."""
+    raw = (generation_config or {}).get("max_new_tokens")
+    return raw if isinstance(raw, int) and not isinstance(raw, bool) and raw > 0 else None
+
+
+def state_max_tokens(state: Any) -> int | None:
+    """``model_max_tokens`` of a running app's model (whatever sampling preset applies: presets
+    set no length)."""
+    return model_max_tokens(state.backend.generation_config)
+
+
 def normalize_stop(stop: Any) -> tuple[str, ...]:
     """Dedupe, sort, and drop any stop string that contains another (docs/behavior.md §15.8)."""
     if stop is None or stop is UNSET:
@@ -88,8 +103,14 @@ def requested_max_tokens(max_tokens: Any, max_completion_tokens: Any) -> int | N
     return None
 
 
-def effective_max_tokens(requested: int | None, prompt_len: int, max_model_len: int) -> int:
-    wanted = DEFAULT_MAX_TOKENS if requested is None else requested
+def effective_max_tokens(requested: int | None, prompt_len: int, max_model_len: int,
+                         model_default: int | None = None) -> int:
+    """Chat's and batch's max_tokens: the request's, else the model's max_new_tokens
+    (``state_max_tokens``), else 2048; clamped to what is left of the context window."""
+    if requested is not None:
+        wanted = requested
+    else:
+        wanted = DEFAULT_MAX_TOKENS if model_default is None else model_default
     return max(0, min(wanted, max_model_len - prompt_len))
 
 

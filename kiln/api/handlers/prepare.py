@@ -18,7 +18,13 @@ from kiln.api.backend import Backend
 from kiln.api.errors import ApiError
 from kiln.api.handlers.adapters import adapter_named_by_model, adapter_names, select
 from kiln.api.handlers.constraints import constraint, plain
-from kiln.api.handlers.extras import bad_words_ids, chat_extras, logprobs_wanted, text_extras
+from kiln.api.handlers.extras import (
+    bad_words_ids,
+    chat_extras,
+    generation_extras,
+    logprobs_wanted,
+    text_extras,
+)
 from kiln.api.handlers.params import (
     U64,
     choice_seed,
@@ -28,6 +34,7 @@ from kiln.api.handlers.params import (
     requested_max_tokens,
     sampling_params,
     state_default,
+    state_max_tokens,
 )
 from kiln.api.handlers.unsupported import unsupported
 from kiln.api.state import AppState
@@ -67,8 +74,8 @@ class Run:
     adapter: str
     budget: BudgetConfig
     budget_applied: bool
-    cache_salt: str | None = None  # vLLM's: requests of different salts share no cached prefix
-    priority: int = 0
+    cache_salt: str | None = None  # vLLM's: different salts never share prefix-cache blocks
+    priority: int = 0  # vLLM's scheduling priority (lower first)
 
     @property
     def n(self) -> int:
@@ -310,7 +317,8 @@ async def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> Prep
     ids = encode_prompt(backend, text, "messages")
     tokenization_s = time.perf_counter() - started
     requested = requested_max_tokens(req.max_tokens, req.max_completion_tokens)
-    max_tokens = effective_max_tokens(requested, len(ids), backend.max_model_len)
+    max_tokens = effective_max_tokens(requested, len(ids), backend.max_model_len,
+                                      state_max_tokens(state))
     stop = normalize_stop(opt(req.stop))
     n = int(opt(req.n) or 1)
     budget = resolve(req.thinking_budget_tokens, req.thinking_budget_ms,
@@ -331,7 +339,8 @@ async def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> Prep
         Prompt(text, ids, in_reasoning,
                _thinking_source(req.chat_template_kwargs, cfg.default_thinking_enabled),
                tokenization_s, messages, kwargs),
-        Run(params, selection.lora, selection.label, budget, spec is not None),
+        Run(params, selection.lora, selection.label, budget, spec is not None,
+            cache_salt=opt(req.cache_salt), priority=int(opt(req.priority) or 0)),
         Shape(
             model=model,
             stream=bool(opt(req.stream)),
@@ -382,16 +391,20 @@ async def prepare_batch(state: AppState, req: wire.BatchCompletionRequest, code:
     logprobs = logprobs_wanted(req, cfg.max_logprobs, code)
     fields = dict(logprobs=logprobs, bad_words_ids=bad_words_ids(opt(req.bad_words),
                                                                  backend.tokenizer),
-                  **text_extras(req))
+                  **text_extras(req),
+                  **generation_extras(req, logprobs, backend.tokenizer.vocab_size, code))
+    model_default = state_max_tokens(state)
     items = []
     for p, prompt in enumerate(prompts):
-        max_tokens = effective_max_tokens(requested, len(prompt.ids), backend.max_model_len)
+        max_tokens = effective_max_tokens(requested, len(prompt.ids), backend.max_model_len,
+                                          model_default)
         spec = apply_budget(state, budget, prompt.in_reasoning, max_tokens, stop, CHAT_CODE)
         seeds = [None if seed is None else (int(seed) + p * n + c) % U64 for c in range(n)]
         params = choice_params(req, state, max_tokens=max_tokens, stop=stop, seeds=seeds,
                                thinking=spec, grammar=grammars[prompt.in_reasoning], **fields)
         items.append((prompt, Run(params, selection.lora, selection.label, budget,
-                                  spec is not None)))
+                                  spec is not None, cache_salt=opt(req.cache_salt),
+                                  priority=int(opt(req.priority) or 0))))
     shape = Shape(
         model=model, fold=cfg.fold_reasoning_into_content, logprobs=logprobs,
         tools=tools if tools_enabled(tools, tool_choice) else None,

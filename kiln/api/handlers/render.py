@@ -5,6 +5,7 @@ generating: the prompt's token ids and text, and the resolved sampling."""
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from typing import Any
 
@@ -18,27 +19,26 @@ from kiln.api.encode import json_response
 from kiln.api.errors import ApiError
 from kiln.api.handlers import completions_gen, unsupported
 from kiln.api.handlers.adapters import BASE, select
-from kiln.api.handlers.completions import ERROR_CODE, is_scoring
+from kiln.api.handlers.completions import ERROR_CODE, is_scoring, output_constraint
 from kiln.api.handlers.params import opt
 from kiln.api.handlers.prepare import prepare_chat, resolve_model
 from kiln.api.state import app_state, request_id
 from kiln.engine.request import SamplingParams
 
 
-def sampling(p: SamplingParams) -> dict[str, Any]:
-    return {
-        "temperature": p.temperature, "top_p": p.top_p, "top_k": p.top_k, "min_p": p.min_p,
-        "presence_penalty": p.presence_penalty, "frequency_penalty": p.frequency_penalty,
-        "repetition_penalty": p.repetition_penalty, "max_tokens": p.max_tokens,
-        "min_tokens": p.min_tokens, "stop": list(p.stop), "stop_token_ids": list(p.stop_token_ids),
-        "ignore_eos": p.ignore_eos, "seed": p.seed, "logprobs": p.logprobs,
-    }
-
-
-def rendered(rid: str, model: str, ids: list[int], text: str, p: SamplingParams
+def sampling(p: SamplingParams, priority: int = 0, cache_salt: str | None = None
              ) -> dict[str, Any]:
+    """Every field of the SamplingParams the engine would get, by one mapping (a field added to
+    SamplingParams shows here; the contract's ``additionalProperties: false`` makes the render
+    tests notice it), and the request's scheduling priority and cache salt, which the engine
+    takes beside them (kiln.engine.request.Request)."""
+    return {**dataclasses.asdict(p), "priority": priority, "cache_salt": cache_salt}
+
+
+def rendered(rid: str, model: str, ids: list[int], text: str, p: SamplingParams,
+             priority: int = 0, cache_salt: str | None = None) -> dict[str, Any]:
     return {"request_id": rid, "model": model, "token_ids": list(ids), "prompt": text,
-            "sampling_params": sampling(p)}
+            "sampling_params": sampling(p, priority, cache_salt)}
 
 
 async def chat(request: Request) -> Response:
@@ -48,8 +48,10 @@ async def chat(request: Request) -> Response:
                                     "chat_invalid_request")
     prepared = await prepare_chat(state, req)
     rid = request_id(request) or f"chatcmpl-{uuid.uuid4()}"
+    run = prepared.run
     return json_response(rendered(rid, prepared.shape.model, prepared.prompt.ids,
-                                  prepared.prompt.text, prepared.run.params[0]))
+                                  prepared.prompt.text, run.params[0], run.priority,
+                                  run.cache_salt))
 
 
 async def completion(request: Request) -> Response:
@@ -65,7 +67,9 @@ async def completion(request: Request) -> Response:
     model = model_adapter or backend.model_id
     rid = request_id(request) or f"cmpl-{uuid.uuid4()}"
     given = state.contract.decode(body)
-    if is_scoring(req, given):  # scoring runs the prompt as given: no generation
+    scoring = is_scoring(req, given)
+    grammar = await output_constraint(state, req, scoring)
+    if scoring:  # scoring runs the prompt as given: no generation
         prompt = req.prompt
         if isinstance(prompt, str):
             ids = backend.tokenizer.encode(prompt, add_special_tokens=bool(req.add_special_tokens))
@@ -77,7 +81,8 @@ async def completion(request: Request) -> Response:
         p = SamplingParams(max_tokens=0)
         return json_response([rendered(rid, model, ids, backend.tokenizer.decode(ids), p)])
     prep = completions_gen.prepare(state, req, selection, model,
-                                   max_tokens_given="max_tokens" in given)
+                                   max_tokens_given="max_tokens" in given, grammar=grammar)
     return json_response([
-        rendered(rid, model, prompt.ids, prompt.text, prep.run.params[i * prep.n])
+        rendered(rid, model, prompt.ids, prompt.text, prep.run.params[i * prep.n],
+                 prep.run.priority, prep.run.cache_salt)
         for i, prompt in enumerate(prep.prompts)])
