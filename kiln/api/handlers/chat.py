@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 import uuid
+from dataclasses import asdict
 from typing import Any
 
 from starlette.requests import Request
@@ -107,9 +110,20 @@ def content_metadata(prepared: PreparedChat, reasoning: str | None, content: str
     return meta
 
 
+def effective_config_hash(prepared: PreparedChat) -> str:
+    """What the engine runs (model, adapter, every choice's SamplingParams), hashed."""
+    run = prepared.run
+    canon = json.dumps(
+        {"model": prepared.shape.model, "adapter": run.adapter,
+         "params": [asdict(p) for p in run.params], "n": run.n},
+        sort_keys=True, default=list,
+    )
+    return "sha256:" + hashlib.sha256(canon.encode()).hexdigest()
+
+
 def config_hashes(state: AppState, prepared: PreparedChat) -> wire.ConfigHashes:
     ident = state.backend.identity()
-    out = wire.ConfigHashes(effective_config_hash=prepared.effective_config_hash())
+    out = wire.ConfigHashes(effective_config_hash=effective_config_hash(prepared))
     for key in ("tokenizer_config_hash", "chat_template_hash", "model_config_hash"):
         if key in ident:
             setattr(out, key, ident[key])

@@ -6,11 +6,9 @@ builds them in `completions_gen.prepare`."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import secrets
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from kiln.api._generated import wire
@@ -114,14 +112,6 @@ class PreparedChat:
     def thinking_mode(self) -> Literal["reasoning", "non_reasoning"]:
         return "reasoning" if self.prompt.in_reasoning else "non_reasoning"
 
-    def effective_config_hash(self) -> str:
-        canon = json.dumps(
-            {"model": self.shape.model, "adapter": self.run.adapter,
-             "params": [asdict(p) for p in self.run.params], "n": self.run.n},
-            sort_keys=True, default=list,
-        )
-        return "sha256:" + hashlib.sha256(canon.encode()).hexdigest()
-
 
 @dataclass(frozen=True)
 class PreparedBatch:
@@ -129,9 +119,6 @@ class PreparedBatch:
 
     items: tuple[tuple[Prompt, Run], ...]
     shape: Shape
-
-
-# -- the model and the adapter -------------------------------------------------------------------
 
 
 def resolve_model(backend: Backend, requested: str | None) -> tuple[str, str | None]:
@@ -148,9 +135,6 @@ def resolve_model(backend: Backend, requested: str | None) -> tuple[str, str | N
         404, "model_not_found", f"model {requested!r} is not served here; available: {shown}",
         param="model",
     )
-
-
-# -- the prompt ----------------------------------------------------------------------------------
 
 
 RESERVED_TEMPLATE_VARS = frozenset({"messages", "tools"})
@@ -250,9 +234,6 @@ def _vllm_chat_fields(req: wire.ChatCompletionRequest) -> tuple[bool, bool, str]
     return gen, cont, echo
 
 
-# -- the engine's parameters ---------------------------------------------------------------------
-
-
 def tools_enabled(tools: Any, tool_choice: Any) -> bool:
     """Tool-call parsing is on iff tools is a non-empty array and tool_choice is not "none"."""
     return bool(tools) and tool_choice != "none"
@@ -294,9 +275,6 @@ def _grammar(state: AppState, req: Any, code: str, tools: Any, tool_choice: Any,
         tool_format=tool_format(getattr(state.backend.chat_template, "source", None)),
         after=tuple(tokenizer.encode(CLOSE_TAG)) if in_reasoning else (),
         deadline_s=state.config.grammar_compile_timeout_s)
-
-
-# -- chat and batch ------------------------------------------------------------------------------
 
 
 async def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> PreparedChat:
