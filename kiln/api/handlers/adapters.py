@@ -1,4 +1,5 @@
-"""Adapter management (`/v1/adapters...`) and per-request adapter selection (docs/behavior.md §6).
+"""Adapter management (`/v1/adapters...`) and per-request model and adapter resolution
+(docs/behavior.md §6).
 
 Chat's and batch's `adapter` is tri-state: missing = the server default, null or "" = base, a
 name = that adapter (scoring on `/v1/completions` runs the base model unless `model` names an
@@ -125,6 +126,29 @@ async def select(
     if adapter is None or adapter == "":
         return BASE
     return await load_mix(backend, [(str(adapter), 1.0)], "adapter")
+
+
+def resolve_model(backend: Backend, requested: str | None) -> tuple[str, str | None]:
+    """docs/decisions.md: missing/null -> the served model; served id or alias -> fine; name of an
+    available adapter -> that adapter; else 404. Returns (model id to report, adapter or None)."""
+    if requested is None or requested == backend.model_id or requested in backend.aliases:
+        return backend.model_id, None
+    adapter = adapter_named_by_model(backend, requested)
+    if adapter is not None:
+        return adapter, adapter
+    names = [backend.model_id, *adapter_names(backend)]
+    shown = ", ".join(names[:9]) + (f" and {len(names) - 9} more" if len(names) > 9 else "")
+    raise ApiError(
+        404, "model_not_found", f"model {requested!r} is not served here; available: {shown}",
+        param="model",
+    )
+
+
+async def resolve_model_adapter(backend: Backend, model: str | None, adapter: Any,
+                                adapters: Any) -> tuple[str, Selection]:
+    """A chat or batch request's model (the id to report) and adapter mix, in one step."""
+    reported, model_adapter = resolve_model(backend, model)
+    return reported, await select(backend, adapter, adapters, model_adapter, tri_state=True)
 
 
 def adapter_names(backend: Backend) -> list[str]:

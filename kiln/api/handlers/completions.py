@@ -20,11 +20,10 @@ from kiln.api.contract import read_json_body
 from kiln.api.encode import json_response
 from kiln.api.errors import ApiError
 from kiln.api.handlers import completions_gen, completions_stream, unsupported
-from kiln.api.handlers.adapters import BASE, Selection, select
+from kiln.api.handlers.adapters import BASE, Selection, resolve_model, select
 from kiln.api.handlers.constraints import constraint
 from kiln.api.handlers.generation import engine_error, until_disconnect
 from kiln.api.handlers.params import opt
-from kiln.api.handlers.prepare import resolve_model
 from kiln.api.sse import EventStream
 from kiln.api.state import AppState, app_state, request_id
 from kiln.engine.errors import EngineError

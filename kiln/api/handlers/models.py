@@ -1,4 +1,4 @@
-"""GET /v1/models and GET /v1/models/{model} (`prepare.resolve_model` reads `model`)."""
+"""GET /v1/models and GET /v1/models/{model} (`adapters.resolve_model` reads `model`)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ from starlette.responses import Response
 
 from kiln.api.backend import Backend
 from kiln.api.encode import json_response
-from kiln.api.handlers.adapters import adapter_names
-from kiln.api.handlers.prepare import resolve_model
+from kiln.api.handlers.adapters import adapter_names, resolve_model
 from kiln.api.state import app_state
 
 

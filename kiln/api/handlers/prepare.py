@@ -1,8 +1,8 @@
 """Prompt preparation, shared by chat, batch and completions: the model and adapter a request
-runs under, the rendered and tokenized prompt checked against the context window, and one engine
-SamplingParams per choice. A request becomes three small frozen records: what the prompt is
-(`Prompt`), what the engine runs (`Run`) and how the response is shaped (`Shape`); completions
-builds them in `completions_gen.prepare`."""
+runs under (`adapters.resolve_model_adapter`), the rendered and tokenized prompt checked against
+the context window, and one engine SamplingParams per choice. A request becomes three small
+frozen records: what the prompt is (`Prompt`), what the engine runs (`Run`) and how the response
+is shaped (`Shape`); completions builds them in `completions_gen.prepare`."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any, Literal
 from kiln.api._generated import wire
 from kiln.api.backend import Backend
 from kiln.api.errors import ApiError
-from kiln.api.handlers.adapters import adapter_named_by_model, adapter_names, select
+from kiln.api.handlers.adapters import resolve_model_adapter
 from kiln.api.handlers.constraints import constraint, plain
 from kiln.api.handlers.extras import (
     bad_words_ids,
@@ -119,22 +119,6 @@ class PreparedBatch:
 
     items: tuple[tuple[Prompt, Run], ...]
     shape: Shape
-
-
-def resolve_model(backend: Backend, requested: str | None) -> tuple[str, str | None]:
-    """docs/decisions.md: missing/null -> the served model; served id or alias -> fine; name of an
-    available adapter -> that adapter; else 404. Returns (model id to report, adapter or None)."""
-    if requested is None or requested == backend.model_id or requested in backend.aliases:
-        return backend.model_id, None
-    adapter = adapter_named_by_model(backend, requested)
-    if adapter is not None:
-        return adapter, adapter
-    names = [backend.model_id, *adapter_names(backend)]
-    shown = ", ".join(names[:9]) + (f" and {len(names) - 9} more" if len(names) > 9 else "")
-    raise ApiError(
-        404, "model_not_found", f"model {requested!r} is not served here; available: {shown}",
-        param="model",
-    )
 
 
 RESERVED_TEMPLATE_VARS = frozenset({"messages", "tools"})
@@ -279,8 +263,8 @@ def _grammar(state: AppState, req: Any, code: str, tools: Any, tool_choice: Any,
 
 async def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> PreparedChat:
     cfg, backend = state.config, state.backend
-    model, model_adapter = resolve_model(backend, opt(req.model))
-    selection = await select(backend, req.adapter, req.adapters, model_adapter, tri_state=True)
+    model, selection = await resolve_model_adapter(backend, opt(req.model), req.adapter,
+                                                   req.adapters)
     started = time.perf_counter()
     kwargs = template_kwargs(state, req.chat_template_kwargs, CHAT_CODE)
     tools = opt(req.tools) or None
@@ -343,8 +327,8 @@ async def prepare_batch(state: AppState, req: wire.BatchCompletionRequest, code:
                         ) -> PreparedBatch:
     """Every prompt rendered as chat renders it; choice (p, c) is seeded seed + p*n + c."""
     cfg, backend = state.config, state.backend
-    model, model_adapter = resolve_model(backend, opt(req.model))
-    selection = await select(backend, req.adapter, req.adapters, model_adapter, tri_state=True)
+    model, selection = await resolve_model_adapter(backend, opt(req.model), req.adapter,
+                                                   req.adapters)
     n = int(opt(req.n) or 1)
     tools = opt(req.tools) or None
     kwargs = template_kwargs(state, req.chat_template_kwargs, code)

@@ -18,10 +18,10 @@ from kiln.api.contract import read_json_body
 from kiln.api.encode import json_response
 from kiln.api.errors import ApiError
 from kiln.api.handlers import completions_gen, unsupported
-from kiln.api.handlers.adapters import BASE, select
+from kiln.api.handlers.adapters import BASE, resolve_model, select
 from kiln.api.handlers.completions import ERROR_CODE, is_scoring, output_constraint
 from kiln.api.handlers.params import opt
-from kiln.api.handlers.prepare import prepare_chat, resolve_model
+from kiln.api.handlers.prepare import prepare_chat
 from kiln.api.state import app_state, request_id
 from kiln.engine.request import SamplingParams
 
