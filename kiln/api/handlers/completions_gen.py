@@ -37,11 +37,16 @@ from kiln.api.handlers.params import (
     choice_seed,
     normalize_stop,
     opt,
-    sampling_params,
-    state_default,
     state_max_tokens,
 )
-from kiln.api.handlers.prepare import Prompt, Run, Shape, apply_budget, over_context
+from kiln.api.handlers.prepare import (
+    Prompt,
+    Run,
+    Shape,
+    apply_budget,
+    choice_params,
+    over_context,
+)
 from kiln.api.state import AppState
 from kiln.engine.request import GrammarSpec, SamplingParams
 from kiln.engine.stream import RequestStream
@@ -197,7 +202,6 @@ def prepare(state: AppState, req: Any, selection: Selection, model: str, *,
                            stop_token_ids=stop_ids, max_tokens=wanted) | text_extras(req)
     extras |= generation_extras(req, None if logprobs is None else int(logprobs),
                                 state.backend.tokenizer.vocab_size, ERROR_CODE)
-    default = state_default(state)
     budget = thinking_budget(req)
     params: list[SamplingParams] = []
     records: list[Prompt] = []
@@ -206,12 +210,11 @@ def prepare(state: AppState, req: Any, selection: Selection, model: str, *,
         in_reasoning = prompt_starts_in_reasoning(texts[p])
         spec = apply_budget(state, budget, in_reasoning, max_tokens,
                             stop, ERROR_CODE) if budget.configured else None
-        for c in range(n):
-            base = sampling_params(req, max_tokens=max_tokens, stop=stop,
-                                   seed=choice_seed(req.seed, p * n + c), base=default)
-            params.append(dataclasses.replace(
-                base, logprobs=None if logprobs is None else int(logprobs),
-                stop_token_ids=stop_ids, thinking=spec, grammar=grammar, **extras))
+        params.extend(choice_params(
+            req, state, max_tokens=max_tokens, stop=stop,
+            seeds=[choice_seed(req.seed, p * n + c) for c in range(n)],
+            logprobs=None if logprobs is None else int(logprobs), stop_token_ids=stop_ids,
+            thinking=spec, grammar=grammar, **extras))
         records.append(Prompt(texts[p], ids, in_reasoning))
     options = opt(req.stream_options)
     rid = opt(req.request_id)
