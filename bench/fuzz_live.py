@@ -7,9 +7,10 @@ and ``--workers 1``, stops the server and writes a summary to ``bench/results/fu
 
 This module is also the schemathesis hooks module (``SCHEMATHESIS_HOOKS=bench.fuzz_live``): the
 hooks keep generation cheap on a CPU (positive bodies get ``max_tokens <= 4``, ``n <= 2``, at most
-4 batch prompts) and skip positive bodies that break a rule JSON Schema cannot state, with the
-filter ``tests/api/test_schemathesis.py`` uses too (``kiln/fuzz_filter.py``); every other bound
-is in the served document, whose ``x-kiln-served-bounds`` the filter reads.
+4 batch prompts) and skip positive bodies that may break a rule of the served document's
+``x-kiln-rules`` (the generic evaluator in ``kiln/fuzz_filter.py``, shared with
+``tests/api/test_schemathesis.py``). No response is filtered: every refusal of a body the
+document calls valid is a failure.
 
     python -m bench.fuzz_live --max-examples 50 --timeout 600
 """
@@ -35,7 +36,7 @@ from typing import Any, TypeGuard
 import schemathesis
 
 from bench.live_server import PYTHON, RESULTS, ROOT, running_server, write_random_adapter
-from kiln.fuzz_filter import semantically_valid
+from kiln.fuzz_filter import accepted, rules_of
 
 # Cost caps applied to positive (schema-valid) generation bodies.
 MAX_TOKENS = 4
@@ -46,26 +47,9 @@ MAX_GENERATION_PROMPTS = 2
 MAX_GENERATION_PROMPT_TOKENS = 64
 # Scoring cost grows faster than linearly with prompt length on a CPU (4096 tokens: ~40 s).
 MAX_SCORING_PROMPT_TOKENS = int(os.environ.get("KILN_FUZZ_MAX_PROMPT_TOKENS", "512"))
-ACCEPTED_LOG_ENV = "KILN_FUZZ_ACCEPTED_LOG"
-# Documented 400s for schema-valid bodies (docs/behavior.md §8, docs/features.md): the contract
-# cannot express "renders under the model's chat template" (a Jinja program over the messages).
-# (An empty completions prompt, which tokenizes to no token, is the contract's minLength now.)
-# (status, error code, message prefix)
-SEMANTIC_REJECTIONS = (
-    (400, "invalid_messages", "Failed to apply chat template"),
-)
 GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions/batch")
 
 # -- schemathesis hooks --------------------------------------------------------------------------
-
-
-def _served_bounds(case: Any) -> dict[str, Any]:
-    """The server's bounds as its served /openapi.json states them (x-kiln-served-bounds)."""
-    raw = getattr(case.operation.schema, "raw_schema", None)
-    bounds = raw.get("x-kiln-served-bounds") if isinstance(raw, dict) else None
-    if not isinstance(bounds, dict):
-        raise RuntimeError("the served OpenAPI document has no x-kiln-served-bounds")
-    return bounds
 
 
 def _is_int(value: object) -> TypeGuard[int]:
@@ -143,57 +127,29 @@ def _body_is_positive(case: Any) -> bool:
     )
 
 
+def capped(case: Any) -> Any:
+    """The body a positive case is sent with (``map_case`` caps its cost)."""
+    if not (_body_is_positive(case) and isinstance(case.body, dict)):
+        return case.body
+    if case.operation.path == "/v1/completions":
+        return cap_scoring_body(case.body)
+    return cap_body(case.operation.path, case.body)
+
+
 @schemathesis.hook
 def filter_case(ctx: Any, case: Any) -> bool:
-    """Skip valid bodies the server rightly refuses for a rule JSON Schema cannot state
-    (kiln/fuzz_filter.py lists each with its reason)."""
+    """Skip a valid body that may break one of the served document's rules for its operation
+    (evaluated on the body as it will be sent, after the cost caps)."""
     if not _body_is_positive(case):
         return True
-    bounds = _served_bounds(case)
-    return semantically_valid(case.operation.path, case.body,
-                              max_logprobs=int(bounds["max_logprobs"]),
-                              max_model_len=int(bounds["max_model_len"]))
+    return accepted(rules_of(case.operation.definition.raw), capped(case))
 
 
 @schemathesis.hook
 def map_case(ctx: Any, case: Any) -> Any:
     """Keep model work cheap for valid generation requests."""
-    if _body_is_positive(case) and isinstance(case.body, dict):
-        if case.operation.path == "/v1/completions":
-            case.body = cap_scoring_body(case.body)
-        else:
-            case.body = cap_body(case.operation.path, case.body)
+    case.body = capped(case)
     return case
-
-
-def semantic_rejection(status: int, payload: object) -> bool:
-    """Whether a response is one of the documented semantic 400s for schema-valid bodies."""
-    if not isinstance(payload, dict) or not isinstance(payload.get("error"), dict):
-        return False
-    code, message = payload["error"].get("code"), str(payload["error"].get("message", ""))
-    return any(status == s and code == c and message.startswith(m)
-               for s, c, m in SEMANTIC_REJECTIONS)
-
-
-@schemathesis.hook
-def filter_failure(ctx: Any, failure: Any, case: Any, response: Any) -> bool:
-    """Drop "schema-valid request rejected" failures that are documented semantic 400s; each one
-    dropped is logged (JSON lines) so the run summary can count and show them."""
-    if type(failure).__name__ != "RejectedPositiveData":
-        return True
-    try:
-        payload = json.loads(response.content)
-    except (ValueError, TypeError):
-        return True
-    if not semantic_rejection(response.status_code, payload):
-        return True
-    log = os.environ.get(ACCEPTED_LOG_ENV)
-    if log:
-        with open(log, "a", encoding="utf-8") as f:
-            body = json.dumps(case.body, default=str)
-            f.write(json.dumps({"operation": f"{case.method} {case.operation.path}",
-                                "error": payload["error"], "body": body[:2000]}) + "\n")
-    return False
 
 
 # -- the run -----------------------------------------------------------------------------------
@@ -209,7 +165,6 @@ class FuzzResult:
     output_tail: str
     server_exit: int | None
     server_log_tail: str
-    accepted: list[dict[str, Any]]
 
 
 def _parse_junit(path: Path) -> tuple[int, list[dict[str, str]]]:
@@ -237,8 +192,6 @@ def run_fuzz(
     report_dir = report_dir or Path(tempfile.mkdtemp(prefix="kiln-fuzz-live-"))
     report_dir.mkdir(parents=True, exist_ok=True)
     junit = report_dir / "junit.xml"
-    accepted_log = report_dir / "accepted_semantic_400s.jsonl"
-    accepted_log.write_text("")
     with contextlib.ExitStack() as stack:
         server_args = ["--request-timeout-s", "120"]
         if adapters:
@@ -258,7 +211,6 @@ def run_fuzz(
             *(["--max-time", str(time_budget_s)] if time_budget_s else []), *extra_st_args,
         ]
         env = dict(os.environ, SCHEMATHESIS_HOOKS="bench.fuzz_live",
-                   **{ACCEPTED_LOG_ENV: str(accepted_log)},
                    PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT),
                                                             os.environ.get("PYTHONPATH")])))
         start = time.monotonic()
@@ -280,7 +232,6 @@ def run_fuzz(
         server_exit = None if alive else server.proc.returncode
     text = out.decode(errors="replace")
     (report_dir / "st_output.txt").write_text(text)
-    accepted = [json.loads(line) for line in accepted_log.read_text().splitlines() if line]
     tests, failures = _parse_junit(junit)
     if not alive:
         failures.append({"operation": "server", "kind": "crash",
@@ -288,7 +239,7 @@ def run_fuzz(
     return FuzzResult(
         returncode=proc.returncode if proc.returncode is not None else -1, timed_out=timed_out,
         wall_s=round(wall, 1), tests=tests, failures=failures, output_tail=text[-12000:],
-        server_exit=server_exit, server_log_tail=server.log_tail(6000), accepted=accepted,
+        server_exit=server_exit, server_log_tail=server.log_tail(6000),
     )
 
 
@@ -319,15 +270,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "adapters": not args.no_adapters, "returncode": result.returncode,
         "timed_out": result.timed_out, "wall_s": result.wall_s, "tests": result.tests,
         "summary": summary_line(result.output_tail), "failures": result.failures,
-        "accepted_semantic_400s": len(result.accepted),
-        "accepted_examples": result.accepted[:10],
         "report_dir": str(report_dir),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=2) + "\n")
     print(f"fuzz_live: {len(result.failures)} failure(s), st exit {result.returncode}, "
-          f"{result.wall_s} s, timed out: {result.timed_out}, {len(result.accepted)} documented "
-          f"semantic 400(s) accepted; wrote {args.out}")
+          f"{result.wall_s} s, timed out: {result.timed_out}; wrote {args.out}")
     ok = result.returncode == 0 and not result.failures and not result.timed_out
     return 0 if ok else 1
 

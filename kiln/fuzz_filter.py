@@ -1,172 +1,212 @@
-"""The residual filter of schemathesis runs: schema-valid request bodies the server rightly
-refuses for a rule that the served OpenAPI document cannot state in JSON Schema.
+"""The fuzz runs' filter: a generic evaluator of the served document's `x-kiln-rules`.
 
 Shared by the in-process run (tests/api/test_schemathesis.py) and the live one
 (bench/fuzz_live.py): tests/ and bench/ must not import each other, so it sits in the package
 both exercise. Nothing that serves requests imports it (tests/test_import_boundaries.py).
 
-Every other bound the server enforces is in the contract (adapter names, top_logprobs needs
-logprobs, tokenize's prompt XOR messages) or in the served document, which carries the loaded
-model's vocabulary and the server's --max-logprobs (kiln/api/served_openapi.py). What is left,
-each with why JSON Schema cannot say it:
+It knows no route and no field: each operation of the served /openapi.json lists the rules its
+handler enforces beyond the JSON Schema (kiln/api/openapi_rules.py writes them, from the
+constants the handlers enforce; docs/openapi-extensions.md defines the kinds), and a body is
+generated only when the evaluator can show that it keeps every one of them. Where the evaluator
+cannot decide a rule exactly it stays on the safe side:
 
-- products and comparisons of two fields: prompts x n <= 64 (batch, completions), best_of >= n,
-  min_tokens <= max_tokens, echo / prompt_logprobs position x alternatives caps;
-- lengths measured in tokens or bytes of text (a completions prompt under the context);
-- fields the server accepts in the schema but refuses with 400 `unsupported_parameter` when set
-  to a non-default value (kiln/api/handlers/unsupported.py): the seed keeps them as fields, the
-  refusal names the field, which a schema `not` would turn into a generic contract error
-  (likewise a `structural_tag` response_format / structured_outputs, and chat's echo /
-  return_token_ids beside stream: true);
-- a regex, grammar or JSON schema to compile (structured_outputs, response_format
-  json_schema): whether it compiles in the server's engine is no JSON Schema property;
-- one output constraint per request (response_format beside structured_outputs), and none
-  beside ignore_eos: composition rules the contract could state but does not yet;
-- logprob_token_ids (needs logprobs; 1..256 distinct IDs in the vocabulary), a
-  repetition_detection rule that must detect something, bad_words beside scoring;
-- rules that depend on other parts of the request (continue_final_message needs a final
-  assistant message, min_tokens with stop strings, the thinking budget's close sequence).
-
-The live run (bench/fuzz_live.py) also drops one documented response, not a body: a 400
-`invalid_messages` "Failed to apply chat template" (the model's Jinja template refused the
-messages; a template is a program no schema can restate).
+- a length in tokens of a text (measure ``text_tokens``) is bounded above by its UTF-8 length plus
+  ``TOKEN_SLACK`` (no tokenizer this server loads makes more than one token per byte, beside the
+  special tokens it adds); a rendered conversation (``rendered_tokens``) by the UTF-8 length of
+  its JSON text plus ``TEMPLATE_SLACK`` (a template's markers and default system prompt): an
+  estimate, not a proof, kept far from the bounds by the runs' small bodies;
+- ``compiles`` (a regex, grammar or JSON Schema the server compiles with llguidance against the
+  model's tokenizer): a body that sets such a field is not generated, since only the server's
+  compiler can say;
+- ``model_dependent`` (what the model's chat template or tokenizer decides): a body its ``when``
+  accepts is not generated; one without ``when`` (the template's verdict on any conversation)
+  cannot be kept out, so it is not evaluated, and a run that meets it reports it.
 """
 
 from __future__ import annotations
 
-from typing import Any, TypeGuard
+import json
+import operator
+from collections.abc import Callable
+from functools import lru_cache
+from typing import Any
 
-from kiln.api.handlers import unsupported
+import jsonschema_rs
 
-BATCH_CAP = 64  # prompts x n, the server's per-request choice cap
+TOKEN_SLACK = 4
+TEMPLATE_SLACK = 512
+_ABSENT = object()
+_OPS: dict[str, Callable[[Any, Any], bool]] = {"<=": operator.le, "<": operator.lt}
+Rule = dict[str, Any]
 
 
-def _number(value: object) -> TypeGuard[int | float]:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+def rules_of(operation: object) -> list[Rule]:
+    """An operation object's `x-kiln-rules` (none when it has none)."""
+    found = operation.get("x-kiln-rules") if isinstance(operation, dict) else None
+    return list(found) if isinstance(found, list) else []
 
 
-def semantically_valid(path: str, body: object, *, max_logprobs: int, max_model_len: int
-                       ) -> bool:
-    """Whether the server accepts a schema-valid ``body`` for ``path`` (see the module doc);
-    ``max_logprobs`` is the server's --max-logprobs and ``max_model_len`` the model's context
-    length, as the served document's ``x-kiln-served-bounds`` states them."""
+def accepted(rules: list[Rule], body: object) -> bool:
+    """Whether ``body`` keeps every rule, as far as the evaluator can show (module doc)."""
+    return refusal(rules, body) is None
+
+
+def refusal(rules: list[Rule], body: object) -> Rule | None:
+    """The first rule ``body`` may break, else None."""
     if not isinstance(body, dict):
+        return None
+    for rule in rules:
+        when = rule.get("when")
+        if when is not None and not matches(when, body):
+            continue
+        check = _KINDS.get(rule["kind"])
+        if check is None:
+            raise ValueError(f"unknown x-kiln-rules kind {rule['kind']!r}")
+        if not check(rule, body):
+            return rule
+    return None
+
+
+@lru_cache(maxsize=512)
+def _validator(schema_text: str) -> Any:
+    return jsonschema_rs.Draft202012Validator(json.loads(schema_text))
+
+
+def matches(schema: object, instance: object) -> bool:
+    """JSON Schema 2020-12 validation (JSON equality: true is not 1)."""
+    return bool(_validator(json.dumps(schema, sort_keys=True)).is_valid(instance))
+
+
+def resolve(body: object, path: str) -> list[Any]:
+    """The values at a dotted ``path`` (``[*]`` after a name: each item of that array); empty
+    when any step is missing."""
+    found = [body]
+    for step in path.split("."):
+        each = step.endswith("[*]")
+        name = step[:-3] if each else step
+        nxt: list[Any] = []
+        for holder in found:
+            if not isinstance(holder, dict) or name not in holder:
+                continue
+            v = holder[name]
+            if each:
+                nxt.extend(v if isinstance(v, list) else [])
+            else:
+                nxt.append(v)
+        found = nxt
+    return found
+
+
+def _number(v: object) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _tokens(v: object) -> tuple[float, bool] | None:
+    """(upper bound, exact) of a prompt's tokens: a text, token IDs, or a list of either."""
+    if isinstance(v, str):
+        return len(v.encode()) + TOKEN_SLACK, False
+    if isinstance(v, list) and all(_number(x) for x in v):
+        return len(v), True
+    if isinstance(v, list):
+        parts = [_tokens(x) for x in v]
+        if not parts or any(p is None for p in parts):
+            return None
+        return max(p[0] for p in parts if p), all(p[1] for p in parts if p)
+    return None
+
+
+def _measure(kind: str, v: object) -> tuple[float, bool] | None:
+    if kind == "value":
+        return (v, True) if isinstance(v, int | float) and _number(v) else None  # ints exact
+    if kind == "length":
+        return (1, True) if isinstance(v, str) else (len(v), True) if isinstance(v, list) else None
+    if kind == "prompt_count":
+        if isinstance(v, str) or (isinstance(v, list) and all(_number(x) for x in v)):
+            return 1, True
+        return (len(v), True) if isinstance(v, list) else None
+    if kind == "utf8_bytes":
+        texts = [v] if isinstance(v, str) else v if isinstance(v, list) else None
+        if texts is None or not all(isinstance(t, str) for t in texts):
+            return None
+        return sum(len(t.encode()) for t in texts), True
+    if kind == "text_tokens":
+        return _tokens(v)
+    if kind == "rendered_tokens":
+        return len(json.dumps(v, ensure_ascii=False).encode()) + TEMPLATE_SLACK, False
+    raise ValueError(f"unknown x-kiln-rules measure {kind!r}")
+
+
+def operand(spec: dict[str, Any], body: object) -> tuple[float, bool] | None:
+    """(value or its upper bound, exact) of an operand; None: the rule does not apply."""
+    if "value" in spec:
+        return spec["value"], True
+    state = "absent"
+    for path in spec["fields"]:
+        values = resolve(body, path)
+        present = [v for v in values if v is not None]
+        if present:
+            measured = [_measure(spec.get("measure", "value"), v) for v in present]
+            if any(m is None for m in measured):
+                return None
+            top = max(m[0] for m in measured if m)
+            return top + spec.get("add", 0), all(m[1] for m in measured if m)
+        if values:
+            state = "null"
+    key = "if_absent" if state == "absent" else "if_null"
+    return (spec[key] + spec.get("add", 0), True) if key in spec else None
+
+
+def _compare(rule: Rule, body: dict[str, Any]) -> bool:
+    left, right = operand(rule["left"], body), operand(rule["right"], body)
+    if left is None or right is None:
         return True
-    if _structural_tag(body) or _two_constraints(body) or _compiled_program(body):
+    if not right[1]:  # only an exact right side can be compared with an upper bound
         return False
-    if body.get("structured_outputs") is not None:  # its own rules (one constraint, compilable)
-        return False
-    if body.get("response_format") not in (None, {"type": "text"}):  # the same
-        return False
-    if isinstance(body.get("logprob_token_ids"), list):
-        return False  # needs logprobs, 1..256 distinct IDs below the vocabulary
-    if body.get("repetition_detection") is not None:  # its rule must detect something
-        return False
-    if path == "/v1/completions/batch":
-        prompts, n = body.get("prompts"), body.get("n")
-        if isinstance(prompts, list) and _number(n):
-            return bool(len(prompts) * n <= BATCH_CAP)
-    if path in ("/v1/completions", "/v1/completions/render"):
-        return _completion_valid(body, max_logprobs, max_model_len)
-    if path in ("/v1/chat/completions", "/v1/chat/completions/render"):
-        if any(name in body and body[name] not in unsupported._NEUTRAL[name]
-               for name in unsupported.CHAT_FIELDS):
-            return False
-        if body.get("continue_final_message") is True:  # needs a final assistant message
-            return False
-        if body.get("stream") is True and (body.get("echo") is True
-                                           or body.get("return_token_ids") is True):
-            return False
-        if not _extras_valid(body):
-            return False
-    return True
+    return _OPS[rule["op"]](left[0], right[0])
 
 
-def _structural_tag(body: dict[str, Any]) -> bool:
-    """A structural_tag constraint (response_format or structured_outputs): the contract lists
-    it, the server answers 400 `unsupported_parameter` naming it."""
-    fmt, so = body.get("response_format"), body.get("structured_outputs")
-    return ((isinstance(fmt, dict) and fmt.get("type") == "structural_tag")
-            or (isinstance(so, dict) and so.get("structural_tag") is not None))
+def _product_max(rule: Rule, body: dict[str, Any]) -> bool:
+    product = 1.0
+    for spec in rule["factors"]:
+        got = operand(spec, body)
+        if got is None:
+            return True
+        product *= got[0]
+    return bool(product <= rule["max"])
 
 
-def _two_constraints(body: dict[str, Any]) -> bool:
-    """response_format (other than text) beside structured_outputs: the server builds at most
-    one output constraint per request. Expressible in JSON Schema only as a rule over which
-    structured_outputs kinds are non-null; not yet written into the contract."""
-    fmt, so = body.get("response_format"), body.get("structured_outputs")
-    by_format = isinstance(fmt, dict) and fmt.get("type") not in (None, "text")
-    by_outputs = isinstance(so, dict) and any(v is not None for v in so.values())
-    # ignore_eos beside any constraint: a finished constraint ends the output with EOS
-    return (by_format and by_outputs) or (body.get("ignore_eos") is True
-                                          and (by_format or by_outputs))
+def _non_default(rule: Rule, body: dict[str, Any]) -> bool:
+    return all(matches({"enum": rule["default"]}, v) for v in resolve(body, rule["field"]))
 
 
-def _compiled_program(body: dict[str, Any]) -> bool:
-    """A structured_outputs regex, grammar or JSON schema, or a response_format json_schema:
-    text in another language that the server compiles (a 400 naming the field when it does not
-    compile); whether it compiles is not a JSON Schema property."""
-    so, fmt = body.get("structured_outputs"), body.get("response_format")
-    if isinstance(so, dict) and any(so.get(k) is not None for k in ("regex", "grammar", "json")):
-        return True
-    return isinstance(fmt, dict) and fmt.get("type") == "json_schema"
+def _at_most_one(rule: Rule, body: dict[str, Any]) -> bool:
+    unset = {"enum": rule["unset"]}
+    return sum(1 for path in rule["fields"]
+               for v in resolve(body, path) if not matches(unset, v)) <= 1
 
 
-def _extras_valid(body: dict[str, Any], completion: bool = False) -> bool:
-    """min_tokens <= max_tokens, and no stop strings beside min_tokens."""
-    min_tokens, stop = body.get("min_tokens"), body.get("stop")
-    # chat: max_tokens wins over max_completion_tokens when both are non-null
-    max_tokens = body.get("max_tokens")
-    if max_tokens is None:
-        max_tokens = body.get("max_completion_tokens")
-    if max_tokens is None and completion:
-        max_tokens = 16  # completions: a missing or null max_tokens is 16 (OpenAI's default)
-    if _number(min_tokens) and min_tokens > 0:
-        if _number(max_tokens) and min_tokens > max_tokens:
-            return False
-        if stop:
-            return False
-    return True
+def _last_item(rule: Rule, body: dict[str, Any]) -> bool:
+    items = [v for v in resolve(body, rule["field"]) if isinstance(v, list)]
+    return all(v and matches(rule["matches"], v[-1]) for v in items)
 
 
-def _completion_valid(body: dict[str, Any], max_logprobs: int, max_model_len: int) -> bool:
-    """What /v1/completions rightly refuses beyond the schema: unsupported fields set, the
-    prompts x n cap, and the scoring mode's own rules."""
-    if any(name in body and body[name] not in unsupported._NEUTRAL[name]
-           for name in unsupported.COMPLETION_FIELDS):
-        return False
-    if body.get("response_format") not in (None, {"type": "text"}):
-        return False
-    if not _extras_valid(body, completion=True):
-        return False
-    prompt, k, n = body.get("prompt"), body.get("prompt_logprobs"), body.get("n") or 1
-    prompts = [prompt] if isinstance(prompt, str) or (
-        isinstance(prompt, list) and all(_number(t) for t in prompt)) else list(prompt or [])
-    if not _number(n) or len(prompts) * n > BATCH_CAP:
-        return False
-    best_of = body.get("best_of")
-    if _number(best_of) and (best_of < n or len(prompts) * best_of > BATCH_CAP
-                             or (best_of > n and body.get("stream"))):
-        return False
-    if body.get("truncate_prompt_tokens") is not None:
-        return False  # 0, or -1 with a large max_tokens, leaves no prompt: a 400
-    if _number(body.get("thinking_token_budget")) and body["thinking_token_budget"] >= 0:
-        return False  # the budget's own checks (close sequence vs max_tokens and stops)
-    if any(isinstance(p, str) and len(p.encode()) + 1 >= max_model_len for p in prompts):
-        return False
-    if k is None:
-        lp = body.get("logprobs")
-        longest = max((len(p) + 1 for p in prompts), default=0)
-        return not (body.get("echo") and _number(lp) and longest * (lp + 1) > 65_536)
-    if body.get("max_tokens") not in (None, 0, 1):
-        return not (_number(k) and k > max_logprobs)  # prompt_logprobs beside generation
-    if best_of not in (None, 1):
-        return False
-    if len(prompts) != 1 or n != 1 or body.get("stream") or any(
-            body.get(f) not in (None, False) for f in
-            ("echo", "logprobs", "return_token_ids", "return_tokens_as_token_ids",
-             "logprob_token_ids")) or body.get("bad_words"):
-        return False
-    if isinstance(prompt, list | str) and _number(k):
-        return not len(prompt) * (k + 1) > 65_536
-    return True
+def _refers_to(rule: Rule, body: dict[str, Any]) -> bool:
+    among = resolve(body, rule["among"])
+    return all(v in among for v in resolve(body, rule["field"]))
+
+
+def _compiles(rule: Rule, body: dict[str, Any]) -> bool:
+    return all(v is None or v is False for v in resolve(body, rule["field"]))
+
+
+_KINDS: dict[str, Callable[[Rule, dict[str, Any]], bool]] = {
+    "refused_when": lambda rule, body: False,
+    "non_default_refused": _non_default,
+    "at_most_one": _at_most_one,
+    "compare": _compare,
+    "product_max": _product_max,
+    "last_item": _last_item,
+    "refers_to": _refers_to,
+    "compiles": _compiles,
+    "model_dependent": lambda rule, body: "when" not in rule,
+}

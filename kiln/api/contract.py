@@ -53,6 +53,12 @@ RULE_MESSAGES: dict[tuple[str, int], tuple[str, str | None]] = {
         "max_tokens null or at least 1",
         "rollout_provenance",
     ),
+    ("TextCompletionRequest", 0): ("logprob_token_ids requires logprobs to be set",
+                                   "logprob_token_ids"),
+    ("ChatCompletionRequest", 4): ("logprob_token_ids requires logprobs: true",
+                                   "logprob_token_ids"),
+    ("BatchCompletionRequest", 2): ("logprob_token_ids requires logprobs: true",
+                                    "logprob_token_ids"),
 }
 
 # A definition's own oneOf / anyOf that states a rule (not a union of types): its message, param.

@@ -6,15 +6,19 @@ The generated kiln/api/_generated/openapi.json stays model-independent (uint32 t
 --max-logprobs); at serving time the document states:
 
 - `TokenId.maximum` = the tokenizer's vocabulary size - 1 (completions prompt IDs,
-  allowed_token_ids, detokenize tokens) and `logit_bias`'s keys as decimals below it;
+  allowed_token_ids, logprob_token_ids, detokenize tokens) and `logit_bias`'s keys as decimals below it;
 - `top_logprobs` (chat, batch) and completions `logprobs` at most --max-logprobs;
-- `x-kiln-served-bounds`: the same figures plus the model's context length, in one place.
+- `x-kiln-served-bounds`: the same figures plus the model's context length and the admission
+  gate's capacity, in one place;
+- `x-kiln-rules` on each operation: the rules its handler enforces beyond the JSON Schema, as
+  data (kiln/api/openapi_rules.py, defined in docs/openapi-extensions.md).
 """
 
 from __future__ import annotations
 
 import copy
 import json
+from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 from typing import Any
@@ -55,21 +59,41 @@ def below(n: int) -> str:
     return "^0*(" + "|".join(alts) + ")$"
 
 
+@dataclass(frozen=True)
+class Bounds:
+    """What the served document states beyond the contract: the loaded model's and the server
+    configuration's bounds."""
+
+    vocab_size: int
+    max_logprobs: int  # --max-logprobs
+    max_model_len: int
+    capacity: int  # engine requests one request may need at once (--max-num-seqs + waiting)
+    model_names: tuple[str, ...]  # the served model's id and aliases
+    default_budget: bool  # the server has a default thinking budget
+    grammars: bool  # the model's tokenizer can drive a grammar (structured outputs, tool_choice)
+
+
 @lru_cache(maxsize=4)
-def served_openapi(vocab_size: int, max_logprobs: int, max_model_len: int) -> bytes:
+def served_openapi(bounds: Bounds) -> bytes:
     """The generated document with this server's bounds written in (see the module doc)."""
+    from kiln.api.openapi_rules import operation_rules  # the handlers import this module
+
     doc = copy.deepcopy(_generated_doc())
     schemas = doc["components"]["schemas"]
-    schemas["TokenId"]["maximum"] = vocab_size - 1
+    schemas["TokenId"]["maximum"] = bounds.vocab_size - 1
     for name in _LOGIT_BIAS:
         bias = schemas[name]["properties"]["logit_bias"]["oneOf"]
         for branch in bias:
             if branch.get("type") == "object":
-                branch["propertyNames"] = {"pattern": below(vocab_size)}
+                branch["propertyNames"] = {"pattern": below(bounds.vocab_size)}
     for name, field in _TOP_LOGPROBS:
         for branch in schemas[name]["properties"][field]["oneOf"]:
             if branch.get("type") == "integer":
-                branch["maximum"] = max_logprobs
-    doc["x-kiln-served-bounds"] = {"vocab_size": vocab_size, "max_logprobs": max_logprobs,
-                                   "max_model_len": max_model_len}
+                branch["maximum"] = bounds.max_logprobs
+    doc["x-kiln-served-bounds"] = {"vocab_size": bounds.vocab_size,
+                                   "max_logprobs": bounds.max_logprobs,
+                                   "max_model_len": bounds.max_model_len,
+                                   "capacity": bounds.capacity}
+    for (method, path), rules in operation_rules(bounds).items():
+        doc["paths"][path][method.lower()]["x-kiln-rules"] = rules
     return json.dumps(doc, ensure_ascii=False).encode()

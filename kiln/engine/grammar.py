@@ -28,6 +28,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import llguidance
 import numpy
@@ -50,6 +51,16 @@ class GrammarError(ValueError):
     llguidance's."""
 
 
+def _vocabulary(tokenizer: object) -> Any:
+    """The tokenizers library object llguidance reads the vocabulary from (None: none)."""
+    return getattr(tokenizer, "backend", None)
+
+
+def can_drive(tokenizer: object) -> bool:
+    """Whether ``tokenizer`` can drive a grammar at all (it exposes its vocabulary)."""
+    return _vocabulary(tokenizer) is not None
+
+
 class GrammarCompiler:
     """Compiles llguidance grammars against one tokenizer, caching them by their text."""
 
@@ -66,7 +77,7 @@ class GrammarCompiler:
         with self._lock:
             if self._llt is None:
                 eos = sorted(self._tokenizer.eos_token_ids)
-                backend = getattr(self._tokenizer, "backend", None)
+                backend = _vocabulary(self._tokenizer)
                 if backend is None:
                     raise GrammarError("this model's tokenizer cannot drive a grammar")
                 self._llt = llguidance.LLTokenizer(backend.to_str(), eos_token=eos or None)

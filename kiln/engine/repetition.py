@@ -16,6 +16,10 @@ __all__ = ["REPETITION", "RepetitionDetection", "repeats"]
 REPETITION = "repetition_detected"  # the stop_reason of an output ended by it
 
 
+MIN_PATTERN_SIZE = 1  # the smallest pattern, and the fewest copies, a rule can ask for
+MIN_COUNT = 2
+
+
 @dataclass(frozen=True)
 class RepetitionDetection:
     max_pattern_size: int
@@ -23,10 +27,10 @@ class RepetitionDetection:
     min_pattern_size: int = 1
 
     def __post_init__(self) -> None:
-        if not 1 <= self.min_pattern_size <= self.max_pattern_size:
-            raise ValueError("need 1 <= min_pattern_size <= max_pattern_size")
-        if self.min_count < 2:
-            raise ValueError("min_count must be at least 2")
+        if not MIN_PATTERN_SIZE <= self.min_pattern_size <= self.max_pattern_size:
+            raise ValueError(f"need {MIN_PATTERN_SIZE} <= min_pattern_size <= max_pattern_size")
+        if self.min_count < MIN_COUNT:
+            raise ValueError(f"min_count must be at least {MIN_COUNT}")
 
 
 def _tail_repeats(tokens: Sequence[int], size: int, count: int) -> bool:

@@ -276,7 +276,8 @@ def test_logprob_token_ids_reach_the_engine(client: TestClient, backend: FakeBac
     ({"logprob_token_ids": [1000], "logprobs": 0}, "completion_invalid_request"),
     ({"logprob_token_ids": [], "logprobs": 0}, "completion_invalid_request"),
     ({"logprob_token_ids": list(range(257)), "logprobs": 0}, "completion_invalid_request"),
-    ({"logprob_token_ids": [3], "max_tokens": 0, "prompt_logprobs": 1}, "unsupported_parameter"),
+    ({"logprob_token_ids": [3], "logprobs": 0, "max_tokens": 0, "prompt_logprobs": 1},
+     "unsupported_parameter"),
 ])
 def test_logprob_token_ids_checks(client: TestClient, body: dict[str, Any], code: str) -> None:
     r = client.post(URL, json={"prompt": "ab", **body})

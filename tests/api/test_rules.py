@@ -40,9 +40,21 @@ CASES: dict[tuple[str, int], tuple[dict[str, Any], dict[str, Any]]] = {
         {"messages": M, "top_logprobs": 2, "logprobs": True},
         {"messages": M, "top_logprobs": 2},
     ),
+    ("TextCompletionRequest", 0): (
+        {"prompt": "a", "max_tokens": 1, "logprobs": 0, "logprob_token_ids": [3]},
+        {"prompt": "a", "max_tokens": 1, "logprob_token_ids": [3]},
+    ),
     ("BatchCompletionRequest", 1): (
         {"prompts": [M], "top_logprobs": 2, "logprobs": True},
         {"prompts": [M], "top_logprobs": 2, "logprobs": False},
+    ),
+    ("ChatCompletionRequest", 4): (
+        {"messages": M, "logprob_token_ids": [3], "logprobs": True},
+        {"messages": M, "logprob_token_ids": [3]},
+    ),
+    ("BatchCompletionRequest", 2): (
+        {"prompts": [M], "logprob_token_ids": [3], "logprobs": True},
+        {"prompts": [M], "logprob_token_ids": [3], "logprobs": False},
     ),
     ("BatchCompletionRequest", 0): (
         {"prompts": [M], "adapter": None, "adapters": None},

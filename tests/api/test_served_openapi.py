@@ -27,8 +27,10 @@ def doc_client() -> Any:
 def test_document_carries_the_model_and_server_bounds(doc_client: TestClient) -> None:
     doc = doc_client.get("/openapi.json").json()
     schemas = doc["components"]["schemas"]
+    cfg = ServerConfig()
     assert doc["x-kiln-served-bounds"] == {"vocab_size": VOCAB, "max_logprobs": 7,
-                                           "max_model_len": FakeBackend.max_model_len}
+                                           "max_model_len": FakeBackend.max_model_len,
+                                           "capacity": cfg.max_num_seqs + cfg.max_waiting_requests}
     assert schemas["TokenId"]["maximum"] == VOCAB - 1
     top = schemas["ChatCompletionRequest"]["properties"]["top_logprobs"]["oneOf"]
     assert [b.get("maximum") for b in top if b.get("type") == "integer"] == [7]

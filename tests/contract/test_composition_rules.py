@@ -101,6 +101,30 @@ RULES = [
         invalid=[chat(top_logprobs=2), chat(top_logprobs=0, logprobs=False),
                  chat(top_logprobs=1, logprobs=None)],
     ),
+    Rule(
+        M,
+        "ChatCompletionRequest",
+        "allOf/4",  # an array logprob_token_ids needs logprobs: true (issue 25; a 400 anyway)
+        valid=[chat(logprob_token_ids=[3], logprobs=True), chat(logprob_token_ids=None)],
+        invalid=[chat(logprob_token_ids=[3]), chat(logprob_token_ids=[3], logprobs=False)],
+    ),
+    # --- TextCompletionRequest (issue 28) ---------------------------------------------------
+    Rule(
+        M,
+        "TextCompletionRequest",
+        "allOf/0",  # an array logprob_token_ids needs an integer logprobs
+        valid=[{"prompt": "a", "logprob_token_ids": [3], "logprobs": 0},
+               {"prompt": "a", "logprob_token_ids": None}],
+        invalid=[{"prompt": "a", "logprob_token_ids": [3]},
+                 {"prompt": "a", "logprob_token_ids": [3], "logprobs": None}],
+    ),
+    Rule(M, "ToolChoice", "oneOf",  # the forms the constraint stage accepts (issue 28)
+         valid=[None, "none", "auto", "required",
+                {"type": "function", "function": {"name": "f"}}],
+         invalid=["bogus", {"type": "function"}, {"function": {"name": "f"}}, 1]),
+    Rule(M, "RequestTemplateKwargs", "oneOf",  # not messages or tools (issue 28)
+         valid=[None, {}, {"enable_thinking": True}],
+         invalid=[{"messages": []}, {"tools": None}, []]),
     # --- BatchCompletionRequest ------------------------------------------------------------
     Rule(
         M,
@@ -120,6 +144,13 @@ RULES = [
         "allOf/1",  # an integer top_logprobs needs logprobs: true
         valid=[batch(top_logprobs=2, logprobs=True), batch(top_logprobs=None)],
         invalid=[batch(top_logprobs=2), batch(top_logprobs=3, logprobs=False)],
+    ),
+    Rule(
+        M,
+        "BatchCompletionRequest",
+        "allOf/2",  # an array logprob_token_ids needs logprobs: true (issue 25)
+        valid=[batch(logprob_token_ids=[3], logprobs=True), batch(logprob_token_ids=None)],
+        invalid=[batch(logprob_token_ids=[3]), batch(logprob_token_ids=[3], logprobs=False)],
     ),
     # --- TokenizeRequest -------------------------------------------------------------------
     Rule(M, "TokenizeRequest", "oneOf",  # exactly one of prompt and messages
@@ -327,9 +358,10 @@ def test_every_rule_has_cases() -> None:
 
 def test_chat_rules_are_the_seed_rules() -> None:
     """The composition of ChatCompletionRequest is the seed's three allOf branches plus
-    top_logprobs-needs-logprobs (as on batch, whose one seed branch it follows)."""
-    assert len(main_schema()["$defs"]["ChatCompletionRequest"]["allOf"]) == 4
-    assert len(main_schema()["$defs"]["BatchCompletionRequest"]["allOf"]) == 2
+    top_logprobs-needs-logprobs and logprob_token_ids-needs-logprobs (as on batch, whose one
+    seed branch they follow)."""
+    assert len(main_schema()["$defs"]["ChatCompletionRequest"]["allOf"]) == 5
+    assert len(main_schema()["$defs"]["BatchCompletionRequest"]["allOf"]) == 3
 
 
 def _cases(kind: str) -> list[Any]:

@@ -52,10 +52,16 @@ NARROWED = {
     **{(d, f): ("NullableSamplingNumber", "NullablePenalty")
        for d in ("ChatCompletionRequest", "BatchCompletionRequest")
        for f in ("presence_penalty", "frequency_penalty")},
+    # issue 28: the forms the constraint stage accepts, and the names the template reserves
+    **{(d, "tool_choice"): ("any", "ToolChoice")
+       for d in ("ChatCompletionRequest", "BatchCompletionRequest")},
+    **{(d, "chat_template_kwargs"): ("NullableTemplateKwargs", "RequestTemplateKwargs")
+       for d in ("ChatCompletionRequest", "BatchCompletionRequest")},
 }
 # Composition branches the contract appends after the seed's (CHANGELOG.md, issue 28:
-# top_logprobs needs logprobs: true), as (definition, keyword) -> how many.
-ADDED_BRANCHES = {("ChatCompletionRequest", "allOf"): 1, ("BatchCompletionRequest", "allOf"): 1}
+# top_logprobs needs logprobs: true; issue 25: so does logprob_token_ids), as
+# (definition, keyword) -> how many.
+ADDED_BRANCHES = {("ChatCompletionRequest", "allOf"): 2, ("BatchCompletionRequest", "allOf"): 2}
 # Fields that are new in the contract (CHANGELOG.md), appended after the seed's fields.
 ADDED_FIELDS = {
     ("ChatCompletionRequest", "parallel_tool_calls"),
@@ -105,6 +111,7 @@ ADDED = {
     "LegacyStructuralTag",  # issue 26: structural_tag structures (vLLM's name)
     "RenderedPrompt", "CompletionRenderResponse",
     "AdapterName", "NullableAdapterSelector", "TokenId",  # issue 28: bounds the server enforces
+    "ToolChoice", "RequestTemplateKwargs",  # issue 28: rules the server enforces
     "ComputePlan", "ComputeImplementation",  # issue 24: /health shows the compute plan
 }
 

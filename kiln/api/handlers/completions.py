@@ -34,6 +34,13 @@ ERROR_CODE = "completion_invalid_request"
 MAX_K = 256
 MAX_PROMPT_TOKENS = 4096
 MAX_CANDIDATES = 65_536
+# Generation fields that prompt scoring refuses (unsupported_parameter) unless they hold one of
+# these values (missing is null), and the ones it refuses when non-empty.
+SCORING_NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "echo": (None, False), "logprobs": (None, 0), "return_token_ids": (None, False),
+    "return_tokens_as_token_ids": (None, False), "truncate_prompt_tokens": (None, 0),
+    "best_of": (None, 1), "logprob_token_ids": (None,)}
+SCORING_EMPTY = ("bad_words", "repetition_detection")
 
 
 def _bad(message: str, param: str | None = None) -> ApiError:
@@ -102,13 +109,12 @@ async def _score(request: Request, state: AppState, req: Any, selection: Selecti
         raise _bad("n must be 1 (or null) for prompt scoring", "n")
     if opt(req.stream):
         raise _bad("prompt scoring is non-streaming only (stream must be false)", "stream")
-    for name in ("echo", "logprobs", "return_token_ids", "return_tokens_as_token_ids",
-                 "truncate_prompt_tokens", "best_of", "logprob_token_ids"):
-        if opt(getattr(req, name)) not in (None, False, 1 if name == "best_of" else None):
+    for name, neutral in SCORING_NEUTRAL.items():
+        if opt(getattr(req, name)) not in neutral:
             raise unsupported.unsupported(
                 name, "it does not apply to prompt scoring (prompt_logprobs with max_tokens 0); "
                       "vLLM's way, echo with logprobs and max_tokens 0, needs no prompt_logprobs")
-    for name in ("bad_words", "repetition_detection"):
+    for name in SCORING_EMPTY:
         if opt(getattr(req, name)):
             raise unsupported.unsupported(name, "prompt scoring generates no tokens")
     if not isinstance(req.prompt, str) and not all(map(completions_gen.is_token_id, req.prompt)):

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ",
                                 "key_separator": ": "}
 _OBJECT_KEYWORDS = ("additionalProperties", "unevaluatedProperties", "patternProperties")
-_SO_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+SO_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 
 
 def plain(value: Any) -> Any:
@@ -145,11 +145,11 @@ def from_structured_outputs(value: Any, param: str = "structured_outputs",
                             token_id: Callable[[str], int | None] = _no_token
                             ) -> tuple[str, str] | None:
     so = {k: v for k, v in (plain(value) or {}).items() if v is not None}
-    kinds = [k for k in _SO_KINDS if k in so and so[k] is not False]
+    kinds = [k for k in SO_KINDS if k in so and so[k] is not False]
     if not kinds:
         return None
     if len(kinds) > 1:
-        raise _bad(param, f"exactly one of {', '.join(_SO_KINDS)} may be set, got "
+        raise _bad(param, f"exactly one of {', '.join(SO_KINDS)} may be set, got "
                           f"{', '.join(kinds)}")
     kind = kinds[0]
     where = f"{param}.{kind}"
@@ -308,7 +308,7 @@ def _constrained_field(response_format: Any, structured_outputs: Any, tool_choic
     if isinstance(fmt, dict) and fmt.get("type") not in (None, "text"):
         return "response_format"
     so = plain(structured_outputs)
-    if isinstance(so, dict) and any(so.get(k) not in (None, False) for k in _SO_KINDS):
+    if isinstance(so, dict) and any(so.get(k) not in (None, False) for k in SO_KINDS):
         return "structured_outputs"
     if plain(tool_choice) not in (None, "auto", "none"):
         return "tool_choice"

@@ -14,7 +14,7 @@ from msgspec import UNSET
 from kiln.api.errors import ApiError
 from kiln.api.handlers.params import opt
 from kiln.api.handlers.unsupported import CHAT_FIELDS, check, unsupported
-from kiln.engine.repetition import RepetitionDetection
+from kiln.engine.repetition import MIN_PATTERN_SIZE, RepetitionDetection
 
 LOGIT_BIAS_LIMIT = 100.0  # OpenAI's and vLLM's range
 
@@ -102,13 +102,15 @@ def repetition_detection(req: Any, code: str) -> RepetitionDetection | None:
     values = {}
     for key in ("max_pattern_size", "min_pattern_size", "min_count"):
         v = given.get(key, 0)
+        if isinstance(v, float) and v.is_integer():  # JSON Schema's integers include 2.0
+            v = int(v)
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise ApiError(400, code, f"repetition_detection.{key} must be a non-negative "
                                       "integer", param="repetition_detection")
         values[key] = v
     try:
         return RepetitionDetection(values["max_pattern_size"], values["min_count"],
-                                   max(1, values["min_pattern_size"]))
+                                   max(MIN_PATTERN_SIZE, values["min_pattern_size"]))
     except ValueError as exc:
         raise ApiError(400, code, f"repetition_detection detects nothing: {exc}",
                        param="repetition_detection") from None
@@ -130,7 +132,7 @@ def logprob_token_ids(req: Any, logprobs: int | None, vocab: int, code: str
         raise ApiError(400, code, "logprob_token_ids requires logprobs (chat and batch: "
                                   "logprobs: true)", param=param)
     ids = tuple(dict.fromkeys(int(t) for t in given))
-    if not ids or len(ids) > MAX_NAMED_LOGPROBS:
+    if not given or len(given) > MAX_NAMED_LOGPROBS:  # as the contract counts: duplicates too
         raise ApiError(400, code, f"logprob_token_ids must name 1 to {MAX_NAMED_LOGPROBS} tokens",
                        param=param)
     _ids_in_vocab(list(ids), vocab, param, code)

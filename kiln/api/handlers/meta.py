@@ -7,8 +7,9 @@ from starlette.responses import Response
 
 from kiln import metrics
 from kiln.api.encode import json_response
-from kiln.api.served_openapi import served_openapi
+from kiln.api.served_openapi import Bounds, served_openapi
 from kiln.api.state import app_state
+from kiln.engine.grammar import can_drive
 
 
 async def health(request: Request) -> Response:
@@ -48,6 +49,12 @@ async def openapi(request: Request) -> Response:
     """The contract's OpenAPI document with the loaded model's and this server's bounds."""
     state = app_state(request)
     backend = state.backend
-    body = served_openapi(backend.tokenizer.vocab_size, state.config.max_logprobs,
-                          backend.max_model_len)
+    cfg = state.config
+    body = served_openapi(Bounds(
+        vocab_size=backend.tokenizer.vocab_size, max_logprobs=cfg.max_logprobs,
+        max_model_len=backend.max_model_len, capacity=state.gate.capacity,
+        model_names=(backend.model_id, *backend.aliases),
+        default_budget=(cfg.default_thinking_budget_tokens is not None
+                        or cfg.default_thinking_budget_ms is not None),
+        grammars=can_drive(backend.tokenizer)))
     return Response(body, media_type="application/json")

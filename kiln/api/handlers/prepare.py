@@ -212,8 +212,10 @@ def _vllm_chat_fields(req: wire.ChatCompletionRequest) -> tuple[bool, bool, str]
                        "assistant's", param="continue_final_message")
     echo = final if opt(req.echo) is True and final is not None else ""
     stream = opt(req.stream) is True
-    for name, on in (("echo", bool(echo)), ("return_token_ids", opt(req.return_token_ids) is True)):
-        if stream and on:
+    # echo with stream is refused whatever the final message is: a rule that does not depend
+    # on the conversation (the served x-kiln-rules state it)
+    for name in ("echo", "return_token_ids"):
+        if stream and opt(getattr(req, name)) is True:
             raise unsupported(name, "it is implemented for non-streaming chat only")
     return gen, cont, echo
 

@@ -12,6 +12,12 @@ from kiln.api.state import AppState
 from kiln.provenance import ActionToken, adapter_identity, rollout_record
 
 ERROR = "chat_invalid_request"
+# the sampling values a rollout record states: name -> (lowest, highest)
+RANGES: dict[str, tuple[float, float]] = {"temperature": (0.0, math.inf), "min_p": (0.0, 1.0),
+                                          "presence_penalty": (-2.0, 2.0),
+                                          "frequency_penalty": (-2.0, 2.0)}
+MAX_STOP_STRINGS = 256
+MAX_STOP_BYTES = 16384
 
 
 def _range(name: str, value: float, low: float, high: float) -> None:
@@ -42,16 +48,15 @@ def check(state: AppState, prepared: PreparedChat) -> None:
             "rollout_provenance needs max_tokens above the thinking close sequence, so that at "
             "least one action is sampled", param="max_tokens",
         )
-    _range("temperature", params.temperature, 0.0, math.inf)
-    _range("min_p", params.min_p, 0.0, 1.0)
-    _range("presence_penalty", params.presence_penalty, -2.0, 2.0)
-    _range("frequency_penalty", params.frequency_penalty, -2.0, 2.0)
+    for name, (low, high) in RANGES.items():
+        _range(name, getattr(params, name), low, high)
     if not params.repetition_penalty > 0:
         raise ApiError(400, ERROR, "rollout_provenance requires repetition_penalty > 0",
                        param="repetition_penalty")
-    if len(params.stop) > 256 or sum(len(s.encode()) for s in params.stop) > 16384:
-        raise ApiError(400, ERROR, "rollout_provenance allows at most 256 stop strings and "
-                       "16384 bytes of them", param="stop")
+    if (len(params.stop) > MAX_STOP_STRINGS
+            or sum(len(s.encode()) for s in params.stop) > MAX_STOP_BYTES):
+        raise ApiError(400, ERROR, f"rollout_provenance allows at most {MAX_STOP_STRINGS} stop "
+                       f"strings and {MAX_STOP_BYTES} bytes of them", param="stop")
 
 
 def record(

@@ -12,7 +12,7 @@ from kiln.api.errors import ApiError
 CODE = "unsupported_parameter"
 
 # field -> the values that mean "not set" (missing is always fine)
-_NEUTRAL: dict[str, tuple[Any, ...]] = {
+NEUTRAL: dict[str, tuple[Any, ...]] = {
     "suffix": (None,),
     "use_beam_search": (False,),
     "watermarking": (None, False),
@@ -29,7 +29,7 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
 }
 # Chat's share of them (the fields chat's contract gained for issue 25 but does not implement).
 CHAT_FIELDS: tuple[str, ...] = ()
-COMPLETION_FIELDS = tuple(k for k in _NEUTRAL if k != "continue_final_message")
+COMPLETION_FIELDS = tuple(k for k in NEUTRAL if k != "continue_final_message")
 
 
 def unsupported(param: str, why: str) -> ApiError:
@@ -39,7 +39,7 @@ def unsupported(param: str, why: str) -> ApiError:
 def check(req: Any, fields: tuple[str, ...]) -> None:
     for name in fields:
         value = getattr(req, name, UNSET)
-        if value is UNSET or value in _NEUTRAL[name]:  # the contract keeps bools and numbers apart
+        if value is UNSET or value in NEUTRAL[name]:  # the contract keeps bools and numbers apart
             continue
-        raise unsupported(name, f"only {_NEUTRAL[name][0]!r} (the default) is accepted, "
+        raise unsupported(name, f"only {NEUTRAL[name][0]!r} (the default) is accepted, "
                                 f"got {value!r}")
