@@ -95,8 +95,8 @@ def _item(state: AppState, shape: Shape, p: int, c: int, done: Completion, promp
     if budget_applied and done.thinking_outcome is not None:
         item.thinking_budget = as_wire(done.thinking_outcome.wire())
     if shape.logprobs is not None:
-        item.logprobs = wire.ChatLogprobs(content=as_wire(chat_content(
-            state.backend.tokenizer, prompt.ids, done.token_ids, done.tops)))
+        item.logprobs = wire.ChatLogprobs(content=chat_content(
+            state.backend.tokenizer, prompt.ids, done.token_ids, done.tops))
     if shape.return_token_ids:
         item.prompt_token_ids = prompt.ids
         item.token_ids = done.token_ids

@@ -165,8 +165,8 @@ def response_body(
         if shape.return_token_ids:
             choice.token_ids = c.token_ids
         if shape.logprobs is not None:
-            choice.logprobs = wire.ChatLogprobs(content=as_wire(chat_content(
-                state.backend.tokenizer, prompt.ids, c.token_ids, c.tops)))
+            choice.logprobs = wire.ChatLogprobs(content=chat_content(
+                state.backend.tokenizer, prompt.ids, c.token_ids, c.tops))
         if run.budget_applied and c.thinking_outcome is not None:
             choice.thinking_budget = as_wire(c.thinking_outcome.wire())
         if shape.rollout:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from typing import Any
 
 from kiln.api._generated import wire
 from kiln.api.encode import Finish, as_wire, finish_reason
@@ -38,7 +37,7 @@ class _Chunks:
     def __init__(self, completion_id: str, model: str) -> None:
         self.id, self.created, self.model = completion_id, int(time.time()), model
         # logprobs content of tokens not sent yet: the next chunk of the choice carries them
-        self.pending: list[dict[str, Any]] = []
+        self.pending: list[wire.ChatTokenLogprob] = []
 
     def chunk(self, choices: list[wire.ChunkChoice]) -> wire.ChatCompletionChunk:
         return wire.ChatCompletionChunk(id=self.id, object="chat.completion.chunk",
@@ -49,7 +48,7 @@ class _Chunks:
                metadata: wire.StreamingTerminalMetadata | None = None) -> bytes:
         choice = wire.ChunkChoice(index=0, delta=delta)
         if self.pending:
-            choice.logprobs = wire.ChatLogprobs(content=as_wire(self.pending))
+            choice.logprobs = wire.ChatLogprobs(content=self.pending)
             self.pending = []
         if finish is not None:
             choice.finish_reason = finish

@@ -20,7 +20,7 @@ from starlette.responses import Response
 
 from kiln.api._generated import wire
 from kiln.api.backend import PositionScore
-from kiln.api.encode import Finish, as_wire, json_response
+from kiln.api.encode import Finish, json_response
 from kiln.api.encode import finish_reason as wire_finish
 from kiln.api.errors import ApiError
 from kiln.api.handlers.adapters import Selection
@@ -318,7 +318,7 @@ def choice_body(state: AppState, prep: Prepared, index: int, p: int, c: Completi
     if prep.shape.logprobs is not None:
         lps = echo_logprobs(state, prep, p)
         lps.add_generated(state.backend.tokenizer, prep.prompts[p].ids, c.token_ids, c.tops)
-        choice.logprobs = as_wire(lps.wire())
+        choice.logprobs = lps.wire()
     if prep.shape.return_token_ids:
         choice.prompt_token_ids = prep.prompts[p].ids
         choice.token_ids = c.token_ids

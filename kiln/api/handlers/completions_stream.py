@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from kiln.api._generated import wire
-from kiln.api.encode import Finish, as_wire, finish_reason
+from kiln.api.encode import Finish, finish_reason
 from kiln.api.handlers.completions_gen import Prepared, echo_logprobs, stop_text, usage
 from kiln.api.handlers.generation import Completion
 from kiln.api.handlers.logprobs import CompletionLogprobs
@@ -60,7 +60,7 @@ class _Stream:
         choice = wire.TextCompletionChunkChoice(index=ch.index, text=ch.text, logprobs=None,
                                                 finish_reason=finish, stop_reason=stop_reason)
         if ch.logprobs is not None:
-            choice.logprobs = as_wire(ch.logprobs.wire())
+            choice.logprobs = ch.logprobs.wire()
             ch.logprobs = CompletionLogprobs(as_ids=self.prep.as_ids, offset=ch.logprobs.offset)
         if self.prep.prompt_logprobs is not None and not ch.sent_first:
             choice.prompt_logprobs = self.prep.prompt_lists[self.prep.prompt_of(ch.index)]
