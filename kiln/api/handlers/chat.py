@@ -182,7 +182,7 @@ def response_body(
         metadata.config_hashes = config_hashes(state, prepared)
     if shape.include_performance:
         first = completions[0]
-        metadata.performance = as_wire(performance(
+        metadata.performance = performance(
             first.metrics,
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
@@ -192,7 +192,7 @@ def response_body(
             thinking_mode=prepared.thinking_mode,
             finish_reason=choices[0].finish_reason,
             tokenization_s=prompt.tokenization_s,
-        ))
+        )
     out = wire.ChatCompletionResponse(
         id=completion_id,
         object="chat.completion",

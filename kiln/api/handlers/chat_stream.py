@@ -214,16 +214,16 @@ async def frames(
     metadata = wire.StreamingTerminalMetadata(thinking_budget=as_wire(
         record(prepared.run.budget, prepared.run.budget_applied, outcome)))
     if prepared.shape.include_performance:
-        metadata.performance = as_wire(performance(
+        metadata.performance = performance(
             final.metrics,
             prompt_tokens=prompt_tokens,
             completion_tokens=final.num_output_tokens,
             total_latency_s=time.perf_counter() - started,
             adapter=prepared.run.adapter,
             thinking_mode=prepared.thinking_mode,
-            finish_reason=final.finish_reason or "stop",
+            finish_reason=finish_reason(final.finish_reason),
             tokenization_s=prepared.prompt.tokenization_s,
-        ))
+        )
     finish = finish_reason(final.finish_reason)
     if tools.calls and finish != "length":  # max_tokens may have cut a further call short
         finish = "tool_calls"
