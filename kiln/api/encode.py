@@ -20,10 +20,10 @@ def json_response(body: Any, status: int = 200, headers: dict[str, str] | None =
 
 
 def as_wire(value: Any) -> Any:
-    """A nested object another stage already builds in the contract's shape and key order (the
-    thinking-budget record and outcome, performance metadata, a rollout record, logprob
-    entries), carried into a generated struct's field as it is: msgspec encodes it unchanged,
-    and the response tests check it against the contract."""
+    """A nested object a lower layer builds in the contract's shape and key order, carried into
+    a generated struct's field as it is (msgspec encodes it unchanged; the response tests check
+    it against the contract): the thinking-budget record and outcome (kiln/text/budget.py) and
+    the rollout record (kiln/provenance.py), which cannot import the edge's structs."""
     return value
 
 
