@@ -255,6 +255,15 @@ def batch_rules(b: Bounds) -> list[Rule]:
     ]
 
 
+def unconstrained_scoring() -> list[Rule]:
+    """completions.output_constraint (both routes): prompt scoring takes no constraint."""
+    return [rule("refused_when", name, unsupported.CODE,
+                 "kiln.api.handlers.completions.output_constraint",
+                 "prompt scoring generates no text to constrain", when=all_of(SCORING, given_set))
+            for name, given_set in (("response_format", RESPONSE_FORMAT_SET),
+                                    ("structured_outputs", STRUCTURED_OUTPUTS_SET))]
+
+
 def scoring_rules(b: Bounds) -> list[Rule]:
     """completions._score: what prompt scoring (prompt_logprobs, max_tokens missing, null, 0 or
     1) refuses beyond the schema."""
@@ -262,10 +271,7 @@ def scoring_rules(b: Bounds) -> list[Rule]:
     unset = unsupported.CODE
     tokens = field("prompt", measure="text_tokens")
     return [
-        *[rule("refused_when", name, unset, "kiln.api.handlers.completions.create",
-               "prompt scoring generates no text to constrain", when=all_of(SCORING, given_set))
-          for name, given_set in (("response_format", RESPONSE_FORMAT_SET),
-                                  ("structured_outputs", STRUCTURED_OUTPUTS_SET))],
+        *unconstrained_scoring(),
         rule("refused_when", "n", code, where, "prompt scoring makes one choice",
              when=all_of(SCORING, has("n", {"not": {"enum": [None, 1]}}))),
         rule("refused_when", "stream", code, where, "prompt scoring does not stream",
@@ -367,8 +373,8 @@ def completion_rules(b: Bounds, render: bool) -> list[Rule]:
              "prompt scoring takes one prompt (a text or a token-ID list)",
              when=all_of(SCORING, has("prompt", {"type": "array",
                                                  "contains": {"not": {"type": "number"}}})))]
-    if not render:
-        out += [*constraint_rules(b, code, tools=False), *scoring_rules(b)]
+    out += constraint_rules(b, code, tools=False)  # the render route compiles it too
+    out += unconstrained_scoring() if render else scoring_rules(b)
     return out + generation_rules(b, render)
 
 
