@@ -36,7 +36,7 @@ from typing import Any, TypeGuard
 import schemathesis
 
 from bench.live_server import PYTHON, RESULTS, ROOT, running_server, write_random_adapter
-from kiln.fuzz_filter import accepted, rules_of
+from kiln.fuzz_filter import refusal, rules_of
 
 # Cost caps applied to positive (schema-valid) generation bodies.
 MAX_TOKENS = 4
@@ -47,6 +47,7 @@ MAX_GENERATION_PROMPTS = 2
 MAX_GENERATION_PROMPT_TOKENS = 64
 # Scoring cost grows faster than linearly with prompt length on a CPU (4096 tokens: ~40 s).
 MAX_SCORING_PROMPT_TOKENS = int(os.environ.get("KILN_FUZZ_MAX_PROMPT_TOKENS", "512"))
+SKIP_LOG_ENV = "KILN_FUZZ_SKIP_LOG"  # where filter_case notes each body it keeps out (JSON lines)
 GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions/batch")
 
 # -- schemathesis hooks --------------------------------------------------------------------------
@@ -142,7 +143,13 @@ def filter_case(ctx: Any, case: Any) -> bool:
     (evaluated on the body as it will be sent, after the cost caps)."""
     if not _body_is_positive(case):
         return True
-    return accepted(rules_of(case.operation.definition.raw), capped(case))
+    rule = refusal(rules_of(case.operation.definition.raw), capped(case))
+    log = os.environ.get(SKIP_LOG_ENV)
+    if rule is not None and log:
+        with open(log, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"operation": f"{case.method} {case.operation.path}",
+                                "kind": rule["kind"], "param": rule["param"]}) + "\n")
+    return rule is None
 
 
 @schemathesis.hook
@@ -165,6 +172,8 @@ class FuzzResult:
     output_tail: str
     server_exit: int | None
     server_log_tail: str
+    skipped: dict[str, int]  # positive bodies kept out, by "kind param" of the first rule
+
 
 
 def _parse_junit(path: Path) -> tuple[int, list[dict[str, str]]]:
@@ -192,6 +201,8 @@ def run_fuzz(
     report_dir = report_dir or Path(tempfile.mkdtemp(prefix="kiln-fuzz-live-"))
     report_dir.mkdir(parents=True, exist_ok=True)
     junit = report_dir / "junit.xml"
+    skip_log = report_dir / "skipped.jsonl"
+    skip_log.write_text("")
     with contextlib.ExitStack() as stack:
         server_args = ["--request-timeout-s", "120"]
         if adapters:
@@ -210,7 +221,7 @@ def run_fuzz(
             "--report-dir", str(report_dir), "--output-truncate", "false", "--no-color",
             *(["--max-time", str(time_budget_s)] if time_budget_s else []), *extra_st_args,
         ]
-        env = dict(os.environ, SCHEMATHESIS_HOOKS="bench.fuzz_live",
+        env = dict(os.environ, SCHEMATHESIS_HOOKS="bench.fuzz_live", **{SKIP_LOG_ENV: str(skip_log)},
                    PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT),
                                                             os.environ.get("PYTHONPATH")])))
         start = time.monotonic()
@@ -233,6 +244,11 @@ def run_fuzz(
     text = out.decode(errors="replace")
     (report_dir / "st_output.txt").write_text(text)
     tests, failures = _parse_junit(junit)
+    skipped: dict[str, int] = {}
+    for line in skip_log.read_text().splitlines():
+        entry = json.loads(line)
+        key = f"{entry['kind']} {entry['param']}"
+        skipped[key] = skipped.get(key, 0) + 1
     if not alive:
         failures.append({"operation": "server", "kind": "crash",
                          "detail": f"server exited with {server_exit} during the run"})
@@ -240,6 +256,7 @@ def run_fuzz(
         returncode=proc.returncode if proc.returncode is not None else -1, timed_out=timed_out,
         wall_s=round(wall, 1), tests=tests, failures=failures, output_tail=text[-12000:],
         server_exit=server_exit, server_log_tail=server.log_tail(6000),
+        skipped=dict(sorted(skipped.items(), key=lambda kv: -kv[1])),
     )
 
 
@@ -270,12 +287,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         "adapters": not args.no_adapters, "returncode": result.returncode,
         "timed_out": result.timed_out, "wall_s": result.wall_s, "tests": result.tests,
         "summary": summary_line(result.output_tail), "failures": result.failures,
+        "skipped_positive_bodies": sum(result.skipped.values()),
+        "skipped_by_rule": result.skipped,
         "report_dir": str(report_dir),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=2) + "\n")
     print(f"fuzz_live: {len(result.failures)} failure(s), st exit {result.returncode}, "
-          f"{result.wall_s} s, timed out: {result.timed_out}; wrote {args.out}")
+          f"{result.wall_s} s, timed out: {result.timed_out}, "
+          f"{sum(result.skipped.values())} positive bodies kept out by x-kiln-rules; "
+          f"wrote {args.out}")
     ok = result.returncode == 0 and not result.failures and not result.timed_out
     return 0 if ok else 1
 

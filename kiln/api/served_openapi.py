@@ -71,6 +71,7 @@ class Bounds:
     model_names: tuple[str, ...]  # the served model's id and aliases
     default_budget: bool  # the server has a default thinking budget
     grammars: bool  # the model's tokenizer can drive a grammar (structured outputs, tool_choice)
+    max_new_tokens: int | None  # the model's generation_config default for max_tokens
 
 
 @lru_cache(maxsize=4)

@@ -10,6 +10,12 @@ _STATUS = {
 }
 
 
+# A request's own logits processors and constraint left no token to sample: the request cannot
+# be served (the handlers answer 400, not a server error).
+NOTHING_ALLOWED = ("the request's logits processors (allowed_token_ids, min_tokens, bad_words) "
+                   "and constraint allow no token together")
+
+
 class EngineError(Exception):
     """``code`` is the wire error code; ``status`` the HTTP status the handler should use."""
 

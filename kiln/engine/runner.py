@@ -11,6 +11,7 @@ import torch
 
 from kiln.engine.block_pool import BlockPool
 from kiln.engine.config import EngineConfig
+from kiln.engine.errors import NOTHING_ALLOWED
 from kiln.engine.grammar import GrammarRows, RowMasks, compiler_for
 from kiln.engine.logits_processors import apply_logits_processors
 from kiln.engine.lora_mix import LoraMix
@@ -29,8 +30,6 @@ from kiln.text.tokenizer import Tokenizer
 log = logging.getLogger("kiln.engine")
 
 NON_FINITE = "the model produced non-finite logits (inf or NaN); no token could be sampled"
-NOTHING_ALLOWED = ("the request's logits processors (allowed_token_ids, min_tokens, bad_words) "
-                   "and constraint allow no token together")
 
 
 def kv_num_blocks(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype) -> int:

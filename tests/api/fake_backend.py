@@ -87,6 +87,7 @@ class FakeBackend:
     status = "ok"
     delay = 0.0  # seconds per generated token
     fail = False  # finish every request with finish_reason "error"
+    fail_error = "injected failure"  # with this message
 
     plan: dict[str, str] | None = None  # no model: no compute plan unless a test sets one
 
@@ -188,7 +189,7 @@ class FakeBackend:
             num_cached_tokens=0,
             seed=request.sampling.seed or 0,
             metrics=metrics if finished else None,
-            error="injected failure" if reason == "error" else None,
+            error=self.fail_error if reason == "error" else None,
             new_top_logprobs=self._tops(request, ids),
         )
 

@@ -16,6 +16,7 @@ from kiln.api.app import build_app
 from kiln.api.contract import MAX_BATCH_ITEMS
 from kiln.api.handlers import completions_gen
 from kiln.config import ServerConfig
+from kiln.engine.errors import NOTHING_ALLOWED
 from kiln.fuzz_filter import TOKEN_SLACK, operand, refusal, resolve, rules_of
 from tests.api.fake_backend import VOCAB, FakeBackend
 
@@ -176,3 +177,21 @@ def test_the_filter_knows_no_route_and_no_field() -> None:
     names = {p for d in contract["$defs"].values() for p in d.get("properties", {})}
     routes = {r["path"] for r in json.loads((ROOT / "contract" / "routes.json").read_text())}
     assert not strings & (names | routes), strings & (names | routes)
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    (CHAT, {"messages": M, "min_tokens": 3}),
+    (COMP, {"prompt": "a", "allowed_token_ids": [2], "min_tokens": 1}),
+])
+def test_nothing_to_sample_is_a_400(tmp_path: Path, path: str, body: dict[str, Any]) -> None:
+    """The engine's "no token allowed" (the request's own processors and constraint) had been a
+    500 generation_error (found by the live schemathesis run: allowed_token_ids [0] beside a
+    JSON constraint); any other generation failure stays a 500."""
+    backend = FakeBackend()
+    backend.fail = True
+    with TestClient(build_app(ServerConfig(), backend), raise_server_exceptions=False) as c:
+        assert c.post(path, json=body).status_code == 500
+        backend.fail_error = NOTHING_ALLOWED
+        r = c.post(path, json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] in ("chat_invalid_request", "completion_invalid_request")

@@ -20,6 +20,7 @@ from kiln.api.handlers.extras import included_stop
 from kiln.api.handlers.generation import (
     Completion,
     collect_all,
+    generation_failed,
     submit,
     submit_all,
     until_disconnect,
@@ -84,7 +85,7 @@ def extract_tool_calls(
 
 def _finish_reason(c: Completion) -> Finish:
     if c.finish_reason == "error":
-        raise ApiError(500, "generation_error", f"generation failed: {c.error or 'unknown error'}")
+        raise generation_failed(c, ERROR_CODE)
     if c.finish_reason == "abort":  # the engine stopped it (shutdown): not a finished answer
         raise ApiError(503, "engine_not_running", c.error or "the engine stopped this request",
                        headers={"retry-after": "1"})

@@ -31,7 +31,13 @@ from kiln.api.handlers.extras import (
     logits_extras,
     text_extras,
 )
-from kiln.api.handlers.generation import Completion, collect_all, submit_all, until_disconnect
+from kiln.api.handlers.generation import (
+    Completion,
+    collect_all,
+    generation_failed,
+    submit_all,
+    until_disconnect,
+)
 from kiln.api.handlers.logprobs import CompletionLogprobs
 from kiln.api.handlers.params import (
     choice_seed,
@@ -290,7 +296,7 @@ def start(state: AppState, prep: Prepared, rid: str, arrived: float) -> list[Req
 
 def finish_reason(c: Completion) -> Finish:
     if c.finish_reason == "error":
-        raise ApiError(500, "generation_error", f"generation failed: {c.error or 'unknown error'}")
+        raise generation_failed(c, ERROR_CODE)
     if c.finish_reason == "abort":
         raise ApiError(503, "engine_not_running", c.error or "the engine stopped this request",
                        headers={"retry-after": "1"})

@@ -12,7 +12,7 @@ from starlette.requests import Request as HttpRequest
 from kiln import metrics
 from kiln.api.errors import ApiError
 from kiln.api.state import AppState, app_state
-from kiln.engine.errors import EngineError
+from kiln.engine.errors import NOTHING_ALLOWED, EngineError
 from kiln.engine.metrics import RequestMetrics
 from kiln.engine.outputs import RequestOutput, TokenLogprobs
 from kiln.engine.request import Request, SamplingParams
@@ -206,3 +206,11 @@ async def until_disconnect(
         raise ApiError(499, "client_disconnected", "client closed the connection")
     watcher.cancel()
     return task.result()
+
+
+def generation_failed(c: Completion, code: str) -> ApiError:
+    """A finished-with-error completion as the response's error: a 400 (``code``) when the
+    request's own logits processors and constraint left no token to sample, else a 500."""
+    if c.error == NOTHING_ALLOWED:
+        return ApiError(400, code, f"{NOTHING_ALLOWED}: the request can produce no token")
+    return ApiError(500, "generation_error", f"generation failed: {c.error or 'unknown error'}")

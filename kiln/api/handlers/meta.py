@@ -7,6 +7,7 @@ from starlette.responses import Response
 
 from kiln import metrics
 from kiln.api.encode import json_response
+from kiln.api.handlers.params import state_max_tokens
 from kiln.api.served_openapi import Bounds, served_openapi
 from kiln.api.state import app_state
 from kiln.engine.grammar import can_drive
@@ -56,5 +57,5 @@ async def openapi(request: Request) -> Response:
         model_names=(backend.model_id, *backend.aliases),
         default_budget=(cfg.default_thinking_budget_tokens is not None
                         or cfg.default_thinking_budget_ms is not None),
-        grammars=can_drive(backend.tokenizer)))
+        grammars=can_drive(backend.tokenizer), max_new_tokens=state_max_tokens(state)))
     return Response(body, media_type="application/json")
