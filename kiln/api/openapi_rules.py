@@ -57,12 +57,38 @@ def chat_shape_rules(code: str, b: Bounds, conversation: str) -> list[Rule]:
         rule("model_dependent", param, "invalid_messages",
              "kiln.api.handlers.prepare.render_prompt",
              "the model's chat template (a Jinja program) may refuse a conversation"),
+        *vllm_field_rules(code, b),  # before the budget's: they name the field the server does
         rule("model_dependent", "max_tokens", code, "kiln.api.handlers.prepare.apply_budget",
              "where a thinking budget applies (the prompt ends inside a reasoning block, which "
              "the template decides), max_tokens fits the tokenizer's close sequence and no stop "
              "string overlaps it",
-             when={} if b.default_budget else any_of(given("thinking_budget_tokens"),
-                                                     given("thinking_budget_ms"))),
+             when={} if b.default_budget else any_of(
+                 given("thinking_budget_tokens"), given("thinking_budget_ms"),
+                 has("thinking_token_budget", {"minimum": 0}))),
+    ]
+
+
+def vllm_field_rules(code: str, b: Bounds) -> list[Rule]:
+    """vLLM's request fields on chat and batch (kiln.api.handlers.extras): truncation keeps a
+    token, prompt_logprobs does not stream, thinking_token_budget names thinking_budget_tokens'
+    limit (-1 as null) when both are set."""
+    where, alias, kiln = "kiln.api.handlers.extras", "thinking_token_budget", "thinking_budget_tokens"
+    both = all_of(has(alias, {"type": "integer", "minimum": 0}), has(kiln, {"type": "integer"}))
+    return [
+        rule("refused_when", "truncate_prompt_tokens", code, f"{where}.truncation",
+             "truncation keeps at least one prompt token",
+             when=any_of(has("truncate_prompt_tokens", {"const": 0}), all_of(
+                 has("truncate_prompt_tokens", {"const": -1}),
+                 has("max_tokens", {"type": "integer", "minimum": b.max_model_len})))),
+        rule("refused_when", "prompt_logprobs", unsupported.CODE, f"{where}.prompt_logprobs_wanted",
+             "prompt_logprobs is implemented for non-streaming requests",
+             when=all_of(STREAM, given("prompt_logprobs"))),
+        rule("refused_when", alias, code, f"{where}.thinking_tokens", "the two name one limit",
+             when=any_of(all_of(has(alias, {"const": -1}), has(kiln, {"type": "integer"})),
+                         all_of(has(alias, {"minimum": 0}), has(kiln, {"type": "null"})))),
+        *[rule("compare", alias, code, f"{where}.thinking_tokens", "the two name one limit",
+               when=both, left=field(x), op="<=", right=field(y))
+          for x, y in ((alias, kiln), (kiln, alias))],
     ]
 
 
@@ -136,6 +162,7 @@ def batch_rules(b: Bounds) -> list[Rule]:
     code = "batch_invalid_request"
     both = [field("prompts", measure="length"), field("n", if_absent=1, if_null=1)]
     return [
+        *unsupported_fields(unsupported.CHAT_FIELDS),  # extras.chat_extras, as on chat
         rule("product_max", "prompts", "batch_too_large", "kiln.api.contract.check_batch",
              "prompts x n outputs per request", factors=both, max=MAX_BATCH_ITEMS),
         rule("product_max", "n", "batch_too_large", "kiln.api.handlers.generation.submit_all",
@@ -143,6 +170,7 @@ def batch_rules(b: Bounds) -> list[Rule]:
              factors=both, max=b.capacity),
         *chat_shape_rules(code, b, "prompts[*]"),
         *repetition_rules(code),
+        *min_tokens_rules(code, field(["max_tokens", "max_completion_tokens"])),
         *constraint_rules(b, code, tools=True),
     ]
 

@@ -7,7 +7,8 @@ The generated kiln/api/_generated/openapi.json stays model-independent (uint32 t
 
 - `TokenId.maximum` = the tokenizer's vocabulary size - 1 (completions prompt IDs,
   allowed_token_ids, logprob_token_ids, detokenize tokens) and `logit_bias`'s keys as decimals below it;
-- `top_logprobs` (chat, batch) and completions `logprobs` at most --max-logprobs;
+- `top_logprobs` and `prompt_logprobs` (chat, batch) and completions `logprobs` at most
+  --max-logprobs;
 - `x-kiln-served-bounds`: the same figures plus the model's context length and the admission
   gate's capacity, in one place;
 - `x-kiln-rules` on each operation: the rules its handler enforces beyond the JSON Schema, as
@@ -25,9 +26,11 @@ from typing import Any
 
 from kiln.api import _generated
 
-_LOGIT_BIAS = ("ChatCompletionRequest", "TextCompletionRequest")
+_LOGIT_BIAS = ("ChatCompletionRequest", "BatchCompletionRequest", "TextCompletionRequest")
 _TOP_LOGPROBS = (("ChatCompletionRequest", "top_logprobs"),
+                 ("ChatCompletionRequest", "prompt_logprobs"),  # beside generation, as vLLM
                  ("BatchCompletionRequest", "top_logprobs"),
+                 ("BatchCompletionRequest", "prompt_logprobs"),
                  ("TextCompletionRequest", "logprobs"))
 
 

@@ -76,6 +76,27 @@ CASES: list[tuple[str, dict[str, Any], bool]] = [
     (CHAT, {"messages": M, "rollout_provenance": True, "tool_choice": "auto"}, True),
     (CHAT, {"messages": [{"role": "user", "content": "x" * LEN}]}, True),
     (BATCH, {"prompts": [M] * 9, "n": 8}, True),
+    # vLLM's request fields on chat and batch (kiln.api.handlers.extras)
+    *((route, {body_key: body_val, **fields}, refused)
+      for route, body_key, body_val in ((CHAT, "messages", M), (BATCH, "prompts", [M]))
+      for fields, refused in (
+          ({"min_tokens": 5, "max_tokens": 3}, True),
+          ({"min_tokens": 2, "stop": ["x"]}, True),
+          ({"min_tokens": 2, "max_tokens": 3}, False),
+          ({"truncate_prompt_tokens": 0}, True),
+          ({"truncate_prompt_tokens": -1, "max_tokens": LEN}, True),
+          ({"truncate_prompt_tokens": 3}, False),
+          ({"thinking_token_budget": 3, "thinking_budget_tokens": 4}, True),
+          ({"thinking_token_budget": 4, "thinking_budget_tokens": 3}, True),
+          ({"thinking_token_budget": -1, "thinking_budget_tokens": 3}, True),
+          ({"thinking_token_budget": 3, "thinking_budget_tokens": None}, True),
+          ({"thinking_token_budget": -1, "thinking_budget_tokens": None}, False),
+          ({"prompt_logprobs": 2}, False),
+      )),
+    (CHAT, {"messages": M, "prompt_logprobs": 2, "stream": True}, True),
+    (CHAT, {"messages": M, "use_beam_search": True}, True),
+    (BATCH, {"prompts": [M], "length_penalty": 2.0}, True),
+    (BATCH, {"prompts": [M], "length_penalty": 1.0, "vllm_xargs": None}, False),
     (BATCH, {"prompts": [M] * 8, "n": 8}, False),
     (COMP, {"prompt": "hi"}, False),
     (COMP, {"prompt": "hi", "suffix": "x"}, True),

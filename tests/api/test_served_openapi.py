@@ -68,3 +68,24 @@ def test_generated_document_stays_model_independent() -> None:
     schemas = _generated_doc()["components"]["schemas"]
     assert schemas["TokenId"]["maximum"] == 2**32 - 1
     assert "x-kiln-served-bounds" not in _generated_doc()
+
+
+def test_chat_and_batch_prompt_logprobs_and_logit_bias_are_served_bounded(
+        doc_client: TestClient) -> None:
+    """Chat's and batch's prompt_logprobs are at most --max-logprobs (7 here) and batch's
+    logit_bias keys below the vocabulary, in the document and at the server alike."""
+    schemas = doc_client.get("/openapi.json").json()["components"]["schemas"]
+    for name in ("ChatCompletionRequest", "BatchCompletionRequest"):
+        k = schemas[name]["properties"]["prompt_logprobs"]["oneOf"]
+        assert [b.get("maximum") for b in k if b.get("type") == "integer"] == [7]
+    bias = schemas["BatchCompletionRequest"]["properties"]["logit_bias"]["oneOf"]
+    assert next(b for b in bias if b.get("type") == "object")["propertyNames"]["pattern"] == \
+        below(VOCAB)
+    for route, body in (("/v1/chat/completions", {"messages": MSG}),
+                        ("/v1/completions/batch", {"prompts": [MSG]})):
+        for k, status in ((7, 200), (8, 400)):
+            r = doc_client.post(route, json={**body, "max_tokens": 2, "prompt_logprobs": k})
+            assert r.status_code == status, r.text
+        for key, status in ((str(VOCAB - 1), 200), (str(VOCAB), 400)):
+            r = doc_client.post(route, json={**body, "max_tokens": 2, "logit_bias": {key: 1}})
+            assert r.status_code == status, r.text

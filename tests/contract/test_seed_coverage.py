@@ -91,6 +91,23 @@ ADDED_FIELDS = {
       for f in ("logprob_token_ids", "repetition_detection", "session_id", "priority",
                 "cache_salt")),
     *((d, "stop_reason") for d in ("Choice", "ChunkChoice", "BatchCompletionItem")),
+    # issue 25, fourth part: the logits extras on batch as on chat
+    *(("BatchCompletionRequest", f) for f in (
+        "stop_token_ids", "min_tokens", "logit_bias", "allowed_token_ids")),
+    ("ChatCompletionRequest", "allowed_token_ids"),
+    # and vLLM's request fields on chat as on completions
+    *(("ChatCompletionRequest", f) for f in (
+        "thinking_token_budget", "truncate_prompt_tokens", "truncation_side",
+        "return_tokens_as_token_ids", "request_id", "prompt_logprobs")),
+    ("ChatCompletionResponse", "prompt_logprobs"),
+    *(("BatchCompletionRequest", f) for f in (
+        "thinking_token_budget", "truncate_prompt_tokens", "truncation_side",
+        "return_tokens_as_token_ids", "request_id", "prompt_logprobs")),
+    ("BatchCompletionItem", "prompt_logprobs"),
+    # the seed's unsupported fields that vLLM's chat request has too: refused when set
+    *((d, f) for d in ("ChatCompletionRequest", "BatchCompletionRequest")
+      for f in ("use_beam_search", "length_penalty", "kv_transfer_params", "vllm_xargs")),
+    *((d, "add_special_tokens") for d in ("ChatCompletionRequest", "BatchCompletionRequest")),
 }
 # Definitions that vLLM's completions request (seed vllm-completion-request.schema.json) has
 # replaced: tests/contract/test_vllm_seed_coverage.py checks them against that seed. Here they

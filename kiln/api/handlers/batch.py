@@ -8,14 +8,14 @@ whole request.
 from __future__ import annotations
 
 import time
-import uuid
 
 from starlette.requests import Request
 from starlette.responses import Response
 
 from kiln.api._generated import wire
 from kiln.api.encode import as_wire, finish_reason, json_response
-from kiln.api.handlers.extras import included_stop
+from kiln.api.handlers.completions_gen import scored_prompt
+from kiln.api.handlers.extras import included_stop, response_id
 from kiln.api.handlers.generation import Completion, collect_all, submit_all, until_disconnect
 from kiln.api.handlers.logprobs import chat_content
 from kiln.api.handlers.prepare import Prompt, Shape, prepare_batch
@@ -39,17 +39,22 @@ async def create(request: Request) -> Response:
     jobs = submit_all(state, work, code="batch_too_large", cache_salt=run0.cache_salt,
                       priority=run0.priority)
     results = await until_disconnect(request, collect_all(jobs))
+    k_prompt = shape.prompt_logprobs
+    prompt_lists = [] if k_prompt is None else [  # vLLM's prompt_logprobs, per prompt
+        await scored_prompt(state, prompt.ids, k_prompt, run.lora) for prompt, run in batch.items]
     n = batch.items[0][1].n
     items = []
     for k, done in enumerate(results):
         p, c = divmod(k, n)
         prompt, run = batch.items[p]
-        items.append(_item(state, shape, p, c, done, prompt, run.params[c].stop,
-                           run.budget_applied))
+        item = _item(state, shape, p, c, done, prompt, run.params[c].stop, run.budget_applied)
+        if prompt_lists and item.finish_reason != "error":
+            item.prompt_logprobs = prompt_lists[p]
+        items.append(item)
     prompt_tokens = sum(item.usage.prompt_tokens for item in items)
     completion_tokens = sum(item.usage.completion_tokens for item in items)
     return json_response(wire.BatchCompletionResponse(
-        id=f"batchcmpl-{uuid.uuid4()}",
+        id=response_id(req, "batchcmpl"),  # vLLM's request_id, else a fresh uuid
         object="batch.completion",
         created=int(time.time()),
         model=shape.model,
@@ -96,7 +101,7 @@ def _item(state: AppState, shape: Shape, p: int, c: int, done: Completion, promp
         item.thinking_budget = as_wire(done.thinking_outcome.wire())
     if shape.logprobs is not None:
         item.logprobs = wire.ChatLogprobs(content=chat_content(
-            state.backend.tokenizer, prompt.ids, done.token_ids, done.tops))
+            state.backend.tokenizer, prompt.ids, done.token_ids, done.tops, as_ids=shape.as_ids))
     if shape.return_token_ids:
         item.prompt_token_ids = prompt.ids
         item.token_ids = done.token_ids

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-import uuid
 from dataclasses import asdict
 from typing import Any
 
@@ -16,7 +15,8 @@ from kiln.api._generated import wire
 from kiln.api.encode import Finish, as_wire, finish_reason, json_response
 from kiln.api.errors import ApiError
 from kiln.api.handlers import chat_stream, rollout
-from kiln.api.handlers.extras import included_stop
+from kiln.api.handlers.completions_gen import scored_prompt
+from kiln.api.handlers.extras import included_stop, response_id
 from kiln.api.handlers.generation import (
     Completion,
     collect_all,
@@ -46,7 +46,7 @@ async def create(request: Request) -> Response:
     prompt, run = prepared.prompt, prepared.run
     if prepared.shape.rollout:
         rollout.check(state, prepared)
-    completion_id = f"chatcmpl-{uuid.uuid4()}"
+    completion_id = response_id(req, "chatcmpl")  # vLLM's request_id, else a fresh uuid
     rid = request_id(request)
     if prepared.shape.stream:
         outputs = submit(state, f"{rid}-0", prompt.ids, run.params[0], run.lora, arrived,
@@ -59,6 +59,9 @@ async def create(request: Request) -> Response:
     )
     completions = await until_disconnect(request, collect_all(streams))
     body_out = response_body(state, prepared, completion_id, completions, started)
+    if prepared.shape.prompt_logprobs is not None:  # vLLM's, beside the choices
+        body_out.prompt_logprobs = await scored_prompt(
+            state, prompt.ids, prepared.shape.prompt_logprobs, run.lora)
     return json_response(body_out)
 
 
@@ -167,7 +170,7 @@ def response_body(
             choice.token_ids = c.token_ids
         if shape.logprobs is not None:
             choice.logprobs = wire.ChatLogprobs(content=chat_content(
-                state.backend.tokenizer, prompt.ids, c.token_ids, c.tops))
+                state.backend.tokenizer, prompt.ids, c.token_ids, c.tops, as_ids=shape.as_ids))
         if run.budget_applied and c.thinking_outcome is not None:
             choice.thinking_budget = as_wire(c.thinking_outcome.wire())
         if shape.rollout:

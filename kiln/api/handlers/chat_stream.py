@@ -173,7 +173,8 @@ async def frames(
             tally.add(out)
             if prepared.shape.logprobs is not None:
                 chunks.pending.extend(chat_content(state.backend.tokenizer, context,
-                                                   out.new_token_ids, out.new_top_logprobs))
+                                                   out.new_token_ids, out.new_top_logprobs,
+                                                   as_ids=prepared.shape.as_ids))
                 context.extend(out.new_token_ids)
             # one write per engine output: its deltas and token timings as one body chunk
             batch = tools.frames(splitter.push(out.text_delta))

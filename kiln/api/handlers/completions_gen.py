@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +28,11 @@ from kiln.api.handlers.extras import (
     generation_extras,
     included_stop,
     logits_extras,
+    response_id,
     text_extras,
+    thinking_tokens,
+    truncate,
+    truncation,
 )
 from kiln.api.handlers.generation import (
     Completion,
@@ -56,7 +59,7 @@ from kiln.api.handlers.prepare import (
 from kiln.api.state import AppState
 from kiln.engine.request import GrammarSpec, SamplingParams
 from kiln.engine.stream import RequestStream
-from kiln.text.budget import BudgetConfig, resolve
+from kiln.text.budget import resolve
 from kiln.text.detokenizer import decode_in_context
 from kiln.text.reasoning import prompt_starts_in_reasoning
 
@@ -105,28 +108,6 @@ def split_prompts(prompt: Any) -> list[str | list[int]]:
 def is_token_id(x: Any) -> bool:
     """A token ID: the contract's integers accept integral floats (2.0) too."""
     return isinstance(x, int | float) and not isinstance(x, bool)
-
-
-def truncate(ids: list[int], keep: int | None, side: str | None) -> list[int]:
-    """truncate_prompt_tokens: the last ``keep`` tokens (truncation_side left, the default) or
-    the first (right)."""
-    if keep is None or len(ids) <= keep:
-        return ids
-    return ids[:keep] if side == "right" else ids[len(ids) - keep:]
-
-
-def _truncation(req: Any, limit: int, wanted: int | None) -> int | None:
-    """truncate_prompt_tokens -> tokens to keep (None: no truncation); -1 keeps what leaves room
-    for max_tokens (``wanted``) in the context window (max_model_len - max_tokens)."""
-    t = opt(req.truncate_prompt_tokens)
-    if t is None:
-        return None
-    if t == -1:
-        t = limit - int(wanted or 0)
-    if t < 1:
-        raise bad(f"truncate_prompt_tokens leaves {t} prompt tokens; at least 1 is needed",
-                  "truncate_prompt_tokens")
-    return int(t)
 
 
 def _tokenize(state: AppState, req: Any, keep: int | None = None
@@ -182,7 +163,7 @@ def prepare(state: AppState, req: Any, selection: Selection, model: str, *,
     """``grammar``: the structured-output constraint every choice runs under."""
     limit = state.backend.max_model_len
     wanted = wanted_max_tokens(req, max_tokens_given, state_max_tokens(state))
-    prompts, texts = _tokenize(state, req, _truncation(req, limit, wanted))
+    prompts, texts = _tokenize(state, req, truncation(req, limit, wanted, ERROR_CODE))
     keep = int(opt(req.n) or 1)
     n = int(opt(getattr(req, "best_of", None)) or keep)
     if n < keep:
@@ -208,7 +189,7 @@ def prepare(state: AppState, req: Any, selection: Selection, model: str, *,
                            stop_token_ids=stop_ids, max_tokens=wanted) | text_extras(req)
     extras |= generation_extras(req, None if logprobs is None else int(logprobs),
                                 state.backend.tokenizer.vocab_size, ERROR_CODE)
-    budget = thinking_budget(req)
+    budget = resolve(thinking_tokens(req, ERROR_CODE), UNSET, None, None)  # vLLM's alias only
     params: list[SamplingParams] = []
     records: list[Prompt] = []
     for p, ids in enumerate(prompts):
@@ -223,9 +204,8 @@ def prepare(state: AppState, req: Any, selection: Selection, model: str, *,
             thinking=spec, grammar=grammar, **extras))
         records.append(Prompt(texts[p], ids, in_reasoning))
     options = opt(req.stream_options)
-    rid = opt(req.request_id)
     return Prepared(
-        completion_id=f"cmpl-{rid if rid else uuid.uuid4()}", prompts=tuple(records),
+        completion_id=response_id(req, "cmpl"), prompts=tuple(records),
         run=Run(tuple(params), selection.lora, selection.label, budget,
                 any(p.thinking is not None for p in params),
                 cache_salt=opt(req.cache_salt), priority=int(opt(req.priority) or 0)),
@@ -238,13 +218,6 @@ def prepare(state: AppState, req: Any, selection: Selection, model: str, *,
         n=n, keep=keep, as_ids=bool(opt(req.return_tokens_as_token_ids)),
         stream_interval=int(opt(req.stream_interval) or 1),
         prompt_logprobs=None if prompt_logprobs is None else int(prompt_logprobs))
-
-
-def thinking_budget(req: Any) -> BudgetConfig:
-    """vLLM's thinking_token_budget as Kiln's thinking budget in tokens (-1 or null: none). It
-    applies where the prompt ends inside a reasoning block, as on chat."""
-    tokens = opt(getattr(req, "thinking_token_budget", None))
-    return resolve(None if tokens is None or tokens < 0 else int(tokens), UNSET, None, None)
 
 
 async def score_echoes(state: AppState, prep: Prepared) -> None:
@@ -267,6 +240,14 @@ async def score_echoes(state: AppState, prep: Prepared) -> None:
 
 def _top(s: PositionScore, k: int) -> PositionScore:
     return dataclasses.replace(s, top_ids=s.top_ids[:k], top_logprobs=s.top_logprobs[:k])
+
+
+async def scored_prompt(state: AppState, ids: list[int], k: int,
+                        lora: tuple[tuple[Any, float], ...]) -> list[Any]:
+    """vLLM's prompt_logprobs beside generation for one prompt (chat's; completions shares its
+    scoring pass with echo, ``score_echoes``): the scoring route's top ``k`` per position."""
+    scores = list(await state.backend.score(ids, k, lora)) if len(ids) > 1 else []
+    return prompt_logprob_list(state.backend.tokenizer, ids, [_top(s, k) for s in scores])
 
 
 def prompt_logprob_list(tokenizer: Any, ids: list[int], scores: list[PositionScore]

@@ -3,10 +3,14 @@ served vocabulary: ``logit_bias`` (decimal token-ID keys, values clamped to ±10
 ``allowed_token_ids``, and ``min_tokens`` (EOS and the stop token IDs cannot be sampled before
 it; with stop strings a 400, since those are still matched from the first token),
 ``bad_words`` (token-id sequences whose last id cannot complete them), and the per-token extras
-every generating route shares (``generation_extras``: logprob_token_ids, repetition_detection)."""
+every generating route shares (``generation_extras``: logprob_token_ids, repetition_detection),
+and vLLM's request fields that completions and chat share: ``response_id`` (request_id),
+``thinking_tokens`` (thinking_token_budget), ``truncation`` / ``truncate``
+(truncate_prompt_tokens, truncation_side)."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from msgspec import UNSET
@@ -166,15 +170,16 @@ def logprobs_wanted(req: Any, max_logprobs: int, code: str) -> int | None:
 
 
 def chat_extras(req: Any, tokenizer: Any, stop: tuple[str, ...], max_tokens: int | None,
-                max_logprobs: int) -> dict[str, Any]:
-    """Chat's vLLM/OpenAI generation extras as SamplingParams fields (after refusing the ones
-    not implemented): logprobs (top_logprobs alternatives; top_logprobs needs logprobs: true),
-    stop_token_ids, logit_bias, min_tokens and ``generation_extras`` (include_stop_str_in_output
-    is the handler's: ``included_stop``)."""
+                max_logprobs: int, code: str = "chat_invalid_request") -> dict[str, Any]:
+    """Chat's and batch's vLLM/OpenAI generation extras as SamplingParams fields (after refusing
+    the ones not implemented), the same for every choice or item: logprobs (top_logprobs
+    alternatives; top_logprobs needs logprobs: true), stop_token_ids, logit_bias,
+    allowed_token_ids, min_tokens (``max_tokens``: the one asked for), bad_words, the text
+    extras and ``generation_extras`` (include_stop_str_in_output is the handler's:
+    ``included_stop``). ``code``: the route's error code."""
     check(req, CHAT_FIELDS)
     given = opt(getattr(req, "stop_token_ids", None))
     stop_ids = tuple(int(t) for t in given or ())
-    code = "chat_invalid_request"
     logprobs = logprobs_wanted(req, max_logprobs, code)
     return {
         "logprobs": logprobs,
@@ -184,3 +189,60 @@ def chat_extras(req: Any, tokenizer: Any, stop: tuple[str, ...], max_tokens: int
                         stop_token_ids=stop_ids, max_tokens=max_tokens),
         **text_extras(req),
     }
+
+
+def response_id(req: Any, prefix: str) -> str:
+    """vLLM's request_id: the response id is ``<prefix>-<request_id>`` (else a fresh uuid)."""
+    rid = opt(getattr(req, "request_id", None))
+    return f"{prefix}-{rid if rid else uuid.uuid4()}"
+
+
+def thinking_tokens(req: Any, code: str) -> Any:
+    """The thinking-token limit a request asks for, as kiln.text.budget.resolve takes it (UNSET:
+    the server default; None: unlimited; n): Kiln's ``thinking_budget_tokens`` or vLLM's alias
+    ``thinking_token_budget`` (-1: unlimited; null: as if absent). Both set to different limits
+    is a 400 naming the alias, never one of them silently ignored."""
+    kiln = getattr(req, "thinking_budget_tokens", UNSET)
+    alias = opt(getattr(req, "thinking_token_budget", None))
+    if alias is None:
+        return kiln
+    limit = None if alias < 0 else int(alias)
+    if kiln is not UNSET and kiln != limit:
+        raise ApiError(400, code, f"thinking_token_budget ({alias}) and thinking_budget_tokens "
+                                  f"({kiln}) name different limits; set one",
+                       param="thinking_token_budget")
+    return limit
+
+
+def truncate(ids: list[int], keep: int | None, side: str | None) -> list[int]:
+    """truncate_prompt_tokens: the last ``keep`` tokens (truncation_side left, the default) or
+    the first (right)."""
+    if keep is None or len(ids) <= keep:
+        return ids
+    return ids[:keep] if side == "right" else ids[len(ids) - keep:]
+
+
+def truncation(req: Any, limit: int, wanted: int | None, code: str) -> int | None:
+    """truncate_prompt_tokens -> tokens to keep (None: no truncation); -1 keeps what leaves room
+    for max_tokens (``wanted``) in the context window (max_model_len - max_tokens)."""
+    t = opt(getattr(req, "truncate_prompt_tokens", None))
+    if t is None:
+        return None
+    if t == -1:
+        t = limit - int(wanted or 0)
+    if t < 1:
+        raise ApiError(400, code, f"truncate_prompt_tokens leaves {t} prompt tokens; at least 1 "
+                                  "is needed", param="truncate_prompt_tokens")
+    return int(t)
+
+
+def prompt_logprobs_wanted(req: Any, max_logprobs: int, code: str) -> int | None:
+    """Chat's and batch's prompt_logprobs beside generation: at most --max-logprobs; with
+    ``stream: true`` (chat) a 400 unsupported_parameter."""
+    k = opt(getattr(req, "prompt_logprobs", None))
+    if k is None:
+        return None
+    check_logprobs(k, max_logprobs, "prompt_logprobs", code)
+    if opt(getattr(req, "stream", None)) is True:
+        raise unsupported("prompt_logprobs", "it is implemented for non-streaming requests only")
+    return int(k)

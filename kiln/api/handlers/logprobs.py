@@ -78,18 +78,27 @@ class CompletionLogprobs:
 
 
 def chat_content(tokenizer: Any, context: Sequence[int], ids: Sequence[int],
-                 entries: Sequence[TokenLogprobs | None]) -> list[ChatTokenLogprob]:
+                 entries: Sequence[TokenLogprobs | None], *, as_ids: bool = False
+                 ) -> list[ChatTokenLogprob]:
     """Chat `logprobs.content[]` for generated ``ids`` after ``context``. A token the thinking
-    budget forced (no entry) carries logprob -9999.0, OpenAI's floor, and no alternatives."""
+    budget forced (no entry) carries logprob -9999.0, OpenAI's floor, and no alternatives.
+    ``as_ids`` (return_tokens_as_token_ids): each token is written ``token_id:<id>`` (its bytes
+    stay the token's own)."""
     out: list[ChatTokenLogprob] = []
     ctx = list(context[-CONTEXT:])
     for tid, entry in zip(ids, entries, strict=True):
         decode = decode_in_context(tokenizer, ctx)
         top = [] if entry is None else [
-            ChatTopLogprob(token=decode(t), logprob=lp, bytes=token_bytes(tokenizer, t))
+            ChatTopLogprob(token=_token(decode, t, as_ids), logprob=lp,
+                           bytes=token_bytes(tokenizer, t))
             for t, lp in zip(entry.top_ids, entry.top_logprobs, strict=True)]
         out.append(ChatTokenLogprob(
-            token=decode(tid), logprob=-9999.0 if entry is None else entry.logprob,
+            token=_token(decode, tid, as_ids),
+            logprob=-9999.0 if entry is None else entry.logprob,
             bytes=token_bytes(tokenizer, tid), top_logprobs=top))
         ctx = [*ctx[1 - CONTEXT:], tid]
     return out
+
+
+def _token(decode: Any, token_id: int, as_ids: bool) -> str:
+    return f"token_id:{token_id}" if as_ids else str(decode(token_id))

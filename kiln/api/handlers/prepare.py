@@ -17,11 +17,11 @@ from kiln.api.errors import ApiError
 from kiln.api.handlers.adapters import resolve_model_adapter
 from kiln.api.handlers.constraints import constraint, plain
 from kiln.api.handlers.extras import (
-    bad_words_ids,
     chat_extras,
-    generation_extras,
-    logprobs_wanted,
-    text_extras,
+    prompt_logprobs_wanted,
+    thinking_tokens,
+    truncate,
+    truncation,
 )
 from kiln.api.handlers.params import (
     U64,
@@ -100,6 +100,8 @@ class Shape:
     return_token_ids: bool = False
     include_stop: bool = False  # include_stop_str_in_output: the matched stop string ends the text
     rollout: bool = False
+    as_ids: bool = False  # return_tokens_as_token_ids: logprobs tokens written token_id:<id>
+    prompt_logprobs: int | None = None  # vLLM's prompt_logprobs beside generation
 
 
 @dataclass(frozen=True)
@@ -170,21 +172,27 @@ def over_context(where: str, tokens: int, limit: int, param: str) -> ApiError:
                     param=param)
 
 
-def encode_prompt(backend: Backend, text: str, param: str, where: str | None = None
-                  ) -> list[int]:
-    """A rendered prompt's token ids, which must leave room in the context window for a token."""
+def encode_prompt(backend: Backend, text: str, param: str, where: str | None = None, *,
+                  special: bool = False, keep: int | None = None, side: str | None = None
+                  ) -> tuple[str, list[int]]:
+    """A rendered prompt's text and token ids (``special``: vLLM's add_special_tokens, BOS on
+    top of the template; ``keep``: truncate_prompt_tokens, from ``side``), which must leave
+    room in the context window for a token."""
     limit = backend.max_model_len
-    if backend.tokenizer.surely_over(text, limit):  # too long to be worth encoding
+    if keep is None and backend.tokenizer.surely_over(text, limit):  # not worth encoding
         raise ApiError(400, "context_length_exceeded", f"maximum context length is {limit} "
                        f"tokens; the prompt ({len(text)} characters) has more", param=param)
-    ids: list[int] = backend.tokenizer.encode(text, add_special_tokens=False)
+    ids: list[int] = backend.tokenizer.encode(text, add_special_tokens=special)
+    if keep is not None and len(ids) > keep:  # truncate_prompt_tokens, as completions
+        ids = truncate(ids, keep, side)
+        text = backend.tokenizer.decode(ids)
     if len(ids) >= limit:
         if where is not None:
             raise over_context(where, len(ids), limit, param)
         raise ApiError(400, "context_length_exceeded",
                        f"maximum context length is {limit} tokens; the prompt has {len(ids)} "
                        "tokens", param=param)
-    return ids
+    return text, ids
 
 
 def continue_final(prompt_text: str, final: str) -> str:
@@ -278,15 +286,19 @@ async def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> Prep
     text = render_prompt(state, req.messages, tools, kwargs, gen_prompt)
     if cont:
         text = continue_final(text, message_content(req.messages[-1].content))
-    ids = encode_prompt(backend, text, "messages")
-    tokenization_s = time.perf_counter() - started
     requested = requested_max_tokens(req.max_tokens, req.max_completion_tokens)
+    keep = truncation(req, backend.max_model_len,
+                      requested if requested is not None else state_max_tokens(state), CHAT_CODE)
+    text, ids = encode_prompt(backend, text, "messages", special=opt(req.add_special_tokens)
+                              is True, keep=keep, side=opt(req.truncation_side))
+    tokenization_s = time.perf_counter() - started
     max_tokens = effective_max_tokens(requested, len(ids), backend.max_model_len,
                                       state_max_tokens(state))
     stop = normalize_stop(opt(req.stop))
     n = int(opt(req.n) or 1)
-    budget = resolve(req.thinking_budget_tokens, req.thinking_budget_ms,
-                     cfg.default_thinking_budget_tokens, cfg.default_thinking_budget_ms)
+    budget = resolve(thinking_tokens(req, CHAT_CODE),  # or vLLM's thinking_token_budget
+                     req.thinking_budget_ms, cfg.default_thinking_budget_tokens,
+                     cfg.default_thinking_budget_ms)
     in_reasoning = prompt_starts_in_reasoning(text)
     spec = apply_budget(state, budget, in_reasoning, max_tokens, stop, CHAT_CODE)
     rollout = req.rollout_provenance is True
@@ -321,6 +333,8 @@ async def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> Prep
             return_token_ids=opt(req.return_token_ids) is True,
             include_stop=opt(req.include_stop_str_in_output) is True,
             rollout=rollout,
+            as_ids=opt(req.return_tokens_as_token_ids) is True,
+            prompt_logprobs=prompt_logprobs_wanted(req, cfg.max_logprobs, CHAT_CODE),
         ),
     )
 
@@ -338,26 +352,29 @@ async def prepare_batch(state: AppState, req: wire.BatchCompletionRequest, code:
     if tool_choice is not None:  # as chat renders it: templates may read tool_choice
         kwargs.setdefault("tool_choice", tool_choice)
     source = _thinking_source(req.chat_template_kwargs, cfg.default_thinking_enabled)
+    requested = requested_max_tokens(req.max_tokens, req.max_completion_tokens)
+    model_default = state_max_tokens(state)
+    keep = truncation(req, backend.max_model_len,
+                      requested if requested is not None else model_default, code)
     prompts: list[Prompt] = []
     for p, messages in enumerate(req.prompts):
         started = time.perf_counter()
         text = render_prompt(state, messages, tools, kwargs)
-        ids = encode_prompt(backend, text, f"prompts[{p}]", f"prompt {p}")
+        text, ids = encode_prompt(backend, text, f"prompts[{p}]", f"prompt {p}",
+                                  special=opt(req.add_special_tokens) is True, keep=keep,
+                                  side=opt(req.truncation_side))
         prompts.append(Prompt(text, ids, prompt_starts_in_reasoning(text), source,
                               time.perf_counter() - started, template_kwargs=kwargs))
-    requested = requested_max_tokens(req.max_tokens, req.max_completion_tokens)
     stop = normalize_stop(opt(req.stop))
     seed = opt(req.seed)
-    budget = resolve(req.thinking_budget_tokens, req.thinking_budget_ms,
+    budget = resolve(thinking_tokens(req, code), req.thinking_budget_ms,
                      cfg.default_thinking_budget_tokens, cfg.default_thinking_budget_ms)
     grammars = {r: await _grammar(state, req, code, tools, tool_choice, r)
                 for r in sorted({p.in_reasoning for p in prompts})}
-    logprobs = logprobs_wanted(req, cfg.max_logprobs, code)
-    fields = dict(logprobs=logprobs, bad_words_ids=bad_words_ids(opt(req.bad_words),
-                                                                 backend.tokenizer),
-                  **text_extras(req),
-                  **generation_extras(req, logprobs, backend.tokenizer.vocab_size, code))
-    model_default = state_max_tokens(state)
+    fields = chat_extras(req, backend.tokenizer, stop, requested, cfg.max_logprobs,
+                         code=code)  # as chat: the same for every item
+    logprobs = fields["logprobs"]
+    k_prompt = prompt_logprobs_wanted(req, cfg.max_logprobs, code)
     items = []
     for p, prompt in enumerate(prompts):
         max_tokens = effective_max_tokens(requested, len(prompt.ids), backend.max_model_len,
@@ -375,5 +392,6 @@ async def prepare_batch(state: AppState, req: wire.BatchCompletionRequest, code:
         parallel_tool_calls=opt(req.parallel_tool_calls) is not False,
         return_token_ids=opt(req.return_token_ids) is True,
         include_stop=opt(req.include_stop_str_in_output) is True,
+        as_ids=opt(req.return_tokens_as_token_ids) is True, prompt_logprobs=k_prompt,
     )
     return PreparedBatch(tuple(items), shape)

@@ -27,8 +27,10 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
     "vllm_xargs": (None,),
     "continue_final_message": (False,),
 }
-# Chat's share of them (the fields chat's contract gained for issue 25 but does not implement).
-CHAT_FIELDS: tuple[str, ...] = ()
+# Chat's and batch's share of them (the ones vLLM's chat request has too: issue 25; they had
+# been accepted and ignored as unknown fields).
+CHAT_FIELDS: tuple[str, ...] = ("use_beam_search", "length_penalty", "kv_transfer_params",
+                                "vllm_xargs")
 COMPLETION_FIELDS = tuple(k for k in NEUTRAL if k != "continue_final_message")
 
 
