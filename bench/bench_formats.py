@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 from kiln_kernels.quant import GGML_TYPES, pack_ggml
+from kiln_kernels.testing import random_raw
 
 from bench.bench_quant import kernel_bench_parser, write_report
-from tests.gguf_blocks import random_raw
 
 RESULTS = Path(__file__).parent / "results" / "formats.json"
 N, K = 2048, 1536

@@ -22,6 +22,8 @@ CASES = [
     ("kiln_kernels.quant", ("kiln",)),
     ("kiln_kernels.cpu", ("kiln",)),
     ("kiln_kernels.cpu.cpu_step", ("kiln",)),
+    # random GGML blocks for tests and benches: neither tests nor bench may be imported from it
+    ("kiln_kernels.testing", ("kiln", "tests", "bench")),
     ("codegen.__main__", ("kiln",)),
     # ray is an optional extra: only kiln.scale.ray_serve may import it
     ("kiln.cli", ("ray",)),
@@ -63,9 +65,10 @@ def test_engine_never_imports_api() -> None:
 
 
 def test_no_serving_module_imports_the_test_helper() -> None:
-    """kiln.testing starts servers and kiln.fuzz_filter filters fuzz cases, for tests and
-    benches; `kiln serve` loads neither."""
+    """kiln.testing starts servers, kiln.fuzz_filter filters fuzz cases and kiln_kernels.testing
+    makes random GGML blocks, for tests and benches; `kiln serve` loads none of them."""
     code = ("import sys, kiln.cli, kiln.serving, kiln.api.app\n"
-            "print('kiln.testing' in sys.modules, 'kiln.fuzz_filter' in sys.modules)\n")
+            "print('kiln.testing' in sys.modules, 'kiln.fuzz_filter' in sys.modules,\n"
+            "      'kiln_kernels.testing' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False False"
+    assert out.stdout.strip() == "False False False"

@@ -1,9 +1,11 @@
-"""Request validation against the contract itself.
+"""A request body in, checked against the contract: the edge's one reading stage.
 
-Pipeline per request body: untyped msgspec decode -> jsonschema_rs validation against the contract
-(compiled once) -> `msgspec.convert` into the generated struct -> the prose-only semantic checks in
-`rules.py`. Composition-rule failures (`allOf` branches) get hand-written messages from
-`RULE_MESSAGES`; a test fails when the contract has a rule without one.
+`Contract.read`: the body read within `--max-body-bytes` (415 for a non-JSON content type, 413
+past the limit) -> untyped msgspec decode -> jsonschema_rs validation against the contract
+(compiled once) -> `msgspec.convert` into the generated struct -> the contract's prose-only
+`x-kiln-semantic-constraints` that a definition has (`SEMANTIC_RULES`). Composition-rule failures
+(`allOf` branches) get hand-written messages from `RULE_MESSAGES`; a test fails when the contract
+has a rule without one, and when it gains a semantic constraint `SEMANTIC_CHECKS` does not name.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from typing import Any, TypeVar
 
 import jsonschema_rs
 import msgspec
+from msgspec import UNSET
+from starlette.requests import ClientDisconnect, Request
 
 from kiln.api import _generated
 from kiln.api._generated import wire
@@ -180,6 +184,16 @@ class Contract:
         except RecursionError:
             raise ApiError(400, "invalid_json", TOO_DEEP) from None
 
+    async def read(self, request: Request, limit: int, definition: str, target: type[T],
+                   error_code: str) -> T:
+        """The request's body read (``read_json_body``), parsed into ``target`` (``parse``) and
+        checked against the definition's semantic rules."""
+        req = self.parse(definition, await read_json_body(request, limit), target, error_code)
+        check = SEMANTIC_RULES.get(definition)
+        if check is not None:
+            check(req)
+        return req
+
     def parse(self, definition: str, body: bytes, target: type[T], error_code: str) -> T:
         """Decode, validate against the contract, and convert into the generated struct."""
         data = self.decode(body)
@@ -246,6 +260,127 @@ def _shorten(message: str) -> str:
         return message
     half = MAX_MESSAGE_CHARS // 2
     return f"{message[:half]} ... ({len(message) - 2 * half} characters left out) ... {message[-half:]}"
+
+
+# -- reading the body ----------------------------------------------------------------------------
+
+JSON_TYPES = ("application/json",)
+
+
+def _media_type(request: Request) -> str:
+    raw = request.headers.get("content-type", "")
+    return raw.split(";", 1)[0].strip().lower()
+
+
+async def read_json_body(request: Request, limit: int) -> bytes:
+    """The body's bytes: a JSON content type (415), at most ``limit`` bytes (413), not empty."""
+    media = _media_type(request)
+    if media not in JSON_TYPES and not media.endswith("+json"):
+        shown = media or "none"
+        raise ApiError(
+            415,
+            "unsupported_media_type",
+            f"Content-Type must be application/json (got {shown})",
+        )
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(limit)
+            chunks.append(chunk)
+    except ClientDisconnect:  # gone mid-upload: counted as 499 like any disconnect, not a 500
+        raise ApiError(499, "client_disconnected", "client closed the connection") from None
+    body = b"".join(chunks)
+    if not body.strip():
+        raise ApiError(400, "invalid_json", "request body is empty; a JSON object is required")
+    return body
+
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError(413, "request_too_large", f"request body exceeds the limit of {limit} bytes")
+
+
+# -- the contract's prose-only rules -------------------------------------------------------------
+
+MAX_BATCH_ITEMS = 64
+
+
+def _opt(value: Any) -> Any:
+    return None if value is UNSET else value
+
+
+def check_chat(req: Any) -> None:
+    if req.rollout_provenance is True:
+        tools = _opt(req.tools)
+        if tools:
+            raise ApiError(
+                400, "chat_invalid_request",
+                "rollout_provenance=true cannot be combined with non-empty tools", param="tools",
+            )
+        if _opt(req.tool_choice) is not None:
+            raise ApiError(
+                400, "chat_invalid_request",
+                "rollout_provenance=true cannot be combined with tool_choice",
+                param="tool_choice",
+            )
+
+
+def check_batch(req: Any) -> None:
+    n = _opt(req.n) or 1
+    total = len(req.prompts) * int(n)
+    if not 1 <= total <= MAX_BATCH_ITEMS:
+        raise ApiError(
+            400, "batch_too_large",
+            f"prompts.length * n must be between 1 and {MAX_BATCH_ITEMS}, got {total}",
+            param="prompts",
+        )
+
+
+SEMANTIC_RULES = {"ChatCompletionRequest": check_chat, "BatchCompletionRequest": check_batch}
+
+# contract constraint text -> the check (or handler step) that enforces it
+SEMANTIC_CHECKS: dict[str, str] = {
+    "prompts.length * (n or 1) <= 64": "kiln.api.contract.check_batch",
+    "rollout_provenance=true rejects non-empty tools and non-null tool_choice":
+        "kiln.api.contract.check_chat",
+    "rollout_provenance=true requires the real batching engine and content-addressed "
+    "base-policy identity": "kiln.api.handlers.rollout.check (501)",
+    "the effective max_tokens must fit the active tokenizer's reasoning close sequence when a "
+    "thinking budget applies": "kiln.api.handlers.prepare.apply_budget",
+    "the tokenized prompt is non-empty and has at most min(4096, served context length) tokens":
+        "kiln.api.handlers.completions.create",
+    "raw token IDs and prompt_logprobs do not exceed the served vocabulary":
+        "kiln.api.handlers.completions.create",
+    "scored positions * (prompt_logprobs + 1) <= 65536": "kiln.api.handlers.completions.create",
+    "real scoring rejects an active LoRA until adapter revision identity can be pinned":
+        "docs/decisions.md: scoring runs under the base model or the adapter `model` names; no "
+        "server-wide active LoRA to reject",
+    "exactly one of prompt and messages": "kiln.api.handlers.tokenizer.tokenize",
+    "token IDs are below the vocabulary size": "kiln.api.handlers.tokenizer.detokenize",
+    "prompts * n <= 64; a seed field this server does not implement, set to anything but its "
+    "default, is a 400 unsupported_parameter":
+        "kiln.api.handlers.completions_gen.prepare, kiln.api.handlers.unsupported.check",
+}
+
+# response-side invariants: what the server guarantees about what it emits
+RESPONSE_INVARIANTS: dict[str, str] = {
+    "total_tokens = prompt_tokens + completion_tokens": "every handler builds usage as a sum",
+    "serialized object size <= 1048576 bytes": "kiln.provenance.semantic_problems",
+    "prompt_token_count <= input_token_ids.length": "kiln.provenance.semantic_problems",
+    "action token sequence_index values are strictly increasing and index generated tokens":
+        "kiln.provenance.semantic_problems",
+    "each action token_id equals input_token_ids[sequence_index]":
+        "kiln.provenance.semantic_problems",
+    "at least one action token is sampled": "kiln.api.handlers.rollout.check (max_tokens)",
+    "forced action token IDs belong to sampling.thinking_budget.close_token_ids":
+        "kiln.provenance.semantic_problems",
+    "sum of UTF-8 stop-sequence bytes <= 16384": "kiln.api.handlers.rollout.check",
+}
 
 
 _CONTRACT: Contract | None = None

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kiln.api.contract import MAX_BATCH_ITEMS
 from kiln.api.handlers import rollout, unsupported
 from kiln.api.openapi_rule_parts import (
     STREAM,
@@ -33,7 +34,6 @@ from kiln.api.openapi_rule_parts import (
     value,
 )
 from kiln.api.openapi_rules_completions import completion_rules
-from kiln.api.rules import MAX_BATCH_ITEMS
 from kiln.api.served_openapi import Bounds
 
 
@@ -51,14 +51,14 @@ def chat_shape_rules(code: str, b: Bounds, conversation: str) -> list[Rule]:
                                                    "not": {"enum": list(b.model_names)}}),
                                      adapters)),
         rule("compare", param, "context_length_exceeded",
-             "kiln.api.handlers.chat_prepare", "the rendered prompt leaves room for a token",
+             "kiln.api.handlers.prepare", "the rendered prompt leaves room for a token",
              left=field(conversation, measure="rendered_tokens"), op="<",
              right=value(b.max_model_len)),
         rule("model_dependent", param, "invalid_messages",
-             "kiln.api.handlers.chat_prepare.render_prompt",
+             "kiln.api.handlers.prepare.render_prompt",
              "the model's chat template (a Jinja program) may refuse a conversation"),
         *vllm_field_rules(code, b),  # before the budget's: they name the field the server does
-        rule("model_dependent", "max_tokens", code, "kiln.api.handlers.chat_prepare.apply_budget",
+        rule("model_dependent", "max_tokens", code, "kiln.api.handlers.prepare.apply_budget",
              "where a thinking budget applies (the prompt ends inside a reasoning block, which "
              "the template decides), max_tokens fits the tokenizer's close sequence and no stop "
              "string overlaps it",
@@ -93,14 +93,14 @@ def vllm_field_rules(code: str, b: Bounds) -> list[Rule]:
 
 
 def chat_rules(b: Bounds, render: bool) -> list[Rule]:
-    code, prepare = "chat_invalid_request", "kiln.api.handlers.chat_prepare"
+    code, prepare = "chat_invalid_request", "kiln.api.handlers.prepare"
     out = [
         *unsupported_fields(unsupported.CHAT_FIELDS),
-        rule("refused_when", "tools", code, "kiln.api.rules.check_chat",
+        rule("refused_when", "tools", code, "kiln.api.contract.check_chat",
              "rollout_provenance takes no tools",
              when=all_of(has("rollout_provenance", {"const": True}),
                          has("tools", {"type": "array", "minItems": 1}))),
-        rule("refused_when", "tool_choice", code, "kiln.api.rules.check_chat",
+        rule("refused_when", "tool_choice", code, "kiln.api.contract.check_chat",
              "rollout_provenance takes no tool_choice",
              when=all_of(has("rollout_provenance", {"const": True}), given("tool_choice"))),
         rule("refused_when", "continue_final_message", code, prepare,
@@ -163,7 +163,7 @@ def batch_rules(b: Bounds) -> list[Rule]:
     both = [field("prompts", measure="length"), field("n", if_absent=1, if_null=1)]
     return [
         *unsupported_fields(unsupported.CHAT_FIELDS),  # extras.chat_extras, as on chat
-        rule("product_max", "prompts", "batch_too_large", "kiln.api.rules.check_batch",
+        rule("product_max", "prompts", "batch_too_large", "kiln.api.contract.check_batch",
              "prompts x n outputs per request", factors=both, max=MAX_BATCH_ITEMS),
         rule("product_max", "n", "batch_too_large", "kiln.api.handlers.generation.submit_all",
              "a request's engine requests fit the server's admission gate at once",
@@ -186,7 +186,7 @@ def tokenize_rules(b: Bounds) -> list[Rule]:
              left=field("messages", measure="rendered_tokens"), op="<=",
              right=value(4 * b.max_model_len)),
         rule("model_dependent", "messages", "invalid_messages",
-             "kiln.api.handlers.chat_prepare.render_prompt",
+             "kiln.api.handlers.prepare.render_prompt",
              "the model's chat template (a Jinja program) may refuse a conversation"),
     ]
 

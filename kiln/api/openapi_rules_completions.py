@@ -116,7 +116,7 @@ def generation_rules(b: Bounds, render: bool) -> list[Rule]:
         *min_tokens_rules(code, field("max_tokens", **defaults)),
         *repetition_rules(code, on),
         rule("model_dependent", "thinking_token_budget", code,
-             "kiln.api.handlers.chat_prepare.apply_budget",
+             "kiln.api.handlers.prepare.apply_budget",
              "where the prompt ends inside a reasoning block (the tokenizer's text decides), "
              "max_tokens fits the close sequence and no stop string overlaps it",
              when=all_of(on, has("thinking_token_budget", {"minimum": 0}))),

@@ -11,6 +11,8 @@ import msgspec
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from kiln.api._generated import wire
+
 DONE = b"data: [DONE]\n\n"
 KEEPALIVE = b": keep-alive\n\n"
 _encoder = msgspec.json.Encoder()
@@ -18,6 +20,13 @@ _encoder = msgspec.json.Encoder()
 
 def event(payload: Any) -> bytes:
     return b"data: " + _encoder.encode(payload) + b"\n\n"
+
+
+def generation_error(message: str) -> bytes:
+    """The event that ends a stream whose generation failed (then `[DONE]`): the error
+    envelope, since the status line has already gone out as 200."""
+    return event(wire.ErrorResponse(error=wire.ErrorDetail(
+        message=message, type="server_error", param=None, code="generation_error")))
 
 
 async def with_keepalive(

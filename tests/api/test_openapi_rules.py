@@ -13,8 +13,8 @@ import pytest
 from starlette.testclient import TestClient
 
 from kiln.api.app import build_app
+from kiln.api.contract import MAX_BATCH_ITEMS
 from kiln.api.handlers import completions_gen
-from kiln.api.rules import MAX_BATCH_ITEMS
 from kiln.config import ServerConfig
 from kiln.engine.errors import NOTHING_ALLOWED
 from kiln.fuzz_filter import TOKEN_SLACK, operand, refusal, resolve, rules_of

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from kiln.api.contract import contract
@@ -28,8 +29,9 @@ def test_n_choices_rate_is_the_first_choices_own() -> None:
     perf = performance(m, prompt_tokens=7, completion_tokens=18, choice_tokens=6,
                        total_latency_s=0.6, adapter="base", thinking_mode="non_reasoning",
                        finish_reason="length", tokenization_s=0.001)
-    assert perf["completion_tokens"] == 18
-    assert perf["decode_tokens_per_sec"] == pytest.approx(10.0)
-    assert perf["latency"]["emitted_tokens"] == 6
-    assert perf["latency"]["stall_threshold_ms"] == pytest.approx(500.0)
-    assert contract().first_violation("ChatCompletionPerformanceMetadata", perf) is None
+    assert perf.completion_tokens == 18
+    assert perf.decode_tokens_per_sec == pytest.approx(10.0)
+    assert perf.latency is not None and perf.latency.emitted_tokens == 6
+    assert perf.latency.stall_threshold_ms == pytest.approx(500.0)
+    wire = msgspec.to_builtins(perf)  # what the response carries
+    assert contract().first_violation("ChatCompletionPerformanceMetadata", wire) is None

@@ -8,8 +8,7 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from kiln.api.contract import RULE_MESSAGES, contract
-from kiln.api.rules import RESPONSE_INVARIANTS, SEMANTIC_CHECKS
+from kiln.api.contract import RESPONSE_INVARIANTS, RULE_MESSAGES, SEMANTIC_CHECKS, contract
 
 ROUTE_OF = {
     "ChatCompletionRequest": "/v1/chat/completions",

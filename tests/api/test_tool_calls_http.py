@@ -11,8 +11,8 @@ from starlette.testclient import TestClient
 from kiln.api._generated import wire
 from kiln.api.app import build_app
 from kiln.api.contract import contract
-from kiln.api.handlers.chat_prepare import template_messages
 from kiln.config import ServerConfig
+from kiln.text.chat_template import template_messages
 from tests.api.fake_backend import FakeBackend
 from tests.api.test_chat_fake import sse_events
 

@@ -16,8 +16,9 @@ from kiln_kernels.quant import (
     pack_ggml,
 )
 from kiln_kernels.quant.formats import RAW_BLOCK, untile_raw
+from kiln_kernels.testing import random_raw
 
-from tests.gguf_blocks import gguf_dequantize, random_raw
+from tests.gguf_blocks import gguf_dequantize
 
 pytestmark = pytest.mark.skipif(not kernels_available(), reason="no C compiler for the kernels")
 

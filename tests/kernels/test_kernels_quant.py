@@ -22,8 +22,9 @@ from kiln_kernels.quant import (
     untile,
 )
 from kiln_kernels.quant.formats import GGML_TYPES
+from kiln_kernels.testing import random_raw
 
-from tests.gguf_blocks import gguf_dequantize, random_raw
+from tests.gguf_blocks import gguf_dequantize
 from tests.numerics import matmul_bound
 
 pytestmark = pytest.mark.skipif(not kernels_available(), reason="no C compiler for the kernels")

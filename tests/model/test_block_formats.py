@@ -12,11 +12,12 @@ import pytest
 import torch
 from kiln_kernels.cpu import available as kernels_available
 from kiln_kernels.quant import PackedConcat, PackedWeight, pack_ggml
+from kiln_kernels.testing import random_raw
 
 from kiln.model import CausalLM, KVCache, build_forward_batch, load_model
 from kiln.model.config import ModelConfig
 from kiln.model.quantized import attach_packed, float32_state_dict
-from tests.gguf_blocks import gguf_dequantize, random_raw
+from tests.gguf_blocks import gguf_dequantize
 from tests.model.test_cpu_step import BLOCK, compare_greedy, new_cache, tables
 from tests.numerics import assert_logits_close
 from tests.tiny_models import model_from_tensors, random_tensors, tiny_config, write_tiny_gguf

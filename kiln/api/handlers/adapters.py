@@ -1,4 +1,5 @@
-"""Adapter management (`/v1/adapters...`) and per-request adapter selection (docs/behavior.md §6).
+"""Adapter management (`/v1/adapters...`) and per-request model and adapter resolution
+(docs/behavior.md §6).
 
 Chat's and batch's `adapter` is tri-state: missing = the server default, null or "" = base, a
 name = that adapter (scoring on `/v1/completions` runs the base model unless `model` names an
@@ -26,7 +27,6 @@ from kiln.adapters import (
 )
 from kiln.api._generated import wire
 from kiln.api.backend import Backend
-from kiln.api.body import read_json_body
 from kiln.api.encode import json_response
 from kiln.api.errors import ApiError
 from kiln.api.handlers.generation import engine_error
@@ -103,7 +103,7 @@ async def select(
     backend: Backend, adapter: Any, adapters: Any, model_adapter: str | None, *, tri_state: bool
 ) -> Selection:
     """The adapter mix of a chat or batch request (tri_state: a missing ``adapter`` is the server
-    default), or of a scoring request (no default)."""
+    default), or of a completions request (no default)."""
     given_adapters = adapters is not UNSET and adapters is not None
     if model_adapter is not None:
         if (adapter is not UNSET and adapter not in (None, "")) or given_adapters:
@@ -126,6 +126,37 @@ async def select(
     if adapter is None or adapter == "":
         return BASE
     return await load_mix(backend, [(str(adapter), 1.0)], "adapter")
+
+
+def resolve_model(backend: Backend, requested: str | None) -> tuple[str, str | None]:
+    """docs/decisions.md: missing/null -> the served model; served id or alias -> fine; name of an
+    available adapter -> that adapter; else 404. Returns (model id to report, adapter or None)."""
+    if requested is None or requested == backend.model_id or requested in backend.aliases:
+        return backend.model_id, None
+    adapter = adapter_named_by_model(backend, requested)
+    if adapter is not None:
+        return adapter, adapter
+    names = [backend.model_id, *adapter_names(backend)]
+    shown = ", ".join(names[:9]) + (f" and {len(names) - 9} more" if len(names) > 9 else "")
+    raise ApiError(
+        404, "model_not_found", f"model {requested!r} is not served here; available: {shown}",
+        param="model",
+    )
+
+
+async def resolve_model_adapter(backend: Backend, model: str | None, adapter: Any,
+                                adapters: Any) -> tuple[str, Selection]:
+    """A chat or batch request's model (the id to report) and adapter mix, in one step."""
+    reported, model_adapter = resolve_model(backend, model)
+    return reported, await select(backend, adapter, adapters, model_adapter, tri_state=True)
+
+
+def adapter_names(backend: Backend) -> list[str]:
+    """Adapters that `model` can name: one named like the served model or an alias is shadowed
+    by it (`model` selects the base), so it is not listed as a second card with the same id."""
+    store = _store(backend)
+    served = {backend.model_id, *backend.aliases}
+    return [i.name for i in (store.list() if store is not None else []) if i.name not in served]
 
 
 def adapter_named_by_model(backend: Backend, model: str | None) -> str | None:
@@ -162,9 +193,9 @@ async def list_adapters(request: Request) -> Response:
 
 async def load(request: Request) -> Response:
     state = app_state(request)
-    body = await read_json_body(request, state.config.max_body_bytes)
-    req = state.contract.parse(
-        "AdapterLoadRequest", body, wire.AdapterLoadRequest, "invalid_adapter_request"
+    req = await state.contract.read(
+        request, state.config.max_body_bytes, "AdapterLoadRequest", wire.AdapterLoadRequest,
+        "invalid_adapter_request",
     )
     store = _require_store(state.backend)
     selection = await load_mix(state.backend, [(req.name, 1.0)], "name")

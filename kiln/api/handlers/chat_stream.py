@@ -10,14 +10,15 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from typing import Any
 
-from kiln.api.handlers.chat_prepare import PreparedChat
+from kiln.api._generated import wire
+from kiln.api.encode import Finish, as_wire, finish_reason
 from kiln.api.handlers.extras import included_stop
 from kiln.api.handlers.generation import Completion
 from kiln.api.handlers.logprobs import chat_content
 from kiln.api.handlers.perf import performance
-from kiln.api.sse import DONE, event
+from kiln.api.handlers.prepare import PreparedChat
+from kiln.api.sse import DONE, event, generation_error
 from kiln.api.state import AppState
 from kiln.engine.outputs import RequestOutput
 from kiln.text.budget import record
@@ -34,53 +35,54 @@ def _ms(t: float, start: float) -> float:
 
 class _Chunks:
     def __init__(self, completion_id: str, model: str) -> None:
-        self.base = {
-            "id": completion_id,
-            "object": "chat.completion.chunk",
-            "created": int(time.time()),
-            "model": model,
-        }
+        self.id, self.created, self.model = completion_id, int(time.time()), model
         # logprobs content of tokens not sent yet: the next chunk of the choice carries them
-        self.pending: list[dict[str, Any]] = []
+        self.pending: list[wire.ChatTokenLogprob] = []
 
-    def choice(self, delta: dict[str, Any], finish: str | None = None,
-               stop_reason: str | int | None = None, **extra: Any) -> bytes:
-        choice: dict[str, Any] = {"index": 0, "delta": delta}
+    def chunk(self, choices: list[wire.ChunkChoice]) -> wire.ChatCompletionChunk:
+        return wire.ChatCompletionChunk(id=self.id, object="chat.completion.chunk",
+                                        created=self.created, model=self.model, choices=choices)
+
+    def choice(self, delta: wire.Delta, finish: Finish | None = None,
+               stop_reason: str | int | None = None,
+               metadata: wire.StreamingTerminalMetadata | None = None) -> bytes:
+        choice = wire.ChunkChoice(index=0, delta=delta)
         if self.pending:
-            choice["logprobs"] = {"content": self.pending}
+            choice.logprobs = wire.ChatLogprobs(content=self.pending)
             self.pending = []
         if finish is not None:
-            choice["finish_reason"] = finish
+            choice.finish_reason = finish
         if stop_reason is not None:  # vLLM's, on the finishing chunk
-            choice["stop_reason"] = stop_reason
-        return event({**self.base, "choices": [choice], **extra})
+            choice.stop_reason = stop_reason
+        chunk = self.chunk([choice])
+        if metadata is not None:
+            chunk.metadata = metadata
+        return event(chunk)
 
     def deltas(self, d: Delta) -> list[bytes]:
         out = []
         if d.reasoning:
-            out.append(self.choice({"reasoning_content": d.reasoning}))
+            out.append(self.choice(wire.Delta(reasoning_content=d.reasoning)))
         if d.content:
-            out.append(self.choice({"content": d.content}))
+            out.append(self.choice(wire.Delta(content=d.content)))
         return out
 
     def tool_call(self, index: int, call: ToolCall) -> list[bytes]:
         """Index, id and name first; then argument fragments that concatenate to the JSON."""
         head = {"index": index, "id": call.id, "type": "function",
                 "function": {"name": call.name, "arguments": ""}}
-        out = [self.choice({"tool_calls": [head]})]
+        out = [self.choice(wire.Delta(tool_calls=[head]))]
         args = call.arguments
         for start in range(0, len(args), ARGUMENT_FRAGMENT):
             piece = {"index": index, "function": {"arguments": args[start:start + ARGUMENT_FRAGMENT]}}
-            out.append(self.choice({"tool_calls": [piece]}))
+            out.append(self.choice(wire.Delta(tool_calls=[piece])))
         return out
 
     def usage(self, prompt: int, completion: int) -> bytes:
-        usage = {
-            "prompt_tokens": prompt,
-            "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-        }
-        return event({**self.base, "choices": [], "usage": usage})
+        chunk = self.chunk([])
+        chunk.usage = wire.Usage(prompt_tokens=prompt, completion_tokens=completion,
+                                 total_tokens=prompt + completion)
+        return event(chunk)
 
 
 class _ToolFilter:
@@ -90,8 +92,8 @@ class _ToolFilter:
         return self.streamer is not None and self.streamer.closes_with(stop)
 
     def __init__(self, prepared: PreparedChat, chunks: _Chunks) -> None:
-        self.streamer = ToolCallStreamer(prepared.tools) if prepared.tools else None
-        self.parallel = prepared.parallel_tool_calls
+        self.streamer = ToolCallStreamer(prepared.shape.tools) if prepared.shape.tools else None
+        self.parallel = prepared.shape.parallel_tool_calls
         self.chunks = chunks
         self.calls = 0
 
@@ -117,24 +119,22 @@ class _ToolFilter:
 def _timing(index: int, token_id: int, ready: float, received: float, start: float) -> bytes:
     now = time.monotonic()
     handler_queue = max(0.0, received - ready)
-    return event(
-        {
-            "object": "kiln.token_timing",
-            "source": "batching_engine",
-            "token_index": index,
-            "token_id": token_id,
-            "ready_ms": _ms(ready, start),
-            "producer_delivered_ms": _ms(ready, start),
-            "handler_received_ms": _ms(received, start),
-            "body_enqueued_ms": _ms(now, start),
-            "response_delivery_ms": 0.0,
-            "handler_queue_ms": round(handler_queue * 1000.0, 3),
-            "queue_delay_ms": round(handler_queue * 1000.0, 3),
-            "client_delivery_ms": _ms(now, received),
-            "blocking_phase": None,
-            "blocking_phase_ms": None,
-        }
-    )
+    return event(wire.StreamingTokenTiming(
+        object="kiln.token_timing",
+        source="batching_engine",
+        token_index=index,
+        token_id=token_id,
+        ready_ms=_ms(ready, start),
+        producer_delivered_ms=_ms(ready, start),
+        handler_received_ms=_ms(received, start),
+        body_enqueued_ms=_ms(now, start),
+        response_delivery_ms=0.0,
+        handler_queue_ms=round(handler_queue * 1000.0, 3),
+        queue_delay_ms=round(handler_queue * 1000.0, 3),
+        client_delivery_ms=_ms(now, received),
+        blocking_phase=None,
+        blocking_phase_ms=None,
+    ))
 
 
 async def frames(
@@ -144,11 +144,11 @@ async def frames(
     outputs: AsyncIterator[RequestOutput],
     started: float,
 ) -> AsyncIterator[bytes]:
-    chunks = _Chunks(completion_id, prepared.model)
-    splitter = ReasoningSplitter(prepared.in_reasoning)
+    chunks = _Chunks(completion_id, prepared.shape.model)
+    splitter = ReasoningSplitter(prepared.prompt.in_reasoning)
     tools = _ToolFilter(prepared, chunks)
     start_mono = time.monotonic() - (time.perf_counter() - started)
-    yield chunks.choice({"role": "assistant"})
+    yield chunks.choice(wire.Delta(role="assistant"))
     final: RequestOutput | None = None
     tally = Completion()  # records the request's metrics when it finishes
     emitted = 0
@@ -158,7 +158,7 @@ async def frames(
     deadline = asyncio.get_running_loop().time() + timeout - (time.perf_counter() - started)
     timed_out = False
     it = aiter(outputs)
-    context = list(prepared.prompt_ids[-8:])  # the tokens before the next one (logprob texts)
+    context = list(prepared.prompt.ids[-8:])  # the tokens before the next one (logprob texts)
     try:
         while True:
             try:
@@ -171,14 +171,14 @@ async def frames(
                 break
             received = time.monotonic()
             tally.add(out)
-            if prepared.logprobs is not None:
+            if prepared.shape.logprobs is not None:
                 chunks.pending.extend(chat_content(state.backend.tokenizer, context,
                                                    out.new_token_ids, out.new_top_logprobs,
-                                                   as_ids=prepared.as_ids))
+                                                   as_ids=prepared.shape.as_ids))
                 context.extend(out.new_token_ids)
             # one write per engine output: its deltas and token timings as one body chunk
             batch = tools.frames(splitter.push(out.text_delta))
-            if prepared.explicit_performance:
+            if prepared.shape.explicit_performance:
                 ready = out.ready_time if out.ready_time is not None else received
                 for token_id in out.new_token_ids:
                     batch.append(_timing(emitted, token_id, ready, received, start_mono))
@@ -196,14 +196,11 @@ async def frames(
         message = (final.error if final else None) or "generation ended without a result"
         if timed_out:  # docs/behavior.md §10: an error event, no finish chunk
             message = f"streaming generation timed out after {round(timeout * 1000)} ms"
-        yield event(
-            {"error": {"message": message, "type": "server_error", "param": None,
-                       "code": "generation_error"}}
-        )
+        yield generation_error(message)
         yield DONE
         return
-    kept = included_stop(prepared.include_stop, final.finish_reason, final.stop_reason,
-                         prepared.params[0].stop)
+    kept = included_stop(prepared.shape.include_stop, final.finish_reason, final.stop_reason,
+                         prepared.run.params[0].stop)
     if kept:  # include_stop_str_in_output: the stop string is text like the rest
         for frame in tools.frames(splitter.push(kept)):
             yield frame
@@ -213,26 +210,25 @@ async def frames(
         tail = Delta(reasoning=tail.reasoning, content=tail.content + stop)
     for frame in tools.frames(tail, final=True):
         yield frame
-    prompt_tokens = len(prepared.prompt_ids)
-    outcome = final.thinking_outcome if prepared.budget_applied else None
-    metadata: dict[str, Any] = {
-        "thinking_budget": record(prepared.budget, prepared.budget_applied, outcome)
-    }
-    if prepared.include_performance:
-        metadata["performance"] = performance(
+    prompt_tokens = len(prepared.prompt.ids)
+    outcome = final.thinking_outcome if prepared.run.budget_applied else None
+    metadata = wire.StreamingTerminalMetadata(thinking_budget=as_wire(
+        record(prepared.run.budget, prepared.run.budget_applied, outcome)))
+    if prepared.shape.include_performance:
+        metadata.performance = performance(
             final.metrics,
             prompt_tokens=prompt_tokens,
             completion_tokens=final.num_output_tokens,
             total_latency_s=time.perf_counter() - started,
-            adapter=prepared.adapter,
+            adapter=prepared.run.adapter,
             thinking_mode=prepared.thinking_mode,
-            finish_reason=final.finish_reason or "stop",
-            tokenization_s=prepared.tokenization_s,
+            finish_reason=finish_reason(final.finish_reason),
+            tokenization_s=prepared.prompt.tokenization_s,
         )
-    finish = final.finish_reason or "stop"
+    finish = finish_reason(final.finish_reason)
     if tools.calls and finish != "length":  # max_tokens may have cut a further call short
         finish = "tool_calls"
-    yield chunks.choice({}, finish, final.stop_reason, metadata=metadata)
-    if prepared.include_usage:
+    yield chunks.choice(wire.Delta(), finish, final.stop_reason, metadata=metadata)
+    if prepared.shape.include_usage:
         yield chunks.usage(prompt_tokens, final.num_output_tokens)
     yield DONE

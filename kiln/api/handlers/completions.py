@@ -5,7 +5,6 @@ generation happens. Anything else generates (completions_gen, completions_stream
 from __future__ import annotations
 
 import base64
-import dataclasses
 import hashlib
 import time
 import uuid
@@ -17,14 +16,13 @@ from starlette.responses import Response
 
 from kiln import metrics
 from kiln.api._generated import wire
-from kiln.api.body import read_json_body
+from kiln.api.contract import read_json_body
 from kiln.api.encode import json_response
 from kiln.api.errors import ApiError
 from kiln.api.handlers import completions_gen, completions_stream, unsupported
-from kiln.api.handlers.adapters import BASE, Selection, select
+from kiln.api.handlers.adapters import BASE, Selection, resolve_model, select
 from kiln.api.handlers.constraints import constraint
 from kiln.api.handlers.generation import engine_error, until_disconnect
-from kiln.api.handlers.models import resolve_model
 from kiln.api.handlers.params import opt
 from kiln.api.sse import EventStream
 from kiln.api.state import AppState, app_state, request_id
@@ -73,8 +71,8 @@ async def create(request: Request) -> Response:
     grammar = await output_constraint(state, req, scoring)
     if scoring:
         return await _score(request, state, req, selection, model_adapter)
-    prep = prepare_generation(state, req, selection, model_adapter or backend.model_id, given,
-                              grammar)
+    prep = completions_gen.prepare(state, req, selection, model_adapter or backend.model_id,
+                                   max_tokens_given="max_tokens" in given, grammar=grammar)
     fingerprint = teacher_fingerprint(backend, selection)
     rid = request_id(request) or prep.completion_id
     if opt(req.stream):
@@ -101,17 +99,6 @@ async def output_constraint(state: AppState, req: Any, scoring: bool) -> Grammar
         raise unsupported.unsupported(grammar.param, "prompt scoring generates no text to "
                                                      "constrain")
     return grammar
-
-
-def prepare_generation(state: AppState, req: Any, selection: Selection, model: str,
-                       given: dict[str, Any], grammar: GrammarSpec | None
-                       ) -> completions_gen.Prepared:
-    """The engine requests of a generating request (the generating and the render route's)."""
-    prep = completions_gen.prepare(state, req, selection, model,
-                                   max_tokens_given="max_tokens" in given)
-    if grammar is not None:  # structured outputs: the same constraint on every choice
-        prep.params = [dataclasses.replace(p, grammar=grammar) for p in prep.params]
-    return prep
 
 
 async def _score(request: Request, state: AppState, req: Any, selection: Selection,
@@ -174,19 +161,16 @@ async def _score(request: Request, state: AppState, req: Any, selection: Selecti
     metrics.observe_request(len(ids), 0, "length", None, [], time.perf_counter() - started, None)
     logprobs = completions_gen.prompt_logprob_list(backend.tokenizer, ids, list(scores))
     fingerprint = teacher_fingerprint(backend, selection)
-    return json_response(
-        {
-            "id": f"cmpl-{uuid.uuid4()}",
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": model_adapter or backend.model_id,
-            "system_fingerprint": fingerprint,
-            "choices": [
-                {"index": 0, "text": "", "finish_reason": "length", "prompt_logprobs": logprobs}
-            ],
-            "usage": {"prompt_tokens": len(ids), "completion_tokens": 0, "total_tokens": len(ids)},
-        }
-    )
+    return json_response(wire.TextCompletionResponse(
+        id=f"cmpl-{uuid.uuid4()}",
+        object="text_completion",
+        created=int(time.time()),
+        model=model_adapter or backend.model_id,
+        system_fingerprint=fingerprint,
+        choices=[wire.TextCompletionChoice(index=0, text="", finish_reason="length",
+                                           prompt_logprobs=logprobs)],
+        usage=wire.Usage(prompt_tokens=len(ids), completion_tokens=0, total_tokens=len(ids)),
+    ))
 
 
 def teacher_fingerprint(backend: Any, selection: Selection) -> str | None:

@@ -8,7 +8,6 @@ runs them and builds the JSON body; ``completions_stream`` streams them.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import time
 from dataclasses import dataclass, field
@@ -18,11 +17,12 @@ from msgspec import UNSET
 from starlette.requests import Request
 from starlette.responses import Response
 
+from kiln.api._generated import wire
 from kiln.api.backend import PositionScore
-from kiln.api.encode import json_response
+from kiln.api.encode import Finish, json_response
+from kiln.api.encode import finish_reason as wire_finish
 from kiln.api.errors import ApiError
 from kiln.api.handlers.adapters import Selection
-from kiln.api.handlers.chat_prepare import apply_budget
 from kiln.api.handlers.extras import (
     check_logprobs,
     generation_extras,
@@ -35,9 +35,8 @@ from kiln.api.handlers.extras import (
     truncation,
 )
 from kiln.api.handlers.generation import (
-    Admitted,
     Completion,
-    collect,
+    collect_all,
     generation_failed,
     submit_all,
     until_disconnect,
@@ -47,12 +46,19 @@ from kiln.api.handlers.params import (
     choice_seed,
     normalize_stop,
     opt,
-    sampling_params,
-    state_default,
     state_max_tokens,
 )
+from kiln.api.handlers.prepare import (
+    Prompt,
+    Run,
+    Shape,
+    apply_budget,
+    choice_params,
+    over_context,
+)
 from kiln.api.state import AppState
-from kiln.engine.request import SamplingParams
+from kiln.engine.request import GrammarSpec, SamplingParams
+from kiln.engine.stream import RequestStream
 from kiln.text.budget import resolve
 from kiln.text.detokenizer import decode_in_context
 from kiln.text.reasoning import prompt_starts_in_reasoning
@@ -69,26 +75,22 @@ def bad(message: str, param: str | None = None) -> ApiError:
 
 @dataclass
 class Prepared:
+    """A completions request: per prompt its `Prompt` (the token ids, and the text echo puts
+    back), what the engine runs (`Run`: every choice's SamplingParams, prompt-major) and how the
+    response is shaped (`Shape`); then what only completions has: best_of, the streaming
+    interval, tokens as ids, prompt_logprobs, and the prompt scores ``score_echoes`` fills in."""
+
     completion_id: str
-    model: str
-    prompts: list[list[int]]
-    echo_texts: list[str]  # per prompt: what echo prepends
+    prompts: tuple[Prompt, ...]
+    run: Run
+    shape: Shape
     n: int  # engine requests per prompt (best_of, else n)
-    params: list[SamplingParams]  # per engine request, prompt-major
-    lora: tuple[tuple[Any, float], ...]
-    echo: bool
-    logprobs: int | None
-    as_ids: bool
-    return_token_ids: bool
-    include_usage: bool
-    stream_interval: int
-    include_stop: bool = False  # include_stop_str_in_output: a matched stop string ends the text
-    echo_scores: list[list[PositionScore]] = field(default_factory=list)
-    keep: int = 0  # choices returned per prompt: n (the best n of best_of by cumulative logprob)
+    keep: int  # choices returned per prompt: n (the best n of best_of by cumulative logprob)
+    as_ids: bool = False
+    stream_interval: int = 1
     prompt_logprobs: int | None = None  # prompt_logprobs beside generation
+    echo_scores: list[list[PositionScore]] = field(default_factory=list)
     prompt_lists: list[list[Any]] = field(default_factory=list)  # per prompt, scoring's shape
-    cache_salt: str | None = None
-    priority: int = 0
 
     def prompt_of(self, index: int) -> int:
         return index // self.n
@@ -136,9 +138,7 @@ def _tokenize(state: AppState, req: Any, keep: int | None = None
         if not ids:
             raise bad(f"prompt tokenizes to 0 tokens ({where})", "prompt")
         if len(ids) >= limit:
-            raise ApiError(400, "context_length_exceeded",
-                           f"{where} has {len(ids)} tokens; the maximum context length is {limit}",
-                           param="prompt")
+            raise over_context(where, len(ids), limit, "prompt")
         prompts.append(ids)
     return prompts, texts
 
@@ -159,7 +159,8 @@ def _max_tokens(wanted: int | None, prompt_len: int, limit: int) -> int:
 
 
 def prepare(state: AppState, req: Any, selection: Selection, model: str, *,
-            max_tokens_given: bool) -> Prepared:
+            max_tokens_given: bool, grammar: GrammarSpec | None = None) -> Prepared:
+    """``grammar``: the structured-output constraint every choice runs under."""
     limit = state.backend.max_model_len
     wanted = wanted_max_tokens(req, max_tokens_given, state_max_tokens(state))
     prompts, texts = _tokenize(state, req, truncation(req, limit, wanted, ERROR_CODE))
@@ -188,44 +189,49 @@ def prepare(state: AppState, req: Any, selection: Selection, model: str, *,
                            stop_token_ids=stop_ids, max_tokens=wanted) | text_extras(req)
     extras |= generation_extras(req, None if logprobs is None else int(logprobs),
                                 state.backend.tokenizer.vocab_size, ERROR_CODE)
-    default = state_default(state)
     budget = resolve(thinking_tokens(req, ERROR_CODE), UNSET, None, None)  # vLLM's alias only
     params: list[SamplingParams] = []
+    records: list[Prompt] = []
     for p, ids in enumerate(prompts):
         max_tokens = _max_tokens(wanted, len(ids), limit)
-        spec = apply_budget(state, budget, prompt_starts_in_reasoning(texts[p]), max_tokens,
+        in_reasoning = prompt_starts_in_reasoning(texts[p])
+        spec = apply_budget(state, budget, in_reasoning, max_tokens,
                             stop, ERROR_CODE) if budget.configured else None
-        for c in range(n):
-            base = sampling_params(req, max_tokens=max_tokens, stop=stop,
-                                   seed=choice_seed(req.seed, p * n + c), base=default)
-            params.append(dataclasses.replace(
-                base, logprobs=None if logprobs is None else int(logprobs),
-                stop_token_ids=stop_ids, thinking=spec, **extras))
+        params.extend(choice_params(
+            req, state, max_tokens=max_tokens, stop=stop,
+            seeds=[choice_seed(req.seed, p * n + c) for c in range(n)],
+            logprobs=None if logprobs is None else int(logprobs), stop_token_ids=stop_ids,
+            thinking=spec, grammar=grammar, **extras))
+        records.append(Prompt(texts[p], ids, in_reasoning))
     options = opt(req.stream_options)
     return Prepared(
-        completion_id=response_id(req, "cmpl"), model=model, prompts=prompts,
-        echo_texts=texts, n=n, params=params, lora=selection.lora, echo=echo,
-        logprobs=None if logprobs is None else int(logprobs),
-        as_ids=bool(opt(req.return_tokens_as_token_ids)),
-        return_token_ids=bool(opt(req.return_token_ids)),
-        include_usage=bool(options is not None and opt(options.include_usage)),
+        completion_id=response_id(req, "cmpl"), prompts=tuple(records),
+        run=Run(tuple(params), selection.lora, selection.label, budget,
+                any(p.thinking is not None for p in params),
+                cache_salt=opt(req.cache_salt), priority=int(opt(req.priority) or 0)),
+        shape=Shape(
+            model=model, stream=bool(opt(req.stream)), echo=echo,
+            include_usage=bool(options is not None and opt(options.include_usage)),
+            logprobs=None if logprobs is None else int(logprobs),
+            return_token_ids=bool(opt(req.return_token_ids)),
+            include_stop=bool(req.include_stop_str_in_output)),
+        n=n, keep=keep, as_ids=bool(opt(req.return_tokens_as_token_ids)),
         stream_interval=int(opt(req.stream_interval) or 1),
-        include_stop=bool(req.include_stop_str_in_output), keep=keep,
-        cache_salt=opt(req.cache_salt), priority=int(opt(req.priority) or 0),
         prompt_logprobs=None if prompt_logprobs is None else int(prompt_logprobs))
 
 
 async def score_echoes(state: AppState, prep: Prepared) -> None:
     """The prompts' logprobs from the scoring route: the echoed prompts' (echo with logprobs)
     and prompt_logprobs beside generation, one scoring pass per prompt for both."""
-    echo = prep.echo and prep.logprobs is not None
+    echo = prep.shape.echo and prep.shape.logprobs is not None
     if not echo and prep.prompt_logprobs is None:
         return
-    k = max(prep.logprobs or 0 if echo else 0, prep.prompt_logprobs or 0)
-    for ids in prep.prompts:
-        scores = list(await state.backend.score(ids, k, prep.lora)) if len(ids) > 1 else []
+    k = max(prep.shape.logprobs or 0 if echo else 0, prep.prompt_logprobs or 0)
+    for prompt in prep.prompts:
+        ids = prompt.ids
+        scores = list(await state.backend.score(ids, k, prep.run.lora)) if len(ids) > 1 else []
         if echo:
-            prep.echo_scores.append([_top(s, prep.logprobs or 0) for s in scores])
+            prep.echo_scores.append([_top(s, prep.shape.logprobs or 0) for s in scores])
         if prep.prompt_logprobs is not None:
             tok = state.backend.tokenizer
             prep.prompt_lists.append(prompt_logprob_list(
@@ -261,50 +267,50 @@ def prompt_logprob_list(tokenizer: Any, ids: list[int], scores: list[PositionSco
     return out
 
 
-def start(state: AppState, prep: Prepared, rid: str, arrived: float) -> list[Admitted]:
+def start(state: AppState, prep: Prepared, rid: str, arrived: float) -> list[RequestStream]:
     """Admit every choice that generates (max_tokens 0 choices need no engine request)."""
-    items = [(f"{rid}-{i}", prep.prompts[prep.prompt_of(i)], p, prep.lora)
-             for i, p in enumerate(prep.params) if p.max_tokens > 0]
+    items = [(f"{rid}-{i}", prep.prompts[prep.prompt_of(i)].ids, p, prep.run.lora)
+             for i, p in enumerate(prep.run.params) if p.max_tokens > 0]
     return submit_all(state, items, arrived, code=ERROR_CODE, prompt_param="prompt",
-                      cache_salt=prep.cache_salt, priority=prep.priority)
+                      cache_salt=prep.run.cache_salt, priority=prep.run.priority)
 
 
-def finish_reason(c: Completion) -> str:
+def finish_reason(c: Completion) -> Finish:
     if c.finish_reason == "error":
         raise generation_failed(c, ERROR_CODE)
     if c.finish_reason == "abort":
         raise ApiError(503, "engine_not_running", c.error or "the engine stopped this request",
                        headers={"retry-after": "1"})
-    return c.finish_reason if c.finish_reason in ("stop", "length") else "stop"
+    return wire_finish(c.finish_reason)
 
 
 def echo_logprobs(state: AppState, prep: Prepared, p: int) -> CompletionLogprobs:
     lps = CompletionLogprobs(as_ids=prep.as_ids)
-    if prep.echo:
-        lps.add_echo(state.backend.tokenizer, prep.prompts[p], prep.echo_scores[p])
+    if prep.shape.echo:
+        lps.add_echo(state.backend.tokenizer, prep.prompts[p].ids, prep.echo_scores[p])
     return lps
 
 
 def stop_text(prep: Prepared, finish: str | None, stop_reason: str | int | None) -> str:
     """The matched stop string when include_stop_str_in_output asks for it."""
-    return included_stop(prep.include_stop, finish, stop_reason, prep.params[0].stop)
+    return included_stop(prep.shape.include_stop, finish, stop_reason, prep.run.params[0].stop)
 
 
 def choice_body(state: AppState, prep: Prepared, index: int, p: int, c: Completion
-                ) -> dict[str, Any]:
-    text = ((prep.echo_texts[p] if prep.echo else "") + c.text
+                ) -> wire.TextCompletionChoice:
+    text = ((prep.prompts[p].text if prep.shape.echo else "") + c.text
             + stop_text(prep, c.finish_reason, c.stop_reason))
-    choice: dict[str, Any] = {"index": index, "text": text, "logprobs": None,
-                              "finish_reason": finish_reason(c), "stop_reason": c.stop_reason}
-    if prep.logprobs is not None:
+    choice = wire.TextCompletionChoice(index=index, text=text, finish_reason=finish_reason(c),
+                                       logprobs=None, stop_reason=c.stop_reason)
+    if prep.shape.logprobs is not None:
         lps = echo_logprobs(state, prep, p)
-        lps.add_generated(state.backend.tokenizer, prep.prompts[p], c.token_ids, c.tops)
-        choice["logprobs"] = lps.wire()
-    if prep.return_token_ids:
-        choice["prompt_token_ids"] = prep.prompts[p]
-        choice["token_ids"] = c.token_ids
+        lps.add_generated(state.backend.tokenizer, prep.prompts[p].ids, c.token_ids, c.tops)
+        choice.logprobs = lps.wire()
+    if prep.shape.return_token_ids:
+        choice.prompt_token_ids = prep.prompts[p].ids
+        choice.token_ids = c.token_ids
     if prep.prompt_logprobs is not None:
-        choice["prompt_logprobs"] = prep.prompt_lists[p]
+        choice.prompt_logprobs = prep.prompt_lists[p]
     return choice
 
 
@@ -321,30 +327,22 @@ def best(prep: Prepared, completions: list[Completion]) -> list[tuple[int, Compl
     return out
 
 
-def usage(prep: Prepared, completion_tokens: int) -> dict[str, int]:
-    prompt_tokens = sum(len(p) for p in prep.prompts)
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
-
-
-async def _collect(streams: list[Admitted]) -> list[Completion]:
-    try:
-        return list(await asyncio.gather(*(collect(s) for s in streams)))
-    finally:
-        for s in streams:
-            await s.aclose()
+def usage(prep: Prepared, completion_tokens: int) -> wire.Usage:
+    prompt_tokens = sum(len(p.ids) for p in prep.prompts)
+    return wire.Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                      total_tokens=prompt_tokens + completion_tokens)
 
 
 async def respond(request: Request, state: AppState, prep: Prepared, rid: str, arrived: float,
                   fingerprint: str | None) -> Response:
     await until_disconnect(request, score_echoes(state, prep))
     streams = start(state, prep, rid, arrived)
-    done = iter(await until_disconnect(request, _collect(streams)))
+    done = iter(await until_disconnect(request, collect_all(streams)))
     completions = [next(done) if p.max_tokens > 0 else Completion(finish_reason="length")
-                   for p in prep.params]
+                   for p in prep.run.params]
     choices = [choice_body(state, prep, i, p, c) for i, (p, c) in enumerate(best(prep, completions))]
-    return json_response({
-        "id": prep.completion_id, "object": "text_completion", "created": int(time.time()),
-        "model": prep.model, "system_fingerprint": fingerprint, "choices": choices,
-        "usage": usage(prep, sum(c.num_output_tokens for c in completions)),
-    })
+    return json_response(wire.TextCompletionResponse(
+        id=prep.completion_id, object="text_completion", created=int(time.time()),
+        model=prep.shape.model, system_fingerprint=fingerprint, choices=choices,
+        usage=usage(prep, sum(c.num_output_tokens for c in completions)),
+    ))

@@ -9,12 +9,15 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from kiln.api._generated import wire
+from kiln.api.encode import Finish, finish_reason
 from kiln.api.handlers.completions_gen import Prepared, echo_logprobs, stop_text, usage
-from kiln.api.handlers.generation import Admitted, Completion
+from kiln.api.handlers.generation import Completion
 from kiln.api.handlers.logprobs import CompletionLogprobs
-from kiln.api.sse import DONE, event
+from kiln.api.sse import DONE, event, generation_error
 from kiln.api.state import AppState
 from kiln.engine.outputs import RequestOutput
+from kiln.engine.stream import RequestStream
 
 _END = object()
 
@@ -24,7 +27,7 @@ class _Choice:
 
     def __init__(self, state: AppState, prep: Prepared, index: int) -> None:
         self.index = index
-        self.prompt = prep.prompts[prep.prompt_of(index)]
+        self.prompt = prep.prompts[prep.prompt_of(index)].ids
         self.context = list(self.prompt)
         self.logprobs: CompletionLogprobs | None = None
         self.text = ""
@@ -32,33 +35,41 @@ class _Choice:
         self.sent_first = False
         self.tally = Completion()  # records the request's metrics when it finishes
         p = prep.prompt_of(index)
-        if prep.echo:
-            self.text = prep.echo_texts[p]
-        if prep.logprobs is not None:
+        if prep.shape.echo:
+            self.text = prep.prompts[p].text
+        if prep.shape.logprobs is not None:
             self.logprobs = echo_logprobs(state, prep, p)
 
 
 class _Stream:
     def __init__(self, state: AppState, prep: Prepared) -> None:
         self.state, self.prep = state, prep
-        self.base = {"id": prep.completion_id, "object": "text_completion",
-                     "created": int(time.time()), "model": prep.model}
+        self.created = int(time.time())
 
-    def chunk(self, ch: _Choice, finish: str | None = None,
+    def frame(self, choices: list[wire.TextCompletionChunkChoice],
+              usage: wire.Usage | None = None) -> bytes:
+        chunk = wire.TextCompletionChunk(id=self.prep.completion_id, object="text_completion",
+                                         created=self.created, model=self.prep.shape.model,
+                                         choices=choices)
+        if usage is not None:
+            chunk.usage = usage
+        return event(chunk)
+
+    def chunk(self, ch: _Choice, finish: Finish | None = None,
               stop_reason: str | int | None = None) -> bytes:
-        choice: dict[str, Any] = {"index": ch.index, "text": ch.text, "logprobs": None,
-                                  "finish_reason": finish, "stop_reason": stop_reason}
+        choice = wire.TextCompletionChunkChoice(index=ch.index, text=ch.text, logprobs=None,
+                                                finish_reason=finish, stop_reason=stop_reason)
         if ch.logprobs is not None:
-            choice["logprobs"] = ch.logprobs.wire()
+            choice.logprobs = ch.logprobs.wire()
             ch.logprobs = CompletionLogprobs(as_ids=self.prep.as_ids, offset=ch.logprobs.offset)
         if self.prep.prompt_logprobs is not None and not ch.sent_first:
-            choice["prompt_logprobs"] = self.prep.prompt_lists[self.prep.prompt_of(ch.index)]
-        if self.prep.return_token_ids:
+            choice.prompt_logprobs = self.prep.prompt_lists[self.prep.prompt_of(ch.index)]
+        if self.prep.shape.return_token_ids:
             if not ch.sent_first:
-                choice["prompt_token_ids"] = ch.prompt
-            choice["token_ids"] = ch.ids
+                choice.prompt_token_ids = ch.prompt
+            choice.token_ids = ch.ids
         ch.text, ch.ids, ch.sent_first = "", [], True
-        return event({**self.base, "choices": [choice]})
+        return self.frame([choice])
 
     def add(self, ch: _Choice, out: RequestOutput) -> None:
         ch.tally.add(out)
@@ -70,19 +81,14 @@ class _Stream:
         ch.context.extend(out.new_token_ids)
 
 
-def _error(message: str) -> bytes:
-    return event({"error": {"message": message, "type": "server_error", "param": None,
-                            "code": "generation_error"}})
-
-
-async def frames(state: AppState, prep: Prepared, streams: list[Admitted],
+async def frames(state: AppState, prep: Prepared, streams: list[RequestStream],
                  started: float) -> AsyncIterator[bytes]:
     sse = _Stream(state, prep)
-    choices = [_Choice(state, prep, i) for i in range(len(prep.params))]
-    live = [i for i, p in enumerate(prep.params) if p.max_tokens > 0]
+    choices = [_Choice(state, prep, i) for i in range(len(prep.run.params))]
+    live = [i for i, p in enumerate(prep.run.params) if p.max_tokens > 0]
     queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
 
-    async def pump(i: int, outputs: Admitted) -> None:
+    async def pump(i: int, outputs: RequestStream) -> None:
         try:
             async for out in outputs:
                 queue.put_nowait((i, out))
@@ -96,7 +102,7 @@ async def frames(state: AppState, prep: Prepared, streams: list[Admitted],
     timeout = state.config.request_timeout_s
     deadline = asyncio.get_running_loop().time() + timeout - (time.perf_counter() - started)
     try:
-        for i, p in enumerate(prep.params):  # echo first; a max_tokens 0 choice is done at once
+        for i, p in enumerate(prep.run.params):  # echo first; a max_tokens 0 choice is done at once
             ch = choices[i]
             if p.max_tokens == 0:
                 yield sse.chunk(ch, "length")
@@ -108,13 +114,14 @@ async def frames(state: AppState, prep: Prepared, streams: list[Admitted],
                 async with asyncio.timeout_at(deadline):
                     i, out = await queue.get()
             except TimeoutError:
-                yield _error(f"streaming generation timed out after {round(timeout * 1000)} ms")
+                yield generation_error(
+                    f"streaming generation timed out after {round(timeout * 1000)} ms")
                 yield DONE
                 return
             ch = choices[i]
             if out is _END:
                 if i in pending:  # ended without a finished output
-                    yield _error("generation ended without a result")
+                    yield generation_error("generation ended without a result")
                     yield DONE
                     return
                 continue
@@ -122,12 +129,12 @@ async def frames(state: AppState, prep: Prepared, streams: list[Admitted],
             if out.finished:
                 pending.discard(i)
                 if out.finish_reason in ("error", "abort"):
-                    yield _error(out.error or "generation failed")
+                    yield generation_error(out.error or "generation failed")
                     yield DONE
                     return
                 completion_tokens += out.num_output_tokens
                 ch.text += stop_text(prep, out.finish_reason, out.stop_reason)
-                yield sse.chunk(ch, out.finish_reason or "stop", out.stop_reason)
+                yield sse.chunk(ch, finish_reason(out.finish_reason), out.stop_reason)
                 continue
             since[i] += len(out.new_token_ids)
             first = not ch.sent_first
@@ -135,8 +142,8 @@ async def frames(state: AppState, prep: Prepared, streams: list[Admitted],
                     ch.text or (ch.logprobs is not None and ch.logprobs.tokens)):
                 since[i] = 0
                 yield sse.chunk(ch)
-        if prep.include_usage:
-            yield event({**sse.base, "choices": [], "usage": usage(prep, completion_tokens)})
+        if prep.shape.include_usage:
+            yield sse.frame([], usage(prep, completion_tokens))
         yield DONE
     finally:
         for t in tasks:

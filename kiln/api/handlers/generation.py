@@ -94,7 +94,7 @@ def submit(
     prompt_param: str = "messages",
     cache_salt: str | None = None,
     priority: int = 0,
-) -> Admitted:
+) -> RequestStream:
     """Admit one engine request (429 past the gate's capacity); the returned stream releases
     its gate slot when it is closed or exhausted. ``arrival`` (``time.monotonic()``) is when
     the HTTP request arrived: queue time and TTFT count from it, as token timings do."""
@@ -121,7 +121,7 @@ def submit_all(
     state: AppState, items: list[tuple[str, list[int], SamplingParams, tuple[tuple[Any, float], ...]]],
     arrival: float | None = None, *, code: str, prompt_param: str = "messages",
     cache_salt: str | None = None, priority: int = 0,
-) -> list[Admitted]:
+) -> list[RequestStream]:
     """Admit several engine requests, all or none: on a failure the admitted ones are closed.
     More than the gate ever holds is a 400 (``code``), not a 429 that no retry could pass."""
     if len(items) > state.gate.capacity:
@@ -131,7 +131,7 @@ def submit_all(
             f"{state.gate.capacity} (--max-num-seqs + --max-waiting-requests)",
             param="n",
         )
-    admitted: list[Admitted] = []
+    admitted: list[RequestStream] = []
     try:
         for request_id, prompt_ids, params, lora in items:
             admitted.append(submit(state, request_id, prompt_ids, params, lora, arrival,
@@ -141,11 +141,6 @@ def submit_all(
             a.close_now()
         raise
     return admitted
-
-
-# An admitted engine request's outputs: the engine's stream, which gives the request's gate slot
-# back when it ends or is closed (closing it early aborts the engine request).
-Admitted = RequestStream
 
 
 async def collect(outputs: AsyncIterator[RequestOutput]) -> Completion:
@@ -160,6 +155,16 @@ async def collect(outputs: AsyncIterator[RequestOutput]) -> Completion:
         if aclose is not None:
             await aclose()
     return done
+
+
+async def collect_all(streams: list[RequestStream]) -> list[Completion]:
+    """Every admitted request's ``Completion``, in order; all streams are closed at the end
+    (which aborts any still running, when this is cancelled)."""
+    try:
+        return list(await asyncio.gather(*(collect(s) for s in streams)))
+    finally:
+        for s in streams:
+            await s.aclose()
 
 
 async def until_disconnect(

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kiln.api._generated.wire import ChatTokenLogprob, ChatTopLogprob
+from kiln.api._generated.wire import CompletionLogprobs as WireLogprobs
 from kiln.api.backend import PositionScore
 from kiln.engine.outputs import TokenLogprobs
 from kiln.text.detokenizer import decode_in_context
@@ -70,29 +72,30 @@ class CompletionLogprobs:
                          list(zip(entry.top_ids, entry.top_logprobs, strict=True)))
             ctx = [*ctx[1 - CONTEXT:], tid]
 
-    def wire(self) -> dict[str, Any]:
-        return {"tokens": self.tokens, "token_logprobs": self.token_logprobs,
-                "top_logprobs": self.top_logprobs, "text_offset": self.text_offset}
+    def wire(self) -> WireLogprobs:
+        return WireLogprobs(tokens=self.tokens, token_logprobs=self.token_logprobs,
+                            top_logprobs=self.top_logprobs, text_offset=self.text_offset)
 
 
 def chat_content(tokenizer: Any, context: Sequence[int], ids: Sequence[int],
                  entries: Sequence[TokenLogprobs | None], *, as_ids: bool = False
-                 ) -> list[dict[str, Any]]:
+                 ) -> list[ChatTokenLogprob]:
     """Chat `logprobs.content[]` for generated ``ids`` after ``context``. A token the thinking
     budget forced (no entry) carries logprob -9999.0, OpenAI's floor, and no alternatives.
     ``as_ids`` (return_tokens_as_token_ids): each token is written ``token_id:<id>`` (its bytes
     stay the token's own)."""
-    out: list[dict[str, Any]] = []
+    out: list[ChatTokenLogprob] = []
     ctx = list(context[-CONTEXT:])
     for tid, entry in zip(ids, entries, strict=True):
         decode = decode_in_context(tokenizer, ctx)
         top = [] if entry is None else [
-            {"token": _token(decode, t, as_ids), "logprob": lp,
-             "bytes": token_bytes(tokenizer, t)}
+            ChatTopLogprob(token=_token(decode, t, as_ids), logprob=lp,
+                           bytes=token_bytes(tokenizer, t))
             for t, lp in zip(entry.top_ids, entry.top_logprobs, strict=True)]
-        out.append({"token": _token(decode, tid, as_ids),
-                    "logprob": -9999.0 if entry is None else entry.logprob,
-                    "bytes": token_bytes(tokenizer, tid), "top_logprobs": top})
+        out.append(ChatTokenLogprob(
+            token=_token(decode, tid, as_ids),
+            logprob=-9999.0 if entry is None else entry.logprob,
+            bytes=token_bytes(tokenizer, tid), top_logprobs=top))
         ctx = [*ctx[1 - CONTEXT:], tid]
     return out
 

@@ -1,4 +1,4 @@
-"""GET /v1/models and the `model` field rule shared by the inference handlers."""
+"""GET /v1/models and GET /v1/models/{model} (`adapters.resolve_model` reads `model`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from starlette.responses import Response
 
 from kiln.api.backend import Backend
 from kiln.api.encode import json_response
-from kiln.api.errors import ApiError
+from kiln.api.handlers.adapters import adapter_names, resolve_model
 from kiln.api.state import app_state
 
 
@@ -40,14 +40,6 @@ def model_cards(backend: Backend) -> list[dict[str, Any]]:
     return cards
 
 
-def adapter_names(backend: Backend) -> list[str]:
-    """Adapters that `model` can name: one named like the served model or an alias is shadowed
-    by it (`model` selects the base), so it is not listed as a second card with the same id."""
-    store = backend.adapter_store
-    served = {backend.model_id, *backend.aliases}
-    return [i.name for i in (store.list() if store is not None else []) if i.name not in served]
-
-
 async def list_models(request: Request) -> Response:
     backend = app_state(request).backend
     return json_response({"object": "list", "data": model_cards(backend)})
@@ -59,21 +51,3 @@ async def retrieve_model(request: Request) -> Response:
     requested = str(request.path_params.get("model", ""))
     model, _ = resolve_model(backend, requested)  # 404 model_not_found for anything else
     return json_response(next(c for c in model_cards(backend) if c["id"] == model))
-
-
-def resolve_model(backend: Backend, requested: str | None) -> tuple[str, str | None]:
-    """docs/decisions.md: missing/null -> the served model; served id or alias -> fine; name of an
-    available adapter -> that adapter; else 404. Returns (model id to report, adapter or None)."""
-    if requested is None or requested == backend.model_id or requested in backend.aliases:
-        return backend.model_id, None
-    from kiln.api.handlers.adapters import adapter_named_by_model
-
-    adapter = adapter_named_by_model(backend, requested)
-    if adapter is not None:
-        return adapter, adapter
-    names = [backend.model_id, *adapter_names(backend)]
-    shown = ", ".join(names[:9]) + (f" and {len(names) - 9} more" if len(names) > 9 else "")
-    raise ApiError(
-        404, "model_not_found", f"model {requested!r} is not served here; available: {shown}",
-        param="model",
-    )

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from kiln.api._generated import wire
+from kiln.api.encode import Finish
 from kiln.engine.metrics import PHASE_DECODE, PHASE_PREEMPTED, PHASE_PREFILL, RequestMetrics
 
 MAX_GAP_SAMPLES = 8192
@@ -36,7 +38,7 @@ def ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(max(0.0, seconds) * 1000.0, 3)
 
 
-def latency(m: RequestMetrics, tokenization_s: float | None) -> dict[str, Any]:
+def latency(m: RequestMetrics, tokenization_s: float | None) -> wire.RequestLatencyDiagnostics:
     gaps = m.inter_token_latencies
     retained = gaps[:MAX_GAP_SAMPLES]
     median = m.itl_percentile(0.5)
@@ -52,22 +54,22 @@ def latency(m: RequestMetrics, tokenization_s: float | None) -> dict[str, Any]:
         "decode_ms": ms(m.decode_time),
     }
     phases.update(dict.fromkeys(_NULL_PHASES, None))
-    return {
-        "emitted_tokens": len(m.token_times),
-        "gap_samples": len(gaps),
-        "retained_gap_samples": len(retained),
-        "gap_samples_truncated": len(gaps) > MAX_GAP_SAMPLES,
-        "ttft_ms": ms(m.ttft),
-        "itl_ms_p50": ms(median),
-        "itl_ms_p99": ms(m.itl_percentile(0.99)),
-        "itl_ms_p999": ms(m.itl_percentile(0.999)),
-        "max_itl_ms": ms(max(gaps)) if gaps else None,
-        "stall_threshold_ms": ms(m.stall_threshold),
-        "stall_count": len(m.stalls),
-        "unexplained_stall_count": reasons["unexplained"],
-        "stall_reasons": reasons,
-        "phases": phases,
-    }
+    return wire.RequestLatencyDiagnostics(
+        emitted_tokens=len(m.token_times),
+        gap_samples=len(gaps),
+        retained_gap_samples=len(retained),
+        gap_samples_truncated=len(gaps) > MAX_GAP_SAMPLES,
+        ttft_ms=ms(m.ttft),
+        itl_ms_p50=ms(median),
+        itl_ms_p99=ms(m.itl_percentile(0.99)),
+        itl_ms_p999=ms(m.itl_percentile(0.999)),
+        max_itl_ms=ms(max(gaps)) if gaps else None,
+        stall_threshold_ms=ms(m.stall_threshold),
+        stall_count=len(m.stalls),
+        unexplained_stall_count=reasons["unexplained"],
+        stall_reasons=wire.LatencyStallReasonCounts(**reasons),
+        phases=wire.LatencyPhaseTimings(**phases),
+    )
 
 
 def performance(
@@ -78,10 +80,10 @@ def performance(
     total_latency_s: float,
     adapter: str,
     thinking_mode: str,
-    finish_reason: str,
+    finish_reason: Finish,
     tokenization_s: float | None,
     choice_tokens: int | None = None,
-) -> dict[str, Any]:
+) -> wire.ChatCompletionPerformanceMetadata:
     """``m`` is the first choice's record (docs/behavior.md §13); ``choice_tokens`` that choice's
     completion tokens (default: ``completion_tokens``, the response's), so that with n > 1 the
     decode rate is one choice's tokens over that choice's decode time. The rate counts the
@@ -97,20 +99,20 @@ def performance(
     wall = None
     if m is not None and m.first_scheduled_time is not None and m.prefill_end_time is not None:
         wall = m.prefill_end_time - m.first_scheduled_time
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "ttft_ms": None if m is None else ms(m.ttft),
-        "prefill_ms": None if m is None else ms(m.prefill_time),
-        "actor_queue_ms": None if m is None else ms(m.queue_time),
-        "actor_admission_ms": ms(admission),
-        "actor_prefill_wall_ms": ms(wall),
-        "resident_prefill_used": None,
-        "decode_ms": ms(decode_s),
-        "total_latency_ms": ms(total_latency_s) or 0.0,
-        "decode_tokens_per_sec": tps,
-        "adapter_used": adapter,
-        "thinking_mode": thinking_mode,
-        "finish_reason": finish_reason,
-        "latency": None if m is None else latency(m, tokenization_s),
-    }
+    return wire.ChatCompletionPerformanceMetadata(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        ttft_ms=None if m is None else ms(m.ttft),
+        prefill_ms=None if m is None else ms(m.prefill_time),
+        actor_queue_ms=None if m is None else ms(m.queue_time),
+        actor_admission_ms=ms(admission),
+        actor_prefill_wall_ms=ms(wall),
+        resident_prefill_used=None,
+        decode_ms=ms(decode_s),
+        total_latency_ms=ms(total_latency_s) or 0.0,
+        decode_tokens_per_sec=tps,
+        adapter_used=adapter,
+        thinking_mode=thinking_mode,
+        finish_reason=finish_reason,
+        latency=None if m is None else latency(m, tokenization_s),
+    )

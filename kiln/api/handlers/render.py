@@ -14,21 +14,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from kiln.api._generated import wire
-from kiln.api.body import read_json_body
+from kiln.api.contract import read_json_body
 from kiln.api.encode import json_response
 from kiln.api.errors import ApiError
 from kiln.api.handlers import completions_gen, unsupported
-from kiln.api.handlers.adapters import BASE, select
-from kiln.api.handlers.chat_prepare import prepare_chat
-from kiln.api.handlers.completions import (
-    ERROR_CODE,
-    is_scoring,
-    output_constraint,
-    prepare_generation,
-)
-from kiln.api.handlers.models import resolve_model
+from kiln.api.handlers.adapters import BASE, resolve_model, select
+from kiln.api.handlers.completions import ERROR_CODE, is_scoring, output_constraint
 from kiln.api.handlers.params import opt
-from kiln.api.rules import check_chat
+from kiln.api.handlers.prepare import prepare_chat
 from kiln.api.state import app_state, request_id
 from kiln.engine.request import SamplingParams
 
@@ -50,14 +43,15 @@ def rendered(rid: str, model: str, ids: list[int], text: str, p: SamplingParams,
 
 async def chat(request: Request) -> Response:
     state = app_state(request)
-    body = await read_json_body(request, state.config.max_body_bytes)
-    req = state.contract.parse("ChatCompletionRequest", body, wire.ChatCompletionRequest,
-                               "chat_invalid_request")
-    check_chat(req)
+    req = await state.contract.read(request, state.config.max_body_bytes,
+                                    "ChatCompletionRequest", wire.ChatCompletionRequest,
+                                    "chat_invalid_request")
     prepared = await prepare_chat(state, req)
     rid = request_id(request) or f"chatcmpl-{uuid.uuid4()}"
-    return json_response(rendered(rid, prepared.model, prepared.prompt_ids, prepared.prompt_text,
-                                  prepared.params[0], prepared.priority, prepared.cache_salt))
+    run = prepared.run
+    return json_response(rendered(rid, prepared.shape.model, prepared.prompt.ids,
+                                  prepared.prompt.text, run.params[0], run.priority,
+                                  run.cache_salt))
 
 
 async def completion(request: Request) -> Response:
@@ -86,8 +80,9 @@ async def completion(request: Request) -> Response:
             ids = [int(t) for t in prompt]
         p = SamplingParams(max_tokens=0)
         return json_response([rendered(rid, model, ids, backend.tokenizer.decode(ids), p)])
-    prep = prepare_generation(state, req, selection, model, given, grammar)
+    prep = completions_gen.prepare(state, req, selection, model,
+                                   max_tokens_given="max_tokens" in given, grammar=grammar)
     return json_response([
-        rendered(rid, model, ids, prep.echo_texts[i], prep.params[i * prep.n], prep.priority,
-                 prep.cache_salt)
-        for i, ids in enumerate(prep.prompts)])
+        rendered(rid, model, prompt.ids, prompt.text, prep.run.params[i * prep.n],
+                 prep.run.priority, prep.run.cache_salt)
+        for i, prompt in enumerate(prep.prompts)])

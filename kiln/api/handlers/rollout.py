@@ -6,8 +6,8 @@ import math
 from typing import Any
 
 from kiln.api.errors import ApiError
-from kiln.api.handlers.chat_prepare import PreparedChat
 from kiln.api.handlers.generation import Completion
+from kiln.api.handlers.prepare import PreparedChat
 from kiln.api.state import AppState
 from kiln.provenance import ActionToken, adapter_identity, rollout_record
 
@@ -38,7 +38,7 @@ def check(state: AppState, prepared: PreparedChat) -> None:
             "this server has no content-addressed identity for its base model",
             param="rollout_provenance",
         )
-    params = prepared.params[0]
+    params = prepared.run.params[0]
     if params.max_tokens < 1:
         raise ApiError(400, ERROR, "rollout_provenance needs an effective max_tokens of at least 1",
                        param="max_tokens")
@@ -69,7 +69,7 @@ def record(
 ) -> dict[str, Any]:
     identity = state.backend.policy_identity()
     assert identity is not None  # checked at admission
-    params = prepared.params[0]
+    params = prepared.run.params[0]
     actions = [
         ActionToken(t, None if forced else lp)
         for t, lp, forced in zip(
@@ -99,12 +99,12 @@ def record(
     invocation = {"template_kwargs": kwargs} if kwargs else None
     return rollout_record(
         identity=identity,
-        prompt_ids=prepared.prompt_ids,
+        prompt_ids=prepared.prompt.ids,
         actions=actions,
         messages=messages,
         final_content=final_content,
         sampling=sampling,
         seed=done.seed,
-        adapter=adapter_identity(prepared.lora),
+        adapter=adapter_identity(prepared.run.lora),
         template_invocation=invocation,
     )

@@ -9,12 +9,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from kiln.api._generated import wire
-from kiln.api.body import read_json_body
 from kiln.api.encode import json_response
 from kiln.api.errors import ApiError
-from kiln.api.handlers.chat_prepare import render_prompt, template_kwargs
-from kiln.api.handlers.models import resolve_model
+from kiln.api.handlers.adapters import resolve_model
 from kiln.api.handlers.params import opt
+from kiln.api.handlers.prepare import render_prompt, template_kwargs
 from kiln.api.state import app_state
 
 CODE = "tokenizer_invalid_request"
@@ -23,8 +22,8 @@ CODE = "tokenizer_invalid_request"
 async def tokenize(request: Request) -> Response:
     state = app_state(request)
     backend = state.backend
-    body = await read_json_body(request, state.config.max_body_bytes)
-    req = state.contract.parse("TokenizeRequest", body, wire.TokenizeRequest, CODE)
+    req = await state.contract.read(
+        request, state.config.max_body_bytes, "TokenizeRequest", wire.TokenizeRequest, CODE)
     resolve_model(backend, opt(req.model))
     prompt, messages = opt(req.prompt), opt(req.messages)
     if (prompt is None) == (messages is None):
@@ -51,8 +50,8 @@ async def tokenize(request: Request) -> Response:
 async def detokenize(request: Request) -> Response:
     state = app_state(request)
     backend = state.backend
-    body = await read_json_body(request, state.config.max_body_bytes)
-    req = state.contract.parse("DetokenizeRequest", body, wire.DetokenizeRequest, CODE)
+    req = await state.contract.read(
+        request, state.config.max_body_bytes, "DetokenizeRequest", wire.DetokenizeRequest, CODE)
     resolve_model(backend, opt(req.model))
     vocab = backend.tokenizer.vocab_size
     bad = [t for t in req.tokens if t >= vocab]
