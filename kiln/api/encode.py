@@ -8,6 +8,8 @@ from typing import Any, Literal
 import msgspec
 from starlette.responses import Response
 
+from kiln.api._generated import wire
+
 _encoder = msgspec.json.Encoder()
 
 Finish = Literal["error", "length", "stop", "tool_calls"]
@@ -17,6 +19,12 @@ def json_response(body: Any, status: int = 200, headers: dict[str, str] | None =
     return Response(
         _encoder.encode(body), status_code=status, media_type="application/json", headers=headers
     )
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> wire.Usage:
+    """Token usage, its total the sum (every route's)."""
+    return wire.Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                      total_tokens=prompt_tokens + completion_tokens)
 
 
 def as_wire(value: Any) -> Any:

@@ -13,13 +13,11 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from kiln.api.app import build_app
 from kiln.api.contract import contract
-from kiln.config import ServerConfig
 from kiln.model import LoadedModel
 from kiln.model.loader import load_model
-from kiln.serving import EngineBackend
 from kiln.text.token_bytes import token_bytes
+from tests.e2e.app_client import app_client
 from tests.tiny_models import write_tiny_qwen3
 
 MSG = [{"role": "user", "content": "Tell me about the fox."}]
@@ -43,8 +41,7 @@ def loaded(folder: Path) -> LoadedModel:
 
 @pytest.fixture(scope="module")
 def client(folder: Path, loaded: LoadedModel) -> Iterator[TestClient]:
-    config = ServerConfig(model=str(folder), kv_memory_mb=32)
-    with TestClient(build_app(config, EngineBackend(loaded, config))) as c:
+    with app_client(loaded, str(folder), kv_memory_mb=32) as c:
         yield c
 
 

@@ -12,11 +12,9 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from kiln.api.app import build_app
 from kiln.api.contract import contract
-from kiln.config import ServerConfig
 from kiln.model.loader import load_model
-from kiln.serving import EngineBackend
+from tests.e2e.app_client import app_client
 from tests.tiny_models import write_tiny_qwen3
 
 TEMPLATE = Path(__file__).resolve().parents[1] / "fixtures" / "thinking_chat_template.jinja"
@@ -29,9 +27,8 @@ GREEDY: dict[str, Any] = {"messages": MSG, "temperature": 0, "max_tokens": 8, "i
 @pytest.fixture(scope="module")
 def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
     folder = write_tiny_qwen3(tmp_path_factory.mktemp("chatfields"), seed=3)
-    config = ServerConfig(model=str(folder), chat_template=str(TEMPLATE), kv_memory_mb=64)
     loaded = load_model(str(folder), chat_template_path=str(TEMPLATE))
-    with TestClient(build_app(config, EngineBackend(loaded, config))) as c:
+    with app_client(loaded, str(folder), chat_template=str(TEMPLATE), kv_memory_mb=64) as c:
         yield c
 
 

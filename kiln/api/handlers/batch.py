@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from kiln.api._generated import wire
-from kiln.api.encode import as_wire, finish_reason, json_response
+from kiln.api.encode import as_wire, finish_reason, json_response, usage
 from kiln.api.handlers.completions_gen import scored_prompt
 from kiln.api.handlers.extras import included_stop, response_id
 from kiln.api.handlers.generation import Completion, collect_all, submit_all, until_disconnect
@@ -59,8 +59,7 @@ async def create(request: Request) -> Response:
         created=int(time.time()),
         model=shape.model,
         completions=items,
-        usage=wire.Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                         total_tokens=prompt_tokens + completion_tokens),
+        usage=usage(prompt_tokens, completion_tokens),
         metadata=wire.BatchCompletionMetadata(
             thinking_budget=as_wire(batch.items[0][1].budget.effective())),
     ))
@@ -69,12 +68,10 @@ async def create(request: Request) -> Response:
 def _item(state: AppState, shape: Shape, p: int, c: int, done: Completion, prompt: Prompt,
           stop: tuple[str, ...], budget_applied: bool) -> wire.BatchCompletionItem:
     """Choice ``c`` of prompt ``p``; a failed choice is finish_reason "error" with no text."""
-    prompt_len = len(prompt.ids)
-    usage = wire.Usage(prompt_tokens=prompt_len, completion_tokens=done.num_output_tokens,
-                       total_tokens=prompt_len + done.num_output_tokens)
+    item_usage = usage(len(prompt.ids), done.num_output_tokens)
     if done.finish_reason in ("error", "abort"):
         item = wire.BatchCompletionItem(prompt_index=p, completion_index=c, text="",
-                                        finish_reason="error", usage=usage)
+                                        finish_reason="error", usage=item_usage)
         if budget_applied and done.thinking_outcome is not None:
             item.thinking_budget = as_wire(done.thinking_outcome.wire())
         return item
@@ -83,7 +80,7 @@ def _item(state: AppState, shape: Shape, p: int, c: int, done: Completion, promp
     if shape.fold and reasoning:
         content = fold(reasoning, content)
     item = wire.BatchCompletionItem(prompt_index=p, completion_index=c, text=content,
-                                    finish_reason=finish_reason(done.finish_reason), usage=usage)
+                                    finish_reason=finish_reason(done.finish_reason), usage=item_usage)
     if reasoning is not None:
         item.reasoning_content = reasoning
     if done.stop_reason is not None:  # vLLM's: a stop string or token id, repetition_detected

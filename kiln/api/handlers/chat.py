@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from kiln.api._generated import wire
-from kiln.api.encode import Finish, as_wire, finish_reason, json_response
+from kiln.api.encode import Finish, as_wire, finish_reason, json_response, usage
 from kiln.api.errors import ApiError
 from kiln.api.handlers import chat_stream, rollout
 from kiln.api.handlers.completions_gen import scored_prompt
@@ -203,8 +203,7 @@ def response_body(
         created=int(time.time()),
         model=shape.model,
         choices=choices,
-        usage=wire.Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                         total_tokens=prompt_tokens + completion_tokens),
+        usage=usage(prompt_tokens, completion_tokens),
         metadata=metadata,
     )
     if shape.return_token_ids:

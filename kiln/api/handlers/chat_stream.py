@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 
 from kiln.api._generated import wire
 from kiln.api.encode import Finish, as_wire, finish_reason
+from kiln.api.encode import usage as token_usage
 from kiln.api.handlers.extras import included_stop
 from kiln.api.handlers.generation import Completion
 from kiln.api.handlers.logprobs import chat_content
@@ -80,8 +81,7 @@ class _Chunks:
 
     def usage(self, prompt: int, completion: int) -> bytes:
         chunk = self.chunk([])
-        chunk.usage = wire.Usage(prompt_tokens=prompt, completion_tokens=completion,
-                                 total_tokens=prompt + completion)
+        chunk.usage = token_usage(prompt, completion)
         return event(chunk)
 
 

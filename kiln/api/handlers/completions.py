@@ -17,7 +17,7 @@ from starlette.responses import Response
 from kiln import metrics
 from kiln.api._generated import wire
 from kiln.api.contract import read_json_body
-from kiln.api.encode import json_response
+from kiln.api.encode import json_response, usage
 from kiln.api.errors import ApiError
 from kiln.api.handlers import completions_gen, completions_stream, unsupported
 from kiln.api.handlers.adapters import BASE, Selection, resolve_model, select
@@ -169,7 +169,7 @@ async def _score(request: Request, state: AppState, req: Any, selection: Selecti
         system_fingerprint=fingerprint,
         choices=[wire.TextCompletionChoice(index=0, text="", finish_reason="length",
                                            prompt_logprobs=logprobs)],
-        usage=wire.Usage(prompt_tokens=len(ids), completion_tokens=0, total_tokens=len(ids)),
+        usage=usage(len(ids), 0),
     ))
 
 

@@ -21,6 +21,7 @@ from kiln.api._generated import wire
 from kiln.api.backend import PositionScore
 from kiln.api.encode import Finish, json_response
 from kiln.api.encode import finish_reason as wire_finish
+from kiln.api.encode import usage as token_usage
 from kiln.api.errors import ApiError
 from kiln.api.handlers.adapters import Selection
 from kiln.api.handlers.extras import (
@@ -328,9 +329,7 @@ def best(prep: Prepared, completions: list[Completion]) -> list[tuple[int, Compl
 
 
 def usage(prep: Prepared, completion_tokens: int) -> wire.Usage:
-    prompt_tokens = sum(len(p.ids) for p in prep.prompts)
-    return wire.Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                      total_tokens=prompt_tokens + completion_tokens)
+    return token_usage(sum(len(p.ids) for p in prep.prompts), completion_tokens)
 
 
 async def respond(request: Request, state: AppState, prep: Prepared, rid: str, arrived: float,
