@@ -56,9 +56,9 @@ PEER_CONTEXT = 8192  # llama-server -c: the KV cache's tokens (over its -np 8 sl
 def kv_match_flags(model: Path) -> list[str]:
     """Kiln's KV cache sized as llama-server's: PEER_CONTEXT tokens of float16 K and V in every
     layer, so the RSS figures compare the same cache (Kiln's default is 512 MiB of float32)."""
-    from kiln.model.gguf_loader import FastGGUFReader, read_metadata
+    from kiln.model.gguf_index import GGUFIndex
 
-    meta = read_metadata(FastGGUFReader(str(model)))
+    meta = GGUFIndex(model).metadata
     arch = meta["general.architecture"]
     layers, heads = int(meta[f"{arch}.block_count"]), int(meta[f"{arch}.attention.head_count"])
     kv_heads = int(meta.get(f"{arch}.attention.head_count_kv", heads))
@@ -132,9 +132,9 @@ def rss_mib(pid: int) -> float:
 
 
 def tensor_bytes(path: Path) -> int:
-    from kiln.model.gguf_loader import FastGGUFReader
+    from kiln.model.gguf_index import GGUFIndex
 
-    return sum(int(t.n_bytes) for t in FastGGUFReader(str(path)).tensors)
+    return sum(t.n_bytes for t in GGUFIndex(path).tensors)
 
 
 def read_ceiling_gb_s() -> float:

@@ -72,3 +72,24 @@ def test_no_serving_module_imports_the_test_helper() -> None:
             "      'kiln_kernels.testing' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False False False"
+
+
+def test_a_cpu_server_never_imports_triton() -> None:
+    """On the CPU (C step, C sampler) nothing needs Triton, whose library is 66 MiB of resident
+    memory once imported: loading the default model, building the engine and app and serving a
+    chat request leave it unimported."""
+    code = ("import sys\n"
+            "from starlette.testclient import TestClient\n"
+            "from kiln.api.app import build_app\n"
+            "from kiln.config import ServerConfig\n"
+            "from kiln.model import load_model\n"
+            "from kiln.serving import EngineBackend\n"
+            "cfg = ServerConfig()\n"
+            "loaded = load_model(None)\n"
+            "with TestClient(build_app(cfg, EngineBackend(loaded, cfg))) as c:\n"
+            "    r = c.post('/v1/chat/completions', json={'model': loaded.served_name,\n"
+            "               'messages': [{'role': 'user', 'content': 'Hi'}], 'max_tokens': 3})\n"
+            "    assert r.status_code == 200, r.text\n"
+            "print('triton' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -79,7 +79,7 @@ def test_a_port_in_use_fails_before_the_model_loads(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name,content,why", [
     ("notes.txt", b"hello\n", "is neither a model folder"),
-    ("model.gguf", b"not a gguf file at all", "GGUF magic invalid"),
+    ("model.gguf", b"not a gguf file at all", "not a GGUF file (no GGUF magic)"),
     ("empty-folder", None, "config.json"),
 ], ids=["text-file", "fake-gguf", "empty-folder"])
 def test_a_file_that_is_not_a_model_fails(tmp_path: Path, name: str, content: bytes | None,

@@ -166,10 +166,10 @@ def default_model() -> LoadedModel:
 @functools.cache
 def default_gguf_metadata() -> dict[str, object]:
     """The default model's GGUF metadata (no weights read): tokenizer and chat template."""
-    from kiln.model.gguf_loader import FastGGUFReader, read_metadata
+    from kiln.model.gguf_index import GGUFIndex
     from kiln.model.loader import default_model_path
 
-    return read_metadata(FastGGUFReader(str(default_model_path())))
+    return GGUFIndex(default_model_path()).metadata
 
 
 _GGUF_BLOCK = {v: k for k, v in {

@@ -18,6 +18,7 @@ from kiln_kernels.quant import GGML_TYPES, PackedWeight, pack_ggml
 
 from kiln.model.base import CausalLM
 from kiln.model.config import ModelConfig, UnsupportedModelError, config_from_gguf
+from kiln.model.gguf_index import GGUFIndex, GGUFTensor
 from kiln.model.gguf_tokenizer import tokenizer_from_gguf
 from kiln.model.plan import pack_weights
 from kiln.model.quantized import install_packed
@@ -63,36 +64,6 @@ def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, out // n_head // 2, 2, *rest).swapaxes(1, 2).reshape(out, *rest)
 
 
-class FastGGUFReader(gguf.GGUFReader):
-    """``gguf.GGUFReader`` (pinned to 0.19) slicing a plain ndarray view of its memory map.
-
-    numpy's ``memmap`` subclass runs Python hooks (``__getitem__``, ``__array_finalize__``) on
-    every slice, and parsing a GGUF header slices the file once or twice per vocabulary entry:
-    the default model's 49,152 tokens and 48,900 merges made the reader 2.1-2.3 s of a 6.7 s load.
-    The arrays are the same bytes of the same mapping (the view keeps it alive)."""
-
-    def _get(self, offset: int, dtype: Any, count: int = 1,
-             override_order: Any = None) -> np.ndarray:
-        plain = self.__dict__.get("_plain")
-        if plain is None:
-            plain = self._plain = self.data.view(np.ndarray)
-        count = int(count)
-        dt = np.dtype(dtype)
-        arr: np.ndarray = plain[offset:offset + dt.itemsize * count].view(dtype=dt)[:count]
-        order = self.byte_order if override_order is None else override_order
-        out: np.ndarray = arr.view(arr.dtype.newbyteorder(order))
-        return out
-
-
-def read_metadata(reader: gguf.GGUFReader) -> dict[str, Any]:
-    meta: dict[str, Any] = {}
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF."):
-            continue
-        meta[key] = field.contents()
-    return meta
-
-
 @dataclass
 class GGUFContents:
     model: CausalLM
@@ -102,11 +73,11 @@ class GGUFContents:
     metadata: dict[str, Any]
 
 
-def _dequantize(tensor: Any) -> np.ndarray:
+def _dequantize(tensor: GGUFTensor) -> np.ndarray:
     arr = np.asarray(gguf.quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
     if not arr.flags.writeable:  # F32 tensors come back as read-only views of the mmap
         arr = arr.copy()
-    shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
+    shape = tuple(reversed(tensor.shape))
     return arr.reshape(shape)
 
 
@@ -121,7 +92,7 @@ def _row_permutation(cfg: ModelConfig, name: str) -> int | None:
     return None
 
 
-def _unpackable(tensor: Any) -> str | None:
+def _unpackable(tensor: GGUFTensor) -> str | None:
     """Why the kernels cannot hold this matrix (None: they can): its type has no kernel, or
     its rows do not come in fours (the tiles' unit)."""
     if tensor.tensor_type.name not in GGML_TYPES:
@@ -133,7 +104,7 @@ def _unpackable(tensor: Any) -> str | None:
     return None
 
 
-def _pack(tensor: Any, heads: int | None) -> PackedWeight:
+def _pack(tensor: GGUFTensor, heads: int | None) -> PackedWeight:
     """A 2-D quantized tensor's raw blocks, rows in HF order, packed for the CPU kernels."""
     rows = int(tensor.shape[-1]) if len(tensor.shape) > 1 else 1
     raw = np.ascontiguousarray(tensor.data).view(np.uint8).reshape(rows, -1)
@@ -160,10 +131,10 @@ def release_freed_heap() -> None:
 def load_gguf(path: str | Path, dtype: torch.dtype, device: torch.device, *,
               quant_kernels: bool = True) -> GGUFContents:
     try:
-        reader = FastGGUFReader(str(path))
+        reader = GGUFIndex(path)
     except (ValueError, OSError) as exc:
         raise UnsupportedModelError(f"cannot read GGUF file {path}: {exc}") from exc
-    meta = read_metadata(reader)
+    meta = reader.metadata
     names = {t.name for t in reader.tensors}
     embd = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
     if embd is None:

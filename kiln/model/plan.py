@@ -76,6 +76,14 @@ class ComputePlan:
         return not self.device.startswith("cpu")
 
     @property
+    def kv_zero_pages(self) -> bool:
+        """Whether the KV cache is mapped from the operating system's zero pages (the CPU): its
+        memory is resident only once a block is first written, so an idle server holds none of
+        it, and allocating it writes nothing (a 512 MiB cache was 0.24-0.32 s of start-up as
+        ``torch.zeros``). Device memory is allocated and zeroed as usual."""
+        return self.device.startswith("cpu")
+
+    @property
     def packed_rows(self) -> bool:
         """Whether rows of the torch path read packed blocks (every weight form but dense)."""
         return self.weights != "dense"

@@ -9,15 +9,14 @@ ends: ``u = ((h >> 9) + 0.5) / 2**23``. (23, not 24: ``(h >> 8) + 0.5`` needs 25
 float32 has 24, and its top value would round to exactly 1.0, making the Gumbel noise infinite;
 with 23 bits every value is exact in float32.) A row's numbers depend on nothing but its own seed, step
 and the token id, so sampling is batch-invariant and backend-invariant.
+
+The Triton twins are in ``counter_hash_triton.py``: importing Triton maps its 66 MiB compiler
+library into the process, which a CPU server (C sampler) never needs.
 """
 
-# Triton @jit functions cannot carry Python type annotations (Triton reads them itself).
-# mypy: disable-error-code="untyped-decorator,no-untyped-def"
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 _M32 = 0xFFFFFFFF
 _C1 = 0xCC9E2D51
@@ -112,48 +111,3 @@ def counter_uniform_torch(seeds: torch.Tensor, steps: torch.Tensor, vocab: int) 
 def hash_to_uniform(h: torch.Tensor) -> torch.Tensor:
     """32-bit hashes (int64 in [0, 2**32)) -> float32 in (0, 1) from their top 23 bits."""
     return ((h >> 9).to(torch.float32) + 0.5) * (1.0 / 8388608.0)
-
-
-# --------------------------------------------------------------------------- triton (uint32 lanes)
-@triton.jit
-def _tl_rotl(x, r: tl.constexpr):
-    return (x << r) | (x >> (32 - r))
-
-
-@triton.jit
-def _absorb(h, k):
-    k = k * 0xCC9E2D51
-    k = _tl_rotl(k, 15)
-    k = k * 0x1B873593
-    h = h ^ k
-    h = _tl_rotl(h, 13)
-    return h * 5 + 0xE6546B64
-
-
-@triton.jit
-def _fmix(h):
-    h = h ^ (h >> 16)
-    h = h * 0x85EBCA6B
-    h = h ^ (h >> 13)
-    h = h * 0xC2B2AE35
-    return h ^ (h >> 16)
-
-
-@triton.jit
-def tl_row_state(s_lo, s_hi, t_lo, t_hi):
-    """Triton twin of ``row_state``: arguments are uint32 scalars; returns uint32."""
-    h = s_lo ^ s_lo
-    h = _absorb(h, s_lo)
-    h = _absorb(h, s_hi)
-    h = _absorb(h, t_lo)
-    h = _absorb(h, t_hi)
-    return h
-
-
-@triton.jit
-def tl_uniform(state, tok):
-    """Triton twin of ``counter_uniform`` for one row: ``state`` from ``tl_row_state`` (uint32),
-    ``tok`` uint32 token ids. Returns float32 in (0, 1)."""
-    h = _absorb(state, tok)
-    h = _fmix(h ^ 20)
-    return ((h >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608.0)

@@ -21,7 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .counter_hash import split_u64, tl_row_state, tl_uniform
+from .counter_hash import split_u64
+from .counter_hash_triton import tl_row_state, tl_uniform
 from .params import SamplingTensors
 from .reference import check_inputs, filter_threshold, greedy_rows, repetition_factor
 

@@ -15,7 +15,7 @@ from kiln_kernels.sampling import (
     sample,
     sample_reference,
 )
-from kiln_kernels.sampling.counter_hash import tl_row_state, tl_uniform
+from kiln_kernels.sampling.counter_hash_triton import tl_row_state, tl_uniform
 from kiln_kernels.sampling.sampler import sample_triton
 
 from tests.numerics import logsoftmax_atol, sampling_scale

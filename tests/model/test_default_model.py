@@ -78,8 +78,8 @@ def test_weights_are_ggufs_dequantized_values(smollm: LoadedModel) -> None:
     lookups, which read the blocks, give the same rows."""
     import numpy as np
 
+    from kiln.model.gguf_index import GGUFIndex
     from kiln.model.gguf_loader import (
-        FastGGUFReader,
         _dequantize,
         _row_permutation,
         hf_name,
@@ -93,7 +93,7 @@ def test_weights_are_ggufs_dequantized_values(smollm: LoadedModel) -> None:
     # q k v o gate up down, and the token embedding (the tied head): lookups read its blocks
     assert len(released) == 7 * smollm.config.num_layers + 1
     assert "model.embed_tokens.weight" in released
-    reader = FastGGUFReader(str(default_model_path()))
+    reader = GGUFIndex(default_model_path())
     ids = torch.tensor([[0, 1, 2, 3], [4, 17, 12345, smollm.config.vocab_size - 1]])
     looked_up = model.model.embed_tokens(ids)
     with packed_disabled(model):  # released weights dequantized from their blocks

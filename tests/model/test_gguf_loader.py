@@ -75,24 +75,3 @@ def test_gguf_tokenizer_and_template(tmp_path: Path) -> None:
     assert lm.tokenizer.decode(lm.tokenizer.encode("<think>a"), skip_special_tokens=True) \
         == "<think>a"
 
-
-def test_fast_reader_reads_what_gguf_reads() -> None:
-    """FastGGUFReader (plain ndarray slices of the map) against gguf's own reader on the default
-    model: the same fields, values and tensors, byte for byte."""
-    import gguf
-    import numpy as np
-
-    from kiln.model.gguf_loader import FastGGUFReader
-    from kiln.model.loader import default_model_path
-
-    path = str(default_model_path())
-    fast, ref = FastGGUFReader(path), gguf.GGUFReader(path)
-    assert list(fast.fields) == list(ref.fields) and len(fast.fields) > 20
-    for key, field in ref.fields.items():
-        assert fast.fields[key].types == field.types, key
-        assert [bytes(p) for p in fast.fields[key].parts] == [bytes(p) for p in field.parts], key
-    assert fast.data_offset == ref.data_offset
-    assert len(fast.tensors) == len(ref.tensors) > 0
-    for a, b in zip(fast.tensors, ref.tensors, strict=True):
-        assert (a.name, a.tensor_type, a.shape.tolist()) == (b.name, b.tensor_type, b.shape.tolist())
-        assert np.array_equal(np.asarray(a.data).view(np.uint8), np.asarray(b.data).view(np.uint8))

@@ -39,6 +39,31 @@ def test_heads_major_caches_keep_a_blocks_heads_apart_in_memory() -> None:
                                         cfg.num_kv_heads * cfg.head_dim, cfg.head_dim)
 
 
+@pytest.mark.parametrize("heads_major", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_zero_page_caches_are_zero_and_laid_out_as_zeroed_ones(heads_major: bool,
+                                                               dtype: torch.dtype) -> None:
+    """A cache on the operating system's zero pages (the compute plan's ``kv_zero_pages``, on
+    the CPU) has the shape, strides and contents of a ``torch.zeros`` one, page-aligned, and its
+    layers do not share memory."""
+    cfg = tiny_config("llama")
+    lazy = KVCache(cfg, 5, BLOCK, dtype, CPU, heads_major=heads_major, zero_pages=True)
+    eager = KVCache(cfg, 5, BLOCK, dtype, CPU, heads_major=heads_major)
+    for a, b in zip(lazy.k + lazy.v, eager.k + eager.v, strict=True):
+        assert (a.shape, a.stride(), a.dtype) == (b.shape, b.stride(), b.dtype)
+        assert torch.equal(a, b) and a.data_ptr() % 4096 == 0
+    lazy.k[0].fill_(1.0)
+    assert not lazy.v[0].any() and not lazy.k[1].any() and lazy.k[0].all()
+
+
+def test_the_cpu_plan_serves_from_zero_pages() -> None:
+    from kiln.model.kv_cache import kv_cache_for
+
+    model = gqa_model()
+    assert model.plan.kv_zero_pages
+    assert kv_cache_for(model, 4, BLOCK, torch.float32, CPU).zero_pages
+
+
 def test_cache_strides_refuse_what_the_c_step_cannot_read() -> None:
     with pytest.raises(ValueError, match="dense"):
         cache_strides(torch.zeros(4, 8, 2, 16)[:, ::2])
