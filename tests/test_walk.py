@@ -1,0 +1,38 @@
+"""docs/architecture.md's walk of a non-streaming chat request matches the code: the files a
+profiler sees one warmed-up request run code in, through a live server on the default model
+(tests/walk_trace.py), are exactly the files of the document's ``walk`` list."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from kiln.testing import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+HANG_S = 600  # a hang bound for loading the model on a loaded machine, never a verdict
+
+
+def documented_walk() -> list[str]:
+    doc = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```walk\n(.*?)```", doc, flags=re.S)
+    assert len(blocks) == 1, "docs/architecture.md has one ```walk list"
+    return [line.strip() for line in blocks[0].splitlines() if line.strip()]
+
+
+def test_the_documented_walk_names_real_files_once() -> None:
+    files = documented_walk()
+    assert len(files) == len(set(files)) and len(files) > 20
+    assert [f for f in files if not (ROOT / f).is_file()] == []
+
+
+def test_the_documented_walk_is_what_a_request_runs() -> None:
+    out = subprocess.run([sys.executable, "-m", "tests.walk_trace", str(free_port())],
+                         cwd=ROOT, capture_output=True, text=True, timeout=HANG_S, check=True)
+    traced = json.loads(out.stdout.strip().splitlines()[-1])
+    documented = documented_walk()
+    assert sorted(set(traced) - set(documented)) == [], "run but not in docs/architecture.md"
+    assert sorted(set(documented) - set(traced)) == [], "in docs/architecture.md but not run"

@@ -1,0 +1,89 @@
+"""Trace the repository files one warmed-up non-streaming chat request runs code in, through a
+live `kiln serve` on the default model (run by tests/test_walk.py as a subprocess).
+
+Usage: python -m tests.walk_trace PORT. Prints one JSON list: the files (repository-relative
+paths under kiln/ and kiln_kernels/, generated code included) whose Python functions were
+called between the request's start and the moment the process went quiet after its response,
+in order of first call. The C files the step runs are not seen by a Python profiler.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = (str(ROOT / "kiln") + os.sep, str(ROOT / "kiln_kernels") + os.sep)
+QUIET_S = 1.0  # no new file for this long after the response: the walk is over
+HANG_S = 60.0  # bounds on every wait (a hang bound, never a verdict)
+
+seen: dict[str, None] = {}
+last_new = [0.0]
+active = threading.Event()
+
+
+def profile(frame: FrameType, event: str, arg: Any) -> None:
+    if event == "call" and active.is_set():
+        f = frame.f_code.co_filename
+        if f.startswith(PACKAGES):
+            rel = os.path.relpath(f, ROOT)
+            if rel not in seen:
+                seen[rel] = None
+                last_new[0] = time.monotonic()
+
+
+def client(port: int) -> None:
+    base = f"http://127.0.0.1:{port}"
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    deadline = time.monotonic() + 300
+    while True:
+        try:
+            opener.open(f"{base}/health", timeout=5).read()
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                os._exit(3)
+            time.sleep(0.05)
+    model = json.loads(opener.open(f"{base}/v1/models", timeout=HANG_S).read())["data"][0]["id"]
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Hi"}],
+                       "max_tokens": 4}).encode()
+
+    def chat() -> bytes:
+        req = urllib.request.Request(f"{base}/v1/chat/completions", body,
+                                     {"Content-Type": "application/json"})
+        return bytes(opener.open(req, timeout=HANG_S).read())
+
+    chat()
+    chat()  # warmed up: lazy imports and first-use caches are behind us
+    active.set()
+    last_new[0] = time.monotonic()
+    reply = json.loads(chat())
+    end = time.monotonic() + HANG_S
+    while time.monotonic() - last_new[0] < QUIET_S and time.monotonic() < end:
+        time.sleep(0.1)
+    active.clear()
+    if reply.get("object") != "chat.completion":
+        os._exit(4)
+    print(json.dumps(list(seen)), flush=True)
+    os._exit(0)
+
+
+def main() -> None:
+    from kiln.cli import main as kiln_main
+
+    port = int(sys.argv[1])
+    sys.setprofile(profile)
+    threading.setprofile(profile)
+    threading.Thread(target=client, args=(port,), daemon=True).start()
+    kiln_main(["serve", "--host", "127.0.0.1", "--port", str(port)])
+
+
+if __name__ == "__main__":
+    main()
