@@ -1,18 +1,24 @@
 """Kiln against llama.cpp's ``llama-server`` on the same GGUF files, one after the other in one
-run, with the same client and sampling (greedy, ``ignore_eos``, 127.0.0.1 only).
+run, with the same client and sampling (greedy, ``ignore_eos``, 127.0.0.1 only). One pairing
+more, "bf16 (HF folder)": Kiln serves an HF folder of bf16 safetensors (what RL and distillation
+users load), llama-server, which cannot read safetensors, the BF16 GGUF of exactly those weights
+(the folder is written from it by ``python -m bench.peers.hf_folder``).
 
 Per file and server: seconds from start to a healthy /health, single-stream decode tok/s (best
 of ``--repeats``), 8-stream aggregate tok/s, and the server's RSS after the runs. The rate of a
 stream is (tokens - 1) over the span from its first to its last content chunk (prefill left
 out), counted the same way for both servers; the single-stream figure is also given as a
 fraction of the memory-bandwidth bound (this machine's streaming read rate, measured in the
-same run, over the bytes of the file's tensors: each decoded token reads every weight once).
+same run, over the bytes of the file's tensors: each decoded token reads every weight once; for
+the folder, its GGUF's: the same weights). Kiln's KV cache is sized from the GGUF of the pair.
 
 The peer: ``bash bench/peers/build_llama_cpp.sh`` (llama.cpp from the llama-cpp-python 0.3.36
 sdist) and ``bash bench/peers/requantize.sh`` (the default model as Q4_K_M, Q5_K_M, Q6_K, Q8_0,
-F16) into build-peers/. Files or servers not there are skipped, and said so.
+F16, BF16) into build-peers/, then ``python -m bench.peers.hf_folder`` for the folder (FOLDER
+below). Files, the folder or servers not there are skipped, and said so.
 
-Usage: python -m bench.bench_peer [--files A.gguf ...] [--tokens 128] [--repeats 3]
+Usage: python -m bench.bench_peer [--files A.gguf ...] [--only TEXT ...] [--tokens 128]
+[--repeats 3]   (--only: the default rows whose name holds one of the TEXTs, any case)
 Writes bench/results/peer.json (figures, no asserts).
 """
 
@@ -26,6 +32,7 @@ import platform
 import re
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,15 +46,38 @@ RESULTS = ROOT / "bench" / "results" / "peer.json"
 PEERS = ROOT / "build-peers"
 LLAMA_SERVER = PEERS / "build" / "bin" / "llama-server"
 STARTUP_TIMEOUT_S = 300.0
-REQUANTIZED = ("Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0", "F16")
+REQUANTIZED = ("Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0", "F16", "BF16")
+BF16_GGUF = PEERS / "models" / "smollm2-135m-BF16.gguf"
+FOLDER = PEERS / "models" / "smollm2-135m-bf16-hf"  # bench.peers.hf_folder BF16_GGUF FOLDER
+FOLDER_ROW = "bf16 (HF folder)"
 
 
-def default_files() -> list[Path]:
+@dataclass(frozen=True)
+class Pair:
+    """One row: ``kiln`` (a GGUF file or an HF folder) served by Kiln, ``gguf`` by llama-server;
+    the KV sizing and the tensor bytes are the GGUF's."""
+
+    name: str
+    kiln: Path
+    gguf: Path
+
+
+def file_pair(path: Path) -> Pair:
+    return Pair(path.name, path, path)
+
+
+def default_pairs() -> list[Pair]:
     from kiln.model.loader import default_model_path
 
     files = [Path(default_model_path())]
-    files += [p for q in REQUANTIZED if (p := PEERS / "models" / f"smollm2-135m-{q}.gguf").is_file()]
-    return files
+    files += [PEERS / "models" / f"smollm2-135m-{q}.gguf" for q in REQUANTIZED]
+    pairs = [file_pair(p) for p in files if p.is_file()]
+    if BF16_GGUF.is_file() and (FOLDER / "config.json").is_file():
+        pairs.append(Pair(FOLDER_ROW, FOLDER, BF16_GGUF))
+    elif BF16_GGUF.is_file():
+        print(f"no {FOLDER}: python -m bench.peers.hf_folder {BF16_GGUF} {FOLDER} "
+              f"(the {FOLDER_ROW!r} row skipped)")
+    return pairs
 
 
 PEER_CONTEXT = 8192  # llama-server -c: the KV cache's tokens (over its -np 8 slots), f16
@@ -69,15 +99,15 @@ def kv_match_flags(model: Path) -> list[str]:
 
 
 @contextlib.contextmanager
-def started(kind: str, model: Path, log_path: Path,
+def started(kind: str, pair: Pair, log_path: Path,
             threads: int) -> Iterator[tuple[ServerProcess, float]]:
     """A Kiln or llama-server process on a free 127.0.0.1 port; (server, seconds to healthy)."""
     port = free_port()
     if kind == "kiln":
-        cmd = serve_command([*BENCH_FLAGS, *kv_match_flags(model), "--model", str(model)],
+        cmd = serve_command([*BENCH_FLAGS, *kv_match_flags(pair.gguf), "--model", str(pair.kiln)],
                             port=port)
     else:
-        cmd = [str(LLAMA_SERVER), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
+        cmd = [str(LLAMA_SERVER), "-m", str(pair.gguf), "--host", "127.0.0.1", "--port", str(port),
                "-t", str(threads), "-c", str(PEER_CONTEXT), "-np", "8", "--no-webui"]
     t0 = time.perf_counter()
     server = start(cmd, url=f"http://127.0.0.1:{port}", log_path=log_path, cwd=ROOT)
@@ -154,14 +184,17 @@ def _timed(fn: Any) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--files", nargs="*", type=Path, default=None)
+    ap.add_argument("--files", nargs="*", type=Path, default=None, help="GGUF files")
+    ap.add_argument("--only", nargs="*", default=None, help="default rows holding a TEXT")
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--streams", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2, help="llama-server -t")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
-    files = args.files or default_files()
+    pairs = [file_pair(p) for p in args.files] if args.files else default_pairs()
+    if args.only:
+        pairs = [p for p in pairs if any(t.lower() in p.name.lower() for t in args.only)]
     kinds = ["kiln"] + (["llama"] if LLAMA_SERVER.is_file() else [])
     if "llama" not in kinds:
         print(f"no {LLAMA_SERVER}: run bash bench/peers/build_llama_cpp.sh (Kiln only)")
@@ -170,23 +203,25 @@ def main() -> None:
                            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                            "read_ceiling_gb_s": ceiling, "tokens": args.tokens, "files": {}}
     print(f"streaming read ceiling {ceiling:.1f} GB/s")
-    for path in files:
-        size = tensor_bytes(path)
+    for pair in pairs:
+        size = tensor_bytes(pair.gguf)
         bound = ceiling * 1e9 / size
-        row: dict[str, Any] = {"tensor_mb": size / 1e6, "bound_tok_s": bound}
+        row: dict[str, Any] = {"kiln_model": str(pair.kiln), "peer_model": str(pair.gguf),
+                               "tensor_mb": size / 1e6, "bound_tok_s": bound}
+        stem = pair.kiln.name.removesuffix(".gguf")
         for kind in kinds:
-            log = ROOT / "bench" / "results" / f"peer-{kind}-{path.stem}.log"
-            with started(kind, path, log, args.threads) as (server, healthy_s):
+            log = ROOT / "bench" / "results" / f"peer-{kind}-{stem}.log"
+            with started(kind, pair, log, args.threads) as (server, healthy_s):
                 fig = asyncio.run(measure(server.url, args.tokens, args.repeats, args.streams))
                 fig.update(healthy_s=healthy_s, rss_mib=rss_mib(server.pid),
                            bound_fraction=fig["single_tok_s"] / bound)
             row[kind] = fig
-            print(f"{path.name} {kind}: healthy {healthy_s:.1f} s, single "
+            print(f"{pair.name} {kind}: healthy {healthy_s:.1f} s, single "
                   f"{fig['single_tok_s']:.1f} tok/s ({100 * fig['bound_fraction']:.0f}% of the "
                   f"{bound:.0f} tok/s bound), {args.streams} streams "
                   f"{fig[f'streams{args.streams}_tok_s']:.1f} tok/s, RSS {fig['rss_mib']:.0f} MiB",
                   flush=True)
-        out["files"][path.name] = row
+        out["files"][pair.name] = row
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=2) + "\n")
     print(f"wrote {args.out}")

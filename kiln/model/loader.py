@@ -91,6 +91,10 @@ def load_model(path: str | None = None, *, dtype: str | None = None, device: str
         generation_config = dict(hf.generation_config)
         specials = {k: v for k in ("unk_token", "pad_token")
                     if isinstance(v := hf.tokenizer_config.get(k), str)}
+        del hf
+        # the bf16 default model's folder: 656 MiB RSS after the load, 510 after (the tensors
+        # read from the file, freed once packed, stay in glibc's heap)
+        release_freed_heap()
     elif _is_gguf(file):
         gg = load_gguf(file, torch_dtype, dev, quant_kernels=quant_kernels)
         model, cfg, tokenizer, template = gg.model, gg.config, gg.tokenizer, gg.chat_template

@@ -135,3 +135,14 @@ def test_tokenizer_eos_from_generation_config_list(tmp_path: Path) -> None:
                             generation_config={"eos_token_id": [7, 8]})
     assert tok.eos_token_ids == {5, 7, 8}
     assert tok.eos_token == tok.id_to_token(5)
+
+
+def test_folder_load_gives_freed_heap_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loading a folder ends as loading a GGUF does: the heap its read tensors freed goes back
+    to the system (``release_freed_heap``), so a folder's RSS compares with its GGUF's."""
+    import kiln.model.loader as loader
+
+    calls: list[int] = []
+    monkeypatch.setattr(loader, "release_freed_heap", lambda: calls.append(1))
+    load_model(str(write_tiny_llama(tmp_path / "llama")))
+    assert calls == [1]
