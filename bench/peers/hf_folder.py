@@ -21,12 +21,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-import gguf
 import numpy as np
 import torch
 from safetensors.torch import save_file
 
 from kiln.model.config import config_from_gguf
+from kiln.model.gguf_index import GGUFIndex, GGUFTensor
 from kiln.model.gguf_loader import _row_permutation, hf_name, unpermute_qk
 from kiln.model.gguf_tokenizer import tokenizer_from_gguf
 
@@ -36,17 +36,9 @@ _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.floa
 _SPECIAL = {"bos": "bos_token", "eos": "eos_token", "unknown": "unk_token", "padding": "pad_token"}
 
 
-def read_gguf(path: Path) -> tuple[dict[str, Any], list[Any]]:
-    """The file's metadata and tensors (``name``, ``tensor_type``, ``shape`` in GGUF order,
-    ``data``): gguf-py's reader, read the way ``kiln.model.gguf_index.GGUFIndex`` gives them."""
-    reader = gguf.GGUFReader(str(path))
-    meta = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
-    return meta, list(reader.tensors)
-
-
-def hf_tensor(tensor: Any, heads: int | None) -> torch.Tensor:
+def hf_tensor(tensor: GGUFTensor, heads: int | None) -> torch.Tensor:
     """One GGUF tensor in HF layout: rows first, q/k rows un-permuted (``heads`` not None)."""
-    shape = tuple(int(d) for d in reversed(list(tensor.shape)))
+    shape = tuple(reversed(tensor.shape))
     kind = tensor.tensor_type.name
     if kind not in (*_HALVES, "F32"):
         raise ValueError(f"{tensor.name} is {kind}: only F32, F16 and BF16 tensors are written")
@@ -62,7 +54,8 @@ def hf_tensor(tensor: Any, heads: int | None) -> torch.Tensor:
 
 
 def write_folder(src: Path, out: Path) -> Path:
-    meta, tensors = read_gguf(src)
+    index = GGUFIndex(src)
+    meta, tensors = index.metadata, index.tensors
     names = {t.name for t in tensors}
     embd = next(t for t in tensors if t.name == "token_embd.weight")
     cfg = config_from_gguf(
