@@ -5,8 +5,9 @@ users load), llama-server, which cannot read safetensors, the BF16 GGUF of exact
 (the folder is written from it by ``python -m bench.peers.hf_folder``).
 
 Per file and server: seconds from start to a healthy /health, single-stream decode tok/s (best
-of ``--repeats``), 8-stream aggregate tok/s, and the server's RSS after the runs. The rate of a
-stream is (tokens - 1) over the span from its first to its last content chunk (prefill left
+of ``--repeats``), 8-stream aggregate tok/s, and the server's RSS at health and after the
+runs, with the part of it that is the KV cache (Kiln maps its cache from zero pages, resident
+once written; llama.cpp clears its whole cache at start). The rate of a stream is (tokens - 1) over the span from its first to its last content chunk (prefill left
 out), counted the same way for both servers; the single-stream figure is also given as a
 fraction of the memory-bandwidth bound (this machine's streaming read rate, measured in the
 same run, over the bytes of the file's tensors: each decoded token reads every weight once; for
@@ -161,6 +162,25 @@ def rss_mib(pid: int) -> float:
     return int(m[1]) / 1024 if m else float("nan")
 
 
+def kv_resident_mib(pid: int) -> float:
+    """Resident MiB of Kiln's KV cache: its tensors are the process's shared anonymous maps
+    ("/dev/zero (deleted)" in smaps), resident only where a block has been written."""
+    total, in_kv = 0, False
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        head = line.split()
+        if head and "-" in head[0] and not head[0].endswith(":"):
+            in_kv = line.rstrip().endswith("/dev/zero (deleted)")
+        elif in_kv and head and head[0] == "Rss:":
+            total += int(head[1])
+    return total / 1024
+
+
+def kv_cache_mib(model: Path) -> float:
+    """The KV cache both servers hold (kv_match_flags); llama-server's is resident in full from
+    the start (llama.cpp clears its KV buffer when it allocates it)."""
+    return float(kv_match_flags(model)[-1])
+
+
 def tensor_bytes(path: Path) -> int:
     from kiln.model.gguf_index import GGUFIndex
 
@@ -212,14 +232,19 @@ def main() -> None:
         for kind in kinds:
             log = ROOT / "bench" / "results" / f"peer-{kind}-{stem}.log"
             with started(kind, pair, log, args.threads) as (server, healthy_s):
+                healthy_rss = rss_mib(server.pid)
                 fig = asyncio.run(measure(server.url, args.tokens, args.repeats, args.streams))
+                kv = (kv_resident_mib(server.pid) if kind == "kiln"
+                      else kv_cache_mib(pair.gguf))
                 fig.update(healthy_s=healthy_s, rss_mib=rss_mib(server.pid),
+                           rss_healthy_mib=healthy_rss, kv_resident_mib=kv,
                            bound_fraction=fig["single_tok_s"] / bound)
             row[kind] = fig
             print(f"{pair.name} {kind}: healthy {healthy_s:.1f} s, single "
                   f"{fig['single_tok_s']:.1f} tok/s ({100 * fig['bound_fraction']:.0f}% of the "
                   f"{bound:.0f} tok/s bound), {args.streams} streams "
-                  f"{fig[f'streams{args.streams}_tok_s']:.1f} tok/s, RSS {fig['rss_mib']:.0f} MiB",
+                  f"{fig[f'streams{args.streams}_tok_s']:.1f} tok/s, RSS {fig['rss_mib']:.0f} MiB "
+                  f"(at health {healthy_rss:.0f}; KV resident {kv:.0f})",
                   flush=True)
         out["files"][pair.name] = row
     args.out.parent.mkdir(parents=True, exist_ok=True)
