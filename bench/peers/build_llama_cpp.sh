@@ -18,7 +18,17 @@ fi
 SRC="$WORK/llama_cpp_python-$VERSION/vendor/llama.cpp"
 [ -d "$SRC" ] || tar xzf "$SDIST"
 JOBS="${JOBS:-$(nproc)}"
+# On a CPU with AMX, -march=native compiles ggml's AMX matmul, which crashed llama-server
+# (SIGSEGV in ggml_backend_amx_mul_mat, the first decode of the default model's Q4_1 and of
+# Q4_K_M; BF16 ran) on a 2-core Xeon VM, 2026-12-02. There it is built without AMX, keeping the
+# AVX-512 kernels and weight repacking (--no-repack also avoids the crash, but drops repacking
+# too, a slower peer). LLAMA_AMX=1 keeps AMX.
+NO_AMX=""
+if [ "${LLAMA_AMX:-0}" != 1 ] && grep -qw amx_tile /proc/cpuinfo 2>/dev/null; then
+  NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+fi
 cmake -S "$SRC" -B "$WORK/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+  -DCMAKE_C_FLAGS="$NO_AMX" -DCMAKE_CXX_FLAGS="$NO_AMX" \
   -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON
 cmake --build "$WORK/build" -j "$JOBS" --target llama-server llama-quantize

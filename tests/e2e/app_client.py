@@ -16,8 +16,9 @@ from kiln.serving import EngineBackend
 
 
 @contextlib.contextmanager
-def app_client(loaded: LoadedModel, model: str, **config: Any) -> Iterator[TestClient]:
-    """A TestClient of the app serving ``loaded`` (``model``: its path, as `--model` names it;
+def app_client(loaded: LoadedModel, model: str | None, **config: Any) -> Iterator[TestClient]:
+    """A TestClient of the app serving ``loaded`` (``model``: its path, as `--model` names it,
+    None for the default model;
     ``config``: further ServerConfig fields); the engine stops when the block ends."""
     server_config = ServerConfig(model=model, **config)
     with TestClient(build_app(server_config, EngineBackend(loaded, server_config))) as c:

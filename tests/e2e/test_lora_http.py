@@ -9,11 +9,9 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from kiln.api.app import build_app
 from kiln.api.contract import contract
-from kiln.config import ServerConfig
 from kiln.model.loader import load_model
-from kiln.serving import EngineBackend
+from tests.e2e.app_client import app_client
 from tests.model.test_lora import write_peft
 from tests.tiny_models import write_tiny_qwen3
 
@@ -31,8 +29,7 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
     targets = ("q_proj", "v_proj", "o_proj", "gate_proj", "down_proj")
     write_peft(adapters / "alpha", loaded.config, r=4, alpha=16, targets=targets, seed=1)
     write_peft(adapters / "beta", loaded.config, r=8, alpha=8, targets=targets, seed=2)
-    config = ServerConfig(model=str(folder), adapter_dir=str(adapters), kv_memory_mb=32)
-    with TestClient(build_app(config, EngineBackend(loaded, config))) as c:
+    with app_client(loaded, str(folder), adapter_dir=str(adapters), kv_memory_mb=32) as c:
         yield c
 
 
@@ -100,8 +97,8 @@ def test_an_adapter_past_the_rank_limit_is_a_400_for_scoring_too(
     loaded = load_model(str(folder))
     write_peft(root / "adapters" / "wide", loaded.config, r=300, alpha=300,
                targets=("q_proj",), seed=3)
-    config = ServerConfig(model=str(folder), adapter_dir=str(root / "adapters"), kv_memory_mb=32)
-    with TestClient(build_app(config, EngineBackend(loaded, config))) as c:
+    with app_client(loaded, str(folder), adapter_dir=str(root / "adapters"),
+                    kv_memory_mb=32) as c:
         chat_r = c.post(CHAT, json={"messages": MSG, "model": "wide", **GREEDY})
         score = c.post("/v1/completions",
                        json={"prompt": list(range(5, 12)), "prompt_logprobs": 1, "model": "wide"})

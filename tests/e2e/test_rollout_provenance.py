@@ -3,6 +3,7 @@ semantic constraints, behaviour logprobs reproduced by scoring, and hash stabili
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from pathlib import Path
 from typing import Any
@@ -10,12 +11,10 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from kiln.api.app import build_app
 from kiln.api.contract import contract
-from kiln.config import ServerConfig
 from kiln.model.loader import load_model
 from kiln.provenance import semantic_problems
-from kiln.serving import EngineBackend
+from tests.e2e.app_client import app_client
 from tests.numerics import sampled_logprob_atol
 from tests.tiny_models import write_tiny_qwen3
 
@@ -26,10 +25,10 @@ UNFILTERED = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0,
 TEMPLATE = Path(__file__).resolve().parents[1] / "fixtures" / "thinking_chat_template.jinja"
 
 
-def client_for(folder: Path, template: Path | None = None) -> TestClient:
-    config = ServerConfig(model=str(folder), kv_memory_mb=32)
+def client_for(folder: Path, template: Path | None = None
+               ) -> contextlib.AbstractContextManager[TestClient]:
     loaded = load_model(str(folder), chat_template_path=None if template is None else str(template))
-    return TestClient(build_app(config, EngineBackend(loaded, config)))
+    return app_client(loaded, str(folder), kv_memory_mb=32)
 
 
 @pytest.fixture(scope="module")

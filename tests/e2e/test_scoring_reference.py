@@ -18,12 +18,10 @@ import pytest
 import torch
 from starlette.testclient import TestClient
 
-from kiln.api.app import build_app
 from kiln.api.contract import contract
-from kiln.config import ServerConfig
 from kiln.model import LoadedModel
 from kiln.model.quantized import float32_state_dict
-from kiln.serving import EngineBackend
+from tests.e2e.app_client import app_client
 from tests.numerics import chain_rtol, check_rank, forward_rtol
 from tests.tiny_models import default_model
 
@@ -40,8 +38,7 @@ def loaded() -> LoadedModel:
 
 @pytest.fixture(scope="module")
 def client(loaded: LoadedModel) -> Iterator[TestClient]:
-    config = ServerConfig(kv_memory_mb=64)
-    with TestClient(build_app(config, EngineBackend(loaded, config))) as c:
+    with app_client(loaded, None, kv_memory_mb=64) as c:
         yield c
 
 
@@ -140,8 +137,7 @@ def test_boundary_ids_and_single_token(client: TestClient) -> None:
 def test_a_prompt_bigger_than_the_kv_cache_is_400(loaded: LoadedModel) -> None:
     """It can never fit: a 400 like the context window, with no Retry-After (a 503 had made
     the OpenAI SDK retry it)."""
-    config = ServerConfig(kv_memory_mb=1)  # one 16-token block of KV cache
-    with TestClient(build_app(config, EngineBackend(loaded, config))) as c:
+    with app_client(loaded, None, kv_memory_mb=1) as c:  # one 16-token block of KV cache
         r = post(c, prompt=list(range(100, 140)), prompt_logprobs=1)
         assert r.status_code == 400, r.text
         err = r.json()["error"]

@@ -3,6 +3,7 @@ both served with a Qwen3.5-style thinking template (`--chat-template`)."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -10,11 +11,9 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from kiln.api.app import build_app
 from kiln.api.contract import contract
-from kiln.config import ServerConfig
 from kiln.model.loader import load_model
-from kiln.serving import EngineBackend
+from tests.e2e.app_client import app_client
 from tests.tiny_models import write_tiny_qwen3
 
 TEMPLATE = Path(__file__).resolve().parents[1] / "fixtures" / "thinking_chat_template.jinja"
@@ -22,10 +21,9 @@ CHAT = "/v1/chat/completions"
 MSG = [{"role": "user", "content": "Think about the number seven."}]
 
 
-def serve(model: str | None, tmp: Path) -> TestClient:
-    config = ServerConfig(model=model, chat_template=str(TEMPLATE), kv_memory_mb=64)
+def serve(model: str | None, tmp: Path) -> contextlib.AbstractContextManager[TestClient]:
     loaded = load_model(model, chat_template_path=str(TEMPLATE))
-    return TestClient(build_app(config, EngineBackend(loaded, config)))
+    return app_client(loaded, model, chat_template=str(TEMPLATE), kv_memory_mb=64)
 
 
 @pytest.fixture(scope="module")
