@@ -5,13 +5,14 @@ users load), llama-server, which cannot read safetensors, the BF16 GGUF of exact
 (the folder is written from it by ``python -m bench.peers.hf_folder``).
 
 Per file and server: seconds from start to a healthy /health, single-stream decode tok/s (best
-of ``--repeats``), 8-stream aggregate tok/s, and the server's RSS at health and after the
-runs, with the part of it that is the KV cache (Kiln maps its cache from zero pages, resident
-once written; llama.cpp clears its whole cache at start). The rate of a stream is (tokens - 1)
-over the span from its first to its last content chunk (prefill left out), counted the same way for both servers; the single-stream figure is also given as a
-fraction of the memory-bandwidth bound (this machine's streaming read rate, measured in the
-same run, over the bytes of the file's tensors: each decoded token reads every weight once; for
-the folder, its GGUF's: the same weights). Kiln's KV cache is sized from the GGUF of the pair.
+of ``--repeats``), 8-stream aggregate tok/s, and the server's RSS at health and after the runs,
+with the part of it that is the KV cache (Kiln maps its cache from zero pages, resident once
+written; llama.cpp clears its whole cache at start). The rate of a stream is (tokens - 1) over
+the span from its first to its last content chunk (prefill left out), counted the same way for
+both servers; the single-stream figure is also given as a fraction of the memory-bandwidth bound
+(this machine's streaming read rate, measured in the same run, over the bytes of the file's
+tensors: each decoded token reads every weight once; for the folder, its GGUF's: the same
+weights). Kiln's KV cache is sized from the GGUF of the pair.
 
 The peer: ``bash bench/peers/build_llama_cpp.sh`` (llama.cpp from the llama-cpp-python 0.3.36
 sdist) and ``bash bench/peers/requantize.sh`` (the default model as Q4_K_M, Q5_K_M, Q6_K, Q8_0,
