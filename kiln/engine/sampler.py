@@ -15,7 +15,7 @@ from typing import Literal
 
 import numpy
 import torch
-from kiln_kernels.grammar import apply_token_bitmask_ref
+from kiln_kernels.grammar import apply_token_bitmask, apply_token_bitmask_ref
 from kiln_kernels.grammar.native import apply_token_bitmask_native
 from kiln_kernels.sampling import SamplingTensors, sample_reference
 from kiln_kernels.sampling.native import FLOAT_COLUMNS, INT_COLUMNS, sample_rows
@@ -77,10 +77,8 @@ class Sampler:
         out = logits.clone()
         bitmask = bitmask.to(out.device)
         row_ids = torch.tensor(rows, dtype=torch.int32).to(out.device)
-        if self.mask_impl == "triton" and out.is_cuda:
-            from kiln_kernels.grammar.bitmask import apply_token_bitmask_triton
-
-            apply_token_bitmask_triton(out, bitmask, row_ids)
+        if self.mask_impl == "triton":  # the op's launcher: Triton on CUDA tensors
+            apply_token_bitmask(out, bitmask, row_ids)
         else:
             apply_token_bitmask_ref(out, bitmask, row_ids)
         return out
