@@ -49,7 +49,9 @@ class KVCache:
         nb, bs, nkv, hd = self.num_blocks, self.block_size, cfg.num_kv_heads, cfg.head_dim
         shape = (nb, nkv, bs, hd) if self.heads_major else (nb, bs, nkv, hd)
         if self.zero_pages:
-            # the tensor keeps the map alive; the map is page-aligned (the C step's loads need 64)
+            # the tensor keeps the map alive; the map is page-aligned (the C step's loads need 64).
+            # Python's anonymous maps are shared ones: smaps names them "/dev/zero (deleted)",
+            # which is how bench_peer measures the cache's resident part.
             pages = mmap.mmap(-1, nb * bs * nkv * hd * _element_size(self.dtype))
             t = torch.frombuffer(pages, dtype=self.dtype).view(shape)
         else:
