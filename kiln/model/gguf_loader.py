@@ -7,6 +7,7 @@ import ctypes.util
 import gc
 import logging
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -110,7 +111,12 @@ def _pack(tensor: GGUFTensor, heads: int | None) -> PackedWeight:
     raw = np.ascontiguousarray(tensor.data).view(np.uint8).reshape(rows, -1)
     if heads is not None:
         raw = unpermute_qk(raw, heads)
-    return pack_ggml(torch.from_numpy(np.array(raw, copy=True)), tensor.tensor_type.name)
+    with warnings.catch_warnings():
+        # A read-only view of the file's map, read once by the packer, which writes the tiles
+        # to new memory: no copy of the file's bytes first (that copy was a third of an F16
+        # file's load, 0.17 of 0.52 s for the default model's).
+        warnings.filterwarnings("ignore", "The given NumPy array is not writable")
+        return pack_ggml(torch.from_numpy(raw), tensor.tensor_type.name)
 
 
 def release_freed_heap() -> None:

@@ -37,8 +37,10 @@ def tile_raw(raw: torch.Tensor, block: int) -> torch.Tensor:
     if n % 4:
         raise ValueError(f"{n} rows: the tiled layout needs a multiple of 4")
     nb = raw.shape[1] // block
-    return raw.reshape(n // 4, 4, nb, block).transpose(1, 2).reshape(n // 4, nb, 4 * block) \
-        .contiguous()
+    tiles = raw.reshape(n // 4, 4, nb, block).transpose(1, 2).reshape(n // 4, nb, 4 * block)
+    # always new memory (one block a row is already contiguous): ``raw`` may be a read-only
+    # view of a mapped file
+    return tiles.clone(memory_format=torch.contiguous_format)
 
 
 def untile_raw(tiles: torch.Tensor, block: int) -> torch.Tensor:
