@@ -90,6 +90,10 @@ def _serve(config: ServerConfig) -> int:
         startup.check_kv_capacity(num_blocks=blocks, block_size=block_size,
                                   bytes_per_block=per_block, max_model_len=backend.max_model_len,
                                   kv_memory_mb=config.kv_memory_mb)
+        if backend.kv_on_demand():
+            startup.check_kv_memory(kv_bytes=blocks * per_block,
+                                    available=startup.available_memory(),
+                                    kv_memory_mb=config.kv_memory_mb)
         startup.start_listening(sock, config.host, config.port)
     except startup.StartupError:
         sock.close()

@@ -137,6 +137,10 @@ class EngineBackend:
         """The KV cache's blocks, tokens per block and bytes per block (all layers, K and V)."""
         return self.engine.kv_geometry()
 
+    def kv_on_demand(self) -> bool:
+        """Whether the KV cache becomes resident as it fills (see AsyncEngine.kv_on_demand)."""
+        return self.engine.kv_on_demand()
+
     def abort_all(self, message: str) -> None:
         self.engine.abort_all(message)
 

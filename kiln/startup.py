@@ -11,6 +11,9 @@ the server listens, as one line on stderr and exit code 2 (the CLI prints ``Star
   answered every prompt longer than 16 tokens with an error.
 - ``check_fd_limit``: ``--max-connections`` must fit the process's open-file limit (raised to
   the hard limit when that is enough).
+- ``check_kv_memory``: a KV cache whose memory becomes resident as it fills (the CPU's zero-page
+  cache) must fit in the memory available once the model is loaded; otherwise the server
+  would start and be killed for memory under load instead.
 """
 
 from __future__ import annotations
@@ -83,6 +86,38 @@ def check_kv_capacity(*, num_blocks: int, block_size: int, bytes_per_block: int,
         f"{kv_memory_mb} holds {num_blocks} block(s) of {block_size} tokens ({fits} tokens), "
         f"max_model_len {max_model_len} needs {needed} blocks; use --kv-memory-mb {need_mb} or "
         f"more, or --max-model-len {fits} or less")
+
+
+def available_memory(meminfo: Path = Path("/proc/meminfo"),
+                     cgroup: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """Bytes this process can still make resident: the kernel's MemAvailable, or less where a
+    cgroup (v2) memory limit leaves less; None where neither can be read (not Linux)."""
+    found: list[int] = []
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                found.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        limit = (cgroup / "memory.max").read_text().strip()
+        if limit != "max":
+            used = int((cgroup / "memory.current").read_text().strip())
+            found.append(max(0, int(limit) - used))
+    except (OSError, ValueError):
+        pass
+    return min(found) if found else None
+
+
+def check_kv_memory(*, kv_bytes: int, available: int | None, kv_memory_mb: int) -> None:
+    """A cache resident on demand must fit in ``available`` bytes (None: not known, no check)."""
+    if available is None or kv_bytes <= available:
+        return
+    mib = 1024 * 1024
+    raise StartupError(
+        f"the KV cache does not fit in memory: --kv-memory-mb {kv_memory_mb} maps "
+        f"{math.ceil(kv_bytes / mib)} MiB, and {available // mib} MiB are available with the "
+        f"model loaded; use --kv-memory-mb {max(1, available // mib)} or less")
 
 
 def check_fd_limit(max_connections: int) -> None:

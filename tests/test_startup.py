@@ -111,3 +111,64 @@ def test_max_connections_past_the_open_file_limit_fails() -> None:
     with pytest.raises(StartupError, match="--max-connections"):
         startup.check_fd_limit(hard)  # plus the reserve: more than the hard limit
     startup.check_fd_limit(max(1, hard - startup.FD_RESERVE))  # fits: raised as needed, no error
+
+
+def test_available_memory_is_the_smaller_of_meminfo_and_the_cgroup(tmp_path: Path) -> None:
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       2048000 kB\nMemAvailable:   1024000 kB\n")
+    cg = tmp_path / "cg"
+    cg.mkdir()
+    assert startup.available_memory(meminfo, cg) == 1024000 * 1024  # no cgroup files
+    (cg / "memory.max").write_text("max\n")
+    (cg / "memory.current").write_text("5\n")
+    assert startup.available_memory(meminfo, cg) == 1024000 * 1024  # no limit
+    (cg / "memory.max").write_text(f"{600 << 20}\n")
+    (cg / "memory.current").write_text(f"{100 << 20}\n")
+    assert startup.available_memory(meminfo, cg) == 500 << 20  # the limit leaves less
+    assert startup.available_memory(tmp_path / "none", tmp_path / "none") is None
+
+
+def test_kv_memory_boundary() -> None:
+    startup.check_kv_memory(kv_bytes=100 << 20, available=100 << 20, kv_memory_mb=100)
+    startup.check_kv_memory(kv_bytes=100 << 20, available=None, kv_memory_mb=100)  # unknown
+    with pytest.raises(StartupError) as exc:
+        startup.check_kv_memory(kv_bytes=(100 << 20) + 1, available=100 << 20, kv_memory_mb=101)
+    assert str(exc.value) == (
+        "the KV cache does not fit in memory: --kv-memory-mb 101 maps 101 MiB, and 100 MiB are "
+        "available with the model loaded; use --kv-memory-mb 100 or less")
+
+
+def test_a_kv_cache_beyond_the_memory_available_fails_at_start(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The CPU's cache is resident only as it fills, so allocating it cannot fail for memory;
+    the server checks it against the memory available instead of starting and being killed
+    under load (here the machine is made to have 8 MiB available)."""
+    from kiln.cli import main
+
+    monkeypatch.setattr(startup, "available_memory", lambda: 8 << 20)
+    assert main(["serve", "--host", "127.0.0.1", "--port", str(free_port()),
+                 "--kv-memory-mb", "400"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("kiln: the KV cache does not fit in memory: --kv-memory-mb 400 ")
+    assert err[-1].endswith("8 MiB are available with the model loaded; use --kv-memory-mb 8 "
+                            "or less")
+
+
+def test_a_kv_cache_the_system_will_not_map_is_a_clear_error(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+    import mmap
+
+    import torch
+
+    from kiln.model import kv_cache
+    from tests.tiny_models import tiny_config
+
+    def refuse(*_: object) -> mmap.mmap:
+        raise OSError(errno.ENOMEM, os.strerror(errno.ENOMEM))
+
+    monkeypatch.setattr(kv_cache.mmap, "mmap", refuse)
+    with pytest.raises(ValueError, match=r"cannot be mapped \(Cannot allocate memory\); lower "
+                                         r"--kv-memory-mb"):
+        kv_cache.KVCache(tiny_config("llama"), 4, 16, torch.float32, torch.device("cpu"),
+                         zero_pages=True)

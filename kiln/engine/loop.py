@@ -166,6 +166,12 @@ class AsyncEngine:
         out: dict[str, str] = plan.as_dict()
         return out
 
+    def kv_on_demand(self) -> bool:
+        """Whether the KV cache's memory becomes resident as blocks are first written (the
+        compute plan's zero-page cache on the CPU) rather than when it is allocated."""
+        kv = getattr(self.executor, "kv", None)
+        return bool(getattr(kv, "zero_pages", False))
+
     def kv_geometry(self) -> tuple[int, int, int]:
         """The KV cache's blocks, tokens per block and bytes per block (all layers, K and V)."""
         per_block = getattr(self.executor, "kv_bytes_per_block", None)

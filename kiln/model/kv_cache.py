@@ -52,7 +52,13 @@ class KVCache:
             # the tensor keeps the map alive; the map is page-aligned (the C step's loads need 64).
             # Python's anonymous maps are shared ones: smaps names them "/dev/zero (deleted)",
             # which is how bench_peer measures the cache's resident part.
-            pages = mmap.mmap(-1, nb * bs * nkv * hd * _element_size(self.dtype))
+            size = nb * bs * nkv * hd * _element_size(self.dtype)
+            try:
+                pages = mmap.mmap(-1, size)
+            except OSError as exc:  # more than the system will map (--kv-memory-mb too large)
+                raise ValueError(f"the KV cache ({2 * cfg.num_layers} maps of "
+                                 f"{size // (1024 * 1024)} MiB) cannot be mapped "
+                                 f"({exc.strerror}); lower --kv-memory-mb") from exc
             t = torch.frombuffer(pages, dtype=self.dtype).view(shape)
         else:
             t = torch.zeros(shape, dtype=self.dtype, device=self.device)
