@@ -167,7 +167,7 @@ def test_a_kv_cache_the_system_will_not_map_is_a_clear_error(
     def refuse(*_: object) -> mmap.mmap:
         raise OSError(errno.ENOMEM, os.strerror(errno.ENOMEM))
 
-    monkeypatch.setattr(kv_cache.mmap, "mmap", refuse)
+    monkeypatch.setattr(mmap, "mmap", refuse)  # kv_cache calls mmap.mmap
     with pytest.raises(ValueError, match=r"cannot be mapped \(Cannot allocate memory\); lower "
                                          r"--kv-memory-mb"):
         kv_cache.KVCache(tiny_config("llama"), 4, 16, torch.float32, torch.device("cpu"),
