@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from kiln.testing import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,6 +32,10 @@ def test_the_documented_walk_names_real_files_once() -> None:
 
 
 def test_the_documented_walk_is_what_a_request_runs() -> None:
+    from kiln_kernels.cpu import available
+
+    if not available():
+        pytest.skip("no C compiler: the default model runs the torch path, not the walk's")
     out = subprocess.run([sys.executable, "-m", "tests.walk_trace", str(free_port())],
                          cwd=ROOT, capture_output=True, text=True, timeout=HANG_S, check=True)
     traced = json.loads(out.stdout.strip().splitlines()[-1])
