@@ -107,7 +107,7 @@ class AdapterStore:
             raise ValueError(f"max_loaded must be positive, got {max_loaded}")
         self.root: Path | None = None if adapter_dir is None else Path(adapter_dir).resolve()
         self.max_loaded = max_loaded
-        self._default: str | None = None
+        self.default: str | None = None
         self._lock = threading.RLock()
         # name -> (files fingerprint, adapter), least recently used first: reloaded when the
         # files change; past max_loaded the oldest is dropped (requests keep their own copies)
@@ -157,19 +157,15 @@ class AdapterStore:
     def info(self, name: str) -> AdapterInfo:
         return _info(name, self.path(name))
 
-    # -- default -----------------------------------------------------------------------------
-    @property
-    def default(self) -> str | None:
-        return self._default
-
+    # -- default (``self.default``: the adapter of requests that name none, or None) ----------
     def set_default(self, name: str) -> None:
         with self._lock:
             self.path(name)
-            self._default = name
+            self.default = name
 
     def clear_default(self) -> None:
         with self._lock:
-            self._default = None
+            self.default = None
 
     # -- deletion ----------------------------------------------------------------------------
     def delete(self, name: str) -> builtins.list[str]:
@@ -177,7 +173,7 @@ class AdapterStore:
         deleted directory names. AdapterActive if it is the default."""
         with self._lock:
             p = self.path(name)
-            if name == self._default:
+            if name == self.default:
                 raise AdapterActive(f"Adapter '{name}' is the active default; unload it first")
             assert self.root is not None
             victims = [p]

@@ -147,11 +147,11 @@ class GrammarRows:
 
     def __init__(self, compiler: GrammarCompiler) -> None:
         self.compiler = compiler
-        self._rows: dict[str, _Row] = {}
+        self.rows: dict[str, _Row] = {}  # the live constrained requests, by id
         self._worker: ThreadPoolExecutor | None = None
 
     def __len__(self) -> int:
-        return len(self._rows)
+        return len(self.rows)
 
     def masks(self, seqs: Sequence[ScheduledSeq]) -> RowMasks:
         """The step's masks, computed now."""
@@ -190,13 +190,13 @@ class GrammarRows:
     def release(self, request_ids: Sequence[str]) -> None:
         """Forget finished requests."""
         for rid in request_ids:
-            self._rows.pop(rid, None)
+            self.rows.pop(rid, None)
 
     def _row(self, request_id: str, spec: GrammarSpec) -> _Row:
-        row = self._rows.get(request_id)
+        row = self.rows.get(request_id)
         if row is None or row.spec != spec:
             row = _Row(spec, self.compiler.matcher(spec.grammar), started=not spec.after)
-            self._rows[request_id] = row
+            self.rows[request_id] = row
         return row
 
 

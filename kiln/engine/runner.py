@@ -66,7 +66,7 @@ class ModelRunner:
 
     def release(self, request_ids: list[str]) -> None:
         """Finished requests: drop their per-request state (grammar matchers)."""
-        if self.grammar is not None:
+        if self.grammar is not None and self.grammar.rows:
             self.grammar.release(request_ids)
 
     def _start_masks(self, seqs: list[ScheduledSeq]) -> Future[RowMasks] | None:
@@ -155,8 +155,8 @@ class ModelRunner:
             logits, seqs = logits[keep], [seqs[i] for i in keep]
             if not seqs:
                 return ModelRunnerOutput({}, errors)
-        logits = apply_logits_processors(logits, seqs)  # after the check: masks write -inf
         if any(s.sampling.processes_logits for s in seqs):
+            logits = apply_logits_processors(logits, seqs)  # after the check: masks write -inf
             # a grammar mask is never empty; with allowed_token_ids, min_tokens or bad_words
             # (alone or together) a row can be
             alive = torch.isfinite(logits).any(dim=1).tolist()

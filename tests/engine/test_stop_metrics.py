@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kiln.engine.metrics import PHASE_DECODE, PHASE_PREFILL, RequestMetrics, percentile
-from kiln.engine.stop import StopChecker
+from kiln.engine.output_processor import StopChecker
 
 
 class ChunkDetok:

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kiln.api.handlers.params import normalize_stop
-from kiln.engine.stop import StopChecker
+from kiln.engine.output_processor import StopChecker
 from kiln.text.stop_automaton import StopAutomaton
 
 WORDS = st.text(alphabet="abc", min_size=1, max_size=5)

@@ -66,12 +66,14 @@ async def create(request: Request) -> Response:
 
 
 def extract_tool_calls(
-    prepared: PreparedChat, reasoning: str | None, content: str, stop: str = ""
+    prepared: PreparedChat, reasoning: str | None, content: str, c: Completion, kept: str
 ) -> tuple[str | None, str, list[ToolCall]]:
-    """Tool calls from the answer (or, if it has none, from the reasoning); ``stop`` is a
-    client's stop string that closed the last call (``closing_stop``)."""
+    """Tool calls from the answer (or, if it has none, from the reasoning); a client's stop
+    string that closed the last call (``closing_stop``) is put back for parsing unless the
+    text already keeps it (``kept``)."""
     if prepared.shape.tools is None:
         return reasoning, content, []
+    stop = "" if kept else closing_stop(c.finish_reason, c.stop_reason)
     parsed: ParsedOutput = parse_closed(content, prepared.shape.tools, stop)
     calls = parsed.tool_calls
     if calls:
@@ -152,8 +154,7 @@ def response_body(
         kept = included_stop(shape.include_stop, c.finish_reason, c.stop_reason,
                              run.params[0].stop)
         reasoning, content = split_reasoning(c.text + kept, prompt.in_reasoning)
-        stop = "" if kept else closing_stop(c.finish_reason, c.stop_reason)
-        reasoning, content, calls = extract_tool_calls(prepared, reasoning, content, stop)
+        reasoning, content, calls = extract_tool_calls(prepared, reasoning, content, c, kept)
         first_meta = first_meta or content_metadata(
             prepared, reasoning, content, bool(calls), budget)
         text = fold(reasoning, content) if shape.fold and reasoning else content

@@ -266,7 +266,8 @@ def _grammar(state: AppState, req: Any, code: str, tools: Any, tool_choice: Any,
         structured_outputs=opt(req.structured_outputs), tools=tools, tool_choice=tool_choice,
         parallel_tool_calls=opt(req.parallel_tool_calls) is not False,
         ignore_eos=bool(opt(req.ignore_eos)),
-        tool_format=tool_format(getattr(state.backend.chat_template, "source", None)),
+        tool_format=tool_format(getattr(state.backend.chat_template, "source", None))
+        if tools else "json",  # the format of tool calls, where the request has tools
         after=tuple(tokenizer.encode(CLOSE_TAG)) if in_reasoning else (),
         deadline_s=state.config.grammar_compile_timeout_s)
 
