@@ -62,7 +62,7 @@ def serve(config: ServerConfig) -> int:
 
 
 def _serve(config: ServerConfig) -> int:
-    from kiln import startup
+    from kiln import resident, startup
     from kiln.api.app import build_app
     from kiln.connections import server_for
     from kiln.drain import DRAIN_MESSAGE
@@ -107,6 +107,7 @@ def _serve(config: ServerConfig) -> int:
     # the last grow past a quarter of the long-lived ones, so a long-running server meets them.
     gc.collect()
     gc.freeze()
+    resident.release_library_pages()  # start-up's library code back to the kernel
     print(f"kiln: serving {backend.model_id} on http://{config.host}:{config.port}", flush=True)
     server = server_for(app, config, on_expiry=lambda: backend.abort_all(DRAIN_MESSAGE))
     server.run(sockets=[sock])
