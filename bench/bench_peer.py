@@ -17,7 +17,9 @@ weights). Kiln's KV cache is sized from the GGUF of the pair.
 The peer: ``bash bench/peers/build_llama_cpp.sh`` (llama.cpp from the llama-cpp-python 0.3.36
 sdist) and ``bash bench/peers/requantize.sh`` (the default model as Q4_K_M, Q5_K_M, Q6_K, Q8_0,
 F16, BF16) into build-peers/, then ``python -m bench.peers.hf_folder`` for the folder (FOLDER
-below). Files, the folder or servers not there are skipped, and said so.
+below), and ``python -m bench.peers.shaped_gguf`` + ``llama-quantize`` for a file of
+Qwen2.5-0.5B's shapes in Q4_K_M (SHAPED below: random weights, the tensor types of the published
+file). Files, the folder or servers not there are skipped, and said so.
 
 Usage: python -m bench.bench_peer [--files A.gguf ...] [--only TEXT ...] [--tokens 128]
 [--repeats 3]   (--only: the default rows whose name holds one of the TEXTs, any case)
@@ -52,6 +54,9 @@ REQUANTIZED = ("Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0", "F16", "BF16")
 BF16_GGUF = PEERS / "models" / "smollm2-135m-BF16.gguf"
 FOLDER = PEERS / "models" / "smollm2-135m-bf16-hf"  # bench.peers.hf_folder BF16_GGUF FOLDER
 FOLDER_ROW = "bf16 (HF folder)"
+# Qwen2.5-0.5B's shapes, random weights, as llama-quantize writes Q4_K_M (Q4_K, Q5_0, Q6_K, Q8_0):
+# python -m bench.peers.shaped_gguf F16.gguf, then llama-quantize F16.gguf SHAPED Q4_K_M
+SHAPED = PEERS / "models" / "qwen2.5-0.5b-shaped-Q4_K_M.gguf"
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,7 @@ def default_pairs() -> list[Pair]:
 
     files = [Path(default_model_path())]
     files += [PEERS / "models" / f"smollm2-135m-{q}.gguf" for q in REQUANTIZED]
+    files.append(SHAPED)
     pairs = [file_pair(p) for p in files if p.is_file()]
     if BF16_GGUF.is_file() and (FOLDER / "config.json").is_file():
         pairs.append(Pair(FOLDER_ROW, FOLDER, BF16_GGUF))
@@ -87,7 +93,8 @@ PEER_CONTEXT = 8192  # llama-server -c: the KV cache's tokens (over its -np 8 sl
 
 def kv_match_flags(model: Path) -> list[str]:
     """Kiln's KV cache sized as llama-server's: PEER_CONTEXT tokens of float16 K and V in every
-    layer, so the RSS figures compare the same cache (Kiln's default is 512 MiB of float32)."""
+    layer, so the RSS figures compare the same cache (Kiln's default is 512 MiB of float32),
+    and a context of at most PEER_CONTEXT tokens."""
     from kiln.model.gguf_index import GGUFIndex
 
     meta = GGUFIndex(model).metadata
@@ -97,7 +104,11 @@ def kv_match_flags(model: Path) -> list[str]:
     head_dim = int(meta[f"{arch}.embedding_length"]) // heads
     per_token = 2 * layers * kv_heads * head_dim * 2  # K and V, 2 bytes each
     mib = -(-per_token * PEER_CONTEXT // (1024 * 1024))
-    return ["--kv-cache-dtype", "float16", "--kv-memory-mb", str(mib)]
+    # a model whose context is longer than the cache (Qwen2.5's 32,768) is served at the
+    # cache's length, as llama-server's -c serves it
+    context = min(int(meta.get(f"{arch}.context_length", PEER_CONTEXT)), PEER_CONTEXT)
+    return ["--kv-cache-dtype", "float16", "--kv-memory-mb", str(mib),
+            "--max-model-len", str(context)]
 
 
 @contextlib.contextmanager
@@ -179,7 +190,8 @@ def kv_resident_mib(pid: int) -> float:
 def kv_cache_mib(model: Path) -> float:
     """The KV cache both servers hold (kv_match_flags); llama-server's is resident in full from
     the start (llama.cpp clears its KV buffer when it allocates it)."""
-    return float(kv_match_flags(model)[-1])
+    flags = kv_match_flags(model)
+    return float(flags[flags.index("--kv-memory-mb") + 1])
 
 
 def tensor_bytes(path: Path) -> int:
