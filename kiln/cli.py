@@ -66,7 +66,7 @@ def _serve(config: ServerConfig) -> int:
     from kiln.api.app import build_app
     from kiln.connections import server_for
     from kiln.drain import DRAIN_MESSAGE
-    from kiln.model.loader import ModelNotFoundError
+    from kiln.model.locate import ModelNotFoundError
     from kiln.serving import EngineBackend
     from kiln.text.chat_template import ChatTemplateError
 

@@ -30,6 +30,11 @@ CASES = [
     ("kiln.serving", ("ray",)),
     ("kiln.scale.asgi_bridge", ("ray", "torch")),
     ("kiln.scale.routing", ("ray", "torch")),
+    # what benches and tests read of a model without loading it: no torch, whose libraries the
+    # reading process would otherwise share with a server it measures (kiln/resident.py)
+    ("kiln.model.locate", ("torch", "triton")),
+    ("kiln.model.gguf_index", ("torch", "triton")),
+    ("bench.bench_peer", ("torch", "triton")),
     # the live-server helper for tests and benches: the standard library only
     ("kiln.testing", ("httpx", "torch", "kiln.api", "kiln.engine", "kiln.model", "kiln.config")),
 ]
@@ -97,3 +102,18 @@ def test_a_cpu_server_never_imports_triton() -> None:
             "print('triton' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_the_model_package_names_every_lazy_export() -> None:
+    """kiln.model's ``__all__`` and the table its ``__getattr__`` reads agree, and each name
+    resolves to the object of the module the table names."""
+    import importlib
+
+    import kiln.model as pkg
+
+    table = pkg._WHERE
+    assert sorted(pkg.__all__) == sorted(table)
+    for name, module in table.items():
+        assert getattr(pkg, name) is getattr(importlib.import_module(f"kiln.model.{module}"), name)
+    with pytest.raises(AttributeError):
+        _ = pkg.no_such_name

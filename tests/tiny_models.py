@@ -167,7 +167,7 @@ def default_model() -> LoadedModel:
 def default_gguf_metadata() -> dict[str, object]:
     """The default model's GGUF metadata (no weights read): tokenizer and chat template."""
     from kiln.model.gguf_index import GGUFIndex
-    from kiln.model.loader import default_model_path
+    from kiln.model.locate import default_model_path
 
     return GGUFIndex(default_model_path()).metadata
 

@@ -71,7 +71,7 @@ def write(path: Path, shape: str = "qwen2.5-0.5b", seed: int = 0) -> Path:
     import gguf
 
     from kiln.model.gguf_index import GGUFIndex
-    from kiln.model.loader import default_model_path
+    from kiln.model.locate import default_model_path
 
     s = SHAPES[shape]
     meta = GGUFIndex(default_model_path()).metadata

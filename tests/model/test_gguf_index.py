@@ -38,7 +38,7 @@ def assert_same(path: Path) -> GGUFIndex:
 
 
 def test_default_model_reads_as_gguf_py_reads_it() -> None:
-    from kiln.model.loader import default_model_path
+    from kiln.model.locate import default_model_path
 
     ix = assert_same(Path(default_model_path()))
     assert len(ix.metadata) > 20 and len(ix.metadata["tokenizer.ggml.tokens"]) == 49152
@@ -84,7 +84,7 @@ def test_every_value_type_and_tensor_type(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("cut", [0, 3, 10, 30, 200])
 def test_truncated_or_foreign_files_are_refused(tmp_path: Path, cut: int) -> None:
-    from kiln.model.loader import default_model_path
+    from kiln.model.locate import default_model_path
 
     whole = Path(default_model_path()).read_bytes()
     bad = tmp_path / "bad.gguf"
@@ -94,7 +94,7 @@ def test_truncated_or_foreign_files_are_refused(tmp_path: Path, cut: int) -> Non
 
 
 def test_a_tensor_past_the_end_is_refused(tmp_path: Path) -> None:
-    from kiln.model.loader import default_model_path
+    from kiln.model.locate import default_model_path
 
     src = GGUFIndex(default_model_path())
     bad = tmp_path / "short.gguf"
