@@ -70,6 +70,10 @@ def _serve(config: ServerConfig) -> int:
     from kiln.serving import EngineBackend
     from kiln.text.chat_template import ChatTemplateError
 
+    # The modules imported by now (torch's ~770 among them) live as long as the server: out of
+    # the cyclic collector's passes from here on, so that the load's full collection
+    # (release_freed_heap) walks the load's objects only (see gc.freeze below).
+    gc.freeze()
     # Checks that need no model first: a port in use or a missing --adapter-dir fails at once.
     startup.check_adapter_dir(config.adapter_dir)
     startup.check_fd_limit(config.max_connections)
