@@ -1,12 +1,14 @@
 """Random but valid raw GGML blocks for tests and benchmarks (gguf-py cannot quantize the
 K-quant types): random quants, scales and mins, and fp16 fields set so the weights stay in a
-chosen range.
+chosen range; and the model header of a GGUF file they write (``add_model_header``).
 
-Why it lives here: tests/ and bench/ both need these blocks and neither may import the other, so
+Why it lives here: tests/ and bench/ both need these and neither may import the other, so
 the generator sits beside the formats it fills. Only tests and benches import it; no serving
 module does (tests/test_import_boundaries.py checks that)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from kiln_kernels.quant import GGML_TYPES
@@ -53,3 +55,20 @@ def random_raw(ggml_type: str, rows: int, k: int, seed: int = 0,
             v = (0.5 + jitter) * amp * _UNIT[ggml_type][i]
         raw[:, :, at:at + 2] = v.to(torch.float16).view(torch.uint8).reshape(rows, nb, 2)
     return raw.reshape(rows, -1)
+
+
+def add_model_header(writer: Any, *, layers: int, context: int, hidden: int, ffn: int,
+                     heads: int, kv_heads: int, rms_eps: float, rope_theta: float,
+                     head_dim: int | None = None) -> None:
+    """The architecture's hyperparameters, as llama.cpp's converter writes them, on a
+    ``gguf.GGUFWriter`` (its architecture given when it was made)."""
+    writer.add_block_count(layers)
+    writer.add_context_length(context)
+    writer.add_embedding_length(hidden)
+    writer.add_feed_forward_length(ffn)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    if head_dim is not None:
+        writer.add_key_length(head_dim)
+    writer.add_layer_norm_rms_eps(rms_eps)
+    writer.add_rope_freq_base(rope_theta)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from kiln_kernels.testing import add_model_header
 from safetensors.torch import save_file
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -206,15 +207,9 @@ def write_tiny_gguf(path: Path, cfg: ModelConfig, tensors: dict[str, torch.Tenso
     merges = [m if isinstance(m, str) else " ".join(m) for m in model_json["merges"]]
     types = [3 if t in SPECIAL_TOKENS else 4 if t in MARKUP_TOKENS else 1 for t in tokens]
     w = gguf.GGUFWriter(str(path), cfg.arch)
-    w.add_block_count(cfg.num_layers)
-    w.add_context_length(cfg.max_position)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(cfg.num_heads)
-    w.add_head_count_kv(cfg.num_kv_heads)
-    w.add_key_length(cfg.head_dim)
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    w.add_rope_freq_base(cfg.rope_theta)
+    add_model_header(w, layers=cfg.num_layers, context=cfg.max_position, hidden=cfg.hidden_size,
+                     ffn=cfg.intermediate_size, heads=cfg.num_heads, kv_heads=cfg.num_kv_heads,
+                     rms_eps=cfg.rms_norm_eps, rope_theta=cfg.rope_theta, head_dim=cfg.head_dim)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
     w.add_token_list(tokens)

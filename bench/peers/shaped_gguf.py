@@ -69,6 +69,7 @@ def _tensors(s: Shape, rng: np.random.Generator) -> dict[str, np.ndarray]:
 
 def write(path: Path, shape: str = "qwen2.5-0.5b", seed: int = 0) -> Path:
     import gguf
+    from kiln_kernels.testing import add_model_header
 
     from kiln.model.gguf_index import GGUFIndex
     from kiln.model.locate import default_model_path
@@ -81,14 +82,9 @@ def write(path: Path, shape: str = "qwen2.5-0.5b", seed: int = 0) -> Path:
     tokens += [f"<|unused_{i}|>" for i in range(pad)]
     types += [5] * pad  # unused
     w = gguf.GGUFWriter(str(path), s.arch)
-    w.add_block_count(s.layers)
-    w.add_context_length(s.context)
-    w.add_embedding_length(s.hidden)
-    w.add_feed_forward_length(s.ffn)
-    w.add_head_count(s.heads)
-    w.add_head_count_kv(s.kv_heads)
-    w.add_layer_norm_rms_eps(s.rms_eps)
-    w.add_rope_freq_base(s.rope_theta)
+    add_model_header(w, layers=s.layers, context=s.context, hidden=s.hidden, ffn=s.ffn,
+                     heads=s.heads, kv_heads=s.kv_heads, rms_eps=s.rms_eps,
+                     rope_theta=s.rope_theta)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(str(meta.get("tokenizer.ggml.pre", "default")))
     w.add_token_list(tokens)
