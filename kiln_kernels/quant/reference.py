@@ -25,8 +25,11 @@ def tile_rows(fmt: str, qs: torch.Tensor, sc: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"{n} rows: the tiled layout needs a multiple of 4")
     scales = sc.contiguous().view(torch.uint8).reshape(n // 4, 4, nb, -1).transpose(1, 2)
     values = qs.contiguous().view(torch.uint8).reshape(n // 4, 4, nb, -1).transpose(1, 2)
-    g = n // 4
-    return torch.cat((scales.reshape(g, nb, -1), values.reshape(g, nb, -1)), dim=2).contiguous()
+    g, head = n // 4, 4 * scales.shape[-1]
+    tiles = torch.empty((g, nb, head + 4 * values.shape[-1]), dtype=torch.uint8)
+    tiles[:, :, :head].unflatten(2, (4, -1)).copy_(scales)  # each written once, in place
+    tiles[:, :, head:].unflatten(2, (4, -1)).copy_(values)
+    return tiles
 
 
 def untile(fmt: str, tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
