@@ -27,8 +27,8 @@ def tile_rows(fmt: str, qs: torch.Tensor, sc: torch.Tensor) -> torch.Tensor:
     values = qs.contiguous().view(torch.uint8).reshape(n // 4, 4, nb, -1).transpose(1, 2)
     g, head = n // 4, 4 * scales.shape[-1]
     tiles = torch.empty((g, nb, head + 4 * values.shape[-1]), dtype=torch.uint8)
-    tiles[:, :, :head].unflatten(2, (4, -1)).copy_(scales)  # each written once, in place
-    tiles[:, :, head:].unflatten(2, (4, -1)).copy_(values)
+    tiles[:, :, :head].view(g, nb, 4, -1).copy_(scales)  # each written once, in place
+    tiles[:, :, head:].view(g, nb, 4, -1).copy_(values)
     return tiles
 
 
