@@ -59,6 +59,10 @@ def serve(config: ServerConfig) -> int:
     except StartupError as exc:
         print(f"kiln: {exc}", file=sys.stderr)
         return 2
+    finally:
+        # _serve froze what it imported and loaded; whichever way it ends, the interpreter's
+        # final collection (or a caller that goes on, as tests do) may release them again
+        gc.unfreeze()
 
 
 def _serve(config: ServerConfig) -> int:
@@ -118,7 +122,6 @@ def _serve(config: ServerConfig) -> int:
     print(f"kiln: serving {backend.model_id} on http://{config.host}:{config.port}", flush=True)
     server = server_for(app, config, on_expiry=lambda: backend.abort_all(DRAIN_MESSAGE))
     server.run(sockets=[sock])
-    gc.unfreeze()  # let the interpreter's final collection release them (extension objects too)
     return 0
 
 

@@ -152,6 +152,9 @@ def test_a_kv_cache_beyond_the_memory_available_fails_at_start(
     assert err[-1].startswith("kiln: the KV cache does not fit in memory: --kv-memory-mb 400 ")
     assert err[-1].endswith("8 MiB are available with the model loaded; use --kv-memory-mb 8 "
                             "or less")
+    import gc
+
+    assert gc.get_freeze_count() == 0  # what start-up froze is the collector's again
 
 
 def test_a_kv_cache_the_system_will_not_map_is_a_clear_error(
