@@ -21,6 +21,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = (str(ROOT / "kiln") + os.sep, str(ROOT / "kiln_kernels") + os.sep)
+IDENTITY = "kiln-identity"  # the thread kiln.serving hashes the weight files on
 QUIET_S = 1.0  # no new file for this long after the response: the walk is over
 HANG_S = 60.0  # bounds on every wait (a hang bound, never a verdict)
 
@@ -30,7 +31,9 @@ active = threading.Event()
 
 
 def profile(frame: FrameType, event: str, arg: Any) -> None:
-    if event == "call" and active.is_set():
+    # start-up's weight hashing (kiln.serving, thread "kiln-identity") may still run beside the
+    # first requests on a slow or busy machine: it is not the request's walk
+    if event == "call" and active.is_set() and threading.current_thread().name != IDENTITY:
         f = frame.f_code.co_filename
         if f.startswith(PACKAGES):
             rel = os.path.relpath(f, ROOT)
