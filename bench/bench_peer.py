@@ -93,10 +93,10 @@ def default_pairs() -> list[Pair]:
 PEER_CONTEXT = 8192  # llama-server -c: the KV cache's tokens (over its -np 8 slots), f16
 
 
-def kv_match_flags(model: Path) -> list[str]:
-    """Kiln's KV cache sized as llama-server's: PEER_CONTEXT tokens of float16 K and V in every
-    layer, so the RSS figures compare the same cache (Kiln's default is 512 MiB of float32),
-    and a context of at most PEER_CONTEXT tokens."""
+def peer_cache(model: Path) -> tuple[int, int]:
+    """(MiB, context tokens) of llama-server's cache for ``model``: PEER_CONTEXT tokens of
+    float16 K and V in every layer; a model whose context is longer than that (Qwen2.5's
+    32,768) is served at the cache's length, as llama-server's -c serves it."""
     from kiln.model.gguf_index import GGUFIndex
 
     meta = GGUFIndex(model).metadata
@@ -106,9 +106,13 @@ def kv_match_flags(model: Path) -> list[str]:
     head_dim = int(meta[f"{arch}.embedding_length"]) // heads
     per_token = 2 * layers * kv_heads * head_dim * 2  # K and V, 2 bytes each
     mib = -(-per_token * PEER_CONTEXT // (1024 * 1024))
-    # a model whose context is longer than the cache (Qwen2.5's 32,768) is served at the
-    # cache's length, as llama-server's -c serves it
-    context = min(int(meta.get(f"{arch}.context_length", PEER_CONTEXT)), PEER_CONTEXT)
+    return mib, min(int(meta.get(f"{arch}.context_length", PEER_CONTEXT)), PEER_CONTEXT)
+
+
+def kv_match_flags(model: Path) -> list[str]:
+    """Kiln's KV cache and context as llama-server's (``peer_cache``), so the RSS figures
+    compare the same cache (Kiln's default is 512 MiB of float32)."""
+    mib, context = peer_cache(model)
     return ["--kv-cache-dtype", "float16", "--kv-memory-mb", str(mib),
             "--max-model-len", str(context)]
 
@@ -190,10 +194,9 @@ def kv_resident_mib(pid: int) -> float:
 
 
 def kv_cache_mib(model: Path) -> float:
-    """The KV cache both servers hold (kv_match_flags); llama-server's is resident in full from
+    """The KV cache both servers hold (peer_cache); llama-server's is resident in full from
     the start (llama.cpp clears its KV buffer when it allocates it)."""
-    flags = kv_match_flags(model)
-    return float(flags[flags.index("--kv-memory-mb") + 1])
+    return float(peer_cache(model)[0])
 
 
 def tensor_bytes(path: Path) -> int:
