@@ -97,7 +97,7 @@ class CausalLM(nn.Module):
             layer.mlp.set_packed(gate_up, down)
         self.packed_head = parts.head
         self._cpu_step = None
-        weights = cpu_step_weights(self)
+        weights = cpu_step_weights(self, parts.embedding)
         self._cpu_step = None if weights is None else CpuStep(weights)
         self.packed_embedding = None if self._cpu_step is None else parts.embedding
         self._plan = None

@@ -34,8 +34,11 @@ if TYPE_CHECKING:
     from kiln.model.layers import DecoderLayer
 
 
-def cpu_step_weights(model: CausalLM) -> CpuStepWeights | None:
-    """The C program's view of ``model``, or None when some projection is not packed."""
+def cpu_step_weights(model: CausalLM, embedding: Packed | None = None
+                     ) -> CpuStepWeights | None:
+    """The C program's view of ``model``, or None when some projection is not packed;
+    ``embedding``: the token embedding's blocks, looked up in the C step (None: the model's
+    ``embed_tokens`` runs first)."""
     cfg = model.config
     head: Packed | None = model.packed_head
     if head is None:
@@ -59,7 +62,8 @@ def cpu_step_weights(model: CausalLM) -> CpuStepWeights | None:
     return CpuStepWeights(hidden=cfg.hidden_size, inter=cfg.intermediate_size,
                          heads=cfg.num_heads, kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
                          eps=cfg.rms_norm_eps, layers=tuple(layers),
-                         final_norm=model.model.norm.weight.detach(), head=head)
+                         final_norm=model.model.norm.weight.detach(), head=head,
+                         embed=embedding)
 
 
 if MODEL_LORA_MODULES != LORA_MODULES:  # cpu_step.c indexes the stacks in this order
@@ -144,22 +148,25 @@ class CpuStep:
         wanted = batch.logits_indices.tolist()
         n_rows = qsl[-1]
         owner = [i for i in range(len(qsl) - 1) for _ in range(qsl[i], qsl[i + 1])]
-        x = model.model.embed_tokens(batch.input_ids)
-        cos, sin = model.rotary.cos_sin(batch.positions, x.dtype)
-        size = group_rows(self.weights.heads, int(batch.seq_lens.max()))
         prog = self.program(kv)
+        # the embedding: in the C step where it is held packed, else the model's module first
+        ids = batch.input_ids if prog.embeds else None
+        x = None if prog.embeds else model.model.embed_tokens(batch.input_ids)
+        cos, sin = model.rotary.cos_sin(batch.positions, torch.float32)
+        size = group_rows(self.weights.heads, int(batch.seq_lens.max()))
         out: torch.Tensor | None = None
         for a in range(0, n_rows, size):
             b = min(n_rows, a + size)
             picked = [(j, r - a) for j, r in enumerate(wanted) if a <= r < b]
             lora = None if batch.lora is None else lora_rows(batch.lora, torch.arange(a, b))
             logits: torch.Tensor = prog.step(
-                x[a:b], cos[a:b], sin[a:b], batch.positions[a:b] + 1,
+                None if x is None else x[a:b], cos[a:b], sin[a:b], batch.positions[a:b] + 1,
                 batch.block_tables.index_select(0, torch.tensor(owner[a:b], dtype=torch.int64)),
                 batch.slot_mapping[a:b],
                 torch.tensor([k for _, k in picked] or [0], dtype=torch.int64),
                 lora,
-                torch.tensor([max(qsl[i], a) - a for i in owner[a:b]], dtype=torch.int64))
+                torch.tensor([max(qsl[i], a) - a for i in owner[a:b]], dtype=torch.int64),
+                ids=None if ids is None else ids[a:b])
             if b == n_rows and a == 0 and picked and len(picked) == len(wanted):
                 return logits  # one C step, every logits row in the order asked
             if out is None:

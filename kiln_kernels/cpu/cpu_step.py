@@ -29,7 +29,7 @@ class _Model(ctypes.Structure):
         ("eps", ctypes.c_float), ("scale", ctypes.c_float), ("table", ctypes.c_void_p),
         ("final_norm", ctypes.c_void_p), ("head", ctypes.c_void_p),
         ("kv_f16", ctypes.c_int64), ("kv_sb", ctypes.c_int64), ("kv_sp", ctypes.c_int64),
-        ("kv_sh", ctypes.c_int64)]
+        ("kv_sh", ctypes.c_int64), ("embed", ctypes.c_void_p)]
 
 
 class _Weight(ctypes.Structure):  # KilnWeight (quant.h)
@@ -75,7 +75,8 @@ class _Lora(ctypes.Structure):
 class _Step(ctypes.Structure):
     _fields_ = [(n, ctypes.c_int64) for n in ("M", "max_blocks", "max_ctx", "L")] + [
         (n, ctypes.c_void_p) for n in ("x", "cos", "sin", "ctx_lens", "block_tables", "slots",
-                                       "seq_first", "logit_rows", "logits", "scratch", "lora")]
+                                       "seq_first", "logit_rows", "logits", "scratch", "lora",
+                                       "ids")]
 
 
 @dataclass(frozen=True)
@@ -146,6 +147,7 @@ class CpuStepWeights:
     layers: tuple[CpuStepLayer, ...]
     final_norm: torch.Tensor
     head: Packed  # [vocab, hidden]
+    embed: Packed | None = None  # the token embedding [vocab, hidden], when held packed
 
     def bind(self, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor],
              flags: tuple[str, ...] = NATIVE_FLAGS) -> CpuStepProgram:
@@ -182,7 +184,20 @@ class CpuStepProgram:
             scale=w.head_dim ** -0.5, table=self.table.data_ptr(),
             final_norm=_addr(self._hold(_f32(w.final_norm))), head=self._weight(w.head),
             kv_f16=int(self.kv_dtype == torch.float16),
-            kv_sb=sb, kv_sp=sp, kv_sh=sh)
+            kv_sb=sb, kv_sp=sp, kv_sh=sh, embed=self._embed(w.embed))
+
+    def _embed(self, pw: Packed | None) -> int:
+        if pw is None:
+            return 0
+        if pw.in_features != self.weights.hidden:
+            raise ValueError(f"an embedding {pw.in_features} wide for a model {self.weights.hidden}"
+                             " wide")
+        return self._weight(pw)
+
+    @property
+    def embeds(self) -> bool:
+        """Whether :meth:`step` takes token ids (the program holds the embedding)."""
+        return self.weights.embed is not None
 
     def _weight(self, pw: Packed) -> int:
         """The address of ``pw``'s C description, kept (with its tiles) as long as the program."""
@@ -218,16 +233,25 @@ class CpuStepProgram:
             row[name] = self._hold(cache).data_ptr()  # type: ignore[union-attr]
         return [row[f] for f in LAYER_FIELDS]
 
-    def step(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+    def step(self, x: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
              ctx_lens: torch.Tensor, block_tables: torch.Tensor, slots: torch.Tensor,
              logit_rows: torch.Tensor, lora: LoraRows | None = None,
-             seq_first: torch.Tensor | None = None) -> torch.Tensor:
-        """M token rows: ``x [M, hidden]`` embeddings (clobbered), ``cos``/``sin``
+             seq_first: torch.Tensor | None = None, ids: torch.Tensor | None = None
+             ) -> torch.Tensor:
+        """M token rows: ``x [M, hidden]`` embeddings (clobbered), or None with ``ids`` [M],
+        their token ids, looked up in the program's embedding (:attr:`embeds`); ``cos``/``sin``
         ``[M, head_dim]``, ``ctx_lens`` [M] (the row's position + 1), ``block_tables`` [M, B]
         (its sequence's table), ``slots`` [M], ``seq_first`` [M] (the first row of the row's
         sequence; rows of a sequence consecutive; default: every row its own) -> float32 logits
-        ``[len(logit_rows), vocab]``."""
-        m = x.shape[0]
+        ``[len(logit_rows), vocab]``. Raises IndexError for an id outside the embedding."""
+        if (x is None) == (ids is None):
+            raise ValueError("a step takes either embeddings (x) or token ids")
+        if ids is not None and not self.embeds:
+            raise ValueError("this program holds no embedding: pass the rows' embeddings")
+        tok = None if ids is None else ids.to(torch.int64).contiguous()
+        m = int(x.shape[0]) if x is not None else int(tok.shape[0])  # type: ignore[union-attr]
+        if x is None:
+            x = torch.empty((m, self.weights.hidden), dtype=torch.float32)
         lens = ctx_lens.to(torch.int64).contiguous()
         max_ctx = int(lens.max())
         tables = block_tables.to(torch.int32).contiguous()
@@ -249,9 +273,14 @@ class CpuStepProgram:
                    seq_first=first.data_ptr(),
                    logit_rows=rows.data_ptr(), logits=logits.data_ptr(),
                    scratch=scratch.data_ptr(),
-                   lora=None if lora_struct is None else ctypes.addressof(lora_struct))
-        self.lib.kiln_cpu_step(ctypes.byref(self.model), ctypes.byref(st),
-                                  torch.get_num_threads())
+                   lora=None if lora_struct is None else ctypes.addressof(lora_struct),
+                   ids=None if tok is None else tok.data_ptr())
+        bad = self.lib.kiln_cpu_step(ctypes.byref(self.model), ctypes.byref(st),
+                                     torch.get_num_threads())
+        if bad >= 0:
+            assert tok is not None
+            raise IndexError(f"token id {int(tok[bad])} is outside the embedding's "
+                             f"{self.weights.embed.out_features} rows")  # type: ignore[union-attr]
         return logits
 
 

@@ -220,20 +220,28 @@ int kiln_quant_simd(void) { return 0; }
 /* Rows ids[0..n) of tiled weights w ([N/4][K/qk][tile]) as float32 out [n][K]: the values the
  * products use. Returns the first index of an id outside [0, N), or -1 when all are inside
  * (nothing is written past a bad id). */
+static void tiled_row(int fmt, const uint8_t *w, int64_t K, int64_t id, float *out) {
+    const int64_t qk = kf_qk(fmt), tb = kf_tile(fmt), nb = K / qk, g = id / 4;
+    const int r = (int)(id % 4);
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = w + (g * nb + b) * tb;
+        for (int e = 0; e < qk; e++) out[qk * b + e] = kf_weight(fmt, blk, r, e);
+    }
+}
+
 int64_t kiln_dequant_rows(int fmt, const uint8_t *w, int64_t N, int64_t K, const int64_t *ids,
                           int64_t n, float *out) {
-    const int64_t qk = kf_qk(fmt), tb = kf_tile(fmt), nb = K / qk;
     for (int64_t t = 0; t < n; t++) {
         if (ids[t] < 0 || ids[t] >= N) return t;
-        const int64_t g = ids[t] / 4;
-        const int r = (int)(ids[t] % 4);
-        for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *blk = w + (g * nb + b) * tb;
-            float *o = out + t * K + qk * b;
-            for (int e = 0; e < qk; e++) o[e] = kf_weight(fmt, blk, r, e);
-        }
+        tiled_row(fmt, w, K, ids[t], out + t * K);
     }
     return -1;
+}
+
+void kiln_weight_row(const KilnWeight *w, int64_t id, float *out) {
+    int64_t p = 0;
+    while (id >= w->rows[p]) id -= w->rows[p++];
+    tiled_row((int)w->fmt[p], w->data[p], w->K, id, out);
 }
 
 /* One tile of any format (each case its own specialization of the passes). */

@@ -33,4 +33,8 @@ void kiln_gemm_tiles(int fmt, const float *x, int64_t M, int64_t K, const uint8_
 /* The same for a weight of parts (y [M][sum of rows]): one `omp for` over all their tiles. */
 void kiln_gemm_weight(const KilnWeight *w, const float *x, int64_t M, float *y);
 
+/* Row `id` of a weight of parts as float32 out [K]: the values the products use (an embedding
+ * lookup on the blocks); `id` must be inside [0, sum of rows). */
+void kiln_weight_row(const KilnWeight *w, int64_t id, float *out);
+
 #endif

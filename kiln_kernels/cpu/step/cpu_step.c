@@ -155,8 +155,16 @@ static void lora_apply(const KilnCpuStepRows *st, int64_t l, int mod, const floa
         }
 }
 
-void kiln_cpu_step(const KilnCpuStepModel *md, const KilnCpuStepRows *st, int nthreads) {
+/* Returns -1, or the first row whose token id is outside the embedding (nothing is run then). */
+int64_t kiln_cpu_step(const KilnCpuStepModel *md, const KilnCpuStepRows *st, int nthreads) {
     const int64_t M = st->M, H = md->hidden, I = md->inter, hd = md->head_dim;
+    int64_t vocab_in = 0; /* the embedding's rows */
+    if (st->ids) {
+        if (!md->embed) return 0;
+        for (int64_t p = 0; p < md->embed->parts; p++) vocab_in += md->embed->rows[p];
+        for (int64_t m = 0; m < M; m++)
+            if (st->ids[m] < 0 || st->ids[m] >= vocab_in) return m;
+    }
     const int64_t nqkv = (md->heads + 2 * md->kv_heads) * hd, nattn = md->heads * hd;
     float *h = st->scratch, *tmp = h + M * H, *qkv = tmp + M * H, *attn = qkv + M * nqkv;
     float *gu = attn + M * nattn, *act = gu + M * 2 * I, *scores = act + M * I;
@@ -165,6 +173,12 @@ void kiln_cpu_step(const KilnCpuStepModel *md, const KilnCpuStepRows *st, int nt
     float *x = st->x;
 #pragma omp parallel num_threads(nthreads)
     {
+        /* The embedding first, before denormals are flushed: each row's weights exactly as
+         * the products read them (kiln_dequant_rows' values). */
+        if (st->ids) {
+#pragma omp for schedule(static)
+            for (int64_t m = 0; m < M; m++) kiln_weight_row(md->embed, st->ids[m], x + m * H);
+        }
 #if defined(__SSE__)
         /* Flush denormals to zero on every thread for the step (restored at its end): peaked
          * softmax weights underflow, and each denormal operand costs a microcode assist (a
@@ -210,4 +224,5 @@ void kiln_cpu_step(const KilnCpuStepModel *md, const KilnCpuStepRows *st, int nt
         _mm_setcsr(csr);
 #endif
     }
+    return -1;
 }

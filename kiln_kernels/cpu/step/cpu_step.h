@@ -24,6 +24,7 @@ typedef struct {
     /* Element strides of a layer's K/V cache [blocks][block_size][kv_heads][head_dim] (head_dim
      * contiguous; any order of the other three, e.g. KV head before position in a block). */
     int64_t kv_sb, kv_sp, kv_sh;
+    const KilnWeight *embed; /* the token embedding [vocab][hidden] (NULL: it comes in x) */
 } KilnCpuStepModel;
 
 /* Element offset of KV head h of cache slot `slot` (= block * block_size + position). */
@@ -59,6 +60,8 @@ typedef struct {
     float *logits;               /* [L][vocab] */
     float *scratch;              /* kiln_cpu_step_scratch_floats(model, M, max_ctx) floats */
     const KilnLora *lora;        /* NULL: base model only */
+    const int64_t *ids;          /* [M]: the rows' token ids, embedded into x here (NULL: x
+                                  * holds the embeddings; md->embed needed otherwise) */
 } KilnCpuStepRows;
 
 /* Positions per attention task of a long context: a row whose context is longer is attended in
