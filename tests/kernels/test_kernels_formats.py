@@ -72,14 +72,15 @@ def test_tiles_hold_the_files_blocks(ggml_type: str) -> None:
 
 def test_weights_of_different_formats_stack_row_wise() -> None:
     """A fused projection whose parts the file stores in different types (Q4_K_M: q/k in Q4_K,
-    v in Q6_K): one PackedConcat, its product the parts' products side by side, bit for bit;
-    neighbours of one format merge; different widths are refused."""
+    v in Q6_K): one PackedConcat of the parts as they lie (no copy), its product the parts'
+    products side by side, bit for bit; different widths are refused."""
     q = pack_ggml(random_raw("Q4_K", 8, 256, seed=1), "Q4_K")
     k = pack_ggml(random_raw("Q4_K", 4, 256, seed=2), "Q4_K")
     v = pack_ggml(random_raw("Q6_K", 4, 256, seed=3), "Q6_K")
     qkv = PackedWeight.cat([q, k, v])
     assert isinstance(qkv, PackedConcat)
-    assert [p.fmt for p in qkv.parts] == ["q4_k", "q6_k"]
+    assert [p.fmt for p in qkv.parts] == ["q4_k", "q4_k", "q6_k"]
+    assert [p.tiles.data_ptr() for p in qkv.parts] == [w.tiles.data_ptr() for w in (q, k, v)]
     assert (qkv.out_features, qkv.in_features) == (16, 256)
     x = torch.randn(5, 256)
     assert torch.equal(qkv.matmul(x), torch.cat([q.matmul(x), k.matmul(x), v.matmul(x)], dim=1))

@@ -14,6 +14,8 @@ from kiln_kernels.cpu import PORTABLE_FLAGS
 from kiln_kernels.cpu import available as kernels_available
 from kiln_kernels.quant import (
     GGML_BLOCK_BYTES,
+    MAX_PARTS,
+    PackedConcat,
     PackedWeight,
     gemm_ref,
     pack_ggml,
@@ -105,6 +107,23 @@ def test_fused_projection_is_the_concatenation() -> None:
                                                                      dim=1))
     with pytest.raises(ValueError):  # another width
         PackedWeight.cat([a, pack_ggml(random_raw("Q8_0", 4, 96), "Q8_0")])
+
+
+def test_more_parts_than_the_step_takes_merge_neighbours_of_one_format() -> None:
+    """Past MAX_PARTS parts, neighbours of one format share one buffer (the product is still
+    the parts' products side by side); past MAX_PARTS formats the fusion is refused."""
+    q4 = [pack_ggml(random_raw("Q4_1", 4, 64, seed=s), "Q4_1") for s in range(MAX_PARTS + 1)]
+    x = torch.randn(3, 64)
+    want = torch.cat([p.matmul(x) for p in q4], dim=1)
+    merged = PackedWeight.cat(list(q4))
+    assert isinstance(merged, PackedWeight)
+    assert torch.equal(merged.matmul(x), want)
+    q8 = pack_ggml(random_raw("Q8_0", 4, 64, seed=9), "Q8_0")
+    mixed = PackedWeight.cat([*q4[:MAX_PARTS], q8])
+    assert isinstance(mixed, PackedConcat) and [p.fmt for p in mixed.parts] == ["q4", "q8"]
+    assert torch.equal(mixed.matmul(x), torch.cat([want[:, :4 * MAX_PARTS], q8.matmul(x)], 1))
+    with pytest.raises(ValueError):
+        PackedWeight.cat([q4[0], q8] * 3)
 
 
 def test_bad_inputs_are_refused() -> None:
