@@ -63,7 +63,7 @@ def cpu_step_weights(model: CausalLM, embedding: Packed | None = None
                          heads=cfg.num_heads, kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
                          eps=cfg.rms_norm_eps, layers=tuple(layers),
                          final_norm=model.model.norm.weight.detach(), head=head,
-                         embed=embedding)
+                         inv_freq=model.rotary.inv_freq(torch.device("cpu")), embed=embedding)
 
 
 if MODEL_LORA_MODULES != LORA_MODULES:  # cpu_step.c indexes the stacks in this order
@@ -152,7 +152,6 @@ class CpuStep:
         # the embedding: in the C step where it is held packed, else the model's module first
         ids = batch.input_ids if prog.embeds else None
         x = None if prog.embeds else model.model.embed_tokens(batch.input_ids)
-        cos, sin = model.rotary.cos_sin(batch.positions, torch.float32)
         size = group_rows(self.weights.heads, int(batch.seq_lens.max()))
         out: torch.Tensor | None = None
         for a in range(0, n_rows, size):
@@ -160,7 +159,7 @@ class CpuStep:
             picked = [(j, r - a) for j, r in enumerate(wanted) if a <= r < b]
             lora = None if batch.lora is None else lora_rows(batch.lora, torch.arange(a, b))
             logits: torch.Tensor = prog.step(
-                None if x is None else x[a:b], cos[a:b], sin[a:b], batch.positions[a:b] + 1,
+                None if x is None else x[a:b], batch.positions[a:b] + 1,
                 batch.block_tables.index_select(0, torch.tensor(owner[a:b], dtype=torch.int64)),
                 batch.slot_mapping[a:b],
                 torch.tensor([k for _, k in picked] or [0], dtype=torch.int64),

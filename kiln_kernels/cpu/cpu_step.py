@@ -29,7 +29,7 @@ class _Model(ctypes.Structure):
         ("eps", ctypes.c_float), ("scale", ctypes.c_float), ("table", ctypes.c_void_p),
         ("final_norm", ctypes.c_void_p), ("head", ctypes.c_void_p),
         ("kv_f16", ctypes.c_int64), ("kv_sb", ctypes.c_int64), ("kv_sp", ctypes.c_int64),
-        ("kv_sh", ctypes.c_int64), ("embed", ctypes.c_void_p)]
+        ("kv_sh", ctypes.c_int64), ("embed", ctypes.c_void_p), ("inv_freq", ctypes.c_void_p)]
 
 
 class _Weight(ctypes.Structure):  # KilnWeight (quant.h)
@@ -74,7 +74,7 @@ class _Lora(ctypes.Structure):
 
 class _Step(ctypes.Structure):
     _fields_ = [(n, ctypes.c_int64) for n in ("M", "max_blocks", "max_ctx", "L")] + [
-        (n, ctypes.c_void_p) for n in ("x", "cos", "sin", "ctx_lens", "block_tables", "slots",
+        (n, ctypes.c_void_p) for n in ("x", "ctx_lens", "block_tables", "slots",
                                        "seq_first", "logit_rows", "logits", "scratch", "lora",
                                        "ids")]
 
@@ -147,6 +147,7 @@ class CpuStepWeights:
     layers: tuple[CpuStepLayer, ...]
     final_norm: torch.Tensor
     head: Packed  # [vocab, hidden]
+    inv_freq: torch.Tensor  # float32 [head_dim / 2]: the rotary frequencies
     embed: Packed | None = None  # the token embedding [vocab, hidden], when held packed
 
     def bind(self, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor],
@@ -184,7 +185,10 @@ class CpuStepProgram:
             scale=w.head_dim ** -0.5, table=self.table.data_ptr(),
             final_norm=_addr(self._hold(_f32(w.final_norm))), head=self._weight(w.head),
             kv_f16=int(self.kv_dtype == torch.float16),
-            kv_sb=sb, kv_sp=sp, kv_sh=sh, embed=self._embed(w.embed))
+            kv_sb=sb, kv_sp=sp, kv_sh=sh, embed=self._embed(w.embed),
+            inv_freq=_addr(self._hold(_f32(w.inv_freq))))
+        if tuple(w.inv_freq.shape) != (w.head_dim // 2,):
+            raise ValueError(f"inv_freq must be [{w.head_dim // 2}], the half head")
 
     def _embed(self, pw: Packed | None) -> int:
         if pw is None:
@@ -233,14 +237,13 @@ class CpuStepProgram:
             row[name] = self._hold(cache).data_ptr()  # type: ignore[union-attr]
         return [row[f] for f in LAYER_FIELDS]
 
-    def step(self, x: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
-             ctx_lens: torch.Tensor, block_tables: torch.Tensor, slots: torch.Tensor,
+    def step(self, x: torch.Tensor | None, ctx_lens: torch.Tensor, block_tables: torch.Tensor, slots: torch.Tensor,
              logit_rows: torch.Tensor, lora: LoraRows | None = None,
              seq_first: torch.Tensor | None = None, ids: torch.Tensor | None = None
              ) -> torch.Tensor:
         """M token rows: ``x [M, hidden]`` embeddings (clobbered), or None with ``ids`` [M],
-        their token ids, looked up in the program's embedding (:attr:`embeds`); ``cos``/``sin``
-        ``[M, head_dim]``, ``ctx_lens`` [M] (the row's position + 1), ``block_tables`` [M, B]
+        their token ids, looked up in the program's embedding (:attr:`embeds`); ``ctx_lens``
+        [M] (the row's position + 1: its rotary angle too), ``block_tables`` [M, B]
         (its sequence's table), ``slots`` [M], ``seq_first`` [M] (the first row of the row's
         sequence; rows of a sequence consecutive; default: every row its own) -> float32 logits
         ``[len(logit_rows), vocab]``. Raises IndexError for an id outside the embedding."""
@@ -257,8 +260,8 @@ class CpuStepProgram:
         tables = block_tables.to(torch.int32).contiguous()
         if int(tables.shape[1]) * self.block_size < max_ctx:
             raise ValueError("block tables do not cover the context")
-        xs, c, s = _f32(x), _f32(cos.contiguous()), _f32(sin.contiguous())
-        assert xs is not None and c is not None and s is not None
+        xs = _f32(x)
+        assert xs is not None
         slot = slots.to(torch.int64).contiguous()
         rows = logit_rows.to(torch.int64).contiguous()
         first = (torch.arange(m) if seq_first is None else seq_first).to(torch.int64).contiguous()
@@ -268,7 +271,7 @@ class CpuStepProgram:
         keep: list[torch.Tensor] = []
         lora_struct = None if lora is None else lora.struct(m, keep)
         st = _Step(M=m, max_blocks=int(tables.shape[1]), max_ctx=max_ctx, L=rows.numel(),
-                   x=xs.data_ptr(), cos=c.data_ptr(), sin=s.data_ptr(), ctx_lens=lens.data_ptr(),
+                   x=xs.data_ptr(), ctx_lens=lens.data_ptr(),
                    block_tables=tables.data_ptr(), slots=slot.data_ptr(),
                    seq_first=first.data_ptr(),
                    logit_rows=rows.data_ptr(), logits=logits.data_ptr(),

@@ -399,7 +399,7 @@ def test_lora_in_the_c_step_matches_torch(arch: str, tmp_path: Path,
     step_fn = CpuStepProgram.step
 
     def spy(self: CpuStepProgram, *args: Any, **kwargs: Any) -> torch.Tensor:
-        seen.append(args[7] is not None)  # the LoRA rows
+        seen.append(args[5] is not None)  # the LoRA rows
         return step_fn(self, *args, **kwargs)
 
     monkeypatch.setattr(CpuStepProgram, "step", spy)

@@ -33,6 +33,7 @@ static int64_t attend_parts(const KilnCpuStepModel *md, int64_t max_ctx) {
 int64_t kiln_cpu_step_scratch_floats(const KilnCpuStepModel *md, int64_t M, int64_t max_ctx) {
     const int64_t nqkv = (md->heads + 2 * md->kv_heads) * md->head_dim;
     return M * (2 * md->hidden + nqkv + md->heads * md->head_dim + 3 * md->inter) +
+           M * md->head_dim + /* the rows' rotary cos | sin */
            M * md->heads * max_ctx + M * md->hidden +
            M * md->heads * attend_parts(md, max_ctx) * (md->head_dim + 2);
 }
@@ -52,28 +53,41 @@ static void rms_norm(const float *x, const float *w, float *out, int64_t n, floa
     for (int64_t i = 0; i < n; i++) out[i] = w[i] * (x[i] * r);
 }
 
-/* NEOX rotate_half rotary on one head vector, in place. */
-static void rotary(float *v, const float *cos, const float *sin, int64_t hd) {
+/* A row's rotary table cs [head_dim] = cos | sin of pos * inv_freq[i], i < head_dim / 2: the
+ * float32 angle the torch path forms (kiln.model.layers.RotaryEmbedding.cos_sin), with libm's
+ * cosf/sinf where torch takes its own vectorised ones (they may round an angle's cos or sin 1
+ * ulp apart: an elementwise rounding, within tests/numerics.py's bound between the paths). */
+static void rotary_table(const float *inv_freq, int64_t pos, float *cs, int64_t hd) {
     const int64_t half = hd / 2;
     for (int64_t i = 0; i < half; i++) {
-        const float a = v[i], b = v[i + half];
-        v[i] = a * cos[i] - b * sin[i];
-        v[i + half] = b * cos[i + half] + a * sin[i + half];
+        const float angle = (float)pos * inv_freq[i];
+        cs[i] = cosf(angle);
+        cs[half + i] = sinf(angle);
+    }
+}
+
+/* NEOX rotate_half rotary on one head vector, in place, by a row's table cs (rotary_table). */
+static void rotary(float *v, const float *cs, int64_t hd) {
+    const int64_t half = hd / 2;
+    for (int64_t i = 0; i < half; i++) {
+        const float a = v[i], b = v[i + half], c = cs[i], s = cs[half + i];
+        v[i] = a * c - b * s;
+        v[i + half] = b * c + a * s;
     }
 }
 
 /* Bias, per-head norm and rotary of one q or k head vector, in place. */
-static void prepare_head(float *v, const float *bias, const float *norm, const float *cos,
-                         const float *sin, int64_t hd, float eps) {
+static void prepare_head(float *v, const float *bias, const float *norm, const float *cs,
+                         int64_t hd, float eps) {
     if (bias)
         for (int64_t i = 0; i < hd; i++) v[i] += bias[i];
     if (norm) rms_norm(v, norm, v, hd, eps);
-    rotary(v, cos, sin, hd);
+    rotary(v, cs, hd);
 }
 
 static void attention_block(const KilnCpuStepModel *md, const KilnCpuStepRows *st,
-                            const int64_t *row, float *qkv, float *attn, float *scores,
-                            float *parts) {
+                            const int64_t *row, const float *rope, float *qkv, float *attn,
+                            float *scores, float *parts) {
     const int64_t M = st->M, hd = md->head_dim, nh = md->heads, nkv = md->kv_heads;
     const int64_t nqkv = (nh + 2 * nkv) * hd, G = nh / nkv;
     char *kc = (char *)(intptr_t)row[F_K_CACHE], *vc = (char *)(intptr_t)row[F_V_CACHE];
@@ -84,9 +98,9 @@ static void attention_block(const KilnCpuStepModel *md, const KilnCpuStepRows *s
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < M * nkv; t++) {
         const int64_t m = t / nkv, h = t % nkv;
-        const float *cos = st->cos + m * hd, *sin = st->sin + m * hd;
+        const float *cs = rope + m * hd;
         float *k = qkv + m * nqkv + (nh + h) * hd, *v = k + nkv * hd;
-        prepare_head(k, kb ? kb + h * hd : 0, fptr(row, F_K_NORM), cos, sin, hd, md->eps);
+        prepare_head(k, kb ? kb + h * hd : 0, fptr(row, F_K_NORM), cs, hd, md->eps);
         if (vb)
             for (int64_t i = 0; i < hd; i++) v[i] += vb[h * hd + i];
         const int64_t slot = st->slots[m];
@@ -94,7 +108,7 @@ static void attention_block(const KilnCpuStepModel *md, const KilnCpuStepRows *s
         kiln_store_kv(vc + kiln_kv_at(md, slot, h) * esize, v, hd, f16);
         for (int64_t qh = h * G; qh < (h + 1) * G; qh++)
             prepare_head(qkv + m * nqkv + qh * hd, qb ? qb + qh * hd : 0, fptr(row, F_Q_NORM),
-                         cos, sin, hd, md->eps);
+                         cs, hd, md->eps);
     }
     /* Tasks: (up to ROWS_PER_TASK rows of one sequence, KV head, part of the context); the
      * rows read each cached K/V row of the part once (GQA: head h reads KV head h / G). */
@@ -170,14 +184,17 @@ int64_t kiln_cpu_step(const KilnCpuStepModel *md, const KilnCpuStepRows *st, int
     float *gu = attn + M * nattn, *act = gu + M * 2 * I, *scores = act + M * I;
     float *picked = scores + M * md->heads * st->max_ctx; /* [L][hidden] */
     float *parts = picked + M * H; /* [M][heads][parts][head_dim + 2] */
+    float *rope = parts + M * md->heads * attend_parts(md, st->max_ctx) * (hd + 2); /* [M][hd] */
     float *x = st->x;
 #pragma omp parallel num_threads(nthreads)
     {
-        /* The embedding first, before denormals are flushed: each row's weights exactly as
-         * the products read them (kiln_dequant_rows' values). */
-        if (st->ids) {
+        /* The embedding (each row's weights exactly as the products read them:
+         * kiln_dequant_rows' values) and the rotary tables first, before denormals are
+         * flushed. */
 #pragma omp for schedule(static)
-            for (int64_t m = 0; m < M; m++) kiln_weight_row(md->embed, st->ids[m], x + m * H);
+        for (int64_t m = 0; m < M; m++) {
+            if (st->ids) kiln_weight_row(md->embed, st->ids[m], x + m * H);
+            rotary_table(md->inv_freq, st->ctx_lens[m] - 1, rope + m * hd, hd);
         }
 #if defined(__SSE__)
         /* Flush denormals to zero on every thread for the step (restored at its end): peaked
@@ -197,7 +214,7 @@ int64_t kiln_cpu_step(const KilnCpuStepModel *md, const KilnCpuStepRows *st, int
             lora_apply(st, l, 0, h, H, H, qkv, nqkv, nq);
             lora_apply(st, l, 1, h, H, H, qkv + nq, nqkv, nk);
             lora_apply(st, l, 2, h, H, H, qkv + nq + nk, nqkv, nk);
-            attention_block(md, st, row, qkv, attn, scores, parts);
+            attention_block(md, st, row, rope, qkv, attn, scores, parts);
             kiln_gemm_weight(wptr(row, F_O), attn, M, tmp);
             lora_apply(st, l, 3, attn, nattn, nattn, tmp, H, H);
 #pragma omp for schedule(static)

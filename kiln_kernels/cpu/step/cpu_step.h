@@ -25,6 +25,7 @@ typedef struct {
      * contiguous; any order of the other three, e.g. KV head before position in a block). */
     int64_t kv_sb, kv_sp, kv_sh;
     const KilnWeight *embed; /* the token embedding [vocab][hidden] (NULL: it comes in x) */
+    const float *inv_freq;   /* [head_dim / 2]: the rotary frequencies (kiln.model.layers) */
 } KilnCpuStepModel;
 
 /* Element offset of KV head h of cache slot `slot` (= block * block_size + position). */
@@ -50,7 +51,6 @@ typedef struct {
 typedef struct {
     int64_t M, max_blocks, max_ctx, L;
     float *x;                    /* [M][hidden]: the token embeddings in, clobbered */
-    const float *cos, *sin;      /* [M][head_dim] */
     const int64_t *ctx_lens;     /* [M]: positions this token attends to (its position + 1) */
     const int32_t *block_tables; /* [M][max_blocks]: the block table of the token's sequence */
     const int64_t *slots;        /* [M]: cache slot of the token */
