@@ -128,7 +128,8 @@ class Sampler:
         tensors built per step, the float and the integer parameters, viewed by column."""
         float_rows, int_rows = _parameters(seqs)
         floats = torch.tensor(float_rows, dtype=torch.float32)
-        ints = torch.tensor(int_rows, dtype=torch.int64)
+        ints = torch.tensor([(k, to_int64_bits(seed), step) for k, seed, step in int_rows],
+                            dtype=torch.int64)  # seeds as their int64 bit patterns
         floats, ints = floats.to(self.device), ints.to(self.device)  # no copy on the CPU
         cols = {name: floats[:, i].contiguous() for i, name in enumerate(FLOAT_COLUMNS)}
         cols.update({name: ints[:, i].contiguous() for i, name in enumerate(INT_COLUMNS)})
@@ -185,10 +186,11 @@ def _greedy(s: ScheduledSeq) -> bool:
 
 def _parameters(seqs: Sequence[ScheduledSeq]
                 ) -> tuple[list[tuple[float, ...]], list[tuple[int, int, int]]]:
-    """Per row, the FLOAT_COLUMNS and the INT_COLUMNS values (seeds as int64 bits)."""
+    """Per row, the FLOAT_COLUMNS and the INT_COLUMNS values (seeds as they are: any int, of
+    which the samplers take the low 64 bits)."""
     return ([(p.temperature, _top_p(p.top_p), p.min_p, p.presence_penalty, p.frequency_penalty,
               p.repetition_penalty) for p in (s.sampling for s in seqs)],
-            [(s.sampling.top_k, to_int64_bits(s.seed), s.step) for s in seqs])
+            [(s.sampling.top_k, s.seed, s.step) for s in seqs])
 
 
 # The smallest top_p the float32 kernels are given: a positive top_p below it (1e-300 rounds to

@@ -62,6 +62,7 @@ class SeenTokens:
                           p.output_counts[rows, ids].to(torch.int32).cpu())
 
 
+_U64 = 1 << 64
 _scratch = threading.local()  # per calling thread: the engine thread keeps one buffer
 
 
@@ -102,7 +103,8 @@ def sample_rows(logits: torch.Tensor, floats: Sequence[tuple[float, ...]],
                 flags: tuple[str, ...] = NATIVE_FLAGS,
                 ) -> tuple[list[int], list[float]] | None:
     """``sample_native`` for the engine's step, without a tensor per parameter: per row the
-    FLOAT_COLUMNS and INT_COLUMNS values (seeds as int64 bits) and the generated token ids the
+    FLOAT_COLUMNS and INT_COLUMNS values (a seed any int: its low 64 bits, as the wire's uint64
+    seeds and their int64 bit patterns alike) and the generated token ids the
     penalties count (one per occurrence). -> (token ids, logprobs), or None without the C
     library. The same numbers as ``sample_native`` (tested)."""
     offsets = [0]
@@ -142,7 +144,9 @@ def _sample(logits: torch.Tensor, floats: Sequence[tuple[float, ...]],
         logs = torch.log(torch.tensor([min(min_p[i], 1.0) for i in active], dtype=torch.float32))
         for i, value in zip(active, logs.tolist(), strict=True):
             log_min_p[i] = value
-    top_k, seeds, steps = (i64(*col) for col in zip(*ints, strict=True))
+    top_k_col, seed_col, step_col = zip(*ints, strict=True)
+    top_k, steps = i64(*top_k_col), i64(*step_col)
+    seeds = (ctypes.c_uint64 * b)(*(v % _U64 for v in seed_col))  # sample.c: as int64 bits
     seen_ids = (ctypes.c_int64 * len(ids))(*(min(max(t, 0), v - 1) for t in ids))
     seen_counts = (ctypes.c_int32 * len(counts))(*counts)
     seen_off = (ctypes.c_int64 * (b + 1))(*offsets)

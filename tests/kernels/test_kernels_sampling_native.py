@@ -17,6 +17,7 @@ from kiln_kernels.sampling.native import (
     sample_native,
     sample_rows,
 )
+from kiln_kernels.sampling.params import to_int64_bits
 
 from tests.numerics import logsoftmax_atol, sampling_scale
 
@@ -219,6 +220,23 @@ def test_sample_rows_matches_the_reference(seed: int) -> None:
     assert got[0] == want_t.tolist()
     bound = logsoftmax_atol(logits.shape[-1], sampling_scale(logits, SamplingTensors.build(rows, 1)))
     assert (torch.tensor(got[1]) - want_lp).abs().max().item() <= bound
+
+
+def test_sample_rows_takes_a_seeds_low_64_bits() -> None:
+    """A wire seed past int64 (uint64) and its int64 bit pattern sample alike, as the reference
+    does with the bit pattern (SamplingTensors holds seeds as int64 bits)."""
+    v = 777
+    logits = torch.randn(3, v, generator=torch.Generator().manual_seed(5))
+    floats = [(1.0, 1.0, 0.0, 0.0, 0.0, 1.0)] * 3
+    big = [2**64 - 5, 2**63, 2**64 + 11]
+    bits = [to_int64_bits(s) for s in big]
+    assert bits == [-5, -2**63, 11]
+    got = sample_rows(logits, floats, [(0, s, 4) for s in big], [[]] * 3)
+    assert got is not None
+    assert got == sample_rows(logits, floats, [(0, s, 4) for s in bits], [[]] * 3)
+    rows = [{"temperature": 1.0, "seed": s, "step": 4} for s in big]
+    want_t, _ = sample_reference(logits, SamplingTensors.build(rows, v))
+    assert got[0] == want_t.tolist()
 
 
 @pytest.mark.parametrize("top_k", [0, 40])  # the dense threshold and the top-k fast path
