@@ -167,6 +167,8 @@ class CpuStepProgram:
             raise ValueError(f"{w.heads} query heads over {w.kv_heads} KV heads: unsupported")
         if len(k_caches) != len(w.layers) or len(v_caches) != len(w.layers):
             raise ValueError("one K and one V cache per layer")
+        if tuple(w.inv_freq.shape) != (w.head_dim // 2,):
+            raise ValueError(f"inv_freq must be [{w.head_dim // 2}], the half head")
         self.lib, self.weights = lib, w
         self._keep: list[torch.Tensor] = []
         self._structs: list[_Weight] = []  # the weights' descriptions the table points at
@@ -187,8 +189,6 @@ class CpuStepProgram:
             kv_f16=int(self.kv_dtype == torch.float16),
             kv_sb=sb, kv_sp=sp, kv_sh=sh, embed=self._embed(w.embed),
             inv_freq=_addr(self._hold(_f32(w.inv_freq))))
-        if tuple(w.inv_freq.shape) != (w.head_dim // 2,):
-            raise ValueError(f"inv_freq must be [{w.head_dim // 2}], the half head")
 
     def _embed(self, pw: Packed | None) -> int:
         if pw is None:
@@ -237,8 +237,8 @@ class CpuStepProgram:
             row[name] = self._hold(cache).data_ptr()  # type: ignore[union-attr]
         return [row[f] for f in LAYER_FIELDS]
 
-    def step(self, x: torch.Tensor | None, ctx_lens: torch.Tensor, block_tables: torch.Tensor, slots: torch.Tensor,
-             logit_rows: torch.Tensor, lora: LoraRows | None = None,
+    def step(self, x: torch.Tensor | None, ctx_lens: torch.Tensor, block_tables: torch.Tensor,
+             slots: torch.Tensor, logit_rows: torch.Tensor, lora: LoraRows | None = None,
              seq_first: torch.Tensor | None = None, ids: torch.Tensor | None = None
              ) -> torch.Tensor:
         """M token rows: ``x [M, hidden]`` embeddings (clobbered), or None with ``ids`` [M],

@@ -217,9 +217,8 @@ static void tile_all(int fmt, const float *x, int64_t M, int64_t K, const uint8_
 int kiln_quant_simd(void) { return 0; }
 #endif
 
-/* Rows ids[0..n) of tiled weights w ([N/4][K/qk][tile]) as float32 out [n][K]: the values the
- * products use. Returns the first index of an id outside [0, N), or -1 when all are inside
- * (nothing is written past a bad id). */
+/* Row id of tiled weights w ([N/4][K/qk][tile]) as float32 out [K]: the values the products
+ * use. */
 static void tiled_row(int fmt, const uint8_t *w, int64_t K, int64_t id, float *out) {
     const int64_t qk = kf_qk(fmt), tb = kf_tile(fmt), nb = K / qk, g = id / 4;
     const int r = (int)(id % 4);
@@ -229,6 +228,9 @@ static void tiled_row(int fmt, const uint8_t *w, int64_t K, int64_t id, float *o
     }
 }
 
+/* Rows ids[0..n) of tiled weights w ([N/4][K/qk][tile]) as float32 out [n][K]. Returns the
+ * first index of an id outside [0, N), or -1 when all are inside (nothing is written past a bad
+ * id). */
 int64_t kiln_dequant_rows(int fmt, const uint8_t *w, int64_t N, int64_t K, const int64_t *ids,
                           int64_t n, float *out) {
     for (int64_t t = 0; t < n; t++) {

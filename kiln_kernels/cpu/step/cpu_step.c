@@ -169,7 +169,8 @@ static void lora_apply(const KilnCpuStepRows *st, int64_t l, int mod, const floa
         }
 }
 
-/* Returns -1, or the first row whose token id is outside the embedding (nothing is run then). */
+/* Returns -1, or the first row whose token id is outside the embedding (0 when the step has ids
+ * and the model no embedding); nothing is run then. */
 int64_t kiln_cpu_step(const KilnCpuStepModel *md, const KilnCpuStepRows *st, int nthreads) {
     const int64_t M = st->M, H = md->hidden, I = md->inter, hd = md->head_dim;
     int64_t vocab_in = 0; /* the embedding's rows */
