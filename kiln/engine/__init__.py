@@ -6,8 +6,7 @@ in kiln.engine.loop, and the model runner is loaded when an AsyncEngine is built
 
 from kiln.engine.config import EngineConfig
 from kiln.engine.errors import EngineError
-from kiln.engine.metrics import RequestMetrics
-from kiln.engine.outputs import RequestOutput
+from kiln.engine.outputs import RequestMetrics, RequestOutput
 from kiln.engine.request import Request, SamplingParams
 
 __all__ = [

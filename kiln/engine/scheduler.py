@@ -22,8 +22,15 @@ from kiln.engine.block_pool import BlockPool
 from kiln.engine.config import EngineConfig
 from kiln.engine.errors import EngineError
 from kiln.engine.lora_mix import AdapterAdmission, LoraMix, check_mix
-from kiln.engine.metrics import PHASE_DECODE, PHASE_PREEMPTED, PHASE_PREFILL
-from kiln.engine.outputs import ModelRunnerOutput, RequestOutput, ScheduledSeq, SchedulerOutput
+from kiln.engine.outputs import (
+    PHASE_DECODE,
+    PHASE_PREEMPTED,
+    PHASE_PREFILL,
+    ModelRunnerOutput,
+    RequestOutput,
+    ScheduledSeq,
+    SchedulerOutput,
+)
 from kiln.engine.priority import WaitingQueue, admission_victim, pick_victim, unschedule
 from kiln.engine.repetition import REPETITION, repeats
 from kiln.engine.request import Request

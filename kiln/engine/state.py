@@ -8,8 +8,7 @@ from dataclasses import dataclass, field
 
 from kiln.engine.block_pool import ROOT_HASH, block_hashes, salted_root
 from kiln.engine.lora_mix import mix_root_hash
-from kiln.engine.metrics import RequestMetrics
-from kiln.engine.outputs import RequestOutput
+from kiln.engine.outputs import RequestMetrics, RequestOutput
 from kiln.engine.request import Request
 from kiln.text.thinking_budget import ThinkingBudgetController
 

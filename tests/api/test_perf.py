@@ -7,7 +7,7 @@ import pytest
 
 from kiln.api.contract import contract
 from kiln.api.handlers.perf import performance
-from kiln.engine.metrics import PHASE_DECODE, RequestMetrics
+from kiln.engine.outputs import PHASE_DECODE, RequestMetrics
 
 
 def record(gaps: list[float]) -> RequestMetrics:

@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kiln.engine.metrics import PHASE_DECODE, PHASE_PREFILL, RequestMetrics, percentile
 from kiln.engine.output_processor import StopChecker
+from kiln.engine.outputs import PHASE_DECODE, PHASE_PREFILL, RequestMetrics, percentile
 
 
 class ChunkDetok:

@@ -13,8 +13,7 @@ from kiln import metrics
 from kiln.api.errors import ApiError
 from kiln.api.state import AppState, app_state
 from kiln.engine.errors import NOTHING_ALLOWED, EngineError
-from kiln.engine.metrics import RequestMetrics
-from kiln.engine.outputs import RequestOutput, TokenLogprobs
+from kiln.engine.outputs import RequestMetrics, RequestOutput, TokenLogprobs
 from kiln.engine.request import Request, SamplingParams
 from kiln.engine.stream import RequestStream
 from kiln.text.budget import Outcome

@@ -12,7 +12,7 @@ from typing import Any
 
 from kiln.api._generated import wire
 from kiln.api.encode import Finish
-from kiln.engine.metrics import PHASE_DECODE, PHASE_PREEMPTED, PHASE_PREFILL, RequestMetrics
+from kiln.engine.outputs import PHASE_DECODE, PHASE_PREEMPTED, PHASE_PREFILL, RequestMetrics
 
 MAX_GAP_SAMPLES = 8192
 STALL_REASONS = (
