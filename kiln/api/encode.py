@@ -30,7 +30,7 @@ def usage(prompt_tokens: int, completion_tokens: int) -> wire.Usage:
 def as_wire(value: Any) -> Any:
     """A nested object a lower layer builds in the contract's shape and key order, carried into
     a generated struct's field as it is (msgspec encodes it unchanged; the response tests check
-    it against the contract): the thinking-budget record and outcome (kiln/text/budget.py) and
+    it against the contract): the thinking-budget record and outcome (kiln/text/thinking.py) and
     the rollout record (kiln/provenance.py), which cannot import the edge's structs."""
     return value
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from kiln.engine.lora_mix import LoraMix
 from kiln.engine.request import SamplingParams
-from kiln.text.budget import Outcome
+from kiln.text.thinking import Outcome
 
 # A gap >= max(STALL_FLOOR_S, STALL_FACTOR x median ITL) is a stall (docs/behavior.md §13).
 STALL_FACTOR = 5.0

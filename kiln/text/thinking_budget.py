@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from kiln.text.budget import Outcome
+from kiln.text.thinking import Outcome
 
 CLOSE_TAG = "</think>"
 

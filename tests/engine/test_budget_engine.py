@@ -12,7 +12,7 @@ from kiln.engine.outputs import RequestOutput
 from kiln.engine.request import Request, SamplingParams, ThinkingBudgetSpec
 from kiln.engine.scheduler import Scheduler
 from kiln.model import LoadedModel
-from kiln.text.budget import Outcome
+from kiln.text.thinking import Outcome
 from tests.engine.drive import drive
 from tests.engine.fakes import FakeRunner, ScriptRunner, next_token
 from tests.numerics import sampled_logprob_atol

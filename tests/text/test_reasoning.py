@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kiln.text.reasoning import ReasoningSplitter, fold, prompt_starts_in_reasoning, split_reasoning
+from kiln.text.thinking import ReasoningSplitter, fold, prompt_starts_in_reasoning, split_reasoning
 
 PIECES = st.sampled_from(["<think>", "</think>", "</", "think>", "<", ">", "a", " b", "\n", "é", "</thi"])
 

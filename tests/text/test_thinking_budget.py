@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from msgspec import UNSET
 
-from kiln.text.budget import Outcome, resolve
+from kiln.text.thinking import Outcome, resolve
 from kiln.text.thinking_budget import (
     ThinkingBudgetController,
     close_progress,

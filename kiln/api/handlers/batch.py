@@ -20,7 +20,7 @@ from kiln.api.handlers.generation import Completion, collect_all, submit_all, un
 from kiln.api.handlers.logprobs import chat_content
 from kiln.api.handlers.prepare import Prompt, Shape, prepare_batch
 from kiln.api.state import AppState, app_state, request_id
-from kiln.text.reasoning import fold, split_reasoning
+from kiln.text.thinking import fold, split_reasoning
 from kiln.text.tools import closing_stop, parse_closed
 
 ERROR_CODE = "batch_invalid_request"

@@ -30,8 +30,7 @@ from kiln.api.handlers.perf import performance
 from kiln.api.handlers.prepare import PreparedChat, prepare_chat
 from kiln.api.sse import EventStream
 from kiln.api.state import AppState, app_state, request_id
-from kiln.text.budget import record
-from kiln.text.reasoning import fold, split_reasoning
+from kiln.text.thinking import fold, record, split_reasoning
 from kiln.text.tools import ParsedOutput, ToolCall, closing_stop, parse_closed, parse_tool_calls
 
 ERROR_CODE = "chat_invalid_request"

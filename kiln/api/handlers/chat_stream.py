@@ -22,8 +22,7 @@ from kiln.api.handlers.prepare import PreparedChat
 from kiln.api.sse import DONE, event, generation_error
 from kiln.api.state import AppState
 from kiln.engine.outputs import RequestOutput
-from kiln.text.budget import record
-from kiln.text.reasoning import Delta, ReasoningSplitter
+from kiln.text.thinking import Delta, ReasoningSplitter, record
 from kiln.text.tool_stream import StreamEvents, ToolCallStreamer
 from kiln.text.tools import ToolCall, closing_stop
 

@@ -60,9 +60,8 @@ from kiln.api.handlers.prepare import (
 from kiln.api.state import AppState
 from kiln.engine.request import GrammarSpec, SamplingParams
 from kiln.engine.stream import RequestStream
-from kiln.text.budget import resolve
 from kiln.text.detokenizer import decode_in_context
-from kiln.text.reasoning import prompt_starts_in_reasoning
+from kiln.text.thinking import prompt_starts_in_reasoning, resolve
 
 ERROR_CODE = "completion_invalid_request"
 DEFAULT_MAX_TOKENS = 16  # vLLM's completions default

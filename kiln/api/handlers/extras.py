@@ -198,7 +198,7 @@ def response_id(req: Any, prefix: str) -> str:
 
 
 def thinking_tokens(req: Any, code: str) -> Any:
-    """The thinking-token limit a request asks for, as kiln.text.budget.resolve takes it (UNSET:
+    """The thinking-token limit a request asks for, as kiln.text.thinking.resolve takes it (UNSET:
     the server default; None: unlimited; n): Kiln's ``thinking_budget_tokens`` or vLLM's alias
     ``thinking_token_budget`` (-1: unlimited; null: as if absent). Both set to different limits
     is a 400 naming the alias, never one of them silently ignored."""

@@ -16,7 +16,7 @@ from kiln.engine.errors import NOTHING_ALLOWED, EngineError
 from kiln.engine.outputs import RequestMetrics, RequestOutput, TokenLogprobs
 from kiln.engine.request import Request, SamplingParams
 from kiln.engine.stream import RequestStream
-from kiln.text.budget import Outcome
+from kiln.text.thinking import Outcome
 
 T = TypeVar("T")
 

@@ -37,9 +37,8 @@ from kiln.api.handlers.params import (
 from kiln.api.handlers.unsupported import unsupported
 from kiln.api.state import AppState
 from kiln.engine.request import SamplingParams, ThinkingBudgetSpec
-from kiln.text.budget import BudgetConfig, resolve
 from kiln.text.chat_template import message_content, render_messages, template_messages
-from kiln.text.reasoning import CLOSE_TAG, prompt_starts_in_reasoning
+from kiln.text.thinking import CLOSE_TAG, BudgetConfig, prompt_starts_in_reasoning, resolve
 from kiln.text.thinking_budget import budget_problem
 from kiln.text.tools import tool_format
 
