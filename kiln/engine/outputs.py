@@ -80,6 +80,12 @@ class RequestMetrics:
         """R-7 (linear interpolation) percentile of the inter-token gaps, q in [0, 1]."""
         return percentile(self.inter_token_latencies, q)
 
+    def record_step_token(self, now: float, step_had_prefill: bool, preempted: bool) -> None:
+        """A token from a step that did (or did not) also run prefill chunks, its request
+        preempted (or not) since its last token: recorded with the phase that says so."""
+        phase = PHASE_PREFILL if step_had_prefill else PHASE_DECODE
+        self.record_token(now, PHASE_PREEMPTED if preempted else phase)
+
     def record_token(self, now: float, phase: str) -> None:
         if self.first_token_time is None:
             self.first_token_time = now

@@ -22,15 +22,7 @@ from kiln.engine.block_pool import BlockPool
 from kiln.engine.config import EngineConfig
 from kiln.engine.errors import EngineError
 from kiln.engine.lora_mix import AdapterAdmission, LoraMix, check_mix
-from kiln.engine.outputs import (
-    PHASE_DECODE,
-    PHASE_PREEMPTED,
-    PHASE_PREFILL,
-    ModelRunnerOutput,
-    RequestOutput,
-    ScheduledSeq,
-    SchedulerOutput,
-)
+from kiln.engine.outputs import ModelRunnerOutput, RequestOutput, ScheduledSeq, SchedulerOutput
 from kiln.engine.priority import WaitingQueue, admission_victim, pick_victim, unschedule
 from kiln.engine.repetition import REPETITION, repeats
 from kiln.engine.request import Request
@@ -286,7 +278,7 @@ class Scheduler:
         self, so: SchedulerOutput, ro: ModelRunnerOutput
     ) -> list[RequestOutput]:
         now = self._clock()
-        phase = PHASE_PREFILL if so.num_prefill_tokens > 0 else PHASE_DECODE
+        prefill = so.num_prefill_tokens > 0
         outputs: list[RequestOutput] = []
         for seq in so.seqs:
             st = self._requests.get(seq.request_id)
@@ -304,7 +296,7 @@ class Scheduler:
             if st.metrics.prefill_end_time is None:
                 st.metrics.prefill_end_time = now
             token, logprob, forced = st.accept(tok.token_id, tok.logprob, now * 1000.0)
-            st.metrics.record_token(now, PHASE_PREEMPTED if st.preempted_since_token else phase)
+            st.metrics.record_step_token(now, prefill, st.preempted_since_token)
             st.preempted_since_token = False
             out = self._on_token(st, ([token], [logprob], [forced]))
             if tok.top is not None:
