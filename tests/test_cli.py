@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import gc
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from kiln.cli import build_parser, config_from_args
+from kiln.cli import serve as serve_here
 from kiln.config import ConfigError
 from kiln.testing import free_port, serve_command
 from tests.tiny_models import write_tiny_llama
@@ -51,6 +53,15 @@ def test_bad_model_gives_one_clear_line(tmp_path: Path, make) -> None:
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("kiln: cannot load model")
     assert "Traceback" not in result.stderr
+
+
+def test_a_failed_start_turns_the_collector_back_on(tmp_path: Path) -> None:
+    # serve() runs start-up with the cyclic collector off; it is on again whichever way it ends
+    args = build_parser().parse_args(["serve", "--model", str(tmp_path / "absent"),
+                                      "--host", "127.0.0.1", "--port", str(free_port())])
+    assert gc.isenabled()
+    assert serve_here(config_from_args(args)) == 2
+    assert gc.isenabled()
 
 
 @pytest.mark.parametrize("flag", ["--drain-timeout-s", "--request-timeout-s"])
