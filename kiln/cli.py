@@ -55,8 +55,8 @@ def serve(config: ServerConfig) -> int:
     from kiln.startup import StartupError
 
     # No cyclic collection during start-up: the imports (torch's among them) and the load make
-    # objects that all live as long as the server, so the collector's passes over them found
-    # nothing to free and cost 0.10-0.16 s of a ~1 s start on the default model (three full
+    # objects that nearly all live as long as the server, so the collector's passes over them
+    # found little to free and cost 0.10-0.16 s of a ~1 s start on the default model (three full
     # passes during the imports alone). The load collects explicitly where it frees
     # (release_freed_heap); _serve turns the collector back on once what it made is frozen.
     # The price: the cyclic garbage the imports leave (~7,000 objects, ~0.7 MB measured on the
