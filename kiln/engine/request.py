@@ -8,6 +8,17 @@ from dataclasses import dataclass, field
 from kiln.engine.lora_mix import LoraMix
 from kiln.engine.repetition import RepetitionDetection
 
+# Below this temperature a row takes the argmax: the samplers' own threshold
+# (kiln_kernels/sampling/reference.py, sample.c; tests/engine/test_greedy.py keeps them equal), so
+# 0, a negative temperature and one too small to divide by are greedy alike.
+GREEDY_TEMPERATURE = 1e-5
+
+
+def is_greedy(temperature: float, top_k: int) -> bool:
+    """docs/behavior.md §5.2: the one greedy predicate, for the handlers (which take a greedy
+    request's penalties from its own fields only) and the sampler (which takes its argmax)."""
+    return temperature < GREEDY_TEMPERATURE or top_k == 1
+
 
 @dataclass(frozen=True)
 class ThinkingBudgetSpec:
@@ -93,6 +104,10 @@ class SamplingParams:
     def processes_logits(self) -> bool:
         return bool(self.logit_bias) or self.allowed_token_ids is not None or (
             self.min_tokens > 0 and bool(self.min_tokens_ids)) or bool(self.bad_words_ids)
+
+    @property
+    def greedy(self) -> bool:
+        return is_greedy(self.temperature, self.top_k)
 
     @property
     def uses_penalties(self) -> bool:

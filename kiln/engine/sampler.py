@@ -20,7 +20,7 @@ from kiln_kernels.grammar.native import apply_token_bitmask_native
 from kiln_kernels.sampling import SamplingTensors, sample_reference
 from kiln_kernels.sampling.native import FLOAT_COLUMNS, INT_COLUMNS, sample_rows
 from kiln_kernels.sampling.params import to_int64_bits
-from kiln_kernels.sampling.reference import GREEDY_TEMPERATURE, apply_penalties
+from kiln_kernels.sampling.reference import apply_penalties
 
 from kiln.engine.outputs import ScheduledSeq, TokenLogprobs
 from kiln.engine.scoring import top_k_ids
@@ -98,7 +98,7 @@ class Sampler:
         rows = logits[want].to(torch.float32)
         if any(s.sampling.uses_penalties for s in sub):
             rows = apply_penalties(rows, self.build(sub, int(logits.shape[1])))
-        temps = [1.0 if _greedy(s) else s.sampling.temperature for s in sub]
+        temps = [1.0 if s.sampling.greedy else s.sampling.temperature for s in sub]
         if any(t != 1.0 for t in temps):
             rows = rows / torch.tensor(temps, dtype=torch.float32, device=rows.device)[:, None]
         lp = torch.log_softmax(rows, dim=-1)
@@ -178,10 +178,6 @@ class Sampler:
             self._zero_mask = torch.zeros((max(b, 8), vocab), dtype=torch.bool,
                                           device=self.device)
         return self._zero_mask[:b]
-
-
-def _greedy(s: ScheduledSeq) -> bool:
-    return s.sampling.temperature < GREEDY_TEMPERATURE or s.sampling.top_k == 1
 
 
 def _parameters(seqs: Sequence[ScheduledSeq]

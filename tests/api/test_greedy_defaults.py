@@ -1,5 +1,5 @@
-"""Greedy means greedy (docs/decisions.md): temperature 0 or top_k 1 takes penalties only from the
-request or a preset it names; top_k -1 is vLLM's "off"."""
+"""Greedy means greedy (docs/decisions.md): temperature 0 (any below 1e-5) or top_k 1 takes
+penalties only from the request or a preset it names; top_k -1 is vLLM's "off"."""
 
 from __future__ import annotations
 
@@ -39,10 +39,15 @@ def test_greedy_keeps_a_named_presets_penalties(client: TestClient, backend: Fak
     assert (p.temperature, p.presence_penalty) == (0.0, 1.5)
 
 
-def test_greedy_ignores_the_models_repetition_penalty(client: TestClient, backend: FakeBackend) -> None:
+# below the samplers' threshold (a negative temperature too) the sampler takes the argmax, so
+# the request is greedy here as well
+@pytest.mark.parametrize("temperature", [0.0, -0.5, 1e-6])
+def test_greedy_ignores_the_models_repetition_penalty(
+    client: TestClient, backend: FakeBackend, temperature: float
+) -> None:
     backend.generation_config = {"repetition_penalty": 1.05, "temperature": 0.6}
-    p = sampled(client, backend, temperature=0)
-    assert (p.temperature, p.repetition_penalty) == (0.0, 1.0)
+    p = sampled(client, backend, temperature=temperature)
+    assert (p.temperature, p.repetition_penalty) == (temperature, 1.0)
 
 
 @pytest.mark.parametrize("route", [CHAT, "/v1/completions/batch"])

@@ -18,7 +18,7 @@ from typing import Any
 
 from msgspec import UNSET
 
-from kiln.engine.request import SamplingParams
+from kiln.engine.request import SamplingParams, is_greedy
 from kiln.presets import DEFAULT_PRESET, NEUTRAL, PRESETS, Preset, canonical_preset
 from kiln.text.stop_automaton import StopAutomaton
 
@@ -122,18 +122,13 @@ def _num(value: Any, default: float) -> float:
     return f if math.isfinite(f) else default
 
 
-def is_greedy(temperature: float, top_k: int) -> bool:
-    """docs/behavior.md §5.2: temperature 0, or top_k 1 (at a finite positive temperature)."""
-    return temperature == 0.0 or (top_k == 1 and math.isfinite(temperature) and temperature > 0)
-
-
 def sampling_params(
     req: Any, *, max_tokens: int, stop: tuple[str, ...], seed: int | None, base: Preset,
 ) -> SamplingParams:
     """Build the engine's SamplingParams from a chat, batch or completions wire request.
 
     The request's own fields win; the rest come from the preset it names, else ``base`` (the
-    server's default, ``state_default``). A greedy request (temperature 0 or top_k 1) takes
+    server's default, ``state_default``). A greedy request (``is_greedy``: temperature 0 or top_k 1) takes
     penalties only from its fields or a preset it names (docs/decisions.md): no default may change
     the argmax."""
     named = opt(getattr(req, "sampling_preset", None))
