@@ -81,8 +81,11 @@ def cap_body(path: str, body: dict[str, Any]) -> dict[str, Any]:
 def _cap_prompt(prompt: Any, tokens: int = MAX_SCORING_PROMPT_TOKENS) -> Any:
     if isinstance(prompt, list) and len(prompt) > tokens:
         return prompt[:tokens]
-    if isinstance(prompt, str) and len(prompt) > 4 * tokens:
-        return prompt[: 4 * tokens]
+    if isinstance(prompt, str):
+        # A string prompt must be at least one token (a 400 otherwise, which the schema cannot
+        # state): the default model's vocabulary has no token for U+0004, so "\u0004" is none.
+        # A leading letter always is one.
+        return "x" + prompt[: 4 * tokens - 1]
     return prompt
 
 

@@ -168,7 +168,8 @@ class Contract:
             return Violation(message, param, None)
         empty = _empty_array_param(error)
         if empty is not None:
-            return Violation(f"{empty} must hold at least one message", empty, None, "empty_array")
+            what = "conversation" if empty == "prompts" else "message"  # batch: conversations
+            return Violation(f"{empty} must hold at least one {what}", empty, None, "empty_array")
         param = _param(instance_path)
         named = _adapter_name(definition, param, error.instance)
         if named is not None:

@@ -98,7 +98,8 @@ class Sampler:
         rows = logits[want].to(torch.float32)
         if any(s.sampling.uses_penalties for s in sub):
             rows = apply_penalties(rows, self.build(sub, int(logits.shape[1])))
-        temps = [1.0 if s.sampling.greedy else s.sampling.temperature for s in sub]
+        temps = [1.0 if s.sampling.greedy else min(s.sampling.temperature, MAX_TEMPERATURE)
+                 for s in sub]
         if any(t != 1.0 for t in temps):
             rows = rows / torch.tensor(temps, dtype=torch.float32, device=rows.device)[:, None]
         lp = torch.log_softmax(rows, dim=-1)
@@ -184,9 +185,15 @@ def _parameters(seqs: Sequence[ScheduledSeq]
                 ) -> tuple[list[tuple[float, ...]], list[tuple[int, int, int]]]:
     """Per row, the FLOAT_COLUMNS and the INT_COLUMNS values (seeds as they are: any int, of
     which the samplers take the low 64 bits)."""
-    return ([(p.temperature, _top_p(p.top_p), p.min_p, p.presence_penalty, p.frequency_penalty,
-              p.repetition_penalty) for p in (s.sampling for s in seqs)],
+    return ([(min(p.temperature, MAX_TEMPERATURE), _top_p(p.top_p), p.min_p, p.presence_penalty,
+              p.frequency_penalty, p.repetition_penalty) for p in (s.sampling for s in seqs)],
             [(s.sampling.top_k, s.seed, s.step) for s in seqs])
+
+
+# The largest temperature the float32 samplers are given. JSON's numbers reach ~1.8e308, and one
+# past float32's range became inf there, which turns a masked token's -inf logit into NaN
+# (-inf / inf): the logprobs came out NaN. float32's largest spreads a row as evenly as inf would.
+MAX_TEMPERATURE = float(torch.finfo(torch.float32).max)
 
 
 # The smallest top_p the float32 kernels are given: a positive top_p below it (1e-300 rounds to

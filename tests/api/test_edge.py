@@ -70,12 +70,14 @@ def test_empty_messages_is_400_empty_array(client: TestClient, stream: bool) -> 
     assert err["param"] == "messages"
 
 
-@pytest.mark.parametrize(("prompts", "param"), [([], "prompts"), ([[]], "prompts[0]"),
-                                                 ([MSG["messages"], []], "prompts[1]")])
+@pytest.mark.parametrize(("prompts", "param", "what"), [
+    ([], "prompts", "conversation"), ([[]], "prompts[0]", "message"),
+    ([MSG["messages"], []], "prompts[1]", "message")])
 def test_empty_batch_conversation_is_400_empty_array(client: TestClient, prompts: list,
-                                                     param: str) -> None:
+                                                     param: str, what: str) -> None:
     r = client.post("/v1/completions/batch", json={"prompts": prompts})
-    assert assert_envelope(r, 400, "empty_array")["param"] == param
+    err = assert_envelope(r, 400, "empty_array")
+    assert (err["param"], err["message"]) == (param, f"{param} must hold at least one {what}")
 
 
 def test_missing_batch_prompts_is_empty_array(client: TestClient) -> None:

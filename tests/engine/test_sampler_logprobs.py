@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
+import pytest
 import torch
+from kiln_kernels.cpu import available
 
 from kiln.engine.outputs import ScheduledSeq
 from kiln.engine.request import SamplingParams
@@ -27,3 +32,26 @@ def test_named_ids_replace_the_top_k_in_their_order() -> None:
     assert named.top_ids == (9, 4, 11)
     assert named.top_logprobs == (LOGPROB_FLOOR, lp[1, 4].item(), lp[1, 11].item())
     assert named.logprob == lp[1, 4].item()
+
+
+IMPLS = ["torch"] + (["c"] if available() else [])
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_a_temperature_past_float32_spreads_the_unmasked_tokens_evenly(impl: str) -> None:
+    """JSON allows temperatures up to ~1.8e308; past float32's range one became inf in the
+    samplers, and -inf / inf made a masked token's logit NaN (NaN logprobs, null on the wire)."""
+    x = torch.randn((1, 16), generator=torch.Generator().manual_seed(5))
+    x[0, :10] = float("-inf")  # allowed_token_ids: 10..15
+    sampler = Sampler(torch.device("cpu"), impl)  # type: ignore[arg-type]
+    for seed in range(8):
+        s = seq(SamplingParams(temperature=1e39, logprobs=2))
+        s = dataclasses.replace(s, seed=seed)
+        (token,), (behaviour,) = sampler.sample(x.clone(), [s])
+        (entry,) = sampler.token_logprobs(x.clone(), [s], [token])
+        assert 10 <= token < 16
+        assert entry is not None
+        # six equally likely tokens; log_softmax in float32 is within a few ulps of -log 6
+        # (its ulp there is 1.2e-7)
+        for value in (behaviour, entry.logprob, *entry.top_logprobs):
+            assert abs(value + math.log(6)) <= 1e-6
