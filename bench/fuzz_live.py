@@ -135,7 +135,7 @@ def capped(case: Any) -> Any:
     """The body a positive case is sent with (``map_case`` caps its cost)."""
     if not (_body_is_positive(case) and isinstance(case.body, dict)):
         return case.body
-    if case.operation.path == "/v1/completions":
+    if case.operation.path in ("/v1/completions", "/v1/completions/render"):
         return cap_scoring_body(case.body)
     return cap_body(case.operation.path, case.body)
 
