@@ -23,6 +23,7 @@ from kiln_kernels.sampling.params import to_int64_bits
 from kiln_kernels.sampling.reference import apply_penalties
 
 from kiln.engine.outputs import ScheduledSeq, TokenLogprobs
+from kiln.engine.request import SamplingParams
 from kiln.engine.scoring import top_k_ids
 
 LOGPROB_FLOOR = -9999.0  # OpenAI's: a named token that cannot be sampled (JSON has no -inf)
@@ -98,8 +99,7 @@ class Sampler:
         rows = logits[want].to(torch.float32)
         if any(s.sampling.uses_penalties for s in sub):
             rows = apply_penalties(rows, self.build(sub, int(logits.shape[1])))
-        temps = [1.0 if s.sampling.greedy else min(s.sampling.temperature, MAX_TEMPERATURE)
-                 for s in sub]
+        temps = [1.0 if s.sampling.greedy else _float_values(s.sampling)[0] for s in sub]
         if any(t != 1.0 for t in temps):
             rows = rows / torch.tensor(temps, dtype=torch.float32, device=rows.device)[:, None]
         lp = torch.log_softmax(rows, dim=-1)
@@ -185,15 +185,28 @@ def _parameters(seqs: Sequence[ScheduledSeq]
                 ) -> tuple[list[tuple[float, ...]], list[tuple[int, int, int]]]:
     """Per row, the FLOAT_COLUMNS and the INT_COLUMNS values (seeds as they are: any int, of
     which the samplers take the low 64 bits)."""
-    return ([(min(p.temperature, MAX_TEMPERATURE), _top_p(p.top_p), p.min_p, p.presence_penalty,
-              p.frequency_penalty, p.repetition_penalty) for p in (s.sampling for s in seqs)],
-            [(s.sampling.top_k, s.seed, s.step) for s in seqs])
+    return [_float_values(s.sampling) for s in seqs], [(s.sampling.top_k, s.seed, s.step)
+                                                        for s in seqs]
 
 
-# The largest temperature the float32 samplers are given. JSON's numbers reach ~1.8e308, and one
-# past float32's range became inf there, which turns a masked token's -inf logit into NaN
-# (-inf / inf): the logprobs came out NaN. float32's largest spreads a row as evenly as inf would.
-MAX_TEMPERATURE = float(torch.finfo(torch.float32).max)
+# The samplers work in float32, a request's values are float64 (JSON's numbers reach ~1.8e308).
+# Past float32's range a value became inf there: a temperature made NaN of a masked token's
+# -inf logit (-inf / inf, NaN logprobs), a min_p or a repetition penalty read as "off" (not
+# finite). float32's largest carries each with its meaning. A positive repetition penalty below
+# 2^-80 is 2^-80: a seen token's positive logit is divided by it and then by the temperature
+# (at least 1e-5 > 2^-17 unless greedy), and for logits below 2^30 (no model's come near)
+# 2^30 * 2^80 * 2^17 = 2^127 stays under float32's largest, where a smaller penalty made +inf
+# (NaN logprobs again). Either way the largest such logit takes the whole row, as the limit does.
+F32_MAX = float(torch.finfo(torch.float32).max)
+MIN_REPETITION = 2.0 ** -80
+
+
+def _float_values(p: SamplingParams) -> tuple[float, ...]:
+    """A row's FLOAT_COLUMNS values, as the float32 samplers are given them."""
+    r = p.repetition_penalty
+    r = min(max(r, MIN_REPETITION), F32_MAX) if r > 0 else r  # <= 0: off (Kiln's rule)
+    return (min(p.temperature, F32_MAX), _top_p(p.top_p), min(p.min_p, F32_MAX),
+            p.presence_penalty, p.frequency_penalty, r)
 
 
 # The smallest top_p the float32 kernels are given: a positive top_p below it (1e-300 rounds to
