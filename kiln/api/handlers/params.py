@@ -128,9 +128,9 @@ def sampling_params(
     """Build the engine's SamplingParams from a chat, batch or completions wire request.
 
     The request's own fields win; the rest come from the preset it names, else ``base`` (the
-    server's default, ``state_default``). A greedy request (``is_greedy``: temperature 0 or top_k 1) takes
-    penalties only from its fields or a preset it names (docs/decisions.md): no default may change
-    the argmax."""
+    server's default, ``state_default``). A greedy request (``is_greedy``: a temperature below
+    1e-5 or top_k 1) takes penalties only from its fields or a preset it names
+    (docs/decisions.md): no default may change the argmax."""
     named = opt(getattr(req, "sampling_preset", None))
     preset = base if named is None else PRESETS[preset_name(named)]
     top_k_req = opt(req.top_k)
