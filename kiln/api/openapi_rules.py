@@ -114,10 +114,6 @@ def chat_rules(b: Bounds, render: bool) -> list[Rule]:
         rule("model_dependent", "continue_final_message", code, prepare,
              "the template renders the final assistant message's content verbatim",
              when=has("continue_final_message", {"const": True})),
-        *[rule("refused_when", name, unsupported.CODE, prepare,
-               f"{name} is implemented for non-streaming chat only",
-               when=all_of(STREAM, has(name, {"const": True})))
-          for name in ("echo", "return_token_ids")],
         *chat_shape_rules(code, b, "messages"),
         *min_tokens_rules(code, field(["max_tokens", "max_completion_tokens"])),
         *repetition_rules(code),

@@ -9,10 +9,12 @@ from starlette.testclient import TestClient
 
 from kiln.api.contract import contract
 from tests.api.fake_backend import EOS, FakeBackend
+from tests.api.test_chat_fake import sse_events
 
 CHAT = "/v1/chat/completions"
 USER = {"role": "user", "content": "hi"}
 PARTIAL = [USER, {"role": "assistant", "content": "Once upon"}]
+TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
 
 
 def chat(client: TestClient, **fields: Any) -> dict[str, Any]:
@@ -73,12 +75,43 @@ def test_return_token_ids(client: TestClient, backend: FakeBackend) -> None:
     assert "prompt_token_ids" not in body and "token_ids" not in body["choices"][0]
 
 
-@pytest.mark.parametrize("fields", [
-    {"return_token_ids": True},
-    {"echo": True, "messages": PARTIAL},
-])
-def test_streaming_refuses_them(client: TestClient, fields: dict[str, Any]) -> None:
+def stream(client: TestClient, **fields: Any) -> list[dict[str, Any]]:
+    """The chunks of a streamed chat, each checked against the contract."""
     r = client.post(CHAT, json={"messages": [USER], "stream": True, **fields})
-    assert r.status_code == 400, r.text
-    err = r.json()["error"]
-    assert err["code"] == "unsupported_parameter" and err["param"] in fields
+    assert r.status_code == 200, r.text
+    chunks = [e for e in sse_events(r.text) if e != "[DONE]"]
+    for c in chunks:
+        assert contract().first_violation("ChatCompletionChunk", c) is None
+    return chunks
+
+
+def streamed(chunks: list[dict[str, Any]], key: str) -> list[Any]:
+    return [ch[key] for c in chunks for ch in c["choices"] if key in ch]
+
+
+@pytest.mark.parametrize("fields", [{}, {"tools": TOOLS}])
+def test_return_token_ids_in_a_stream_are_the_non_streaming_ones(
+        client: TestClient, backend: FakeBackend, fields: dict[str, Any]) -> None:
+    """The role chunk carries the prompt's ids; each chunk the ids generated since the last
+    (held-back text's ids wait for the chunk that carries it), so they add up to every id."""
+    backend.reply = 'Sure. <tool_call>{"name": "f", "arguments": {}}</tool_call>'
+    whole = chat(client, return_token_ids=True, seed=3, **fields)
+    chunks = stream(client, return_token_ids=True, seed=3, **fields)
+    assert chunks[0]["prompt_token_ids"] == whole["prompt_token_ids"]
+    assert all("prompt_token_ids" not in c for c in chunks[1:])
+    ids = streamed(chunks, "token_ids")
+    assert [i for chunk_ids in ids for i in chunk_ids] == whole["choices"][0]["token_ids"]
+    assert len(ids) > 2  # spread over the chunks, not sent at the end
+    assert not streamed(stream(client, seed=3, **fields), "token_ids")
+
+
+def test_echo_in_a_stream_is_the_first_content(client: TestClient, backend: FakeBackend) -> None:
+    backend.reply = " a time"
+    fields = {"messages": PARTIAL, "add_generation_prompt": False,
+              "continue_final_message": True, "echo": True}
+    chunks = stream(client, **fields)
+    deltas = [d.get("content") for d in streamed(chunks, "delta") if d.get("content")]
+    assert deltas[0] == "Once upon"
+    assert "".join(deltas) == chat(client, **fields)["choices"][0]["message"]["content"]
+    assert "".join(d.get("content") or "" for d in streamed(stream(client, echo=True), "delta")
+                   ) == " a time"  # the last message is the user's: nothing to echo

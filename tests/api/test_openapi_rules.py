@@ -48,8 +48,8 @@ def doc(client: TestClient) -> dict[str, Any]:
 # (path, body, refused): bodies on either side of one rule each
 CASES: list[tuple[str, dict[str, Any], bool]] = [
     (CHAT, {"messages": M}, False),
-    (CHAT, {"messages": M, "stream": True, "echo": True}, True),
-    (CHAT, {"messages": M, "stream": True, "return_token_ids": True}, True),
+    (CHAT, {"messages": M, "stream": True, "echo": True}, False),
+    (CHAT, {"messages": M, "stream": True, "return_token_ids": True}, False),
     (CHAT, {"messages": M, "min_tokens": 5, "max_tokens": 3}, True),
     (CHAT, {"messages": M, "min_tokens": 5, "max_completion_tokens": 3}, True),
     (CHAT, {"messages": M, "min_tokens": 3, "max_tokens": 5}, False),

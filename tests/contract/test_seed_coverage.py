@@ -108,6 +108,9 @@ ADDED_FIELDS = {
     *((d, f) for d in ("ChatCompletionRequest", "BatchCompletionRequest")
       for f in ("use_beam_search", "length_penalty", "kv_transfer_params", "vllm_xargs")),
     *((d, "add_special_tokens") for d in ("ChatCompletionRequest", "BatchCompletionRequest")),
+    # echo and return_token_ids streamed, as vLLM streams them
+    ("ChatCompletionChunk", "prompt_token_ids"),
+    ("ChunkChoice", "token_ids"),
 }
 # Definitions that vLLM's completions request (seed vllm-completion-request.schema.json) has
 # replaced: tests/contract/test_vllm_seed_coverage.py checks them against that seed. Here they

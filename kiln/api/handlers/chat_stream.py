@@ -1,5 +1,7 @@
-"""The chat SSE stream: role chunk, content/reasoning deltas, optional token timings, the finish
-chunk with metadata, the optional usage chunk, then `[DONE]`.
+"""The chat SSE stream: role chunk (with `prompt_token_ids` under return_token_ids), the echoed
+content (echo), content/reasoning deltas, optional token timings, the finish chunk with
+metadata, the optional usage chunk, then `[DONE]`. Each choice chunk carries the logprobs and
+(return_token_ids) the ids of the tokens generated since the previous one.
 
 Stop strings never reach this layer (the engine holds them back); the reasoning splitter holds
 back partial `</think>` tags. Closing this generator (client disconnect) aborts the engine request.
@@ -34,10 +36,12 @@ def _ms(t: float, start: float) -> float:
 
 
 class _Chunks:
-    def __init__(self, completion_id: str, model: str) -> None:
+    def __init__(self, completion_id: str, model: str, token_ids: bool) -> None:
         self.id, self.created, self.model = completion_id, int(time.time()), model
-        # logprobs content of tokens not sent yet: the next chunk of the choice carries them
+        # logprobs content and (with return_token_ids) ids of tokens not sent yet: the next
+        # chunk of the choice carries them
         self.pending: list[wire.ChatTokenLogprob] = []
+        self.pending_ids: list[int] | None = [] if token_ids else None
 
     def chunk(self, choices: list[wire.ChunkChoice]) -> wire.ChatCompletionChunk:
         return wire.ChatCompletionChunk(id=self.id, object="chat.completion.chunk",
@@ -45,11 +49,14 @@ class _Chunks:
 
     def choice(self, delta: wire.Delta, finish: Finish | None = None,
                stop_reason: str | int | None = None,
-               metadata: wire.StreamingTerminalMetadata | None = None) -> bytes:
+               metadata: wire.StreamingTerminalMetadata | None = None,
+               prompt_ids: list[int] | None = None) -> bytes:
         choice = wire.ChunkChoice(index=0, delta=delta)
         if self.pending:
             choice.logprobs = wire.ChatLogprobs(content=self.pending)
             self.pending = []
+        if self.pending_ids is not None:
+            choice.token_ids, self.pending_ids = self.pending_ids, []
         if finish is not None:
             choice.finish_reason = finish
         if stop_reason is not None:  # vLLM's, on the finishing chunk
@@ -57,6 +64,8 @@ class _Chunks:
         chunk = self.chunk([choice])
         if metadata is not None:
             chunk.metadata = metadata
+        if prompt_ids is not None:
+            chunk.prompt_token_ids = prompt_ids
         return event(chunk)
 
     def deltas(self, d: Delta) -> list[bytes]:
@@ -143,11 +152,15 @@ async def frames(
     outputs: AsyncIterator[RequestOutput],
     started: float,
 ) -> AsyncIterator[bytes]:
-    chunks = _Chunks(completion_id, prepared.shape.model)
+    shape = prepared.shape
+    chunks = _Chunks(completion_id, shape.model, shape.return_token_ids)
     splitter = ReasoningSplitter(prepared.prompt.in_reasoning)
     tools = _ToolFilter(prepared, chunks)
     start_mono = time.monotonic() - (time.perf_counter() - started)
-    yield chunks.choice(wire.Delta(role="assistant"))
+    yield chunks.choice(wire.Delta(role="assistant"), prompt_ids=(
+        prepared.prompt.ids if shape.return_token_ids else None))
+    if shape.echo_text:  # echo: the final assistant message's content, before what follows it
+        yield chunks.choice(wire.Delta(content=shape.echo_text))
     final: RequestOutput | None = None
     tally = Completion()  # records the request's metrics when it finishes
     emitted = 0
@@ -170,6 +183,8 @@ async def frames(
                 break
             received = time.monotonic()
             tally.add(out)
+            if chunks.pending_ids is not None:
+                chunks.pending_ids.extend(out.new_token_ids)
             if prepared.shape.logprobs is not None:
                 chunks.pending.extend(chat_content(state.backend.tokenizer, context,
                                                    out.new_token_ids, out.new_top_logprobs,

@@ -34,7 +34,6 @@ from kiln.api.handlers.params import (
     state_default,
     state_max_tokens,
 )
-from kiln.api.handlers.unsupported import unsupported
 from kiln.api.state import AppState
 from kiln.engine.request import SamplingParams, ThinkingBudgetSpec
 from kiln.text.chat_template import message_content, render_messages, template_messages
@@ -218,12 +217,6 @@ def _vllm_chat_fields(req: wire.ChatCompletionRequest) -> tuple[bool, bool, str]
         raise ApiError(400, CHAT_CODE, "continue_final_message needs the last message to be the "
                        "assistant's", param="continue_final_message")
     echo = final if opt(req.echo) is True and final is not None else ""
-    stream = opt(req.stream) is True
-    # echo with stream is refused whatever the final message is: a rule that does not depend
-    # on the conversation (the served x-kiln-rules state it)
-    for name in ("echo", "return_token_ids"):
-        if stream and opt(getattr(req, name)) is True:
-            raise unsupported(name, "it is implemented for non-streaming chat only")
     return gen, cont, echo
 
 
