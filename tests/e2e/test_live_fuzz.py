@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.fuzz_live import cap_scoring_body, run_fuzz
+from bench.fuzz_live import MAX_TOKENS, cap_body, cap_scoring_body, run_fuzz
 
 
 @pytest.mark.slow
@@ -34,3 +34,11 @@ def test_the_hooks_keep_every_string_prompt_at_least_one_token(prompt: str | lis
     out = cap_scoring_body({"prompt": prompt})["prompt"]
     for p in [out] if isinstance(out, str) else out:
         assert p[0] == "x" and len(p) <= 4 * 64
+
+
+def test_the_hooks_cap_an_integral_float_max_tokens() -> None:
+    # JSON Schema counts 8044435.0 an integer; left uncapped it ran a batch past the request
+    # timeout (`python -m bench.fuzz_live --seed 89 --max-examples 200`)
+    body = {"prompts": [[{"role": "user", "content": "hi"}]], "max_tokens": 8044435.0}
+    assert cap_body("/v1/completions/batch", body)["max_tokens"] == MAX_TOKENS
+    assert cap_scoring_body({"prompt": "hi", "max_tokens": 8044435.0})["max_tokens"] == MAX_TOKENS
