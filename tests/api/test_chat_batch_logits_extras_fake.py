@@ -78,6 +78,7 @@ def test_min_tokens_with_stop_strings_is_refused(client: TestClient, route: str)
     ("length_penalty", 0.5, 1.0),
     ("kv_transfer_params", {"do_remote_prefill": True}, None),
     ("vllm_xargs", {"k": 1}, None),
+    ("chat_template", "{{ messages[0].content }}", None),  # vLLM refuses an untrusted one too
 ])
 def test_seed_fields_this_server_cannot_apply_are_refused(
         client: TestClient, route: str, name: str, on: Any, neutral: Any) -> None:

@@ -95,6 +95,8 @@ CASES: list[tuple[str, dict[str, Any], bool]] = [
       )),
     (CHAT, {"messages": M, "prompt_logprobs": 2, "stream": True}, True),
     (CHAT, {"messages": M, "use_beam_search": True}, True),
+    (CHAT, {"messages": M, "chat_template": "{{ 'x' }}"}, True),
+    (CHAT, {"messages": M, "chat_template": None}, False),
     (BATCH, {"prompts": [M], "length_penalty": 2.0}, True),
     (BATCH, {"prompts": [M], "length_penalty": 1.0, "vllm_xargs": None}, False),
     (BATCH, {"prompts": [M] * 8, "n": 8}, False),

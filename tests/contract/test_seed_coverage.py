@@ -108,6 +108,8 @@ ADDED_FIELDS = {
     *((d, f) for d in ("ChatCompletionRequest", "BatchCompletionRequest")
       for f in ("use_beam_search", "length_penalty", "kv_transfer_params", "vllm_xargs")),
     *((d, "add_special_tokens") for d in ("ChatCompletionRequest", "BatchCompletionRequest")),
+    # vLLM's per-request chat template: refused, as vLLM refuses an untrusted one
+    *((d, "chat_template") for d in ("ChatCompletionRequest", "BatchCompletionRequest")),
     # echo and return_token_ids streamed, as vLLM streams them
     ("ChatCompletionChunk", "prompt_token_ids"),
     ("ChunkChoice", "token_ids"),

@@ -26,12 +26,20 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
     "ec_transfer_params": (None,),
     "vllm_xargs": (None,),
     "continue_final_message": (False,),
+    "chat_template": (None,),
+}
+# What more there is to say of a refused field than "only the default"
+REASONS: dict[str, str] = {
+    "chat_template": "the server renders every conversation with its own template "
+                     "(--chat-template sets it), as vLLM does unless started with "
+                     "--trust-request-chat-template",
 }
 # Chat's and batch's share of them (the ones vLLM's chat request has too: issue 25; they had
 # been accepted and ignored as unknown fields).
 CHAT_FIELDS: tuple[str, ...] = ("use_beam_search", "length_penalty", "kv_transfer_params",
-                                "vllm_xargs")
-COMPLETION_FIELDS = tuple(k for k in NEUTRAL if k != "continue_final_message")
+                                "vllm_xargs", "chat_template")
+COMPLETION_FIELDS = tuple(k for k in NEUTRAL if k not in ("continue_final_message",
+                                                          "chat_template"))
 
 
 def unsupported(param: str, why: str) -> ApiError:
@@ -43,5 +51,5 @@ def check(req: Any, fields: tuple[str, ...]) -> None:
         value = getattr(req, name, UNSET)
         if value is UNSET or value in NEUTRAL[name]:  # the contract keeps bools and numbers apart
             continue
-        raise unsupported(name, f"only {NEUTRAL[name][0]!r} (the default) is accepted, "
-                                f"got {value!r}")
+        raise unsupported(name, REASONS.get(name) or f"only {NEUTRAL[name][0]!r} (the default) "
+                                                     f"is accepted, got {value!r}")
