@@ -79,6 +79,12 @@ def test_min_tokens_with_stop_strings_is_refused(client: TestClient, route: str)
     ("kv_transfer_params", {"do_remote_prefill": True}, None),
     ("vllm_xargs", {"k": 1}, None),
     ("chat_template", "{{ messages[0].content }}", None),  # vLLM refuses an untrusted one too
+    # vLLM's former guided_* fields (it ignores them now): the 400 names their replacement
+    ("guided_json", {"type": "object"}, None),
+    ("guided_regex", "[0-9]+", None),
+    ("guided_choice", ["a", "b"], None),
+    ("guided_grammar", "root ::= \"a\"", None),
+    ("guided_whitespace_pattern", " ", None),
 ])
 def test_seed_fields_this_server_cannot_apply_are_refused(
         client: TestClient, route: str, name: str, on: Any, neutral: Any) -> None:
@@ -87,3 +93,11 @@ def test_seed_fields_this_server_cannot_apply_are_refused(
     error = refused(client, route, **{name: on})
     assert (error["param"], error["code"]) == (name, "unsupported_parameter")
     post(client, route, max_tokens=2, **{name: neutral})
+
+
+@ROUTES
+@pytest.mark.parametrize("kind", ["json", "regex", "choice", "grammar", "whitespace_pattern"])
+def test_a_guided_field_is_refused_naming_its_replacement(client: TestClient, route: str,
+                                                          kind: str) -> None:
+    error = refused(client, route, **{f"guided_{kind}": "x"})
+    assert f"structured_outputs.{kind}" in error["message"]

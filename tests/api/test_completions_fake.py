@@ -99,6 +99,7 @@ def test_stop_token_ids_and_return_token_ids(client: TestClient, backend: FakeBa
     ("suffix", "x"), ("use_beam_search", True),
     ("prompt_embeds", "x"),
     ("kv_transfer_params", {}),
+    ("guided_json", {"type": "object"}), ("guided_choice", ["a", "b"]),
 ])
 def test_unsupported_fields_are_a_400_naming_them(
     client: TestClient, field: str, value: Any
@@ -113,6 +114,7 @@ def test_unsupported_fields_are_a_400_naming_them(
 @pytest.mark.parametrize(("field", "value"), [
     ("suffix", None), ("logit_bias", {}), ("use_beam_search", False), ("min_tokens", 0),
     ("response_format", {"type": "text"}), ("thinking_token_budget", -1), ("priority", 0),
+    ("guided_regex", None),
 ])
 def test_defaults_of_unsupported_fields_are_fine(client: TestClient, field: str, value: Any) -> None:
     post(client, prompt="ab", max_tokens=1, **{field: value})

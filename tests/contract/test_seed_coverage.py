@@ -110,6 +110,9 @@ ADDED_FIELDS = {
     *((d, "add_special_tokens") for d in ("ChatCompletionRequest", "BatchCompletionRequest")),
     # vLLM's per-request chat template: refused, as vLLM refuses an untrusted one
     *((d, "chat_template") for d in ("ChatCompletionRequest", "BatchCompletionRequest")),
+    # vLLM's former guided_* fields: refused, naming structured_outputs (vLLM ignores them now)
+    *((d, f"guided_{k}") for d in ("ChatCompletionRequest", "BatchCompletionRequest")
+      for k in ("json", "regex", "choice", "grammar", "whitespace_pattern")),
     # echo and return_token_ids streamed, as vLLM streams them
     ("ChatCompletionChunk", "prompt_token_ids"),
     ("ChunkChoice", "token_ids"),

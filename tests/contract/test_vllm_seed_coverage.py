@@ -26,7 +26,9 @@ TYPES = {
 # Defaults that differ (none so far; a missing key must match the seed exactly).
 DEFAULTS: dict[str, Any] = {}
 # Added beside the seed's properties (CHANGELOG.md).
-ADDED = ["sampling_preset", "best_of"]
+ADDED = ["sampling_preset", "best_of",
+         # vLLM's former guided_* fields, refused naming structured_outputs
+         *(f"guided_{k}" for k in ("json", "regex", "choice", "grammar", "whitespace_pattern"))]
 
 
 def seed() -> dict[str, Any]:

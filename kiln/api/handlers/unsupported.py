@@ -11,6 +11,10 @@ from kiln.api.errors import ApiError
 
 CODE = "unsupported_parameter"
 
+# vLLM's former guided_* fields: it dropped them for structured_outputs and now ignores them, so
+# a client written for them would get unconstrained text with a 200; here they are refused,
+# naming the field that does it now
+GUIDED_KINDS = ("json", "regex", "choice", "grammar", "whitespace_pattern")
 # field -> the values that mean "not set" (missing is always fine)
 NEUTRAL: dict[str, tuple[Any, ...]] = {
     "suffix": (None,),
@@ -27,17 +31,21 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
     "vllm_xargs": (None,),
     "continue_final_message": (False,),
     "chat_template": (None,),
+    **{f"guided_{kind}": (None,) for kind in GUIDED_KINDS},
 }
 # What more there is to say of a refused field than "only the default"
 REASONS: dict[str, str] = {
     "chat_template": "the server renders every conversation with its own template "
                      "(--chat-template sets it), as vLLM does unless started with "
                      "--trust-request-chat-template",
+    **{f"guided_{kind}": f"vLLM replaced it with structured_outputs.{kind}, which this server "
+                         "supports" for kind in GUIDED_KINDS},
 }
 # Chat's and batch's share of them (the ones vLLM's chat request has too: issue 25; they had
 # been accepted and ignored as unknown fields).
 CHAT_FIELDS: tuple[str, ...] = ("use_beam_search", "length_penalty", "kv_transfer_params",
-                                "vllm_xargs", "chat_template")
+                                "vllm_xargs", "chat_template",
+                                *(f"guided_{kind}" for kind in GUIDED_KINDS))
 COMPLETION_FIELDS = tuple(k for k in NEUTRAL if k not in ("continue_final_message",
                                                           "chat_template"))
 
