@@ -1,5 +1,6 @@
-"""Seed fields this server does not implement: set to anything but their default, a 400
-`unsupported_parameter` naming the field, never a silent 200 (docs/decisions.md)."""
+"""Fields this server does not implement (the seeds' and some of vLLM's): set to anything but
+their default, a 400 `unsupported_parameter` naming the field, never a silent 200
+(docs/decisions.md)."""
 
 from __future__ import annotations
 
