@@ -99,7 +99,8 @@ class Sampler:
         rows = logits[want].to(torch.float32)
         if any(s.sampling.uses_penalties for s in sub):
             rows = apply_penalties(rows, self.build(sub, int(logits.shape[1])))
-        temps = [1.0 if s.sampling.greedy else _float_values(s.sampling)[0] for s in sub]
+        temps = [1.0 if s.sampling.greedy else min(s.sampling.temperature, F32_MAX)
+                 for s in sub]  # the temperature _float_values gives the samplers
         if any(t != 1.0 for t in temps):
             rows = rows / torch.tensor(temps, dtype=torch.float32, device=rows.device)[:, None]
         lp = torch.log_softmax(rows, dim=-1)
