@@ -110,7 +110,8 @@ def _serve(config: ServerConfig) -> int:
         if backend.kv_on_demand():
             startup.check_kv_memory(kv_bytes=blocks * per_block,
                                     available=startup.available_memory(),
-                                    kv_memory_mb=config.kv_memory_mb)
+                                    kv_memory_mb=config.kv_memory_mb,
+                                    block_size=block_size, bytes_per_block=per_block)
         startup.start_listening(sock, config.host, config.port)
     except startup.StartupError:
         sock.close()

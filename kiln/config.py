@@ -101,7 +101,8 @@ SETTINGS: tuple[Setting, ...] = (
        "adapters kept loaded in host memory, least recently used dropped first"),
     # the engine: KV cache and batching
     _s("max_model_len", "int", None, "context window cap", shown="the model's context length"),
-    _s("kv_memory_mb", "int", 512, "KV cache size in MiB"),
+    _s("kv_memory_mb", "int", None, "KV cache size in MiB",
+       shown="512, raised to hold one sequence of the context length"),
     _s("kv_cache_dtype", "str", "auto",
        "K/V element type: auto (the model's dtype, exact) or float16 (CPU only: half the "
        "memory and bytes per step, K/V rounded to half precision)", choices=KV_CACHE_DTYPES),
@@ -188,7 +189,7 @@ class ServerConfig:
     device: str | None = _default("device")
     max_body_bytes: int = _default("max_body_bytes")
     max_model_len: int | None = _default("max_model_len")
-    kv_memory_mb: int = _default("kv_memory_mb")
+    kv_memory_mb: int | None = _default("kv_memory_mb")  # None: DEFAULT_KV_MEMORY_MB or more
     kv_cache_dtype: str = _default("kv_cache_dtype")
     block_size: int = _default("block_size")
     max_num_seqs: int = _default("max_num_seqs")
@@ -231,7 +232,7 @@ class ServerConfig:
         for name in ("kv_memory_mb", "block_size", "max_num_seqs", "max_num_batched_tokens",
                      "max_prefill_tokens_while_decoding", "prefill_cap_context",
                      "max_lora_slots", "max_cpu_loras"):
-            if getattr(self, name) <= 0:
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         if self.max_model_len is not None and self.max_model_len <= 0:
             raise ConfigError(f"max_model_len must be positive, got {self.max_model_len}")

@@ -8,7 +8,8 @@ the server listens, as one line on stderr and exit code 2 (the CLI prints ``Star
   so nothing can take the port in between.
 - ``check_kv_capacity``: the KV cache must hold one sequence of the context length
   (``max_model_len`` tokens, as vLLM requires); ``--kv-memory-mb 1`` had started and then
-  answered every prompt longer than 16 tokens with an error.
+  answered every prompt longer than 16 tokens with an error. (With no ``--kv-memory-mb`` the
+  cache is sized to hold one: ``kiln.engine.config.DEFAULT_KV_MEMORY_MB``.)
 - ``check_fd_limit``: ``--max-connections`` must fit the process's open-file limit (raised to
   the hard limit when that is enough).
 - ``check_kv_memory``: a KV cache whose memory becomes resident as it fills (the CPU's zero-page
@@ -72,8 +73,12 @@ def start_listening(sock: socket.socket, host: str, port: int, backlog: int = 20
         raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
+def _kv_flag(kv_memory_mb: int | None) -> str:
+    return "the default KV cache" if kv_memory_mb is None else f"--kv-memory-mb {kv_memory_mb}"
+
+
 def check_kv_capacity(*, num_blocks: int, block_size: int, bytes_per_block: int,
-                      max_model_len: int, kv_memory_mb: int) -> None:
+                      max_model_len: int, kv_memory_mb: int | None) -> None:
     """The cache must hold ceil(max_model_len / block_size) blocks: one sequence of the context
     length. A smaller cache could only serve prompts the context length promises to accept."""
     needed = math.ceil(max_model_len / block_size)
@@ -82,8 +87,8 @@ def check_kv_capacity(*, num_blocks: int, block_size: int, bytes_per_block: int,
     need_mb = math.ceil(needed * bytes_per_block / (1024 * 1024))
     fits = num_blocks * block_size
     raise StartupError(
-        f"the KV cache cannot hold one request of the context length: --kv-memory-mb "
-        f"{kv_memory_mb} holds {num_blocks} block(s) of {block_size} tokens ({fits} tokens), "
+        f"the KV cache cannot hold one request of the context length: "
+        f"{_kv_flag(kv_memory_mb)} holds {num_blocks} block(s) of {block_size} tokens ({fits} tokens), "
         f"max_model_len {max_model_len} needs {needed} blocks; use --kv-memory-mb {need_mb} or "
         f"more, or --max-model-len {fits} or less")
 
@@ -109,15 +114,20 @@ def available_memory(meminfo: Path = Path("/proc/meminfo"),
     return min(found) if found else None
 
 
-def check_kv_memory(*, kv_bytes: int, available: int | None, kv_memory_mb: int) -> None:
+def check_kv_memory(*, kv_bytes: int, available: int | None, kv_memory_mb: int | None,
+                    block_size: int, bytes_per_block: int) -> None:
     """A cache resident on demand must fit in ``available`` bytes (None: not known, no check)."""
     if available is None or kv_bytes <= available:
         return
     mib = 1024 * 1024
+    fix = f"use --kv-memory-mb {max(1, available // mib)} or less"
+    if kv_memory_mb is None:  # the default grew to one context: a shorter context fits
+        fits = max(1, available // bytes_per_block) * block_size
+        fix += f" and --max-model-len {fits} or less"
     raise StartupError(
-        f"the KV cache does not fit in memory: --kv-memory-mb {kv_memory_mb} maps "
+        f"the KV cache does not fit in memory: {_kv_flag(kv_memory_mb)} maps "
         f"{math.ceil(kv_bytes / mib)} MiB, and {available // mib} MiB are available with the "
-        f"model loaded; use --kv-memory-mb {max(1, available // mib)} or less")
+        f"model loaded; {fix}")
 
 
 def check_fd_limit(max_connections: int) -> None:

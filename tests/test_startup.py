@@ -129,13 +129,29 @@ def test_available_memory_is_the_smaller_of_meminfo_and_the_cgroup(tmp_path: Pat
 
 
 def test_kv_memory_boundary() -> None:
-    startup.check_kv_memory(kv_bytes=100 << 20, available=100 << 20, kv_memory_mb=100)
-    startup.check_kv_memory(kv_bytes=100 << 20, available=None, kv_memory_mb=100)  # unknown
+    geometry = {"block_size": 16, "bytes_per_block": 1 << 20}
+    startup.check_kv_memory(kv_bytes=100 << 20, available=100 << 20, kv_memory_mb=100,
+                            **geometry)
+    startup.check_kv_memory(kv_bytes=100 << 20, available=None, kv_memory_mb=100,  # unknown
+                            **geometry)
     with pytest.raises(StartupError) as exc:
-        startup.check_kv_memory(kv_bytes=(100 << 20) + 1, available=100 << 20, kv_memory_mb=101)
+        startup.check_kv_memory(kv_bytes=(100 << 20) + 1, available=100 << 20, kv_memory_mb=101,
+                                **geometry)
     assert str(exc.value) == (
         "the KV cache does not fit in memory: --kv-memory-mb 101 maps 101 MiB, and 100 MiB are "
         "available with the model loaded; use --kv-memory-mb 100 or less")
+
+
+def test_a_default_kv_cache_beyond_the_memory_names_a_context_that_fits() -> None:
+    """The default cache grows to one context; where that does not fit, the message names a
+    context length whose cache does (100 blocks of 16 tokens in 100 MiB of 1 MiB blocks)."""
+    with pytest.raises(StartupError) as exc:
+        startup.check_kv_memory(kv_bytes=768 << 20, available=100 << 20, kv_memory_mb=None,
+                                block_size=16, bytes_per_block=1 << 20)
+    assert str(exc.value) == (
+        "the KV cache does not fit in memory: the default KV cache maps 768 MiB, and 100 MiB are "
+        "available with the model loaded; use --kv-memory-mb 100 or less and --max-model-len "
+        "1600 or less")
 
 
 def test_a_kv_cache_beyond_the_memory_available_fails_at_start(

@@ -7,13 +7,18 @@ from dataclasses import dataclass
 # "auto": the model's dtype (exact); "float16": K/V stored as IEEE half (CPU only), half the
 # memory and bytes read per step, at the cost of rounding K and V to 11 significant bits.
 KV_CACHE_DTYPES = ("auto", "float16")
+# The KV cache's size when none is given: this many MiB, or one sequence of the context length
+# where that needs more (a model of a long context must not fail to start on the default: a
+# Qwen2.5-0.5B GGUF, 32,768 tokens of float32 K/V, needs 768 MiB). On the CPU the cache is
+# mapped from zero pages and resident only as it fills, so mapping more costs no memory up front.
+DEFAULT_KV_MEMORY_MB = 512
 
 
 @dataclass(frozen=True)
 class EngineConfig:
     block_size: int = 16
     num_blocks: int | None = None  # None -> kv_memory_mb / bytes per block
-    kv_memory_mb: int = 512
+    kv_memory_mb: int | None = None  # None -> DEFAULT_KV_MEMORY_MB, or one context if more
     kv_cache_dtype: str = "auto"  # one of KV_CACHE_DTYPES
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
@@ -34,7 +39,7 @@ class EngineConfig:
     max_lora_rank: int = 256
 
     def __post_init__(self) -> None:
-        for name in ("block_size", "kv_memory_mb", "max_num_seqs", "max_num_batched_tokens",
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens",
                      "max_prefill_tokens_while_decoding", "prefill_cap_context", "max_lora_slots",
                      "max_lora_rank"):
             value = getattr(self, name)
@@ -43,7 +48,7 @@ class EngineConfig:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"EngineConfig.kv_cache_dtype must be one of {KV_CACHE_DTYPES}, "
                              f"got {self.kv_cache_dtype!r}")
-        for name in ("num_blocks", "max_model_len"):
+        for name in ("num_blocks", "kv_memory_mb", "max_model_len"):
             value = getattr(self, name)
             if value is not None and (
                 isinstance(value, bool) or not isinstance(value, int) or value <= 0
@@ -53,3 +58,8 @@ class EngineConfig:
                 )
         if not isinstance(self.enable_prefix_caching, bool):
             raise ValueError("EngineConfig.enable_prefix_caching must be a bool")
+
+
+def context_length(config: EngineConfig, max_position: int) -> int:
+    """The engine's context window: ``max_model_len`` capped at the model's ``max_position``."""
+    return min(config.max_model_len or max_position, max_position)

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from kiln.engine.config import EngineConfig
+from kiln.engine.config import EngineConfig, context_length
 from kiln.engine.errors import EngineError
 from kiln.engine.exclusive import ExclusiveCall
 from kiln.engine.lora_mix import LoraMix
@@ -50,7 +50,7 @@ def build_core(loaded: LoadedModel, config: EngineConfig) -> tuple[Scheduler, Mo
 
     runner = ModelRunner(loaded.model, loaded.config, config, loaded.dtype, loaded.device,
                          tokenizer=loaded.tokenizer)
-    max_len = min(config.max_model_len or loaded.config.max_position, loaded.config.max_position)
+    max_len = context_length(config, loaded.config.max_position)
     return Scheduler(config, runner.num_blocks, max_len, loaded.tokenizer.eos_token_ids), runner
 
 

@@ -10,7 +10,7 @@ import numpy
 import torch
 
 from kiln.engine.block_pool import BlockPool
-from kiln.engine.config import EngineConfig
+from kiln.engine.config import DEFAULT_KV_MEMORY_MB, EngineConfig, context_length
 from kiln.engine.errors import NOTHING_ALLOWED
 from kiln.engine.grammar import GrammarRows, RowMasks, compiler_for
 from kiln.engine.logits_processors import apply_logits_processors
@@ -33,11 +33,15 @@ NON_FINITE = "the model produced non-finite logits (inf or NaN); no token could 
 
 
 def kv_num_blocks(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype) -> int:
-    """config.num_blocks, or as many blocks as kv_memory_mb holds."""
+    """config.num_blocks, or as many blocks as kv_memory_mb holds; with no kv_memory_mb, as many
+    as DEFAULT_KV_MEMORY_MB holds, or one sequence of the context length if that is more."""
     if config.num_blocks is not None:
         return config.num_blocks
     per_block = KVCache.bytes_per_block(cfg, config.block_size, dtype)
-    return max(1, config.kv_memory_mb * 1024 * 1024 // per_block)
+    if config.kv_memory_mb is not None:
+        return max(1, config.kv_memory_mb * 1024 * 1024 // per_block)
+    one_context = -(-context_length(config, cfg.max_position) // config.block_size)
+    return max(DEFAULT_KV_MEMORY_MB * 1024 * 1024 // per_block, one_context)
 
 
 class ModelRunner:

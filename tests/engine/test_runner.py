@@ -102,6 +102,27 @@ def test_kv_blocks_from_memory_budget(tiny_llama: LoadedModel) -> None:
     assert kv_num_blocks(tiny_llama.config, EngineConfig(num_blocks=7), tiny_llama.dtype) == 7
 
 
+def test_the_default_kv_cache_holds_one_context(tiny_llama: LoadedModel) -> None:
+    """With no kv_memory_mb the cache is DEFAULT_KV_MEMORY_MB, or one sequence of the context
+    length where that is more (a Qwen2.5-0.5B GGUF had failed to start on the default)."""
+    import dataclasses
+
+    from kiln.engine.config import DEFAULT_KV_MEMORY_MB
+    from kiln.model.kv_cache import KVCache
+
+    per = KVCache.bytes_per_block(tiny_llama.config, 16, tiny_llama.dtype)
+    default = DEFAULT_KV_MEMORY_MB * 1024 * 1024 // per
+    assert kv_num_blocks(tiny_llama.config, EngineConfig(), tiny_llama.dtype) == default
+    # a context longer than the default holds: one sequence of it, rounded up to whole blocks
+    long_context = (default + 2) * 16 - 5
+    cfg = dataclasses.replace(tiny_llama.config, max_position=long_context)
+    assert kv_num_blocks(cfg, EngineConfig(), tiny_llama.dtype) == default + 2
+    # ... capped by max_model_len, as the engine's context is
+    assert kv_num_blocks(cfg, EngineConfig(max_model_len=64), tiny_llama.dtype) == default
+    # an explicit size is kept (check_kv_capacity refuses it at start if too small)
+    assert kv_num_blocks(cfg, EngineConfig(kv_memory_mb=1), tiny_llama.dtype) == 1024 * 1024 // per
+
+
 def test_half_kv_cache_doubles_the_blocks_and_serves(tiny_llama: LoadedModel) -> None:
     """--kv-cache-dtype float16: twice the blocks in the same memory, K/V stored as half, and
     the engine still generates (the model's own float32 cache is the exact default)."""
