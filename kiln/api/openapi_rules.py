@@ -18,6 +18,7 @@ from typing import Any
 
 from kiln.api.contract import MAX_BATCH_ITEMS
 from kiln.api.handlers import rollout, unsupported
+from kiln.api.handlers.prepare import TEMPLATE_FIELDS
 from kiln.api.openapi_rule_parts import (
     STREAM,
     Rule,
@@ -89,6 +90,10 @@ def vllm_field_rules(code: str, b: Bounds) -> list[Rule]:
         *[rule("compare", alias, code, f"{where}.thinking_tokens", "the two name one limit",
                when=both, left=field(x), op="<=", right=field(y))
           for x, y in ((alias, kiln), (kiln, alias))],
+        *[rule("refused_when", name, code, "kiln.api.handlers.prepare.template_kwargs",
+               "the template variable is set once", when=all_of(given(name), has(
+                   "chat_template_kwargs", {"type": "object", "required": [name]})))
+          for name in TEMPLATE_FIELDS],
     ]
 
 
@@ -103,6 +108,10 @@ def chat_rules(b: Bounds, render: bool) -> list[Rule]:
         rule("refused_when", "tool_choice", code, "kiln.api.contract.check_chat",
              "rollout_provenance takes no tool_choice",
              when=all_of(has("rollout_provenance", {"const": True}), given("tool_choice"))),
+        rule("refused_when", "include_reasoning", code, "kiln.api.handlers.extras.reasoning_shown",
+             "fold_reasoning_into_content copies the reasoning that include_reasoning: false "
+             "leaves out", when=all_of(has("include_reasoning", {"const": False}),
+                                       has("fold_reasoning_into_content", {"const": True}))),
         rule("refused_when", "continue_final_message", code, prepare,
              "continue_final_message: true needs add_generation_prompt: false",
              when=all_of(has("continue_final_message", {"const": True}),

@@ -85,6 +85,9 @@ def test_min_tokens_with_stop_strings_is_refused(client: TestClient, route: str)
     ("guided_choice", ["a", "b"], None),
     ("guided_grammar", "root ::= \"a\"", None),
     ("guided_whitespace_pattern", " ", None),
+    # vLLM's chat-only fields that had been unknown (accepted and ignored)
+    ("logits_processors", ["my.module:Processor"], []),
+    ("mm_processor_kwargs", {"num_crops": 4}, {}),
 ])
 def test_seed_fields_this_server_cannot_apply_are_refused(
         client: TestClient, route: str, name: str, on: Any, neutral: Any) -> None:

@@ -116,6 +116,11 @@ ADDED_FIELDS = {
     # echo and return_token_ids streamed, as vLLM streams them
     ("ChatCompletionChunk", "prompt_token_ids"),
     ("ChunkChoice", "token_ids"),
+    # vLLM's chat fields that had been accepted and ignored as unknown fields: the reasoning
+    # left out, template variables passed on, custom processors and multimodal kwargs refused
+    *((d, f) for d in ("ChatCompletionRequest", "BatchCompletionRequest")
+      for f in ("include_reasoning", "reasoning_effort", "documents", "logits_processors",
+                "mm_processor_kwargs")),
 }
 # Definitions that vLLM's completions request (seed vllm-completion-request.schema.json) has
 # replaced: tests/contract/test_vllm_seed_coverage.py checks them against that seed. Here they

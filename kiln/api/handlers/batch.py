@@ -81,7 +81,7 @@ def _item(state: AppState, shape: Shape, p: int, c: int, done: Completion, promp
         content = fold(reasoning, content)
     item = wire.BatchCompletionItem(prompt_index=p, completion_index=c, text=content,
                                     finish_reason=finish_reason(done.finish_reason), usage=item_usage)
-    if reasoning is not None:
+    if reasoning is not None and shape.reasoning:
         item.reasoning_content = reasoning
     if done.stop_reason is not None:  # vLLM's: a stop string or token id, repetition_detected
         item.stop_reason = done.stop_reason

@@ -158,7 +158,7 @@ def response_body(
             prepared, reasoning, content, bool(calls), budget)
         text = fold(reasoning, content) if shape.fold and reasoning else content
         message = wire.ChatMessageOutput(role="assistant", content=shape.echo_text + text)
-        if reasoning is not None:
+        if reasoning is not None and shape.reasoning:
             message.reasoning_content = reasoning
         if calls:
             message.tool_calls = [call.wire() for call in calls]

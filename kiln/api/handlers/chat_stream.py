@@ -36,8 +36,10 @@ def _ms(t: float, start: float) -> float:
 
 
 class _Chunks:
-    def __init__(self, completion_id: str, model: str, token_ids: bool) -> None:
+    def __init__(self, completion_id: str, model: str, token_ids: bool,
+                 reasoning: bool = True) -> None:
         self.id, self.created, self.model = completion_id, int(time.time()), model
+        self.reasoning = reasoning  # include_reasoning: false sends no reasoning deltas
         # logprobs content and (with return_token_ids) ids of tokens not sent yet: the next
         # chunk of the choice carries them
         self.pending: list[wire.ChatTokenLogprob] = []
@@ -70,7 +72,7 @@ class _Chunks:
 
     def deltas(self, d: Delta) -> list[bytes]:
         out = []
-        if d.reasoning:
+        if d.reasoning and self.reasoning:
             out.append(self.choice(wire.Delta(reasoning_content=d.reasoning)))
         if d.content:
             out.append(self.choice(wire.Delta(content=d.content)))
@@ -153,7 +155,7 @@ async def frames(
     started: float,
 ) -> AsyncIterator[bytes]:
     shape = prepared.shape
-    chunks = _Chunks(completion_id, shape.model, shape.return_token_ids)
+    chunks = _Chunks(completion_id, shape.model, shape.return_token_ids, shape.reasoning)
     splitter = ReasoningSplitter(prepared.prompt.in_reasoning)
     tools = _ToolFilter(prepared, chunks)
     start_mono = time.monotonic() - (time.perf_counter() - started)

@@ -6,7 +6,9 @@ it; with stop strings a 400, since those are still matched from the first token)
 every generating route shares (``generation_extras``: logprob_token_ids, repetition_detection),
 and vLLM's request fields that completions and chat share: ``response_id`` (request_id),
 ``thinking_tokens`` (thinking_token_budget), ``truncation`` / ``truncate``
-(truncate_prompt_tokens, truncation_side)."""
+(truncate_prompt_tokens, truncation_side); and chat's own: ``chat_turn_fields`` /
+``continue_final`` (add_generation_prompt, continue_final_message, echo) and ``reasoning_shown``
+(include_reasoning)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from kiln.api.errors import ApiError
 from kiln.api.handlers.params import opt
 from kiln.api.handlers.unsupported import CHAT_FIELDS, check, unsupported
 from kiln.engine.repetition import MIN_PATTERN_SIZE, RepetitionDetection
+from kiln.text.chat_template import message_content
 
 LOGIT_BIAS_LIMIT = 100.0  # OpenAI's and vLLM's range
 
@@ -246,3 +249,41 @@ def prompt_logprobs_wanted(req: Any, max_logprobs: int, code: str) -> int | None
     if opt(getattr(req, "stream", None)) is True:
         raise unsupported("prompt_logprobs", "it is implemented for non-streaming requests only")
     return int(k)
+
+
+def continue_final(prompt_text: str, final: str, code: str) -> str:
+    """vLLM's continue_final_message: the rendered conversation cut right after the final
+    assistant message's content, so generation continues it (no end-of-turn after it)."""
+    at = prompt_text.rfind(final) if final else -1
+    if at < 0:
+        raise ApiError(400, code, "continue_final_message needs a final assistant message "
+                       "with content that the chat template renders verbatim",
+                       param="continue_final_message")
+    return prompt_text[:at + len(final)]
+
+
+def chat_turn_fields(req: Any, code: str) -> tuple[bool, bool, str]:
+    """add_generation_prompt, continue_final_message, and what echo puts before the content."""
+    gen = opt(req.add_generation_prompt) is not False
+    cont = opt(req.continue_final_message) is True
+    last = req.messages[-1]
+    final = message_content(last.content) if last.role == "assistant" else None
+    if cont and gen:
+        raise ApiError(400, code, "continue_final_message: true needs "
+                       "add_generation_prompt: false", param="continue_final_message")
+    if cont and final is None:
+        raise ApiError(400, code, "continue_final_message needs the last message to be the "
+                       "assistant's", param="continue_final_message")
+    echo = final if opt(req.echo) is True and final is not None else ""
+    return gen, cont, echo
+
+
+def reasoning_shown(req: Any, default_fold: bool, code: str) -> tuple[bool, bool]:
+    """Whether the response carries the reasoning (vLLM's include_reasoning) and whether it is
+    also folded into content (fold_reasoning_into_content, else the server's default)."""
+    include = opt(getattr(req, "include_reasoning", None)) is not False
+    fold = opt(getattr(req, "fold_reasoning_into_content", None))
+    if not include and fold is True:
+        raise ApiError(400, code, "fold_reasoning_into_content: true asks for the reasoning that "
+                       "include_reasoning: false leaves out", param="include_reasoning")
+    return include, include and (default_fold if fold is None else bool(fold))

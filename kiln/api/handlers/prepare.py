@@ -18,7 +18,10 @@ from kiln.api.handlers.adapters import resolve_model_adapter
 from kiln.api.handlers.constraints import constraint, plain
 from kiln.api.handlers.extras import (
     chat_extras,
+    chat_turn_fields,
+    continue_final,
     prompt_logprobs_wanted,
+    reasoning_shown,
     thinking_tokens,
     truncate,
     truncation,
@@ -90,6 +93,7 @@ class Shape:
     explicit_performance: bool = False
     include_config_hashes: bool = False
     default_thinking_enabled: bool | None = None
+    reasoning: bool = True  # include_reasoning: the reasoning is in the response
     fold: bool = False
     logprobs: int | None = None  # alternatives per token when the request set logprobs: true
     tools: list[Any] | None = None  # set only when tool-call parsing is on
@@ -124,11 +128,23 @@ class PreparedBatch:
 RESERVED_TEMPLATE_VARS = frozenset({"messages", "tools"})
 
 
-def template_kwargs(state: AppState, requested: Any, error_code: str) -> dict[str, Any]:
+TEMPLATE_FIELDS = ("reasoning_effort", "documents")  # vLLM's fields the template reads
+
+
+def template_kwargs(state: AppState, req: Any, error_code: str) -> dict[str, Any]:
     """`chat_template_kwargs` as top-level template variables, plus the server's default
-    `enable_thinking` when the request does not set it. `messages` and `tools` are the request's
-    own: a kwarg of either name is a 400 (it had been a TypeError shown as invalid_messages)."""
-    kwargs: dict[str, Any] = dict(opt(requested) or {})
+    `enable_thinking` when the request does not set it and the TEMPLATE_FIELDS it sets.
+    `messages` and `tools` are the request's own: a kwarg of either name is a 400 (it had been a
+    TypeError shown as invalid_messages)."""
+    kwargs: dict[str, Any] = dict(opt(req.chat_template_kwargs) or {})
+    for name in TEMPLATE_FIELDS:
+        value = opt(getattr(req, name, None))
+        if value is None:
+            continue
+        if name in kwargs:
+            raise ApiError(400, error_code, f"{name} is set twice, as a field and in "
+                                            "chat_template_kwargs: set it once", param=name)
+        kwargs[name] = value
     reserved = sorted(RESERVED_TEMPLATE_VARS & kwargs.keys())
     if reserved:
         raise ApiError(
@@ -193,33 +209,6 @@ def encode_prompt(backend: Backend, text: str, param: str, where: str | None = N
     return text, ids
 
 
-def continue_final(prompt_text: str, final: str) -> str:
-    """vLLM's continue_final_message: the rendered conversation cut right after the final
-    assistant message's content, so generation continues it (no end-of-turn after it)."""
-    at = prompt_text.rfind(final) if final else -1
-    if at < 0:
-        raise ApiError(400, CHAT_CODE, "continue_final_message needs a final assistant message "
-                       "with content that the chat template renders verbatim",
-                       param="continue_final_message")
-    return prompt_text[:at + len(final)]
-
-
-def _vllm_chat_fields(req: wire.ChatCompletionRequest) -> tuple[bool, bool, str]:
-    """add_generation_prompt, continue_final_message, and what echo puts before the content."""
-    gen = opt(req.add_generation_prompt) is not False
-    cont = opt(req.continue_final_message) is True
-    last = req.messages[-1]
-    final = message_content(last.content) if last.role == "assistant" else None
-    if cont and gen:
-        raise ApiError(400, CHAT_CODE, "continue_final_message: true needs "
-                       "add_generation_prompt: false", param="continue_final_message")
-    if cont and final is None:
-        raise ApiError(400, CHAT_CODE, "continue_final_message needs the last message to be the "
-                       "assistant's", param="continue_final_message")
-    echo = final if opt(req.echo) is True and final is not None else ""
-    return gen, cont, echo
-
-
 def tools_enabled(tools: Any, tool_choice: Any) -> bool:
     """Tool-call parsing is on iff tools is a non-empty array and tool_choice is not "none"."""
     return bool(tools) and tool_choice != "none"
@@ -269,16 +258,16 @@ async def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> Prep
     model, selection = await resolve_model_adapter(backend, opt(req.model), req.adapter,
                                                    req.adapters)
     started = time.perf_counter()
-    kwargs = template_kwargs(state, req.chat_template_kwargs, CHAT_CODE)
+    kwargs = template_kwargs(state, req, CHAT_CODE)
     tools = opt(req.tools) or None
     tool_choice = plain(opt(req.tool_choice))
     if tool_choice is not None:
         kwargs.setdefault("tool_choice", tool_choice)
     messages = template_messages(req.messages)
-    gen_prompt, cont, echo_text = _vllm_chat_fields(req)
+    gen_prompt, cont, echo_text = chat_turn_fields(req, CHAT_CODE)
     text = render_prompt(state, req.messages, tools, kwargs, gen_prompt)
     if cont:
-        text = continue_final(text, message_content(req.messages[-1].content))
+        text = continue_final(text, message_content(req.messages[-1].content), CHAT_CODE)
     requested = requested_max_tokens(req.max_tokens, req.max_completion_tokens)
     keep = truncation(req, backend.max_model_len,
                       requested if requested is not None else state_max_tokens(state), CHAT_CODE)
@@ -302,7 +291,8 @@ async def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> Prep
     extras["grammar"] = await _grammar(state, req, CHAT_CODE, tools, tool_choice, in_reasoning)
     params = choice_params(req, state, max_tokens=max_tokens, stop=stop,
                            seeds=[choice_seed(seed, i) for i in range(n)], thinking=spec, **extras)
-    include_perf, fold = opt(req.include_performance), opt(req.fold_reasoning_into_content)
+    include_perf = opt(req.include_performance)
+    reasoning, fold = reasoning_shown(req, cfg.fold_reasoning_into_content, CHAT_CODE)
     stream_options = opt(req.stream_options)
     return PreparedChat(
         Prompt(text, ids, in_reasoning,
@@ -318,7 +308,8 @@ async def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> Prep
             explicit_performance=include_perf is True,
             include_config_hashes=bool(opt(req.include_config_hashes)),
             default_thinking_enabled=cfg.default_thinking_enabled,
-            fold=cfg.fold_reasoning_into_content if fold is None else bool(fold),
+            reasoning=reasoning,
+            fold=fold,
             logprobs=extras["logprobs"],
             tools=tools if tools_enabled(tools, tool_choice) else None,
             parallel_tool_calls=opt(req.parallel_tool_calls) is not False,
@@ -340,7 +331,7 @@ async def prepare_batch(state: AppState, req: wire.BatchCompletionRequest, code:
                                                    req.adapters)
     n = int(opt(req.n) or 1)
     tools = opt(req.tools) or None
-    kwargs = template_kwargs(state, req.chat_template_kwargs, code)
+    kwargs = template_kwargs(state, req, code)
     tool_choice = plain(opt(req.tool_choice))
     if tool_choice is not None:  # as chat renders it: templates may read tool_choice
         kwargs.setdefault("tool_choice", tool_choice)
@@ -379,8 +370,9 @@ async def prepare_batch(state: AppState, req: wire.BatchCompletionRequest, code:
         items.append((prompt, Run(params, selection.lora, selection.label, budget,
                                   spec is not None, cache_salt=opt(req.cache_salt),
                                   priority=int(opt(req.priority) or 0))))
+    reasoning, fold = reasoning_shown(req, cfg.fold_reasoning_into_content, code)
     shape = Shape(
-        model=model, fold=cfg.fold_reasoning_into_content, logprobs=logprobs,
+        model=model, reasoning=reasoning, fold=fold, logprobs=logprobs,
         tools=tools if tools_enabled(tools, tool_choice) else None,
         parallel_tool_calls=opt(req.parallel_tool_calls) is not False,
         return_token_ids=opt(req.return_token_ids) is True,

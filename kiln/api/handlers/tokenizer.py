@@ -30,7 +30,7 @@ async def tokenize(request: Request) -> Response:
         raise ApiError(400, CODE, "give exactly one of prompt and messages", param="prompt")
     special = opt(req.add_special_tokens)
     if prompt is None:
-        kwargs = template_kwargs(state, req.chat_template_kwargs, CODE)
+        kwargs = template_kwargs(state, req, CODE)
         prompt = render_prompt(state, messages, None, kwargs, bool(req.add_generation_prompt))
         special = False if special is None else special
     limit = backend.max_model_len

@@ -33,6 +33,8 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
     "continue_final_message": (False,),
     "chat_template": (None,),
     **{f"guided_{kind}": (None,) for kind in GUIDED_KINDS},
+    "logits_processors": (None, []),
+    "mm_processor_kwargs": (None, {}),
 }
 # What more there is to say of a refused field than "only the default"
 REASONS: dict[str, str] = {
@@ -41,14 +43,18 @@ REASONS: dict[str, str] = {
                      "--trust-request-chat-template",
     **{f"guided_{kind}": f"vLLM replaced it with structured_outputs.{kind}, which this server "
                          "supports" for kind in GUIDED_KINDS},
+    "logits_processors": "it runs no code named by a request; logit_bias, allowed_token_ids, "
+                         "bad_words and min_tokens are built in",
+    "mm_processor_kwargs": "its models read text only",
 }
 # Chat's and batch's share of them (the ones vLLM's chat request has too: issue 25; they had
 # been accepted and ignored as unknown fields).
 CHAT_FIELDS: tuple[str, ...] = ("use_beam_search", "length_penalty", "kv_transfer_params",
                                 "vllm_xargs", "chat_template",
-                                *(f"guided_{kind}" for kind in GUIDED_KINDS))
-COMPLETION_FIELDS = tuple(k for k in NEUTRAL if k not in ("continue_final_message",
-                                                          "chat_template"))
+                                *(f"guided_{kind}" for kind in GUIDED_KINDS),
+                                "logits_processors", "mm_processor_kwargs")
+COMPLETION_FIELDS = tuple(k for k in NEUTRAL if k not in (
+    "continue_final_message", "chat_template", "logits_processors", "mm_processor_kwargs"))
 
 
 def unsupported(param: str, why: str) -> ApiError:
