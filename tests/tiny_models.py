@@ -190,35 +190,82 @@ def _gguf_name(hf: str) -> str:
     return f"blk.{layer}.{_GGUF_BLOCK['.'.join(mid)]}.{kind}"
 
 
+# A Llama 2 style template (the BOS token, then [INST] turns) for the SentencePiece vocabulary
+LLAMA2_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{% if m.role == 'user' %}[INST] "
+                   "{{ m.content }} [/INST]{% else %} {{ m.content }} {{ eos_token }}{% endif %}"
+                   "{% endfor %}")
+SPM_SPACE = "\u2581"
+
+
+@functools.cache
+def toy_spm_vocab(size: int = TINY_VOCAB) -> tuple[list[str], list[float], list[int]]:
+    """A SentencePiece vocabulary as a Llama 2 GGUF holds one (pieces, scores, llama.cpp token
+    types): <unk>, <s>, </s>, the 256 byte pieces, then the corpus's characters (but for a few,
+    left to the byte pieces) and its most frequent 2-4 character substrings of those characters
+    (padded to ``size`` with made-up pieces), spaces spelled U+2581, each with its own random
+    score."""
+    import collections
+    import random
+
+    rng = random.Random(7)
+    tokens = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256))]
+    types = [2, 3, 3, *([6] * 256)]
+    text = " ".join(_CORPUS).replace(" ", SPM_SPACE)
+    chars = sorted({c for c in text if c not in "\U0001F600\u4e16Qz"})
+    grams: list[str] = []
+    for n, keep in ((2, 120), (3, 24), (4, 16)):  # longer pieces: merges of merges
+        counts = collections.Counter(text[i:i + n] for i in range(len(text) - n + 1))
+        # every character of a piece is a piece, as in a trained vocabulary
+        grams += [g for g, _ in counts.most_common() if set(g) <= set(chars)][:keep]
+    pieces = (chars + grams)[:size - len(tokens)]
+    pieces += [f"{SPM_SPACE}w{i}" for i in range(size - len(tokens) - len(pieces))]  # to size
+    return tokens + pieces, [0.0] * len(tokens) + [-rng.random() * 100 for _ in pieces], \
+        types + [1] * len(pieces)
+
+
 def write_tiny_gguf(path: Path, cfg: ModelConfig, tensors: dict[str, torch.Tensor],
                     q8: bool = False,
-                    blocks: dict[str, tuple[torch.Tensor, str]] | None = None) -> Path:
+                    blocks: dict[str, tuple[torch.Tensor, str]] | None = None,
+                    spm: bool = False) -> Path:
     """Write ``tensors`` (HF names, fp32) as an F32 GGUF the way llama.cpp's converter does:
     llama q/k rows permuted for GGML RoPE, tokenizer and chat template in the metadata.
     ``q8``: every matrix (projections, embedding, head) as Q8_0 blocks instead. ``blocks``: HF
     name -> (raw GGML rows uint8 [N, bytes] in HF row order, GGML type name), written as they
-    are in place of the float tensor of that name."""
+    are in place of the float tensor of that name. ``spm``: the SentencePiece vocabulary of
+    ``toy_spm_vocab`` and a Llama 2 template, as a Llama 2 / TinyLlama / Mistral GGUF has."""
     import gguf
 
-    tok = tiny_tokenizer()
-    model_json = json.loads(tok.to_str())["model"]
-    vocab: dict[str, int] = tok.get_vocab(with_added_tokens=True)
-    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
-    merges = [m if isinstance(m, str) else " ".join(m) for m in model_json["merges"]]
-    types = [3 if t in SPECIAL_TOKENS else 4 if t in MARKUP_TOKENS else 1 for t in tokens]
     w = gguf.GGUFWriter(str(path), cfg.arch)
     add_model_header(w, layers=cfg.num_layers, context=cfg.max_position, hidden=cfg.hidden_size,
                      ffn=cfg.intermediate_size, heads=cfg.num_heads, kv_heads=cfg.num_kv_heads,
                      rms_eps=cfg.rms_norm_eps, rope_theta=cfg.rope_theta, head_dim=cfg.head_dim)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_merges(merges)
-    w.add_token_types(types)
-    w.add_eos_token_id(vocab["<|im_end|>"])
-    w.add_bos_token_id(vocab["<|im_start|>"])
-    w.add_add_bos_token(False)
-    w.add_chat_template(QWEN3_TEMPLATE.read_text(encoding="utf-8"))
+    if spm:
+        tokens, scores, types = toy_spm_vocab(cfg.vocab_size)
+        w.add_tokenizer_model("llama")
+        w.add_token_list(tokens)
+        w.add_token_scores(scores)
+        w.add_token_types(types)
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+        w.add_unk_token_id(0)
+        w.add_add_bos_token(True)
+        w.add_chat_template(LLAMA2_TEMPLATE)
+    else:
+        tok = tiny_tokenizer()
+        model_json = json.loads(tok.to_str())["model"]
+        vocab: dict[str, int] = tok.get_vocab(with_added_tokens=True)
+        tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+        merges = [m if isinstance(m, str) else " ".join(m) for m in model_json["merges"]]
+        types = [3 if t in SPECIAL_TOKENS else 4 if t in MARKUP_TOKENS else 1 for t in tokens]
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("default")
+        w.add_token_list(tokens)
+        w.add_token_merges(merges)
+        w.add_token_types(types)
+        w.add_eos_token_id(vocab["<|im_end|>"])
+        w.add_bos_token_id(vocab["<|im_start|>"])
+        w.add_add_bos_token(False)
+        w.add_chat_template(QWEN3_TEMPLATE.read_text(encoding="utf-8"))
     for name in sorted(tensors):
         raw = None if blocks is None else blocks.get(name)
         arr = tensors[name].numpy().astype("float32") if raw is None else raw[0].numpy()

@@ -1,4 +1,13 @@
-"""Build a `tokenizers` tokenizer from GGUF metadata (``tokenizer.ggml.*``)."""
+"""Build a `tokenizers` tokenizer from GGUF metadata (``tokenizer.ggml.*``): byte-level BPE
+(``gpt2``: Llama 3, Qwen, SmolLM) or SentencePiece BPE (``llama``: Llama 2, TinyLlama, Mistral).
+
+A SentencePiece GGUF carries pieces and scores, no merges. llama.cpp tokenizes it by merging,
+again and again, the adjacent pair whose joined piece is in the vocabulary with the highest
+score (the leftmost of equals), and spells what is left in byte pieces (``<0x41>``). A BPE
+whose merges are every split of every piece into two pieces, ranked by the joined piece's
+score, merges alike where every character of a piece is itself a piece, as in a trained
+vocabulary (Llama 2's and Phi-3's are); `tokenizers` runs it with byte fallback (checked against llama.cpp's own
+test vectors: tests/model/test_gguf_spm_tokenizer.py)."""
 
 from __future__ import annotations
 
@@ -6,12 +15,13 @@ from collections.abc import Mapping
 from typing import Any
 
 import tokenizers
-from tokenizers import AddedToken, decoders, models, pre_tokenizers, processors
+from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers, processors
 
 from kiln.model.config import UnsupportedModelError
 from kiln.text.tokenizer import Tokenizer
 
 # llama.cpp token types
+_UNKNOWN = 2
 _CONTROL = 3
 _USER_DEFINED = 4
 
@@ -39,23 +49,62 @@ def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
     raise UnsupportedModelError(f"GGUF tokenizer pre-tokenizer {pre!r} is not supported")
 
 
-def tokenizer_from_gguf(meta: Mapping[str, Any]) -> Tokenizer:
-    """The byte-level BPE tokenizer a GGUF file describes (``tokenizer.ggml.model = gpt2``)."""
-    kind = meta.get("tokenizer.ggml.model")
-    if kind != "gpt2":
-        raise UnsupportedModelError(
-            f"GGUF tokenizer model {kind!r} is not supported (only byte-level BPE 'gpt2')")
-    tokens: list[str] = list(meta["tokenizer.ggml.tokens"])
+_SPACE = "\u2581"  # SentencePiece's visible space
+
+
+def _byte_level(meta: Mapping[str, Any], vocab: dict[str, int]) -> tokenizers.Tokenizer:
     merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
-    types: list[int] = list(meta.get("tokenizer.ggml.token_type", [1] * len(tokens)))
-    vocab = {tok: i for i, tok in enumerate(tokens)}
     pre = str(meta.get("tokenizer.ggml.pre", "default"))
     bpe = models.BPE(vocab=vocab, merges=merges, ignore_merges=pre in ("llama-bpe", "llama3"))
     tok = tokenizers.Tokenizer(bpe)
     tok.pre_tokenizer = _pre_tokenizer(pre)
     tok.decoder = decoders.ByteLevel()
+    return tok
+
+
+def spm_merges(tokens: list[str], scores: list[float],
+               vocab: dict[str, int]) -> list[tuple[str, str]]:
+    """Every split of every piece into two pieces of the vocabulary, the joined piece's score
+    highest first (its id breaks ties, so the order is total)."""
+    ranked = sorted(range(len(tokens)), key=lambda i: (-scores[i], i))
+    return [(piece[:cut], piece[cut:]) for i in ranked for piece in (tokens[i],)
+            for cut in range(1, len(piece)) if piece[:cut] in vocab and piece[cut:] in vocab]
+
+
+def _sentencepiece(meta: Mapping[str, Any], tokens: list[str],
+                   vocab: dict[str, int]) -> tokenizers.Tokenizer:
+    scores = [float(x) for x in meta.get("tokenizer.ggml.scores", [0.0] * len(tokens))]
+    unk_id = meta.get("tokenizer.ggml.unknown_token_id")
+    unk = tokens[unk_id] if isinstance(unk_id, int) and 0 <= unk_id < len(tokens) else None
+    tok = tokenizers.Tokenizer(models.BPE(
+        vocab=vocab, merges=spm_merges(tokens, scores, vocab), unk_token=unk, fuse_unk=True,
+        byte_fallback=True))
+    # llama.cpp puts a space before the text and after each special token (tokenizers
+    # normalizes each stretch between added tokens apart), then spells spaces as U+2581
+    prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
+    spaces = normalizers.Replace(" ", _SPACE)
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend(_SPACE), spaces]) if prefix \
+        else spaces
+    steps = [decoders.Replace(_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
+    tok.decoder = decoders.Sequence(steps + ([decoders.Strip(" ", 1, 0)] if prefix else []))
+    return tok
+
+
+def tokenizer_from_gguf(meta: Mapping[str, Any]) -> Tokenizer:
+    """The tokenizer a GGUF file describes: byte-level BPE (``tokenizer.ggml.model = gpt2``) or
+    SentencePiece BPE (``llama``)."""
+    kind = meta.get("tokenizer.ggml.model")
+    if kind not in ("gpt2", "llama"):
+        raise UnsupportedModelError(
+            f"GGUF tokenizer model {kind!r} is not supported (byte-level BPE 'gpt2' and "
+            "SentencePiece 'llama' are)")
+    tokens: list[str] = list(meta["tokenizer.ggml.tokens"])
+    types: list[int] = list(meta.get("tokenizer.ggml.token_type", [1] * len(tokens)))
+    vocab = {tok: i for i, tok in enumerate(tokens)}
+    tok = _byte_level(meta, vocab) if kind == "gpt2" else _sentencepiece(meta, tokens, vocab)
+    special = (_CONTROL,) if kind == "gpt2" else (_CONTROL, _UNKNOWN)  # <unk> in SentencePiece
     tok.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
-                            for i, t in enumerate(types) if t == _CONTROL])
+                            for i, t in enumerate(types) if t in special])
     tok.add_tokens([AddedToken(tokens[i], special=False, normalized=False)
                     for i, t in enumerate(types) if t == _USER_DEFINED])
 
