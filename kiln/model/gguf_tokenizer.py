@@ -7,7 +7,7 @@ score (the leftmost of equals), and spells what is left in byte pieces (``<0x41>
 whose merges are every split of every piece into two pieces, ranked by the joined piece's
 score, merges alike where every character of a piece is itself a piece, as in a trained
 vocabulary (Llama 2's and Phi-3's are); `tokenizers` runs it with byte fallback (checked against llama.cpp's own
-test vectors: tests/model/test_gguf_spm_tokenizer.py)."""
+test vectors: tests/model/test_gguf_vocabularies.py)."""
 
 from __future__ import annotations
 
@@ -30,6 +30,12 @@ _LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1
                  r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
                 r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# Qwen3.5's: Qwen2's with combining marks (\p{M}) kept with the letters
+_QWEN35_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}|"
+                 r" ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# DeepSeek Coder's (a llama model): one split after another
+_DEEPSEEK_CODER_SPLITS = (r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+",
+                          "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+", r"\p{N}")
 
 
 def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
@@ -41,9 +47,14 @@ def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
     if pre in ("llama-bpe", "llama3", "smaug-bpe"):
         split = pre_tokenizers.Split(tokenizers.Regex(_LLAMA3_SPLIT), behavior="isolated")
         return pre_tokenizers.Sequence([split, byte_level])
-    if pre in ("qwen2", "deepseek-r1-qwen"):
-        split = pre_tokenizers.Split(tokenizers.Regex(_QWEN2_SPLIT), behavior="isolated")
+    if pre in ("qwen2", "deepseek-r1-qwen", "qwen35"):
+        pattern = _QWEN35_SPLIT if pre == "qwen35" else _QWEN2_SPLIT
+        split = pre_tokenizers.Split(tokenizers.Regex(pattern), behavior="isolated")
         return pre_tokenizers.Sequence([split, byte_level])
+    if pre == "deepseek-coder":
+        return pre_tokenizers.Sequence([
+            *(pre_tokenizers.Split(tokenizers.Regex(p), behavior="isolated")
+              for p in _DEEPSEEK_CODER_SPLITS), byte_level])
     if pre in ("gpt-2", "gpt2", "default", ""):
         return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     raise UnsupportedModelError(f"GGUF tokenizer pre-tokenizer {pre!r} is not supported")

@@ -1,9 +1,10 @@
-"""SentencePiece GGUF vocabularies (``tokenizer.ggml.model = llama``: Llama 2, TinyLlama,
-Mistral): the tokenizer built from pieces and scores (kiln/model/gguf_tokenizer.py) gives the
-ids of llama.cpp's algorithm, written out here as the reference (merge the adjacent pair whose
+"""GGUF vocabularies (kiln/model/gguf_tokenizer.py). SentencePiece (``tokenizer.ggml.model =
+llama``: Llama 2, TinyLlama, Mistral): the tokenizer built from pieces and scores gives the ids
+of llama.cpp's algorithm, written out here as the reference (merge the adjacent pair whose
 joined piece scores highest, the leftmost of equals, until none joins; spell what is left in
-byte pieces), and a model with such a vocabulary loads and chats through its template. Where
-the llama.cpp tree the peer benchmark builds is present, its own test vectors are checked too."""
+byte pieces), and a model with such a vocabulary loads and chats through its template. The
+byte-level BPE pre-tokenizers split as their families' tokenizers do. Where the llama.cpp tree
+the peer benchmark builds is present, its own test vectors are checked for every vocabulary."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ import random
 from pathlib import Path
 
 import pytest
+from tokenizers import decoders
 
 from kiln.model import load_model
-from kiln.model.gguf_tokenizer import tokenizer_from_gguf
+from kiln.model.gguf_tokenizer import _pre_tokenizer, tokenizer_from_gguf
 from kiln.text.tokenizer import Tokenizer
 from tests.e2e.app_client import app_client
 from tests.tiny_models import (
@@ -130,9 +132,10 @@ def test_a_sentencepiece_gguf_model_loads_and_chats(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(not VOCABS.is_dir(), reason="no llama.cpp tree (bash bench/peers/"
                                                 "build_llama_cpp.sh unpacks one)")
-@pytest.mark.parametrize("name", ["llama-spm", "phi-3"])
+@pytest.mark.parametrize("name", ["llama-spm", "phi-3", "gpt-2", "llama-bpe", "qwen2", "qwen35",
+                                  "deepseek-coder"])
 def test_llama_cpps_own_vectors(name: str) -> None:
-    """llama.cpp's test-tokenizer-0 inputs and ids for its SentencePiece vocabularies."""
+    """llama.cpp's test-tokenizer-0 inputs and ids for its vocabularies of those families."""
     from kiln.model.gguf_index import GGUFIndex
 
     base = VOCABS / f"ggml-vocab-{name}.gguf"
@@ -145,3 +148,16 @@ def test_llama_cpps_own_vectors(name: str) -> None:
         ids = tok.encode(text, add_special_tokens=False)
         assert ids == [int(x) for x in want.split()], text
         assert tok.decode(ids) == text
+
+
+@pytest.mark.parametrize(("pre", "text", "pieces"), [
+    # Qwen3.5 keeps combining marks with their letters; Qwen2 splits them off
+    ("qwen35", "cafe\u0301 ok", ["cafe\u0301", " ok"]),
+    ("qwen2", "cafe\u0301 ok", ["cafe", "\u0301", " ok"]),
+    # DeepSeek Coder: line breaks, letter runs, punctuation runs and digits apart
+    ("deepseek-coder", "if x:\n  return 42", ["if", " x", ":", "\n", " ", " return", " ", "4",
+                                               "2"]),
+])
+def test_pre_tokenizers_split_as_their_families(pre: str, text: str, pieces: list[str]) -> None:
+    split = [p for p, _ in _pre_tokenizer(pre).pre_tokenize_str(text)]
+    assert [decoders.ByteLevel().decode([p]) for p in split] == pieces
