@@ -6,7 +6,6 @@ import functools
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -146,7 +145,7 @@ class EngineBackend:
 
     def identity(self) -> dict[str, str]:
         if self._identity is None:
-            self._identity = content_identity(asdict(self.loaded.config),
+            self._identity = content_identity(self.loaded.config.record(),
                                               self.tokenizer.config_sha256(),
                                               self.chat_template.source)
         return self._identity
@@ -166,7 +165,7 @@ class EngineBackend:
         backend = self.tokenizer.backend
         return policy_identity(
             served_model_id=self.model_id, source=Path(self.loaded.source),
-            model_config=asdict(self.loaded.config), dtype=str(self.loaded.dtype),
+            model_config=self.loaded.config.record(), dtype=str(self.loaded.dtype),
             kv_cache_dtype=self.kv_cache_dtype, backend=self.loaded.device.type,
             runtime=f"torch-{torch.__version__}",
             vocab=lambda: backend.get_vocab(with_added_tokens=True),

@@ -226,13 +226,14 @@ def toy_spm_vocab(size: int = TINY_VOCAB) -> tuple[list[str], list[float], list[
 def write_tiny_gguf(path: Path, cfg: ModelConfig, tensors: dict[str, torch.Tensor],
                     q8: bool = False,
                     blocks: dict[str, tuple[torch.Tensor, str]] | None = None,
-                    spm: bool = False) -> Path:
+                    spm: bool = False, rope_freqs: list[float] | None = None) -> Path:
     """Write ``tensors`` (HF names, fp32) as an F32 GGUF the way llama.cpp's converter does:
     llama q/k rows permuted for GGML RoPE, tokenizer and chat template in the metadata.
     ``q8``: every matrix (projections, embedding, head) as Q8_0 blocks instead. ``blocks``: HF
     name -> (raw GGML rows uint8 [N, bytes] in HF row order, GGML type name), written as they
     are in place of the float tensor of that name. ``spm``: the SentencePiece vocabulary of
-    ``toy_spm_vocab`` and a Llama 2 template, as a Llama 2 / TinyLlama / Mistral GGUF has."""
+    ``toy_spm_vocab`` and a Llama 2 template, as a Llama 2 / TinyLlama / Mistral GGUF has.
+    ``rope_freqs``: a ``rope_freqs.weight`` tensor, as llama.cpp writes Llama 3.1's scaling."""
     import gguf
 
     w = gguf.GGUFWriter(str(path), cfg.arch)
@@ -266,6 +267,8 @@ def write_tiny_gguf(path: Path, cfg: ModelConfig, tensors: dict[str, torch.Tenso
         w.add_bos_token_id(vocab["<|im_start|>"])
         w.add_add_bos_token(False)
         w.add_chat_template(QWEN3_TEMPLATE.read_text(encoding="utf-8"))
+    if rope_freqs is not None:
+        w.add_tensor("rope_freqs.weight", np.asarray(rope_freqs, dtype=np.float32))
     for name in sorted(tensors):
         raw = None if blocks is None else blocks.get(name)
         arr = tensors[name].numpy().astype("float32") if raw is None else raw[0].numpy()

@@ -56,7 +56,7 @@ class CausalLM(nn.Module):
         self.lm_head: nn.Linear | None = (
             None if cfg.tie_word_embeddings
             else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False))
-        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta)
+        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
         self.packed_head: Packed | None = None  # set by attach_packed
         self.packed_embedding: PackedWeight | None = None  # the token embedding's blocks
         self._cpu_step: CpuStep | None = None  # the C step, when every weight is packed

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+
+from kiln.model import rope
+from kiln.model.rope import RopeScaling
 
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3")
 
@@ -39,6 +42,7 @@ class ModelConfig:
     tie_word_embeddings: bool
     qkv_bias: bool
     qk_norm: bool
+    rope_scaling: RopeScaling | None = None  # for a longer context than trained (kiln.model.rope)
 
     def __post_init__(self) -> None:
         if self.arch not in SUPPORTED_ARCHS:
@@ -58,11 +62,10 @@ class ModelConfig:
     def from_hf(cls, cfg: Mapping[str, Any]) -> ModelConfig:
         """Build from a Hugging Face ``config.json`` dict."""
         arch = _hf_arch(cfg)
-        rope_scaling = cfg.get("rope_scaling")
-        if isinstance(rope_scaling, Mapping):
-            kind = rope_scaling.get("rope_type", rope_scaling.get("type"))
-            if kind not in (None, "default"):
-                raise UnsupportedModelError(f"rope_scaling type {kind!r} is not supported")
+        try:
+            scaling = rope.from_hf(cfg)
+        except rope.RopeScalingError as exc:
+            raise UnsupportedModelError(str(exc)) from exc
         rope_theta = cfg.get("rope_theta")
         params = cfg.get("rope_parameters")
         if rope_theta is None and isinstance(params, Mapping):
@@ -88,7 +91,16 @@ class ModelConfig:
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=arch == "qwen2",
             qk_norm=arch == "qwen3",
+            rope_scaling=scaling,
         )
+
+    def record(self) -> dict[str, Any]:
+        """The config as plain values, for identities and provenance: a config without rope
+        scaling has no such key, so its hashes are those of the configs before the field."""
+        out = asdict(self)
+        if self.rope_scaling is None:
+            del out["rope_scaling"]
+        return out
 
     def to_hf(self) -> dict[str, Any]:
         """A ``config.json`` dict that :meth:`from_hf` reads back to this config."""
@@ -109,6 +121,7 @@ class ModelConfig:
             "max_position_embeddings": self.max_position,
             "tie_word_embeddings": self.tie_word_embeddings,
             "hidden_act": "silu",
+            **({"rope_scaling": self.rope_scaling.to_hf()} if self.rope_scaling else {}),
         }
 
 
@@ -132,8 +145,10 @@ def _f32(value: Any) -> float:
 
 
 def config_from_gguf(meta: Mapping[str, Any], *, vocab_size: int, has_output: bool,
-                     has_qkv_bias: bool, has_qk_norm: bool) -> ModelConfig:
-    """Build from GGUF metadata (already decoded to Python values)."""
+                     has_qkv_bias: bool, has_qk_norm: bool,
+                     rope_divisors: tuple[float, ...] | None = None) -> ModelConfig:
+    """Build from GGUF metadata (already decoded to Python values); ``rope_divisors``: the
+    file's ``rope_freqs.weight`` (Llama 3.1+), if it has one."""
     arch = str(meta.get("general.architecture", ""))
     if arch not in SUPPORTED_ARCHS:
         raise UnsupportedModelError(f"unsupported GGUF architecture {arch!r}")
@@ -147,6 +162,10 @@ def config_from_gguf(meta: Mapping[str, Any], *, vocab_size: int, has_output: bo
     hidden = int(key("embedding_length"))
     heads = int(key("attention.head_count"))
     head_dim = int(meta.get(f"{arch}.attention.key_length", hidden // heads))
+    try:
+        scaling = rope.from_gguf(meta, arch, rope_divisors, head_dim)
+    except rope.RopeScalingError as exc:
+        raise UnsupportedModelError(str(exc)) from exc
     return ModelConfig(
         arch=arch,
         vocab_size=vocab_size,
@@ -162,4 +181,5 @@ def config_from_gguf(meta: Mapping[str, Any], *, vocab_size: int, has_output: bo
         tie_word_embeddings=not has_output,
         qkv_bias=has_qkv_bias,
         qk_norm=has_qk_norm,
+        rope_scaling=scaling,
     )

@@ -45,6 +45,7 @@ _BLOCK_NAMES = {
     "ffn_down": "mlp.down_proj",
 }
 log = logging.getLogger("kiln.model")
+ROPE_FREQS = "rope_freqs.weight"  # Llama 3.1+: one divisor per rotary frequency
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
 
 
@@ -145,9 +146,11 @@ def load_gguf(path: str | Path, dtype: torch.dtype, device: torch.device, *,
     embd = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
     if embd is None:
         raise WeightLoadError("GGUF file has no token_embd.weight")
+    freqs = next((t for t in reader.tensors if t.name == ROPE_FREQS), None)
     cfg = config_from_gguf(
         meta, vocab_size=int(embd.shape[1]), has_output="output.weight" in names,
-        has_qkv_bias="blk.0.attn_q.bias" in names, has_qk_norm="blk.0.attn_q_norm.weight" in names)
+        has_qkv_bias="blk.0.attn_q.bias" in names, has_qk_norm="blk.0.attn_q_norm.weight" in names,
+        rope_divisors=None if freqs is None else tuple(float(x) for x in _dequantize(freqs).ravel()))
     model = empty_model(cfg, dtype, device)
     sink = WeightSink(model)
     packed: dict[str, PackedWeight] | None = {} if pack_weights(
@@ -155,6 +158,8 @@ def load_gguf(path: str | Path, dtype: torch.dtype, device: torch.device, *,
     deferred: dict[str, PackedWeight] = {}  # packed; float32 values written only if needed
     unpacked: dict[str, list[str]] = {}  # why -> the matrices kept as float32 for that reason
     for tensor in progress(reader.tensors, len(reader.tensors), "loading GGUF"):
+        if tensor.name == ROPE_FREQS:  # read into the config (its rope scaling)
+            continue
         heads = _row_permutation(cfg, tensor.name)
         name = hf_name(tensor.name)
         why = _unpackable(tensor) if len(tensor.shape) > 1 else "1-D"

@@ -6,6 +6,7 @@ state-dict key of a Kiln model is the safetensors key of the checkpoint.
 
 from __future__ import annotations
 
+import math
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -16,6 +17,7 @@ from torch import nn
 from kiln.model.attention import AttentionPlan, paged_attention
 from kiln.model.config import ModelConfig
 from kiln.model.quantized import NO_ROUTE, RowRoute, project, project_many
+from kiln.model.rope import RopeScaling
 
 
 @runtime_checkable
@@ -44,18 +46,21 @@ class RMSNorm(nn.Module):
 
 
 class RotaryEmbedding:
-    """HF ``rotate_half`` (NEOX-style) rotary embedding; cos/sin computed from positions."""
+    """HF ``rotate_half`` (NEOX-style) rotary embedding; cos/sin computed from positions. Its
+    frequencies, scaled as ``scaling`` says, are the ones every path uses (the C step reads
+    ``inv_freq``)."""
 
-    def __init__(self, head_dim: int, theta: float) -> None:
+    def __init__(self, head_dim: int, theta: float, scaling: RopeScaling | None = None) -> None:
         self.head_dim = head_dim
         self.theta = theta
+        self.scaling = scaling
         self._inv_freq: dict[torch.device, torch.Tensor] = {}
 
     def inv_freq(self, device: torch.device) -> torch.Tensor:
         if device not in self._inv_freq:
             exps = torch.arange(0, self.head_dim, 2, dtype=torch.int64, device=device)
-            self._inv_freq[device] = 1.0 / (
-                self.theta ** (exps.to(torch.float32) / self.head_dim))
+            base = 1.0 / (self.theta ** (exps.to(torch.float32) / self.head_dim))
+            self._inv_freq[device] = base if self.scaling is None else scaled(base, self.scaling)
         return self._inv_freq[device]
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype
@@ -64,6 +69,23 @@ class RotaryEmbedding:
         freqs = positions.to(torch.float32)[:, None] * self.inv_freq(positions.device)[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def scaled(inv_freq: torch.Tensor, s: RopeScaling) -> torch.Tensor:
+    """``inv_freq`` (float32) rescaled as ``s`` says (kiln.model.rope); ``llama3`` in the order of
+    operations transformers uses, so that the frequencies are its own, bit for bit."""
+    if s.kind == "linear":
+        return inv_freq / s.factor
+    if s.kind == "divisors":
+        return inv_freq / torch.tensor(s.divisors, dtype=torch.float32, device=inv_freq.device)
+    old = s.original_max_position
+    low_wavelen, high_wavelen = old / s.low_freq_factor, old / s.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    out = torch.where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq)
+    smooth = (old / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
+    blended = (1 - smooth) * out / s.factor + smooth * out
+    between = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(between, blended, out)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
