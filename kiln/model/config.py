@@ -87,7 +87,7 @@ class ModelConfig:
             head_dim=int(head_dim),
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             rope_theta=float(rope_theta if rope_theta is not None else 10000.0),
-            max_position=int(cfg.get("max_position_embeddings", 4096)),
+            max_position=_context(cfg, arch),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=arch == "qwen2",
             qk_norm=arch == "qwen3",
@@ -123,6 +123,21 @@ class ModelConfig:
             "hidden_act": "silu",
             **({"rope_scaling": self.rope_scaling.to_hf()} if self.rope_scaling else {}),
         }
+
+
+def _context(cfg: Mapping[str, Any], arch: str) -> int:
+    """``max_position_embeddings``, capped at the sliding window where the model attends
+    through one (Mistral 7B v0.1 and its fine-tunes: 4,096 of 32,768; Qwen2 with
+    ``use_sliding_window``). Within the window full attention is exactly sliding-window
+    attention, and the engine attends to everything before a token: so the context stops there
+    rather than the attention quietly reaching past the window."""
+    context = int(cfg.get("max_position_embeddings", 4096))
+    window = cfg.get("sliding_window")
+    if arch != "llama" and cfg.get("use_sliding_window") is not True:
+        window = None  # Qwen2 / Qwen3 name a window they use only when told to
+    if isinstance(window, int) and not isinstance(window, bool) and 0 < window < context:
+        return window
+    return context
 
 
 def _hf_arch(cfg: Mapping[str, Any]) -> str:

@@ -1,4 +1,5 @@
-"""Llama-family decoder (Llama 2/3, SmolLM2, Mistral without sliding window)."""
+"""Llama-family decoder (Llama 2/3, SmolLM2, Mistral; a sliding window caps the context:
+kiln.model.config)."""
 
 from __future__ import annotations
 

@@ -31,6 +31,20 @@ def test_from_hf_rope_parameters_and_errors() -> None:
         ModelConfig.from_hf({**QWEN2, "num_key_value_heads": 3})
 
 
+def test_a_sliding_window_caps_the_context() -> None:
+    """Within its window, full attention is the model's sliding-window attention: Mistral 7B
+    v0.1's 4,096 of 32,768 becomes the context; Qwen2's window only with use_sliding_window."""
+    mistral = {**QWEN2, "architectures": ["MistralForCausalLM"], "model_type": "mistral",
+               "sliding_window": 4096}
+    assert ModelConfig.from_hf(mistral).max_position == 4096
+    assert ModelConfig.from_hf({**mistral, "sliding_window": None}).max_position == 32768
+    assert ModelConfig.from_hf({**mistral, "sliding_window": 65536}).max_position == 32768
+    qwen = {**QWEN2, "sliding_window": 1024}
+    assert ModelConfig.from_hf(qwen).max_position == 32768  # use_sliding_window absent
+    assert ModelConfig.from_hf({**qwen, "use_sliding_window": False}).max_position == 32768
+    assert ModelConfig.from_hf({**qwen, "use_sliding_window": True}).max_position == 1024
+
+
 def test_kv_cache_shapes_and_bytes() -> None:
     cfg = tiny_config("qwen3")
     kv = KVCache(cfg, num_blocks=5, block_size=16, dtype=torch.bfloat16,
