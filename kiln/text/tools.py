@@ -277,13 +277,18 @@ def parse_block(body: str, toolset: ToolSet) -> ToolCall | None:
     return _call_from_json(obj)
 
 
+# the keys of a whole-answer call: Kiln's, and Llama 3.1-3.3's JSON tool calls (``parameters``)
+_BARE_KEYS = ({"name", "arguments"}, {"name", "parameters"})
+
+
 def bare_call(obj: Any, toolset: ToolSet) -> ToolCall | None:
-    """Kiln's fallback: a whole-answer ``{"name": <declared>, "arguments": {...}}`` object."""
-    if not isinstance(obj, dict) or set(obj) != {"name", "arguments"}:
+    """Kiln's fallback: a whole-answer ``{"name": <declared>, "arguments": {...}}`` object, or
+    ``"parameters"`` for ``"arguments"`` as Llama 3.1-3.3 write their calls."""
+    if not isinstance(obj, dict) or set(obj) not in _BARE_KEYS:
         return None
     if obj["name"] not in toolset.names:
         return None
-    args = _arguments(obj["arguments"])
+    args = _arguments(obj.get("arguments", obj.get("parameters")))
     return None if args is None else ToolCall.create(obj["name"], args)
 
 

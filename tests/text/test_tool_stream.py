@@ -151,6 +151,16 @@ def test_bare_json_is_held_then_released_when_it_cannot_be_a_call() -> None:
     assert s.push(" ok").content == '{"name": "search", "arguments": {}} ok'
 
 
+def test_a_llama3_call_streams_as_one_call() -> None:
+    s = ToolCallStreamer(TOOLS)
+    text = '{"name": "get_weather", "parameters": {"city": "Lima"}}'
+    assert all(s.push(ch).content == "" for ch in text)
+    ev = s.finish()
+    assert ev.content == ""
+    assert [(c.name, json.loads(c.arguments)) for _, c in ev.tool_calls] == [
+        ("get_weather", {"city": "Lima"})]
+
+
 def test_no_tools_passes_text_through() -> None:
     s = ToolCallStreamer(None)
     text = "  " + hermes("search", {"q": 1}) + "  "

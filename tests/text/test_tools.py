@@ -253,6 +253,17 @@ def test_bare_json_fallback_only_for_declared_names() -> None:
     assert parse_tool_calls(bare, None) == ParsedOutput(bare, [])
 
 
+def test_llama3_json_calls_are_whole_answer_calls() -> None:
+    """Llama 3.1-3.3 answer a call as one JSON object with "parameters" (no tags)."""
+    llama = '{"name": "get_weather", "parameters": {"city": "Lima"}}'
+    assert calls(parse_tool_calls(llama, TOOLS)) == [("get_weather", {"city": "Lima"})]
+    assert parse_tool_calls(llama, TOOLS).content == ""
+    both = '{"name": "search", "parameters": {}, "arguments": {}}'
+    assert parse_tool_calls(both, TOOLS) == ParsedOutput(both, [])
+    undeclared = '{"name": "launch_rockets", "parameters": {}}'
+    assert parse_tool_calls(undeclared, TOOLS) == ParsedOutput(undeclared, [])
+
+
 def test_plain_answer_with_tools_is_untouched() -> None:
     text = "The weather is nice. <tool and <tool_call without closing? no.\n"
     assert parse_tool_calls(text, TOOLS) == ParsedOutput(text, [])
