@@ -15,16 +15,18 @@ from kiln_kernels.quant import GGML_TYPES
 
 # byte offsets of each type's fp16 fields (random bytes there could be inf/nan or huge)
 HALF_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q8_0": (0,), "Q5_0": (0,), "Q5_1": (0, 2),
-               "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q2_K": (80, 82), "Q3_K": (108,)}
+               "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q2_K": (80, 82), "Q3_K": (108,),
+               "IQ4_NL": (0,), "IQ4_XS": (0,)}
 # |w| <= amp * (a small factor) when the fp16 fields are amp times these (quant ranges: Q4_0
 # |q - 8| <= 8, Q8_0 |q| <= 128; Q5_0
 # |q - 16| <= 16; Q5_1 q <= 31 with m = -amp; Q4_K / Q5_K 6-bit scale x 4/5-bit q, 6-bit min;
 # Q6_K scales limited to |sc| <= 16 here, |q - 32| <= 32; Q2_K 4-bit scale x 2-bit q, 4-bit
-# min; Q3_K |sc - 32| <= 32 x |q - 4| <= 4)
+# min; Q3_K |sc - 32| <= 32 x |q - 4| <= 4; IQ4_NL |value| <= 127; IQ4_XS |ls - 32| <= 32 x
+# |value| <= 127)
 _UNIT = {"Q4_0": (1 / 8,), "Q4_1": (1 / 8, -1.0), "Q8_0": (1 / 128,), "Q5_0": (1 / 16,),
          "Q5_1": (1 / 16, -1.0), "Q4_K": (1 / 504, 1 / 63),
          "Q5_K": (1 / 1008, 1 / 63), "Q6_K": (1 / 512,), "Q2_K": (1 / 45, 1 / 15),
-         "Q3_K": (1 / 128,)}
+         "Q3_K": (1 / 128,), "IQ4_NL": (1 / 127,), "IQ4_XS": (1 / 4064,)}
 
 
 def random_raw(ggml_type: str, rows: int, k: int, seed: int = 0,

@@ -33,7 +33,8 @@ SOURCES = (HERE / "matmul" / "gemm.c", HERE / "step" / "cpu_step.c",
            HERE / "sampling" / "top_p.c", HERE / "sampling" / "token_mask.c")
 HEADERS = (HERE / "matmul" / "quant.h", HERE / "matmul" / "blocks.h",
            HERE / "matmul" / "blocks_legacy.h", HERE / "matmul" / "blocks_k.h",
-           HERE / "matmul" / "blocks_float.h", HERE / "step" / "cpu_step.h",
+           HERE / "matmul" / "blocks_float.h", HERE / "matmul" / "blocks_iq.h",
+           HERE / "step" / "cpu_step.h",
            HERE / "common" / "vmath.h", HERE / "sampling" / "counter.h",
            HERE / "sampling" / "sample.h")
 NATIVE_FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-shared",

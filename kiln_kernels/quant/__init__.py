@@ -65,7 +65,7 @@ __all__ = [
 ]
 
 Format = Literal["q4", "q8", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "f16", "bf16", "f32",
-                 "q2_k", "q3_k"]
+                 "q2_k", "q3_k", "iq4_nl", "iq4_xs"]
 # GGML block sizes in bytes of the 32-weight types repacked as q4 / q8: fp16 scale(s) + values.
 GGML_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
 

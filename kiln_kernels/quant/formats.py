@@ -14,18 +14,21 @@ import torch
 
 # format -> id in quant.h
 FORMAT_IDS = {"q4": 0, "q8": 1, "q5_0": 2, "q5_1": 3, "q4_k": 4, "q5_k": 5, "q6_k": 6,
-              "f16": 7, "bf16": 8, "f32": 9, "q2_k": 10, "q3_k": 11}
+              "f16": 7, "bf16": 8, "f32": 9, "q2_k": 10, "q3_k": 11, "iq4_nl": 12, "iq4_xs": 13}
 # weights per block along k
 K_QUANTS = ("q2_k", "q3_k", "q4_k", "q5_k", "q6_k")
-QK = {f: 256 if f in K_QUANTS else 32 for f in FORMAT_IDS}
+QK = {f: 256 if f in (*K_QUANTS, "iq4_xs") else 32 for f in FORMAT_IDS}
 # bytes of one row's block, for the formats kept as the file's blocks
 RAW_BLOCK = {"q5_0": 22, "q5_1": 24, "q4_k": 144, "q5_k": 176, "q6_k": 210, "f16": 64,
-             "bf16": 64, "f32": 128, "q2_k": 84, "q3_k": 110}
+             "bf16": 64, "f32": 128, "q2_k": 84, "q3_k": 110, "iq4_nl": 18, "iq4_xs": 136}
+# IQ4_NL's and IQ4_XS's 16 values (llama.cpp's kvalues_iq4nl), picked by each 4-bit index
+IQ4_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
 TILE_BYTES = {"q4": 96, "q8": 144, **{f: 4 * b for f, b in RAW_BLOCK.items()}}
 # GGML type -> format, and that type's (weights, bytes) per block (floats: 32 per "block")
 GGML_FORMAT = {"Q4_0": "q4", "Q4_1": "q4", "Q8_0": "q8", "Q5_0": "q5_0", "Q5_1": "q5_1",
                "Q4_K": "q4_k", "Q5_K": "q5_k", "Q6_K": "q6_k", "F16": "f16", "BF16": "bf16",
-               "F32": "f32", "Q2_K": "q2_k", "Q3_K": "q3_k"}
+               "F32": "f32", "Q2_K": "q2_k", "Q3_K": "q3_k", "IQ4_NL": "iq4_nl",
+               "IQ4_XS": "iq4_xs"}
 GGML_TYPES = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q8_0": (32, 34),
               **{t: (QK[f], RAW_BLOCK[f]) for t, f in GGML_FORMAT.items() if f in RAW_BLOCK}}
 
@@ -105,6 +108,22 @@ def _dequantize_q2_q3(fmt: str, r: torch.Tensor) -> torch.Tensor:
     return (dl * (q - 4).to(torch.float32).reshape(n, nb, 16, 16)).reshape(n, nb, 256)
 
 
+def _dequantize_iq4(fmt: str, r: torch.Tensor) -> torch.Tensor:
+    """IQ4_NL: d * value[q]; IQ4_XS: (d * (ls - 32)) * value[q], ls a sub-block's 6-bit scale
+    (low 4 bits from scales_l, high 2 from scales_h). Every product is exact. ``[N, nb, qk]``."""
+    n, nb, _ = r.shape
+    values = torch.tensor(IQ4_VALUES, dtype=torch.float32)
+    if fmt == "iq4_nl":
+        return _half(r, 0) * values[_nibbles(r[..., 2:18])]
+    lo = r[..., 4:8, None].to(torch.int32) >> torch.tensor([0, 4])  # [N, nb, 4, 2]
+    hi = (r[..., 2].to(torch.int32) | (r[..., 3].to(torch.int32) << 8))[..., None] >> (
+        2 * torch.arange(8))
+    ls = (lo.reshape(n, nb, 8) & 0x0F) | ((hi & 3) << 4)
+    dl = (_half(r, 0) * (ls - 32).to(torch.float32))[..., None]  # [N, nb, 8, 1]
+    q = _nibbles(r[..., 8:136].reshape(n, nb, 8, 16))  # [N, nb, 8, 32]
+    return (dl * values[q]).reshape(n, nb, 256)
+
+
 def dequantize_raw(fmt: str, r: torch.Tensor) -> torch.Tensor:
     """Rows' blocks uint8 ``[N, nb, block]`` of a raw format -> float32 ``[N, nb * qk]``,
     computed as gguf-py computes them."""
@@ -136,6 +155,8 @@ def dequantize_raw(fmt: str, r: torch.Tensor) -> torch.Tensor:
         w = (_half(r, 208) * sc)[..., None] * q
     elif fmt in ("q2_k", "q3_k"):
         w = _dequantize_q2_q3(fmt, r)
+    elif fmt in ("iq4_nl", "iq4_xs"):
+        w = _dequantize_iq4(fmt, r)
     elif fmt == "f16":
         w = r.contiguous().view(torch.float16).to(torch.float32)
     elif fmt == "bf16":

@@ -1,6 +1,6 @@
-"""The formats kept as the file's own blocks (Q5_0, Q5_1, Q2_K ... Q6_K, F16, BF16, F32):
-their weights are gguf-py's bit for bit (torch reference, C row lookups, the products' own
-dequantization), the tiles hold the file's blocks, and weights of different formats stack
+"""The formats kept as the file's own blocks (Q5_0, Q5_1, Q2_K ... Q6_K, F16, BF16, F32, IQ4_NL,
+IQ4_XS): their weights are gguf-py's bit for bit (torch reference, C row lookups, the products'
+own dequantization), the tiles hold the file's blocks, and weights of different formats stack
 row-wise into one product. Products against the reference and batch invariance, for these and
 every other format: test_kernels_quant.py."""
 
@@ -22,7 +22,8 @@ from tests.gguf_blocks import gguf_dequantize
 
 pytestmark = pytest.mark.skipif(not kernels_available(), reason="no C compiler for the kernels")
 
-NEW_TYPES = ["Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "F16", "BF16", "F32"]
+NEW_TYPES = ["Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "F16", "BF16", "F32",
+             "IQ4_NL", "IQ4_XS"]
 
 
 def width(ggml_type: str, blocks: int) -> int:
@@ -98,4 +99,4 @@ def test_bad_raw_blocks_are_refused() -> None:
     with pytest.raises(ValueError):
         pack_ggml(torch.zeros(6, 210, dtype=torch.uint8), "Q6_K")  # rows not in fours
     with pytest.raises(ValueError):
-        pack_ggml(torch.zeros(4, 18, dtype=torch.uint8), "IQ4_NL")  # no kernel
+        pack_ggml(torch.zeros(4, 110, dtype=torch.uint8), "IQ3_S")  # no kernel

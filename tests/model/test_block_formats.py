@@ -36,7 +36,11 @@ Q3_K_M = {"q_proj": "Q3_K", "k_proj": "Q3_K", "v_proj": "Q5_K", "o_proj": "Q3_K"
           "gate_proj": "Q3_K", "up_proj": "Q3_K", "down_proj": "Q4_K", "head": "Q6_K"}
 Q2_K_MIX = {"q_proj": "Q2_K", "k_proj": "Q2_K", "v_proj": "Q3_K", "o_proj": "Q2_K",
             "gate_proj": "Q2_K", "up_proj": "Q2_K", "down_proj": "Q3_K", "head": "Q6_K"}
-FORMATS = ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1", "F16", "BF16", "F32"]
+# llama-quantize's IQ4_XS (the head a step up; on SmolLM2's 576 wide matrices it writes IQ4_NL)
+IQ4_MIX = {"q_proj": "IQ4_XS", "k_proj": "IQ4_XS", "v_proj": "IQ4_NL", "o_proj": "IQ4_XS",
+           "gate_proj": "IQ4_XS", "up_proj": "IQ4_NL", "down_proj": "IQ4_XS", "head": "Q6_K"}
+FORMATS = ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1", "IQ4_NL", "IQ4_XS", "F16",
+           "BF16", "F32"]
 
 
 def k_config(arch: str, tie: bool = False) -> ModelConfig:
@@ -113,7 +117,8 @@ def test_a_decode_row_never_depends_on_its_batch(types: dict[str, str]) -> None:
 @pytest.mark.parametrize(("arch", "tie", "types"), [("qwen2", False, Q4_K_M),
                                                     ("qwen3", True, Q4_K_M),
                                                     ("qwen2", False, Q3_K_M),
-                                                    ("llama", False, Q2_K_MIX)])
+                                                    ("llama", False, Q2_K_MIX),
+                                                    ("llama", True, IQ4_MIX)])
 def test_k_quant_gguf_runs_in_c(tmp_path: Path, arch: str, tie: bool,
                                 types: dict[str, str]) -> None:
     """A Q4_K_M-style GGUF file (raw blocks written with gguf-py's GGUFWriter) loads with every
@@ -138,7 +143,7 @@ def test_k_quant_gguf_runs_in_c(tmp_path: Path, arch: str, tie: bool,
 
 def test_a_matrix_without_a_kernel_is_logged(tmp_path: Path,
                                              caplog: pytest.LogCaptureFixture) -> None:
-    """An IQ4_NL projection has no kernel: one start-up line names it and why; the model runs
+    """An IQ3_S projection has no kernel: one start-up line names it and why; the model runs
     on the torch path with gguf-py's weights."""
     import gguf
     import numpy as np
@@ -148,16 +153,16 @@ def test_a_matrix_without_a_kernel_is_logged(tmp_path: Path,
     name = "model.layers.1.mlp.down_proj.weight"
     n, k = tensors[name].shape
     gen = torch.Generator().manual_seed(0)
-    iq = torch.randint(0, 256, (n, k // 32, 18), dtype=torch.uint8, generator=gen)
-    iq[:, :, 0:2] = torch.full((n, k // 32, 1), 1e-3).to(torch.float16).view(torch.uint8)
-    blocks[name] = (iq.reshape(n, -1), "IQ4_NL")
-    out = gguf.quants.dequantize(iq.reshape(n, -1).numpy(), gguf.GGMLQuantizationType.IQ4_NL)
+    iq = torch.randint(0, 256, (n, k // 256, 110), dtype=torch.uint8, generator=gen)
+    iq[:, :, 0:2] = torch.full((n, k // 256, 1), 1e-3).to(torch.float16).view(torch.uint8)
+    blocks[name] = (iq.reshape(n, -1), "IQ3_S")
+    out = gguf.quants.dequantize(iq.reshape(n, -1).numpy(), gguf.GGMLQuantizationType.IQ3_S)
     tensors[name] = torch.from_numpy(np.asarray(out, dtype=np.float32).copy()).reshape(n, k)
-    path = write_tiny_gguf(tmp_path / "iq4_nl.gguf", cfg, tensors, blocks=blocks)
+    path = write_tiny_gguf(tmp_path / "iq3_s.gguf", cfg, tensors, blocks=blocks)
     with caplog.at_level("WARNING", logger="kiln.model"):
         lm = load_model(str(path))
     lines = [r.getMessage() for r in caplog.records if "torch path" in r.getMessage()]
-    assert len(lines) == 1 and "IQ4_NL" in lines[0] and "blk.1.ffn_down.weight" in lines[0]
+    assert len(lines) == 1 and "IQ3_S" in lines[0] and "blk.1.ffn_down.weight" in lines[0]
     assert lm.model.plan.step != "c"
     assert torch.equal(float32_state_dict(lm.model)[name], tensors[name])
     assert isinstance(lm.model.model.layers[0].mlp.packed_down, PackedWeight)  # type: ignore[union-attr]

@@ -28,11 +28,12 @@ static inline float kiln_half(const uint8_t *p) {
 #include "blocks_legacy.h" /* first: kiln_iota */
 #include "blocks_k.h"
 #include "blocks_float.h"
+#include "blocks_iq.h"
 
 /* Weights per block along k (32, or 256 for the K-quants). */
 static inline __attribute__((always_inline)) int kf_qk(int fmt) {
     return fmt == KF_Q4_K || fmt == KF_Q5_K || fmt == KF_Q6_K || fmt == KF_Q2_K ||
-                   fmt == KF_Q3_K ? 256 : 32;
+                   fmt == KF_Q3_K || fmt == KF_IQ4_XS ? 256 : 32;
 }
 
 /* Bytes of one tile block (4 rows). */
@@ -47,6 +48,8 @@ static inline __attribute__((always_inline)) int64_t kf_tile(int fmt) {
     case KF_Q6_K: return 4 * Q6_K_BLOCK;
     case KF_Q2_K: return 4 * Q2_K_BLOCK;
     case KF_Q3_K: return 4 * Q3_K_BLOCK;
+    case KF_IQ4_NL: return 4 * IQ4_NL_BLOCK;
+    case KF_IQ4_XS: return 4 * IQ4_XS_BLOCK;
     case KF_F16: case KF_BF16: return 4 * 64;
     default: return 4 * 128; /* KF_F32 */
     }
@@ -64,6 +67,8 @@ static inline float kf_weight(int fmt, const uint8_t *blk, int r, int e) {
     case KF_Q6_K: return w_q6_k(blk, r, e);
     case KF_Q2_K: return w_q2_k(blk, r, e);
     case KF_Q3_K: return w_q3_k(blk, r, e);
+    case KF_IQ4_NL: return w_iq4_nl(blk, r, e);
+    case KF_IQ4_XS: return w_iq4_xs(blk, r, e);
     case KF_F16: return w_f16(blk, r, e);
     case KF_BF16: return w_bf16(blk, r, e);
     default: return w_f32(blk, r, e);
@@ -73,7 +78,8 @@ static inline float kf_weight(int fmt, const uint8_t *blk, int r, int e) {
 /* The float scales of rows r0..r0+RR-1 of a tile block, written to s[r] (up to 32 floats a row) and
  * read back by kf_unpack as broadcasts from memory (load-port work; the conversions and the
  * register broadcasts they replace all compete for the shuffle port): K-quants per row
- * (k_prep, k_prep23: 32 floats a row for Q2_K); Q5_0 / Q5_1 d (and m) of the rows' blocks converted together. */
+ * (k_prep, k_prep23: 32 floats a row for Q2_K); Q5_0 / Q5_1 d (and m) of the rows' blocks converted together;
+ * IQ4_NL d, IQ4_XS the 8 sub-blocks' d * (ls - 32). */
 static inline __attribute__((always_inline)) void kf_prep(int fmt, const uint8_t *blk, int r0,
                                                          int RR, float (*s)[32]) {
     for (int r = 0; r < RR; r++) {
@@ -82,6 +88,9 @@ static inline __attribute__((always_inline)) void kf_prep(int fmt, const uint8_t
         if (fmt == KF_Q6_K) k_prep(1, blk + Q6_K_BLOCK * (r0 + r), s[r]);
         if (fmt == KF_Q2_K) k_prep23(0, blk + Q2_K_BLOCK * (r0 + r), s[r]);
         if (fmt == KF_Q3_K) k_prep23(1, blk + Q3_K_BLOCK * (r0 + r), s[r]);
+        if (fmt == KF_IQ4_NL) s[r][0] = kiln_half(blk + IQ4_NL_BLOCK * (r0 + r));
+        if (fmt == KF_IQ4_XS)
+            for (int b = 0; b < 8; b++) s[r][b] = iq4_xs_scale(blk + IQ4_XS_BLOCK * (r0 + r), b);
     }
     if (fmt == KF_Q5_0 || fmt == KF_Q5_1) {
         /* the rows' fp16 fields gathered in integer registers, then one conversion (a vector
@@ -125,6 +134,8 @@ static inline __attribute__((always_inline)) void kf_unpack(int fmt, const uint8
     case KF_Q6_K: u_q6_k(blk, r, j, s, lo, hi); break;
     case KF_Q2_K: u_q2_k(blk, r, j, s, lo, hi); break;
     case KF_Q3_K: u_q3_k(blk, r, j, s, lo, hi); break;
+    case KF_IQ4_NL: u_iq4(blk + IQ4_NL_BLOCK * r + 2, s[0], lo, hi); break;
+    case KF_IQ4_XS: u_iq4(blk + IQ4_XS_BLOCK * r + 8 + 16 * j, s[j], lo, hi); break;
     case KF_F16: u_f16(blk, r, lo, hi); break;
     case KF_BF16: u_bf16(blk, r, lo, hi); break;
     default: u_f32(blk, r, lo, hi); break;

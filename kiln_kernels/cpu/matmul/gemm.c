@@ -253,7 +253,7 @@ static void tile_any(int fmt, const float *x, int64_t M, int64_t K, const uint8_
 #define CASE(F) case F: tile_all(F, x, M, K, tile, y, N, n0); break;
     CASE(KF_Q4) CASE(KF_Q8) CASE(KF_Q5_0) CASE(KF_Q5_1) CASE(KF_Q4_K) CASE(KF_Q5_K)
     CASE(KF_Q6_K) CASE(KF_F16) CASE(KF_BF16) CASE(KF_F32) CASE(KF_Q2_K)
-    CASE(KF_Q3_K)
+    CASE(KF_Q3_K) CASE(KF_IQ4_NL) CASE(KF_IQ4_XS)
 #undef CASE
     default: break;
     }

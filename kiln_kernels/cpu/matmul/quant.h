@@ -9,10 +9,12 @@
  * sequential stream feeds four outputs.
  *   KF_Q4, KF_Q8: GGML Q4_0/Q4_1 and Q8_0 with their fp16 scales widened to float32 (gemm.c);
  *   every other format keeps the file's blocks as they are: a tile block is the 4 rows' GGML
- *   blocks one after another (KF_Q5_0 ... KF_F32; blocks_legacy.h, blocks_k.h, blocks_float.h). */
+ *   blocks one after another (KF_Q5_0 ... KF_IQ4_XS; blocks_legacy.h, blocks_k.h,
+ *   blocks_float.h, blocks_iq.h). */
 enum {
     KF_Q4 = 0, KF_Q8 = 1, KF_Q5_0 = 2, KF_Q5_1 = 3, KF_Q4_K = 4, KF_Q5_K = 5, KF_Q6_K = 6,
-    KF_F16 = 7, KF_BF16 = 8, KF_F32 = 9, KF_Q2_K = 10, KF_Q3_K = 11, KF_COUNT = 12
+    KF_F16 = 7, KF_BF16 = 8, KF_F32 = 9, KF_Q2_K = 10, KF_Q3_K = 11, KF_IQ4_NL = 12,
+    KF_IQ4_XS = 13, KF_COUNT = 14
 };
 
 /* A weight [N][K] as up to KILN_MAX_PARTS row-wise parts, each in its own format (a fused
