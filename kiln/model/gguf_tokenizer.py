@@ -33,6 +33,11 @@ _QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
 # Qwen3.5's: Qwen2's with combining marks (\p{M}) kept with the letters
 _QWEN35_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}|"
                  r" ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# Mistral's Tekken (Mistral Nemo, Mistral Small 3; llama models in GGUF): words split before an
+# upper-case run, as its tokenizer.json's pattern does
+_TEKKEN_SPLIT = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|"
+                 r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|"
+                 r"\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 # DeepSeek Coder's (a llama model): one split after another
 _DEEPSEEK_CODER_SPLITS = (r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+",
                           "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+", r"\p{N}")
@@ -47,8 +52,8 @@ def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
     if pre in ("llama-bpe", "llama3", "smaug-bpe"):
         split = pre_tokenizers.Split(tokenizers.Regex(_LLAMA3_SPLIT), behavior="isolated")
         return pre_tokenizers.Sequence([split, byte_level])
-    if pre in ("qwen2", "deepseek-r1-qwen", "qwen35"):
-        pattern = _QWEN35_SPLIT if pre == "qwen35" else _QWEN2_SPLIT
+    if pre in ("qwen2", "deepseek-r1-qwen", "qwen35", "tekken"):
+        pattern = {"qwen35": _QWEN35_SPLIT, "tekken": _TEKKEN_SPLIT}.get(pre, _QWEN2_SPLIT)
         split = pre_tokenizers.Split(tokenizers.Regex(pattern), behavior="isolated")
         return pre_tokenizers.Sequence([split, byte_level])
     if pre == "deepseek-coder":
@@ -66,7 +71,8 @@ _SPACE = "\u2581"  # SentencePiece's visible space
 def _byte_level(meta: Mapping[str, Any], vocab: dict[str, int]) -> tokenizers.Tokenizer:
     merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
     pre = str(meta.get("tokenizer.ggml.pre", "default"))
-    bpe = models.BPE(vocab=vocab, merges=merges, ignore_merges=pre in ("llama-bpe", "llama3"))
+    bpe = models.BPE(vocab=vocab, merges=merges,
+                     ignore_merges=pre in ("llama-bpe", "llama3", "tekken"))
     tok = tokenizers.Tokenizer(bpe)
     tok.pre_tokenizer = _pre_tokenizer(pre)
     tok.decoder = decoders.ByteLevel()

@@ -154,6 +154,8 @@ def test_llama_cpps_own_vectors(name: str) -> None:
     # Qwen3.5 keeps combining marks with their letters; Qwen2 splits them off
     ("qwen35", "cafe\u0301 ok", ["cafe\u0301", " ok"]),
     ("qwen2", "cafe\u0301 ok", ["cafe", "\u0301", " ok"]),
+    # Tekken: a word splits before an upper-case run; digits one by one
+    ("tekken", "HelloWorld JSONParser 42", ["Hello", "World", " JSONParser", " ", "4", "2"]),
     # DeepSeek Coder: line breaks, letter runs, punctuation runs and digits apart
     ("deepseek-coder", "if x:\n  return 42", ["if", " x", ":", "\n", " ", " return", " ", "4",
                                                "2"]),
