@@ -60,6 +60,8 @@ FOLDER_ROW = "bf16 (HF folder)"
 # Qwen2.5-0.5B's shapes, random weights, as llama-quantize writes Q4_K_M (Q4_K, Q5_0, Q6_K, Q8_0):
 # python -m bench.peers.shaped_gguf F16.gguf, then llama-quantize F16.gguf SHAPED Q4_K_M
 SHAPED = PEERS / "models" / "qwen2.5-0.5b-shaped-Q4_K_M.gguf"
+# Llama 3.2 1B's shapes and llama3 rope scaling, the same way (--shape llama3.2-1b)
+LLAMA_SHAPED = PEERS / "models" / "llama3.2-1b-shaped-Q4_K_M.gguf"
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,7 @@ def default_pairs() -> list[Pair]:
 
     files = [Path(default_model_path())]
     files += [PEERS / "models" / f"smollm2-135m-{q}.gguf" for q in REQUANTIZED]
-    files.append(SHAPED)
+    files += [SHAPED, LLAMA_SHAPED]
     pairs = [file_pair(p) for p in files if p.is_file()]
     if BF16_GGUF.is_file() and (FOLDER / "config.json").is_file():
         pairs.append(Pair(FOLDER_ROW, FOLDER, BF16_GGUF))

@@ -6,7 +6,9 @@ types, not on the values: greedy with ``ignore_eos`` runs every token either way
 24 layers, hidden 896, FFN 4864, 14 heads of 64 with 2 KV heads, q/k/v biases, tied embedding,
 vocabulary 151,936. ``llama-quantize`` then writes it as its users download it (Q4_K_M:
 896-column matrices are not a multiple of the K-quants' 256 and fall back to Q5_0, as in the
-published files). The tokenizer is the default model's (its tokens, merges and chat template),
+published files). ``llama3.2-1b`` is Llama 3.2 1B Instruct's: llama, 16 layers, hidden 2048,
+FFN 8192, 32 heads of 64 with 8 KV heads, tied embedding, vocabulary 128,256, and its llama3
+rope scaling as ``rope_freqs.weight``. The tokenizer is the default model's (its tokens, merges and chat template),
 the vocabulary padded with unused tokens to the model's size.
 
 Usage: python -m bench.peers.shaped_gguf OUT.gguf [--shape qwen2.5-0.5b] [--seed 0]
@@ -41,7 +43,28 @@ class Shape:
 SHAPES = {
     "qwen2.5-0.5b": Shape("qwen2", 24, 896, 4864, 14, 2, 64, 151_936, True, 1_000_000.0, 1e-6,
                           32_768),
+    "llama3.2-1b": Shape("llama", 16, 2048, 8192, 32, 8, 64, 128_256, False, 500_000.0, 1e-5,
+                         131_072),
 }
+# Llama 3.1+'s rope scaling, as llama.cpp's converter writes it (rope_freqs.weight): the
+# shapes whose config.json has rope_type llama3 (factor, low and high frequency factors,
+# original context)
+LLAMA3_ROPE = {"llama3.2-1b": (32.0, 1.0, 4.0, 8192)}
+
+
+def rope_freqs(s: Shape, factor: float, low: float, high: float, old: int) -> np.ndarray:
+    """One divisor per rotary frequency (llama.cpp's formula for rope_type llama3)."""
+    out = []
+    for i in range(0, s.head_dim, 2):
+        wavelen = 2 * np.pi * s.rope_theta ** (i / s.head_dim)
+        if wavelen < old / high:
+            out.append(1.0)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.asarray(out, dtype=np.float32)
 
 
 def _tensors(s: Shape, rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -96,6 +119,8 @@ def write(path: Path, shape: str = "qwen2.5-0.5b", seed: int = 0) -> Path:
             add(int(meta[key]))
     w.add_add_bos_token(False)
     w.add_chat_template(str(meta["tokenizer.chat_template"]))
+    if shape in LLAMA3_ROPE:
+        w.add_tensor("rope_freqs.weight", rope_freqs(s, *LLAMA3_ROPE[shape]))
     for name, arr in _tensors(s, np.random.default_rng(seed)).items():
         w.add_tensor(name, arr)
     w.write_header_to_file()
