@@ -7,7 +7,8 @@ users load), llama-server, which cannot read safetensors, the BF16 GGUF of exact
 Per file and server: seconds from start to a healthy /health, single-stream decode tok/s (best
 of ``--repeats``), 8-stream aggregate tok/s, and the server's RSS at health and after the runs,
 with the part of it that is the KV cache (Kiln maps its cache from zero pages, resident once
-written; llama.cpp clears its whole cache at start). The rate of a stream is (tokens - 1) over
+written; llama.cpp clears its whole cache at start), and the prefill rate (prompt tokens per
+second of a one-token completion over a fresh ~600-900-token prompt, best of ``--repeats``). The rate of a stream is (tokens - 1) over
 the span from its first to its last content chunk (prefill left out), counted the same way for
 both servers; the single-stream figure is also given as a fraction of the memory-bandwidth bound
 (this machine's streaming read rate, measured in the same run, over the bytes of the file's
@@ -16,10 +17,10 @@ weights). Kiln's KV cache is sized from the GGUF of the pair.
 
 The peer: ``bash bench/peers/build_llama_cpp.sh`` (llama.cpp from the llama-cpp-python 0.3.36
 sdist) and ``bash bench/peers/requantize.sh`` (the default model as Q4_K_M, Q5_K_M, Q6_K, Q8_0,
-F16, BF16) into build-peers/, then ``python -m bench.peers.hf_folder`` for the folder (FOLDER
-below), and ``python -m bench.peers.shaped_gguf`` + ``llama-quantize`` for a file of
-Qwen2.5-0.5B's shapes in Q4_K_M (SHAPED below: random weights, the tensor types of the published
-file). Files, the folder or servers not there are skipped, and said so.
+F16, BF16, IQ4_XS, IQ4_NL) into build-peers/, then ``python -m bench.peers.hf_folder`` for the
+folder (FOLDER below), and ``python -m bench.peers.shaped_gguf`` + ``llama-quantize`` for files
+of Qwen2.5-0.5B's and Llama 3.2 1B's shapes in Q4_K_M (SHAPED, LLAMA_SHAPED below: random
+weights, the tensor types of the published files). Files, the folder or servers not there are skipped, and said so.
 
 Usage: python -m bench.bench_peer [--files A.gguf ...] [--only TEXT ...] [--tokens 128]
 [--repeats 3]   (--only: the default rows whose name holds one of the TEXTs, any case)
@@ -34,6 +35,7 @@ import compileall
 import contextlib
 import json
 import platform
+import random
 import re
 import subprocess
 import sys
@@ -161,6 +163,25 @@ async def one_stream(client: httpx.AsyncClient, prompt: str, tokens: int) -> flo
     return (len(arrivals) - 1) / (arrivals[-1] - arrivals[0])
 
 
+PREFILL_WORDS = 600  # ~600-900 tokens: within one of llama-server's 1,024-token slots
+_WORDS = ("river stone cloud paper window orange music table light north garden silver "
+          "winter market engine letter forest bridge candle mirror").split()
+
+
+async def prefill_rate(client: httpx.AsyncClient, seed: int) -> float:
+    """Prompt tokens per second of a non-streamed completion of one token over a fresh prompt
+    (another per call, so neither server has its prefix cached): the prefill, plus one token."""
+    rng = random.Random(seed)
+    prompt = " ".join(rng.choice(_WORDS) for _ in range(PREFILL_WORDS))
+    t0 = time.perf_counter()
+    r = await client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 1,
+                                                   "temperature": 0}, timeout=STREAM_TIMEOUT_S)
+    elapsed = time.perf_counter() - t0
+    if r.status_code != 200:
+        raise RuntimeError(f"HTTP {r.status_code}: {r.text[:300]!r}")
+    return int(r.json()["usage"]["prompt_tokens"]) / elapsed
+
+
 async def measure(url: str, tokens: int, repeats: int, streams: int) -> dict[str, Any]:
     # a new connection per request, for both servers: llama-server closes a connection after a
     # streamed response, and a pooled client's next request on it failed ("Server disconnected")
@@ -173,8 +194,10 @@ async def measure(url: str, tokens: int, repeats: int, streams: int) -> dict[str
             rates = await asyncio.gather(*(one_stream(client, user_prompt(200 + 10 * r + i),
                                                       tokens) for i in range(streams)))
             multi.append(sum(rates))
+        prefill = [await prefill_rate(client, 300 + r) for r in range(repeats)]
     return {"single_tok_s": max(single), "single_all": single,
-            f"streams{streams}_tok_s": max(multi), f"streams{streams}_all": multi}
+            f"streams{streams}_tok_s": max(multi), f"streams{streams}_all": multi,
+            "prefill_tok_s": max(prefill), "prefill_all": prefill}
 
 
 def rss_mib(pid: int) -> float:
@@ -276,7 +299,8 @@ def main() -> None:
             print(f"{pair.name} {kind}: healthy {healthy_s:.1f} s, single "
                   f"{fig['single_tok_s']:.1f} tok/s ({100 * fig['bound_fraction']:.0f}% of the "
                   f"{bound:.0f} tok/s bound), {args.streams} streams "
-                  f"{fig[f'streams{args.streams}_tok_s']:.1f} tok/s, RSS {fig['rss_mib']:.0f} MiB "
+                  f"{fig[f'streams{args.streams}_tok_s']:.1f} tok/s, prefill "
+                  f"{fig['prefill_tok_s']:.0f} tok/s, RSS {fig['rss_mib']:.0f} MiB "
                   f"(at health {healthy_rss:.0f}; KV resident {kv:.0f})",
                   flush=True)
         out["files"][pair.name] = row
