@@ -1,6 +1,7 @@
 """Random but valid raw GGML blocks for tests and benchmarks (gguf-py cannot quantize the
 K-quant types): random quants, scales and mins, and fp16 fields set so the weights stay in a
-chosen range; and the model header of a GGUF file they write (``add_model_header``).
+chosen range; and the model header and llama3 rope divisors of a GGUF file they write
+(``add_model_header``, ``llama3_rope_freqs``).
 
 Why it lives here: tests/ and bench/ both need these and neither may import the other, so
 the generator sits beside the formats it fills. Only tests and benches import it; no serving
@@ -8,6 +9,7 @@ module does (tests/test_import_boundaries.py checks that)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -74,3 +76,22 @@ def add_model_header(writer: Any, *, layers: int, context: int, hidden: int, ffn
         writer.add_key_length(head_dim)
     writer.add_layer_norm_rms_eps(rms_eps)
     writer.add_rope_freq_base(rope_theta)
+
+
+def llama3_rope_freqs(head_dim: int, theta: float, factor: float, low_freq_factor: float,
+                      high_freq_factor: float, original_context: int) -> list[float]:
+    """The ``rope_freqs.weight`` llama.cpp's converter writes for a ``llama3`` rope_scaling:
+    one divisor per rotary frequency (1 for short wavelengths, ``factor`` for long ones, blended
+    between), for GGUF files that tests and benches write."""
+    out = []
+    for i in range(0, head_dim, 2):
+        wavelen = 2 * math.pi * theta ** (i / head_dim)
+        if wavelen < original_context / high_freq_factor:
+            out.append(1.0)
+        elif wavelen > original_context / low_freq_factor:
+            out.append(factor)
+        else:
+            smooth = (original_context / wavelen - low_freq_factor) / (
+                high_freq_factor - low_freq_factor)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return out

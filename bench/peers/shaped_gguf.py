@@ -52,21 +52,6 @@ SHAPES = {
 LLAMA3_ROPE = {"llama3.2-1b": (32.0, 1.0, 4.0, 8192)}
 
 
-def rope_freqs(s: Shape, factor: float, low: float, high: float, old: int) -> np.ndarray:
-    """One divisor per rotary frequency (llama.cpp's formula for rope_type llama3)."""
-    out = []
-    for i in range(0, s.head_dim, 2):
-        wavelen = 2 * np.pi * s.rope_theta ** (i / s.head_dim)
-        if wavelen < old / high:
-            out.append(1.0)
-        elif wavelen > old / low:
-            out.append(factor)
-        else:
-            smooth = (old / wavelen - low) / (high - low)
-            out.append(1 / ((1 - smooth) / factor + smooth))
-    return np.asarray(out, dtype=np.float32)
-
-
 def _tensors(s: Shape, rng: np.random.Generator) -> dict[str, np.ndarray]:
     def mat(out: int, inp: int) -> np.ndarray:
         return (rng.standard_normal((out, inp), dtype=np.float32) * 0.02).astype(np.float16)
@@ -92,7 +77,7 @@ def _tensors(s: Shape, rng: np.random.Generator) -> dict[str, np.ndarray]:
 
 def write(path: Path, shape: str = "qwen2.5-0.5b", seed: int = 0) -> Path:
     import gguf
-    from kiln_kernels.testing import add_model_header
+    from kiln_kernels.testing import add_model_header, llama3_rope_freqs
 
     from kiln.model.gguf_index import GGUFIndex
     from kiln.model.locate import default_model_path
@@ -120,7 +105,8 @@ def write(path: Path, shape: str = "qwen2.5-0.5b", seed: int = 0) -> Path:
     w.add_add_bos_token(False)
     w.add_chat_template(str(meta["tokenizer.chat_template"]))
     if shape in LLAMA3_ROPE:
-        w.add_tensor("rope_freqs.weight", rope_freqs(s, *LLAMA3_ROPE[shape]))
+        divisors = llama3_rope_freqs(s.head_dim, s.rope_theta, *LLAMA3_ROPE[shape])
+        w.add_tensor("rope_freqs.weight", np.asarray(divisors, dtype=np.float32))
     for name, arr in _tensors(s, np.random.default_rng(seed)).items():
         w.add_tensor(name, arr)
     w.write_header_to_file()

@@ -7,12 +7,12 @@ GGUF's ``rope_freqs.weight`` failed as an unknown tensor)."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from kiln_kernels.testing import llama3_rope_freqs
 
 from kiln.model import load_model
 from kiln.model.config import ModelConfig, UnsupportedModelError, config_from_gguf
@@ -31,20 +31,9 @@ LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
 
 
 def llama_cpp_divisors(head_dim: int, theta: float, spec: dict[str, Any]) -> list[float]:
-    """llama.cpp's converter's rope_freqs.weight for a llama3 rope_scaling (its formula)."""
-    old, factor = spec["original_max_position_embeddings"], spec["factor"]
-    low, high = spec["low_freq_factor"], spec["high_freq_factor"]
-    out = []
-    for i in range(0, head_dim, 2):
-        wavelen = 2 * math.pi * theta ** (i / head_dim)
-        if wavelen < old / high:
-            out.append(1.0)
-        elif wavelen > old / low:
-            out.append(factor)
-        else:
-            smooth = (old / wavelen - low) / (high - low)
-            out.append(1 / ((1 - smooth) / factor + smooth))
-    return out
+    """llama.cpp's converter's rope_freqs.weight for a llama3 rope_scaling."""
+    return llama3_rope_freqs(head_dim, theta, spec["factor"], spec["low_freq_factor"],
+                             spec["high_freq_factor"], spec["original_max_position_embeddings"])
 
 
 def test_llama3_frequencies_are_transformers_bit_for_bit() -> None:
