@@ -7,6 +7,7 @@ GGUF's ``rope_freqs.weight`` failed as an unknown tensor)."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ transformers = pytest.importorskip("transformers")
 
 # a tiny model's 8 frequencies (head_dim 16, theta 10000) have wavelengths 6.3 .. 19,869: an
 # original context of 64 keeps the first, blends two and divides five
-LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+LLAMA3: dict[str, Any] = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
           "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
 
 
@@ -52,14 +53,26 @@ def test_llama3_frequencies_are_transformers_bit_for_bit() -> None:
 
 
 def test_a_gguf_s_divisors_are_the_same_frequencies() -> None:
-    """Divided by llama.cpp's divisors, the frequencies are llama3's to float32 rounding: the
-    two compute one quotient in different orders (one or two roundings apart)."""
+    """llama.cpp's divisors are llama3's scaling: in float64 the frequencies over them are
+    llama3's blend (the two formulas agree to float64 rounding). In float32 the divisors path is
+    two roundings from the quotient of its float32 base frequencies (the divisor rounded to
+    float32, then the division), so within 2u(1 + u), u = 2^-24, relatively. (The float32
+    llama3 path is transformers' own, bit for bit: the test above.)"""
     cpu = torch.device("cpu")
-    divisors = llama_cpp_divisors(16, 10000.0, LLAMA3)
-    a = RotaryEmbedding(16, 10000.0, RopeScaling("divisors", divisors=tuple(divisors)))
-    b = RotaryEmbedding(16, 10000.0, ModelConfig.from_hf(
-        {**tiny_config("llama").to_hf(), "rope_scaling": LLAMA3}).rope_scaling)
-    torch.testing.assert_close(a.inv_freq(cpu), b.inv_freq(cpu), rtol=4 * 2.0**-24, atol=0)
+    divisors = torch.tensor(llama_cpp_divisors(16, 10000.0, LLAMA3), dtype=torch.float64)
+    f, low, high = (float(LLAMA3[k]) for k in ("factor", "low_freq_factor", "high_freq_factor"))
+    old = float(LLAMA3["original_max_position_embeddings"])
+    base64 = 10000.0 ** (-torch.arange(0, 16, 2, dtype=torch.float64) / 16)
+    wavelen = 2 * math.pi / base64
+    smooth = (old / wavelen - low) / (high - low)
+    blend = torch.where(wavelen < old / high, base64, torch.where(
+        wavelen > old / low, base64 / f, (1 - smooth) * base64 / f + smooth * base64))
+    torch.testing.assert_close(base64 / divisors, blend, rtol=1e-12, atol=0)
+    base32 = RotaryEmbedding(16, 10000.0).inv_freq(cpu)
+    got = RotaryEmbedding(16, 10000.0, RopeScaling("divisors", divisors=tuple(divisors.tolist())))
+    u = 2.0**-24
+    torch.testing.assert_close(got.inv_freq(cpu).double(), base32.double() / divisors,
+                               rtol=2 * u * (1 + u), atol=0)
 
 
 def test_llama3_scaled_checkpoints_match_transformers(tmp_path: Path) -> None:
