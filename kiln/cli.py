@@ -6,10 +6,15 @@ from __future__ import annotations
 
 import argparse
 import gc
+import socket
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from kiln.config import SETTINGS, ConfigError, ServerConfig, Setting, from_env
+
+if TYPE_CHECKING:
+    from kiln.serving import EngineBackend
 
 _TYPES: dict[str, type] = {"int": int, "float": float}
 
@@ -75,10 +80,22 @@ def serve(config: ServerConfig) -> int:
 
 
 def _serve(config: ServerConfig) -> int:
-    from kiln import resident, startup
-    from kiln.api.app import build_app
-    from kiln.connections import server_for
-    from kiln.drain import DRAIN_MESSAGE
+    from kiln.model.gguf_tensors import tiling_beside
+    from kiln.model.locate import gguf_path
+
+    # A GGUF's matrices are tiled on a thread while the main thread imports torch and the
+    # server (most of start-up); the loader takes the tiles (kiln/model/gguf_tensors.py).
+    with tiling_beside(gguf_path(config.model)):
+        loaded = _load(config)
+    if isinstance(loaded, int):
+        return loaded
+    sock, backend = loaded
+    return _run(config, sock, backend)
+
+
+def _load(config: ServerConfig) -> int | tuple[socket.socket, EngineBackend]:
+    """Imports, the checks, the bound port and the loaded model (or the exit code)."""
+    from kiln import startup
     from kiln.model.locate import ModelNotFoundError
     from kiln.serving import EngineBackend
     from kiln.text.chat_template import ChatTemplateError
@@ -102,6 +119,16 @@ def _serve(config: ServerConfig) -> int:
             what = f"chat template {config.chat_template}"  # the --chat-template file, not the model
         print(f"kiln: cannot load {what}: {message}", file=sys.stderr)
         return 2
+    return sock, backend
+
+
+def _run(config: ServerConfig, sock: socket.socket, backend: EngineBackend) -> int:
+    """The start-up checks that need the model, then serve until shut down."""
+    from kiln import resident, startup
+    from kiln.api.app import build_app
+    from kiln.connections import server_for
+    from kiln.drain import DRAIN_MESSAGE
+
     try:
         blocks, block_size, per_block = backend.kv_geometry()
         startup.check_kv_capacity(num_blocks=blocks, block_size=block_size,

@@ -34,6 +34,9 @@ CASES = [
     # reading process would otherwise share with a server it measures (kiln/resident.py)
     ("kiln.model.locate", ("torch", "triton")),
     ("kiln.model.gguf_index", ("torch", "triton")),
+    # start-up tiles a GGUF on a thread while the main thread imports torch (gguf_tensors.py)
+    ("kiln.model.gguf_tensors", ("torch", "triton")),
+    ("kiln_kernels.tiling", ("kiln", "torch", "triton")),
     ("bench.bench_peer", ("torch", "triton")),
     # the live-server helper for tests and benches: the standard library only
     ("kiln.testing", ("httpx", "torch", "kiln.api", "kiln.engine", "kiln.model", "kiln.config")),

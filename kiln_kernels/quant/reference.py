@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from .formats import RAW_BLOCK, TILE_BYTES, dequantize_raw, untile_raw
+from ..tiling import RAW_BLOCK, TILE_BYTES
+from .formats import dequantize_raw, untile_raw
 
 __all__ = ["TILE_BYTES", "dequantize_q4", "dequantize_q8", "dequantize_tiles", "gemm_ref",
            "tile_rows", "untile"]

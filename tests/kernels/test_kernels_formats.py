@@ -15,8 +15,9 @@ from kiln_kernels.quant import (
     PackedWeight,
     pack_ggml,
 )
-from kiln_kernels.quant.formats import RAW_BLOCK, untile_raw
+from kiln_kernels.quant.formats import untile_raw
 from kiln_kernels.testing import random_raw
+from kiln_kernels.tiling import RAW_BLOCK
 
 from tests.gguf_blocks import gguf_dequantize
 

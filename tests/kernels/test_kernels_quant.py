@@ -23,8 +23,8 @@ from kiln_kernels.quant import (
     tile_rows,
     untile,
 )
-from kiln_kernels.quant.formats import GGML_TYPES
 from kiln_kernels.testing import random_raw
+from kiln_kernels.tiling import GGML_TYPES
 
 from tests.gguf_blocks import gguf_dequantize
 from tests.numerics import matmul_bound

@@ -79,12 +79,8 @@ def test_weights_are_ggufs_dequantized_values(smollm: LoadedModel) -> None:
     import numpy as np
 
     from kiln.model.gguf_index import GGUFIndex
-    from kiln.model.gguf_loader import (
-        _dequantize,
-        _row_permutation,
-        hf_name,
-        unpermute_qk,
-    )
+    from kiln.model.gguf_loader import hf_name
+    from kiln.model.gguf_tensors import dequantize, row_permutation, unpermute_qk
     from kiln.model.locate import default_model_path
     from kiln.model.quantized import packed_disabled
 
@@ -100,8 +96,8 @@ def test_weights_are_ggufs_dequantized_values(smollm: LoadedModel) -> None:
         params = dict(model.named_parameters())
         assert not any(p.is_meta for p in params.values())
         for t in reader.tensors:
-            arr = _dequantize(t)
-            heads = _row_permutation(smollm.config, t.name)
+            arr = dequantize(t)
+            heads = row_permutation(smollm.config, t.name)
             want = torch.from_numpy(np.ascontiguousarray(
                 arr if heads is None else unpermute_qk(arr, heads)))
             assert torch.equal(params[hf_name(t.name)].detach(), want), t.name

@@ -1,0 +1,167 @@
+"""A GGUF's tensors as the model takes them, without torch: the config its index implies, the
+q/k row order, which matrices the CPU kernels can hold, their tiles, and float32 values for the
+rest. ``kiln.model.gguf_loader`` puts them into the model.
+
+Start-up tiles early (:func:`tiling_beside`). ``kiln serve`` spends most of its start importing
+torch (0.65 s of ~1.1 s on the default model, measured with ``python -X importtime``), and a
+GGUF's tiling is memory copies, which numpy runs without the GIL. So the CLI starts a thread
+that reads the index and tiles every matrix the kernels can hold while the main thread imports,
+and the loader takes the result (:func:`take_tiled`). On a Qwen2.5-0.5B-shaped Q4_K_M file
+the tiling (0.2-0.25 s) no longer adds to the start (``bench/README.md``).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import gguf
+import numpy as np
+from kiln_kernels.tiling import GGML_TYPES, tile_ggml
+
+from kiln.model.config import ModelConfig, config_from_gguf
+from kiln.model.gguf_index import GGUFIndex, GGUFTensor
+
+ROPE_FREQS = "rope_freqs.weight"  # Llama 3.1+: one divisor per rotary frequency
+# While the tiling thread runs beside the imports, the main thread holds the GIL nearly all the
+# time (module code); with Python's 5 ms switch interval the thread waited up to 5 ms for it
+# after each copy, and the overlap was slower than tiling after the imports (1.14-1.17 s
+# against 0.98 s for imports plus tiling of the Qwen-shaped file); at 0.5 ms it was 0.71-0.74 s.
+_STARTUP_SWITCH_INTERVAL_S = 0.0005
+
+
+def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's q/k row order (for GGML's interleaved RoPE) to HF's rotate_half order."""
+    out = w.shape[0]
+    rest = w.shape[1:]
+    return w.reshape(n_head, out // n_head // 2, 2, *rest).swapaxes(1, 2).reshape(out, *rest)
+
+
+def row_permutation(cfg: ModelConfig, name: str) -> int | None:
+    """The head count whose llama.cpp q/k row order this tensor needs undone (llama only)."""
+    if cfg.arch != "llama":
+        return None
+    if name.endswith("attn_q.weight"):
+        return cfg.num_heads
+    if name.endswith("attn_k.weight"):
+        return cfg.num_kv_heads
+    return None
+
+
+def unpackable(tensor: GGUFTensor) -> str | None:
+    """Why the kernels cannot hold this matrix (None: they can): its type has no kernel, or
+    its rows do not come in fours (the tiles' unit)."""
+    if tensor.tensor_type.name not in GGML_TYPES:
+        return f"type {tensor.tensor_type.name} has no CPU kernel"
+    if int(tensor.shape[-1]) % 4:
+        return f"{int(tensor.shape[-1])} rows, not a multiple of 4"
+    if int(tensor.shape[0]) % GGML_TYPES[tensor.tensor_type.name][0]:
+        return f"{int(tensor.shape[0])} columns, not whole blocks"
+    return None
+
+
+def dequantize(tensor: GGUFTensor) -> np.ndarray:
+    """gguf-py's float32 values of a tensor, shaped as the model holds it, writable."""
+    arr = np.asarray(gguf.quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
+    if not arr.flags.writeable:  # F32 tensors come back as read-only views of the mmap
+        arr = arr.copy()
+    return arr.reshape(tuple(reversed(tensor.shape)))
+
+
+def read_config(reader: GGUFIndex) -> ModelConfig:
+    """The model's config from the file's metadata and tensor table."""
+    by_name = {t.name: t for t in reader.tensors}
+    embd = by_name.get("token_embd.weight")
+    if embd is None:
+        raise ValueError("GGUF file has no token_embd.weight")
+    freqs = by_name.get(ROPE_FREQS)
+    return config_from_gguf(
+        reader.metadata, vocab_size=int(embd.shape[1]), has_output="output.weight" in by_name,
+        has_qkv_bias="blk.0.attn_q.bias" in by_name,
+        has_qk_norm="blk.0.attn_q_norm.weight" in by_name,
+        rope_divisors=None if freqs is None else tuple(float(x) for x in dequantize(freqs).ravel()))
+
+
+def tile(tensor: GGUFTensor, heads: int | None) -> tuple[str, np.ndarray]:
+    """A matrix the kernels can hold (``unpackable`` is None), rows in HF order, as
+    ``(format, tiles)``. The file's bytes are read once, by the copy into the tiles."""
+    rows = int(tensor.shape[-1])
+    raw = np.ascontiguousarray(tensor.data).view(np.uint8).reshape(rows, -1)
+    if heads is not None:
+        raw = unpermute_qk(raw, heads)
+    return tile_ggml(raw, tensor.tensor_type.name)
+
+
+@dataclass(frozen=True)
+class Tiled:
+    """A file's index and the tiles of every matrix the kernels can hold, by GGUF name."""
+
+    path: Path
+    reader: GGUFIndex
+    tiles: dict[str, tuple[str, np.ndarray]]
+
+
+def tile_file(path: Path) -> Tiled:
+    reader = GGUFIndex(path)
+    cfg = read_config(reader)
+    tiles = {t.name: tile(t, row_permutation(cfg, t.name)) for t in reader.tensors
+             if len(t.shape) > 1 and t.name != ROPE_FREQS and unpackable(t) is None}
+    return Tiled(path, reader, tiles)
+
+
+class _Job:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.result: Tiled | None = None
+        self.thread = threading.Thread(target=self._run, name="kiln-gguf-tiling", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self.result = tile_file(self.path)
+        except Exception:  # the loader reads the file again and says what is wrong
+            self.result = None
+
+
+_job: _Job | None = None
+_job_lock = threading.Lock()
+
+
+@contextmanager
+def tiling_beside(path: Path | None) -> Iterator[None]:
+    """Tile the GGUF at ``path`` (None: nothing to tile) on a thread for the body, which imports
+    and loads; the loader takes the tiles with :func:`take_tiled`. On exit an untaken result is
+    dropped and the switch interval restored."""
+    global _job
+    if path is None:
+        yield
+        return
+    job = _Job(path.resolve())
+    interval = sys.getswitchinterval()
+    with _job_lock:
+        _job = job
+    sys.setswitchinterval(_STARTUP_SWITCH_INTERVAL_S)
+    job.thread.start()
+    try:
+        yield
+    finally:
+        with _job_lock:
+            if _job is job:
+                _job = None
+        job.thread.join()
+        sys.setswitchinterval(interval)
+
+
+def take_tiled(path: Path) -> Tiled | None:
+    """The running job's tiles if it tiles ``path`` (waiting for them), else None."""
+    global _job
+    with _job_lock:
+        job = _job
+        if job is None or job.path != path.resolve():
+            return None
+        _job = None
+    job.thread.join()
+    return job.result

@@ -1,0 +1,88 @@
+"""The CPU products' weight formats and their tiled layout, in numpy only (no torch).
+
+The tables say which GGML types the C products read (``quant.h`` mirrors the format ids) and
+how many bytes a block of each holds. :func:`tile_ggml` turns a GGUF tensor's raw rows into
+the tiles the products read: every 4 rows' blocks one after another, ``[N/4, nb, tile]``.
+GGML Q4_0, Q4_1 and Q8_0 are repacked with float32 scales (``q4``: ``d, m`` with Q4_0's
+``m = -8 d``, exact; ``q8``: ``d``); every other format keeps the file's blocks byte for byte.
+
+Why numpy, where the rest of the kernels' Python is torch: start-up tiles a GGUF's matrices on a
+thread while the main thread is still importing torch (``kiln.model.gguf_tiles``), and numpy's
+copies run without the GIL. The torch references of the layout (``kiln_kernels.quant``:
+``tile_rows``, ``untile``, ``untile_raw``) check this module in the tests.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# format -> id in quant.h
+FORMAT_IDS = {"q4": 0, "q8": 1, "q5_0": 2, "q5_1": 3, "q4_k": 4, "q5_k": 5, "q6_k": 6,
+              "f16": 7, "bf16": 8, "f32": 9, "q2_k": 10, "q3_k": 11, "iq4_nl": 12, "iq4_xs": 13}
+# weights per block along k
+K_QUANTS = ("q2_k", "q3_k", "q4_k", "q5_k", "q6_k")
+QK = {f: 256 if f in (*K_QUANTS, "iq4_xs") else 32 for f in FORMAT_IDS}
+# bytes of one row's block, for the formats kept as the file's blocks
+RAW_BLOCK = {"q5_0": 22, "q5_1": 24, "q4_k": 144, "q5_k": 176, "q6_k": 210, "f16": 64,
+             "bf16": 64, "f32": 128, "q2_k": 84, "q3_k": 110, "iq4_nl": 18, "iq4_xs": 136}
+# IQ4_NL's and IQ4_XS's 16 values (llama.cpp's kvalues_iq4nl), picked by each 4-bit index
+IQ4_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+TILE_BYTES = {"q4": 96, "q8": 144, **{f: 4 * b for f, b in RAW_BLOCK.items()}}
+# GGML type -> format, and that type's (weights, bytes) per block (floats: 32 per "block")
+GGML_FORMAT = {"Q4_0": "q4", "Q4_1": "q4", "Q8_0": "q8", "Q5_0": "q5_0", "Q5_1": "q5_1",
+               "Q4_K": "q4_k", "Q5_K": "q5_k", "Q6_K": "q6_k", "F16": "f16", "BF16": "bf16",
+               "F32": "f32", "Q2_K": "q2_k", "Q3_K": "q3_k", "IQ4_NL": "iq4_nl",
+               "IQ4_XS": "iq4_xs"}
+GGML_TYPES = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q8_0": (32, 34),
+              **{t: (QK[f], RAW_BLOCK[f]) for t, f in GGML_FORMAT.items() if f in RAW_BLOCK}}
+
+
+def _tiles(parts: tuple[np.ndarray, ...]) -> np.ndarray:
+    """Row blocks ``[N, nb, b_i]`` (uint8, one array per field) -> tiles ``[N/4, nb, sum 4 b_i]``:
+    in each tile, every field's 4 rows one after another. One copy per field, into new memory
+    (a part may be a read-only view of a mapped file)."""
+    n, nb = parts[0].shape[:2]
+    if n % 4:
+        raise ValueError(f"{n} rows: the tiled layout needs a multiple of 4")
+    g = n // 4
+    tiles = np.empty((g, nb, 4 * sum(p.shape[2] for p in parts)), dtype=np.uint8)
+    at = 0
+    for p in parts:
+        b = p.shape[2]
+        # splitting the last axis of a slice is a view (copy=False raises if it were not)
+        dst = tiles[:, :, at:at + 4 * b].reshape((g, nb, 4, b), copy=False)
+        np.copyto(dst, p.reshape(g, 4, nb, b).transpose(0, 2, 1, 3))
+        at += 4 * b
+    return tiles
+
+
+def tile_blocks(raw: np.ndarray, block: int) -> np.ndarray:
+    """Rows of blocks kept as they are (uint8 ``[N, nb * block]``) -> tiles ``[N/4, nb, 4 block]``."""
+    return _tiles((raw.reshape(raw.shape[0], -1, block),))
+
+
+def _halves(blocks: np.ndarray, at: int) -> np.ndarray:
+    """The fp16 field at byte ``at`` of every block, float32 ``[N, nb]`` (exact)."""
+    return np.ascontiguousarray(blocks[:, :, at:at + 2]).view(np.float16)[:, :, 0].astype(
+        np.float32)
+
+
+def tile_ggml(raw: np.ndarray, ggml_type: str) -> tuple[str, np.ndarray]:
+    """A GGUF tensor's raw rows (uint8 ``[N, row_bytes]``, N a multiple of 4) of a type in
+    :data:`GGML_TYPES` -> ``(format, tiles)``."""
+    if ggml_type not in GGML_TYPES:
+        raise ValueError(f"unsupported GGML type {ggml_type!r}")
+    size = GGML_TYPES[ggml_type][1]
+    if raw.dtype != np.uint8 or raw.ndim != 2 or raw.shape[1] % size or not raw.shape[1]:
+        raise ValueError(f"raw {ggml_type} rows must be uint8 [N, k * {size}]")
+    fmt = GGML_FORMAT[ggml_type]
+    if fmt in RAW_BLOCK:
+        return fmt, tile_blocks(raw, size)
+    blocks = raw.reshape(raw.shape[0], -1, size)
+    d = _halves(blocks, 0)
+    if ggml_type == "Q8_0":
+        return "q8", _tiles((d.view(np.uint8).reshape(*d.shape, 4), blocks[:, :, 2:]))
+    m = _halves(blocks, 2) if ggml_type == "Q4_1" else -8.0 * d  # float32: a power of 2, exact
+    first = 4 if ggml_type == "Q4_1" else 2
+    scales = np.stack((d, m), axis=-1).view(np.uint8)  # [N, nb, 8]: d then m, float32 each
+    return "q4", _tiles((scales, blocks[:, :, first:first + 16]))

@@ -1,0 +1,95 @@
+"""Start-up's early tiling (kiln/model/gguf_tensors.py): a model loaded from the tiles a thread
+made during the imports is the model loaded without them, bit for bit; the tiles are taken once,
+only for the file they came from; a file the thread cannot read is reported by the loader as
+before; the switch interval is restored."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from kiln_kernels.cpu import available as kernels_available
+
+from kiln.model import KVCache, build_forward_batch, load_model
+from kiln.model.config import UnsupportedModelError
+from kiln.model.gguf_tensors import Tiled, take_tiled, tile_file, tiling_beside
+from kiln.model.locate import gguf_path
+from kiln.model.quantized import float32_state_dict
+from tests.model.test_block_formats import k_config, raw_weights
+from tests.tiny_models import write_tiny_gguf
+
+pytestmark = pytest.mark.skipif(not kernels_available(), reason="no C compiler for the kernels")
+
+# every kind of tiling: the repacked q4 (Q4_0, Q4_1) and q8 (Q8_0), blocks kept as they are
+# (K-quants, Q5_0, F16); a llama file, so q and k rows are also put back in HF order
+MIX = {"q_proj": "Q4_0", "k_proj": "Q4_1", "v_proj": "Q8_0", "o_proj": "Q5_0",
+       "gate_proj": "Q4_K", "up_proj": "F16", "down_proj": "Q6_K", "head": "Q8_0"}
+
+
+@pytest.fixture(scope="module")
+def mixed_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    cfg = k_config("llama")
+    tensors, blocks = raw_weights(cfg, MIX, seed=11)
+    return write_tiny_gguf(tmp_path_factory.mktemp("tiles") / "mix.gguf", cfg, tensors,
+                           blocks=blocks)
+
+
+def logits(path: Path) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    lm = load_model(str(path))
+    assert lm.model.plan.step == "c"
+    cfg = lm.config
+    ids = [1, 40, 41, 300, 7, 9, 2, 100]
+    out = lm.model(build_forward_batch([(ids, 0, [0, 1])], 4, logits="all"),
+                   KVCache(cfg, 4, 4, torch.float32, torch.device("cpu"), heads_major=True))
+    return out, float32_state_dict(lm.model)
+
+
+def test_a_model_from_the_threads_tiles_is_the_same_model(mixed_gguf: Path) -> None:
+    plain_logits, plain_weights = logits(mixed_gguf)
+    interval = sys.getswitchinterval()
+    with tiling_beside(mixed_gguf):
+        assert sys.getswitchinterval() < interval  # the thread gets the GIL between its copies
+        early_logits, early_weights = logits(mixed_gguf)
+        assert take_tiled(mixed_gguf) is None  # the loader took them
+    assert sys.getswitchinterval() == interval
+    assert torch.equal(early_logits, plain_logits)
+    assert plain_weights.keys() == early_weights.keys()
+    for name, w in plain_weights.items():
+        assert torch.equal(early_weights[name].view(torch.int32), w.view(torch.int32)), name
+
+
+def test_tiles_are_taken_for_their_own_file_only(mixed_gguf: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other.gguf"
+    other.write_bytes(mixed_gguf.read_bytes())
+    with tiling_beside(mixed_gguf):
+        assert take_tiled(other) is None
+        got = take_tiled(mixed_gguf)
+        assert isinstance(got, Tiled) and got.path == mixed_gguf.resolve()
+        # every matrix the kernels hold was tiled: the 7 projections of each layer and the head
+        want = tile_file(mixed_gguf).tiles
+        assert sorted(got.tiles) == sorted(want) and len(want) == 7 * 2 + 2
+        for name, (fmt, tiles) in want.items():
+            assert got.tiles[name][0] == fmt and (got.tiles[name][1] == tiles).all(), name
+        assert take_tiled(mixed_gguf) is None  # taken once
+    with tiling_beside(None):
+        assert take_tiled(mixed_gguf) is None
+
+
+def test_a_file_the_thread_cannot_read_is_reported_by_the_loader(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF" + b"\x00" * 16)
+    with pytest.raises(UnsupportedModelError) as plain:
+        load_model(str(broken))
+    with tiling_beside(broken), pytest.raises(UnsupportedModelError) as early:
+        load_model(str(broken))
+    assert str(early.value) == str(plain.value)
+
+
+def test_gguf_path_names_only_existing_gguf_files(mixed_gguf: Path, tmp_path: Path) -> None:
+    assert gguf_path(str(mixed_gguf)) == mixed_gguf
+    assert gguf_path(str(tmp_path / "missing.gguf")) is None
+    assert gguf_path(str(tmp_path)) is None  # a folder: an HF model, not tiled early
+    (tmp_path / "weights.bin").write_bytes(b"GGUF\x03\x00\x00\x00")
+    assert gguf_path(str(tmp_path / "weights.bin")) == tmp_path / "weights.bin"
