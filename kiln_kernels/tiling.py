@@ -6,15 +6,22 @@ the tiles the products read: every 4 rows' blocks one after another, ``[N/4, nb,
 GGML Q4_0, Q4_1 and Q8_0 are repacked with float32 scales (``q4``: ``d, m`` with Q4_0's
 ``m = -8 d``, exact; ``q8``: ``d``); every other format keeps the file's blocks byte for byte.
 
-Why numpy, where the rest of the kernels' Python is torch: start-up tiles a GGUF's matrices on a
-thread while the main thread is still importing torch (``kiln.model.gguf_tiles``), and numpy's
-copies run without the GIL. The torch references of the layout (``kiln_kernels.quant``:
-``tile_rows``, ``untile``, ``untile_raw``) check this module in the tests.
+No torch here: start-up tiles a GGUF's matrices on a thread while the main thread is still
+importing torch (``kiln.model.gguf_tensors``). :func:`tile_many` tiles a whole file in one call
+of ``kiln_kernels/cpu/tiling/tile.c``, which runs without the GIL throughout; the numpy
+functions below are its reference (and its stand-in where no C compiler is found). The torch
+references of the layout (``kiln_kernels.quant``: ``tile_rows``, ``untile``, ``untile_raw``)
+check them in the tests.
 """
 
 from __future__ import annotations
 
+import ctypes
+from collections.abc import Sequence
+
 import numpy as np
+
+from .cpu.loader import tiling_library
 
 # format -> id in quant.h
 FORMAT_IDS = {"q4": 0, "q8": 1, "q5_0": 2, "q5_1": 3, "q4_k": 4, "q5_k": 5, "q6_k": 6,
@@ -67,14 +74,22 @@ def _halves(blocks: np.ndarray, at: int) -> np.ndarray:
         np.float32)
 
 
-def tile_ggml(raw: np.ndarray, ggml_type: str) -> tuple[str, np.ndarray]:
-    """A GGUF tensor's raw rows (uint8 ``[N, row_bytes]``, N a multiple of 4) of a type in
-    :data:`GGML_TYPES` -> ``(format, tiles)``."""
+def _check(raw: np.ndarray, ggml_type: str) -> int:
+    """The type's block bytes, once ``raw`` is known to be its rows."""
     if ggml_type not in GGML_TYPES:
         raise ValueError(f"unsupported GGML type {ggml_type!r}")
     size = GGML_TYPES[ggml_type][1]
     if raw.dtype != np.uint8 or raw.ndim != 2 or raw.shape[1] % size or not raw.shape[1]:
         raise ValueError(f"raw {ggml_type} rows must be uint8 [N, k * {size}]")
+    if raw.shape[0] % 4:
+        raise ValueError(f"{raw.shape[0]} rows: the tiled layout needs a multiple of 4")
+    return size
+
+
+def tile_ggml_reference(raw: np.ndarray, ggml_type: str) -> tuple[str, np.ndarray]:
+    """A GGUF tensor's raw rows (uint8 ``[N, row_bytes]``, N a multiple of 4) of a type in
+    :data:`GGML_TYPES` -> ``(format, tiles)``, in numpy."""
+    size = _check(raw, ggml_type)
     fmt = GGML_FORMAT[ggml_type]
     if fmt in RAW_BLOCK:
         return fmt, tile_blocks(raw, size)
@@ -86,3 +101,52 @@ def tile_ggml(raw: np.ndarray, ggml_type: str) -> tuple[str, np.ndarray]:
     first = 4 if ggml_type == "Q4_1" else 2
     scales = np.stack((d, m), axis=-1).view(np.uint8)  # [N, nb, 8]: d then m, float32 each
     return "q4", _tiles((scales, blocks[:, :, first:first + 16]))
+
+
+class _Job(ctypes.Structure):
+    """``kiln_tile_job`` of tile.c."""
+
+    _fields_ = [("src", ctypes.c_void_p), ("dst", ctypes.c_void_p), ("rows", ctypes.c_void_p),
+                ("n", ctypes.c_int64), ("nb", ctypes.c_int64), ("block", ctypes.c_int64),
+                ("kind", ctypes.c_int64)]
+
+
+_KINDS = {"Q4_0": 1, "Q4_1": 2, "Q8_0": 3}  # tile.c's TILE_*; every other type is copied as is
+
+Item = tuple[np.ndarray, str, "np.ndarray | None"]
+
+
+def tile_many(items: Sequence[Item]) -> list[tuple[str, np.ndarray]]:
+    """Tile tensors: each ``(raw, ggml_type, rows)``, ``raw`` its rows in the file's order
+    (uint8 ``[N, row_bytes]``), ``rows`` None or the source row of each tiled row (int64
+    ``[N]``) -> ``(format, tiles)`` each, as :func:`tile_ggml_reference` gives for
+    ``raw[rows]``. One C call for all of them where the tiling library builds."""
+    lib = tiling_library()
+    if lib is None:
+        return [tile_ggml_reference(raw if rows is None else raw[rows], t) for raw, t, rows in items]
+    out: list[tuple[str, np.ndarray]] = []
+    keep: list[np.ndarray] = []  # what the jobs point into, alive until the call returns
+    jobs = (_Job * len(items))()
+    for job, (raw, ggml_type, rows) in zip(jobs, items, strict=True):
+        size = _check(raw, ggml_type)
+        raw = np.ascontiguousarray(raw)
+        fmt = GGML_FORMAT[ggml_type]
+        n, nb = raw.shape[0], raw.shape[1] // size
+        tiles = np.empty((n // 4, nb, TILE_BYTES[fmt]), dtype=np.uint8)
+        if rows is not None:
+            rows = np.ascontiguousarray(rows, dtype=np.int64)
+            if rows.shape != (n,) or rows.min(initial=0) < 0 or rows.max(initial=0) >= n:
+                raise ValueError(f"rows must be {n} row indices")
+            keep.append(rows)
+        keep += [raw, tiles]
+        job.src, job.dst = raw.ctypes.data, tiles.ctypes.data
+        job.rows = None if rows is None else rows.ctypes.data
+        job.n, job.nb, job.block, job.kind = n, nb, size, _KINDS.get(ggml_type, 0)
+        out.append((fmt, tiles))
+    lib.kiln_tile(jobs, len(items))
+    return out
+
+
+def tile_ggml(raw: np.ndarray, ggml_type: str) -> tuple[str, np.ndarray]:
+    """One tensor's rows -> ``(format, tiles)`` (:func:`tile_many`)."""
+    return tile_many([(raw, ggml_type, None)])[0]

@@ -3,16 +3,15 @@ q/k row order, which matrices the CPU kernels can hold, their tiles, and float32
 rest. ``kiln.model.gguf_loader`` puts them into the model.
 
 Start-up tiles early (:func:`tiling_beside`). ``kiln serve`` spends most of its start importing
-torch (0.65 s of ~1.1 s on the default model, measured with ``python -X importtime``), and a
-GGUF's tiling is memory copies, which numpy runs without the GIL. So the CLI starts a thread
-that reads the index and tiles every matrix the kernels can hold while the main thread imports,
-and the loader takes the result (:func:`take_tiled`). On a Qwen2.5-0.5B-shaped Q4_K_M file
-the tiling (0.2-0.25 s) no longer adds to the start (``bench/README.md``).
+torch (0.65 s of ~1.1 s on the default model, ``python -X importtime``), and tiling a GGUF is
+memory copies, which run in C without the GIL (``kiln_kernels.tiling.tile_many``, one call a
+file). So the CLI starts a thread that reads the index and tiles every matrix the kernels can
+hold while the main thread imports, and the loader takes the result (:func:`take_tiled`).
+Figures: ``bench/README.md``, "Start-up, scoring and the engine thread".
 """
 
 from __future__ import annotations
 
-import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,17 +20,12 @@ from pathlib import Path
 
 import gguf
 import numpy as np
-from kiln_kernels.tiling import GGML_TYPES, tile_ggml
+from kiln_kernels.tiling import GGML_TYPES, Item, tile_many
 
 from kiln.model.config import ModelConfig, config_from_gguf
 from kiln.model.gguf_index import GGUFIndex, GGUFTensor
 
 ROPE_FREQS = "rope_freqs.weight"  # Llama 3.1+: one divisor per rotary frequency
-# While the tiling thread runs beside the imports, the main thread holds the GIL nearly all the
-# time (module code); with Python's 5 ms switch interval the thread waited up to 5 ms for it
-# after each copy, and the overlap was slower than tiling after the imports (1.14-1.17 s
-# against 0.98 s for imports plus tiling of the Qwen-shaped file); at 0.5 ms it was 0.71-0.74 s.
-_STARTUP_SWITCH_INTERVAL_S = 0.0005
 
 
 def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -86,14 +80,17 @@ def read_config(reader: GGUFIndex) -> ModelConfig:
         rope_divisors=None if freqs is None else tuple(float(x) for x in dequantize(freqs).ravel()))
 
 
+def _item(tensor: GGUFTensor, heads: int | None) -> Item:
+    n = int(tensor.shape[-1])
+    raw = np.ascontiguousarray(tensor.data).view(np.uint8).reshape(n, -1)
+    return raw, tensor.tensor_type.name, (None if heads is None
+                                          else unpermute_qk(np.arange(n, dtype=np.int64), heads))
+
+
 def tile(tensor: GGUFTensor, heads: int | None) -> tuple[str, np.ndarray]:
     """A matrix the kernels can hold (``unpackable`` is None), rows in HF order, as
     ``(format, tiles)``. The file's bytes are read once, by the copy into the tiles."""
-    rows = int(tensor.shape[-1])
-    raw = np.ascontiguousarray(tensor.data).view(np.uint8).reshape(rows, -1)
-    if heads is not None:
-        raw = unpermute_qk(raw, heads)
-    return tile_ggml(raw, tensor.tensor_type.name)
+    return tile_many([_item(tensor, heads)])[0]
 
 
 @dataclass(frozen=True)
@@ -108,9 +105,10 @@ class Tiled:
 def tile_file(path: Path) -> Tiled:
     reader = GGUFIndex(path)
     cfg = read_config(reader)
-    tiles = {t.name: tile(t, row_permutation(cfg, t.name)) for t in reader.tensors
-             if len(t.shape) > 1 and t.name != ROPE_FREQS and unpackable(t) is None}
-    return Tiled(path, reader, tiles)
+    todo = [t for t in reader.tensors
+            if len(t.shape) > 1 and t.name != ROPE_FREQS and unpackable(t) is None]
+    done = tile_many([_item(t, row_permutation(cfg, t.name)) for t in todo])
+    return Tiled(path, reader, {t.name: pair for t, pair in zip(todo, done, strict=True)})
 
 
 class _Job:
@@ -134,16 +132,14 @@ _job_lock = threading.Lock()
 def tiling_beside(path: Path | None) -> Iterator[None]:
     """Tile the GGUF at ``path`` (None: nothing to tile) on a thread for the body, which imports
     and loads; the loader takes the tiles with :func:`take_tiled`. On exit an untaken result is
-    dropped and the switch interval restored."""
+    dropped. (The thread holds the GIL only to read the index: the tiling is one C call.)"""
     global _job
     if path is None:
         yield
         return
     job = _Job(path.resolve())
-    interval = sys.getswitchinterval()
     with _job_lock:
         _job = job
-    sys.setswitchinterval(_STARTUP_SWITCH_INTERVAL_S)
     job.thread.start()
     try:
         yield
@@ -152,7 +148,6 @@ def tiling_beside(path: Path | None) -> Iterator[None]:
             if _job is job:
                 _job = None
         job.thread.join()
-        sys.setswitchinterval(interval)
 
 
 def take_tiled(path: Path) -> Tiled | None:

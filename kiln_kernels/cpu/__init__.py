@@ -7,8 +7,11 @@
   :mod:`kiln_kernels.sampling.native`; grammar token masks (``token_mask.c``), bound by
   :mod:`kiln_kernels.grammar.native`
 - ``common/``: vector math shared by all three (``vmath.c``)
+- ``tiling/``: a GGUF's matrices into the products' tiles at load (``tile.c``), its own small
+  library without OpenMP (start-up loads it before torch); binding :mod:`kiln_kernels.tiling`
 
-Everything is compiled into one shared library by :mod:`.loader` (see ``kiln_kernels/README.md``).
+Everything else is compiled into one shared library by :mod:`.loader` (see
+``kiln_kernels/README.md``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The one loader of the CPU C library: compile every C source under ``kiln_kernels/cpu/``
 (``matmul/``: the packed-weight products; ``step/``: the CPU step, a whole forward pass;
 ``sampling/``: the sampler; ``common/``: vector math) once per machine into a cache folder and
-load it with ctypes.
+load it with ctypes. Beside it, ``tiling/tile.c`` builds into a small library of its own
+without OpenMP (:func:`tiling_library`): start-up loads it before torch.
 
 The library is built with the system C compiler (``$CC``, else ``cc``/``gcc``) for the CPU it runs
 on (``-march=native``) and linked against the OpenMP runtime that torch has already loaded (the
@@ -37,6 +38,8 @@ HEADERS = (HERE / "matmul" / "quant.h", HERE / "matmul" / "blocks.h",
            HERE / "step" / "cpu_step.h",
            HERE / "common" / "vmath.h", HERE / "sampling" / "counter.h",
            HERE / "sampling" / "sample.h")
+TILING_SOURCES = (HERE / "tiling" / "tile.c",)
+TILING_FLAGS = ("-O2", "-shared", "-fPIC")  # memcpy of whole blocks: no vector code of its own
 NATIVE_FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-shared",
                 "-fPIC")
 PORTABLE_FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC")  # no AVX-512: the scalar path
@@ -78,9 +81,9 @@ def _cpu_flags() -> str:
     return platform.processor()
 
 
-def _key(cc: str, flags: tuple[str, ...]) -> str:
+def _key(cc: str, flags: tuple[str, ...], files: tuple[Path, ...]) -> str:
     h = hashlib.sha256()
-    parts = [p.read_bytes() for p in (*SOURCES, *HEADERS)]
+    parts = [p.read_bytes() for p in files]
     for part in (*parts, cc.encode(), " ".join(flags).encode(), platform.machine().encode(),
                  _cpu_flags().encode()):
         h.update(part)
@@ -88,19 +91,20 @@ def _key(cc: str, flags: tuple[str, ...]) -> str:
     return h.hexdigest()[:16]
 
 
-def build(flags: tuple[str, ...] = NATIVE_FLAGS) -> Path:
-    """The compiled library for ``flags`` (compiled on first use, then cached)."""
+def build(flags: tuple[str, ...] = NATIVE_FLAGS, *, name: str = "kiln_quant",
+          sources: tuple[Path, ...] = SOURCES, headers: tuple[Path, ...] = HEADERS) -> Path:
+    """The compiled library of ``sources`` for ``flags`` (compiled on first use, then cached)."""
     cc = compiler()
     out_dir = cache_dir()
     out_dir.mkdir(parents=True, exist_ok=True)
-    target = out_dir / f"kiln_quant_{_key(cc, flags)}.so"
+    target = out_dir / f"{name}_{_key(cc, flags, (*sources, *headers))}.so"
     if target.is_file():
         return target
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
     os.close(fd)
     try:
         includes = [f"-I{d}" for d in INCLUDE_DIRS]
-        proc = subprocess.run([cc, *flags, *includes, *map(str, SOURCES), "-o", tmp, "-lm"],
+        proc = subprocess.run([cc, *flags, *includes, *map(str, sources), "-o", tmp, "-lm"],
                               capture_output=True, text=True, timeout=600)
         if proc.returncode != 0:
             raise KernelBuildError(f"{cc} failed on the CPU kernels: {proc.stderr.strip()[-2000:]}")
@@ -164,3 +168,23 @@ def available(flags: tuple[str, ...] = NATIVE_FLAGS) -> bool:
     except KernelBuildError:
         return False
     return True
+
+
+_tiling: list[ctypes.CDLL | None] = []  # loaded once; None: it cannot be built here
+
+
+def tiling_library() -> ctypes.CDLL | None:
+    """The tiling library (``kiln_tile``), built on first use; None where it cannot be built or
+    loaded (callers then tile in numpy: ``kiln_kernels.tiling``). Loads no OpenMP runtime."""
+    with _lock:
+        if not _tiling:
+            lib: ctypes.CDLL | None = None
+            try:
+                lib = ctypes.CDLL(str(build(
+                    TILING_FLAGS, name="kiln_tiling", sources=TILING_SOURCES, headers=())))
+                lib.kiln_tile.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+                lib.kiln_tile.restype = None
+            except (KernelBuildError, OSError, AttributeError, subprocess.SubprocessError):
+                lib = None
+            _tiling.append(lib)
+        return _tiling[0]

@@ -28,9 +28,7 @@ from ..tiling import (
     GGML_FORMAT,
     GGML_TYPES,
     QK,
-    RAW_BLOCK,
     TILE_BYTES,
-    tile_blocks,
     tile_ggml,
 )
 from .reference import (
@@ -221,5 +219,5 @@ def pack_dense(w: torch.Tensor) -> PackedWeight:
     if fmt is None or w.dim() != 2 or w.shape[1] % 32 or not w.shape[1]:
         raise ValueError(f"cannot tile a {w.dtype} tensor of shape {tuple(w.shape)}")
     raw = w.contiguous().view(torch.uint8).reshape(w.shape[0], -1)
-    tiles = tile_blocks(raw.detach().numpy(), RAW_BLOCK[fmt])
+    _, tiles = tile_ggml(raw.detach().numpy(), fmt.upper())  # F16, BF16, F32: blocks as they are
     return PackedWeight(fmt, torch.from_numpy(tiles))  # type: ignore[arg-type]

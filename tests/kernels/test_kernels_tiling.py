@@ -1,0 +1,67 @@
+"""kiln_kernels/cpu/tiling/tile.c against its numpy reference (kiln_kernels/tiling.py): the same
+tiles byte for byte for every GGML type the products read, with and without a row order, in
+one call for many tensors; every fp16 scale converted as numpy converts it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from kiln_kernels.cpu.loader import tiling_library
+from kiln_kernels.quant import pack_ggml, tile_rows
+from kiln_kernels.testing import random_raw
+from kiln_kernels.tiling import GGML_TYPES, tile_ggml_reference, tile_many
+
+pytestmark = pytest.mark.skipif(tiling_library() is None, reason="no C compiler for tile.c")
+
+
+def raw_rows(ggml_type: str, n: int, k: int, seed: int) -> np.ndarray:
+    return random_raw(ggml_type, n, k, seed=seed).numpy()
+
+
+@pytest.mark.parametrize("ggml_type", sorted(GGML_TYPES))
+def test_c_tiles_equal_the_reference(ggml_type: str) -> None:
+    qk = GGML_TYPES[ggml_type][0]
+    raw = raw_rows(ggml_type, 12, 2 * qk, seed=len(ggml_type))
+    order = np.random.default_rng(1).permutation(12).astype(np.int64)
+    (fmt, plain), (fmt2, ordered) = tile_many([(raw, ggml_type, None), (raw, ggml_type, order)])
+    want_fmt, want = tile_ggml_reference(raw, ggml_type)
+    assert fmt == fmt2 == want_fmt
+    assert plain.shape == want.shape and plain.tobytes() == want.tobytes()
+    assert ordered.tobytes() == tile_ggml_reference(raw[order], ggml_type)[1].tobytes()
+    assert plain.tobytes() != ordered.tobytes()  # the order was applied
+
+
+def test_every_fp16_scale_converts_as_numpy_does() -> None:
+    """Q8_0 and Q4_1 blocks whose scale fields run through all 65,536 halves (zeros, subnormals,
+    infinities, NaNs with their payloads), and Q4_0's m = -8 d from them."""
+    halves = np.arange(1 << 16, dtype=np.uint16).view(np.uint8).reshape(-1, 2)
+    for ggml_type, fields in (("Q8_0", (0,)), ("Q4_1", (0, 2)), ("Q4_0", (0,))):
+        size = GGML_TYPES[ggml_type][1]
+        blocks = np.random.default_rng(7).integers(0, 256, (1 << 16, size), dtype=np.uint8)
+        for at in fields:
+            blocks[:, at:at + 2] = halves[::-1] if at else halves
+        raw = blocks.reshape(1024, 64 * size)  # 1,024 rows of 64 blocks
+        got = tile_many([(raw, ggml_type, None)])[0][1]
+        with np.errstate(invalid="ignore"):  # -8 times a signalling NaN, in the reference
+            want = tile_ggml_reference(raw, ggml_type)[1]
+        assert got.tobytes() == want.tobytes(), ggml_type
+
+
+def test_pack_ggml_matches_the_torch_layout_reference() -> None:
+    """The tiles the products read (through tile.c) are the torch reference's q8 layout."""
+    raw = random_raw("Q8_0", 8, 64, seed=3)
+    pw = pack_ggml(raw, "Q8_0")
+    blocks = raw.reshape(8, 2, 34)
+    d = blocks[:, :, :2].contiguous().view(torch.float16).squeeze(-1).float()
+    assert torch.equal(pw.tiles, tile_rows("q8", blocks[:, :, 2:].reshape(8, 64), d))
+
+
+@pytest.mark.parametrize("bad", ["rows", "type", "width", "order"])
+def test_bad_input_is_refused_before_the_call(bad: str) -> None:
+    raw = raw_rows("Q4_K", 8, 256, seed=2)
+    item = {"rows": (raw[:6], "Q4_K", None), "type": (raw, "IQ2_XS", None),
+            "width": (raw[:, :-1], "Q4_K", None),
+            "order": (raw, "Q4_K", np.array([0, 1, 2, 3, 4, 5, 6, 8]))}[bad]
+    with pytest.raises(ValueError):
+        tile_many([item])
