@@ -34,6 +34,7 @@ BENCHES = {
     "metrics_scrape": "bench.bench_metrics_scrape",
     "hostile": "bench.bench_hostile",
     "peer": "bench.bench_peer",
+    "startup": "bench.bench_startup",
     "structured": "bench.bench_structured",
     "grammar_engines": "bench.bench_grammar_engines",
 }

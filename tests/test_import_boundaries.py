@@ -38,6 +38,7 @@ CASES = [
     ("kiln.model.gguf_tensors", ("torch", "triton")),
     ("kiln_kernels.tiling", ("kiln", "torch", "triton")),
     ("bench.bench_peer", ("torch", "triton")),
+    ("bench.bench_startup", ("torch", "triton")),
     # the live-server helper for tests and benches: the standard library only
     ("kiln.testing", ("httpx", "torch", "kiln.api", "kiln.engine", "kiln.model", "kiln.config")),
 ]
