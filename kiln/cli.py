@@ -11,7 +11,14 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from kiln.config import SETTINGS, ConfigError, ServerConfig, Setting, from_env
+from kiln.config import (
+    SETTINGS,
+    ConfigError,
+    ServerConfig,
+    Setting,
+    from_env,
+    process_settings,
+)
 
 if TYPE_CHECKING:
     from kiln.serving import EngineBackend
@@ -80,12 +87,13 @@ def serve(config: ServerConfig) -> int:
 
 
 def _serve(config: ServerConfig) -> int:
-    from kiln.model.gguf_tensors import tiling_beside
+    from kiln.model.gguf_tensors import tiles_will_be_held, tiling_beside
     from kiln.model.locate import gguf_path
 
     # A GGUF's matrices are tiled on a thread while the main thread imports torch and the
     # server (most of start-up); the loader takes the tiles (kiln/model/gguf_tensors.py).
-    with tiling_beside(gguf_path(config.model)):
+    held = tiles_will_be_held(config.device, config.dtype, process_settings().quant_kernels)
+    with tiling_beside(gguf_path(config.model) if held else None):
         loaded = _load(config)
     if isinstance(loaded, int):
         return loaded

@@ -111,6 +111,22 @@ def tile_file(path: Path) -> Tiled:
     return Tiled(path, reader, {t.name: pair for t, pair in zip(todo, done, strict=True)})
 
 
+_GPU_NODES = (Path("/dev/nvidiactl"), Path("/dev/kfd"))  # NVIDIA's and ROCm's device nodes
+
+
+def tiles_will_be_held(device: str | None, dtype: str | None, quant_kernels: bool) -> bool:
+    """Whether the loader will hold a GGUF's tiles: a float32 model on the CPU with the packed
+    kernels on (``kiln.model.plan.pack_weights`` decides, once torch is imported). Elsewhere
+    they would be a passing copy of the whole file (each is dequantized and dropped), so start-up
+    does not tile early. A guess made without torch ("auto" is the CPU where the machine has no
+    GPU device node): a wrong one costs start-up time or that passing copy, never a result."""
+    if not quant_kernels or dtype not in (None, "auto", "float32"):
+        return False
+    if device in (None, "auto"):
+        return not any(node.exists() for node in _GPU_NODES)
+    return device == "cpu"
+
+
 class _Job:
     def __init__(self, path: Path) -> None:
         self.path = path

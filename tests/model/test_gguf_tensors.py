@@ -11,9 +11,10 @@ import pytest
 import torch
 from kiln_kernels.cpu import available as kernels_available
 
+import kiln.model.gguf_tensors as gguf_tensors
 from kiln.model import KVCache, build_forward_batch, load_model
 from kiln.model.config import UnsupportedModelError
-from kiln.model.gguf_tensors import Tiled, take_tiled, tile_file, tiling_beside
+from kiln.model.gguf_tensors import Tiled, take_tiled, tile_file, tiles_will_be_held, tiling_beside
 from kiln.model.locate import gguf_path
 from kiln.model.quantized import float32_state_dict
 from tests.model.test_block_formats import k_config, raw_weights
@@ -89,3 +90,18 @@ def test_gguf_path_names_only_existing_gguf_files(mixed_gguf: Path, tmp_path: Pa
     assert gguf_path(str(tmp_path)) is None  # a folder: an HF model, not tiled early
     (tmp_path / "weights.bin").write_bytes(b"GGUF\x03\x00\x00\x00")
     assert gguf_path(str(tmp_path / "weights.bin")) == tmp_path / "weights.bin"
+
+
+def test_tiles_are_made_early_only_where_the_loader_will_hold_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A float32 model on the CPU with the packed kernels on; on a GPU, in bfloat16 or with the
+    kernels off each tile would be dequantized and dropped (a passing copy of the file)."""
+    monkeypatch.setattr(gguf_tensors, "_GPU_NODES", (tmp_path / "nvidiactl",))
+    assert tiles_will_be_held(None, None, True) and tiles_will_be_held("auto", "float32", True)
+    assert tiles_will_be_held("cpu", "auto", True)
+    assert not tiles_will_be_held("cpu", None, False)
+    assert not tiles_will_be_held("cpu", "bfloat16", True)
+    assert not tiles_will_be_held("cuda", None, True)
+    assert not tiles_will_be_held("cuda:0", None, True)
+    (tmp_path / "nvidiactl").touch()  # a machine with a GPU: "auto" is CUDA there
+    assert not tiles_will_be_held("auto", None, True) and tiles_will_be_held("cpu", None, True)
