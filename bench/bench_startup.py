@@ -74,7 +74,7 @@ def main() -> None:
                 cmd = serve_command(["--model", str(file.resolve())], port=port)
                 log = ROOT / "bench" / "results" / f"startup-{name.replace(' ', '-')}.log"
                 times[name].append(seconds_to_health(cmd, port, log, tree))
-            if LLAMA_SERVER.is_file():
+            if LLAMA_SERVER.is_file() and file.is_file():  # llama-server reads GGUF files only
                 port = free_port()
                 cmd = [str(LLAMA_SERVER), "-m", str(file), "--host", "127.0.0.1", "--port",
                        str(port), "-t", "2", "--no-webui", *shlex.split(args.llama_args)]

@@ -87,13 +87,13 @@ def serve(config: ServerConfig) -> int:
 
 
 def _serve(config: ServerConfig) -> int:
-    from kiln.model.gguf_tensors import tiles_will_be_held, tiling_beside
-    from kiln.model.locate import gguf_path
+    from kiln.model.early_tiles import tiles_will_be_held, tiling_beside
+    from kiln.model.locate import model_path
 
-    # A GGUF's matrices are tiled on a thread while the main thread imports torch and the
-    # server (most of start-up); the loader takes the tiles (kiln/model/gguf_tensors.py).
+    # The model's matrices are tiled on a thread while the main thread imports torch and the
+    # server (most of start-up); the loader takes the tiles (kiln/model/early_tiles.py).
     held = tiles_will_be_held(config.device, config.dtype, process_settings().quant_kernels)
-    with tiling_beside(gguf_path(config.model) if held else None):
+    with tiling_beside(model_path(config.model) if held else None):
         loaded = _load(config)
     if isinstance(loaded, int):
         return loaded

@@ -34,8 +34,10 @@ CASES = [
     # reading process would otherwise share with a server it measures (kiln/resident.py)
     ("kiln.model.locate", ("torch", "triton")),
     ("kiln.model.gguf_index", ("torch", "triton")),
-    # start-up tiles a GGUF on a thread while the main thread imports torch (gguf_tensors.py)
+    # start-up tiles the model on a thread while the main thread imports torch (early_tiles.py)
+    ("kiln.model.early_tiles", ("torch", "triton")),
     ("kiln.model.gguf_tensors", ("torch", "triton")),
+    ("kiln.model.hf_tensors", ("torch", "triton")),
     ("kiln_kernels.tiling", ("kiln", "torch", "triton")),
     ("bench.bench_peer", ("torch", "triton")),
     ("bench.bench_startup", ("torch", "triton")),

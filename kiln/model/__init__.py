@@ -11,20 +11,19 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from kiln.model.base import CausalLM
     from kiln.model.batch import ForwardBatch, build_forward_batch
-    from kiln.model.config import ModelConfig, UnsupportedModelError
+    from kiln.model.config import ModelConfig, UnsupportedModelError, WeightLoadError
     from kiln.model.hashing import model_content_sha256
     from kiln.model.kv_cache import KVCache
     from kiln.model.loader import LoadedModel, load_model
     from kiln.model.locate import ModelNotFoundError
     from kiln.model.registry import build_model
-    from kiln.model.weights import WeightLoadError
 
 _WHERE = {
     "CausalLM": "base", "ForwardBatch": "batch", "build_forward_batch": "batch",
     "ModelConfig": "config", "UnsupportedModelError": "config",
     "model_content_sha256": "hashing", "KVCache": "kv_cache", "LoadedModel": "loader",
     "load_model": "loader", "ModelNotFoundError": "locate", "build_model": "registry",
-    "WeightLoadError": "weights",
+    "WeightLoadError": "config",
 }
 
 __all__ = [

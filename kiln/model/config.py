@@ -26,6 +26,10 @@ class UnsupportedModelError(ValueError):
     """The checkpoint describes a model this server cannot run."""
 
 
+class WeightLoadError(ValueError):
+    """The checkpoint's tensors do not fit the model its config describes."""
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     arch: str  # "llama" | "qwen2" | "qwen3"

@@ -1,5 +1,5 @@
 """Load a GGUF file into the model: each matrix the CPU kernels can hold as its tiles (tiled
-during start-up's imports where ``kiln serve`` began that, ``kiln.model.gguf_tensors``), the
+during start-up's imports where ``kiln serve`` began that, ``kiln.model.early_tiles``), the
 rest dequantized to float32; the tokenizer from the metadata."""
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ import torch
 from kiln_kernels.quant import PackedWeight
 
 from kiln.model.base import CausalLM
-from kiln.model.config import ModelConfig, UnsupportedModelError
+from kiln.model.config import ModelConfig, UnsupportedModelError, WeightLoadError
+from kiln.model.early_tiles import take_tiled
 from kiln.model.gguf_index import GGUFIndex
 from kiln.model.gguf_tensors import (
     ROPE_FREQS,
     dequantize,
     read_config,
     row_permutation,
-    take_tiled,
     tile,
     unpackable,
     unpermute_qk,
@@ -32,7 +32,7 @@ from kiln.model.gguf_tensors import (
 from kiln.model.gguf_tokenizer import tokenizer_from_gguf
 from kiln.model.plan import pack_weights
 from kiln.model.quantized import install_packed
-from kiln.model.weights import WeightLoadError, WeightSink, empty_model, progress
+from kiln.model.weights import WeightSink, empty_model, progress
 from kiln.text.tokenizer import Tokenizer
 
 _GLOBAL_NAMES = {
@@ -95,7 +95,7 @@ def load_gguf(path: str | Path, dtype: torch.dtype, device: torch.device, *,
               quant_kernels: bool = True) -> GGUFContents:
     tiled = take_tiled(Path(path))  # tiled on a thread during start-up's imports, if it was
     try:
-        reader = tiled.reader if tiled is not None else GGUFIndex(path)
+        reader = tiled.reader if tiled is not None and tiled.reader else GGUFIndex(path)
     except (ValueError, OSError) as exc:
         raise UnsupportedModelError(f"cannot read GGUF file {path}: {exc}") from exc
     meta = reader.metadata

@@ -1,21 +1,10 @@
 """A GGUF's tensors as the model takes them, without torch: the config its index implies, the
 q/k row order, which matrices the CPU kernels can hold, their tiles, and float32 values for the
-rest. ``kiln.model.gguf_loader`` puts them into the model.
-
-Start-up tiles early (:func:`tiling_beside`). ``kiln serve`` spends most of its start importing
-torch (0.65 s of ~1.1 s on the default model, ``python -X importtime``), and tiling a GGUF is
-memory copies, which run in C without the GIL (``kiln_kernels.tiling.tile_many``, one call a
-file). So the CLI starts a thread that reads the index and tiles every matrix the kernels can
-hold while the main thread imports, and the loader takes the result (:func:`take_tiled`).
-Figures: ``bench/README.md``, "Start-up, scoring and the engine thread".
-"""
+rest. ``kiln.model.gguf_loader`` puts them into the model; start-up tiles with :func:`tile_file`
+on a thread while torch imports (``kiln.model.early_tiles``)."""
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import gguf
@@ -93,86 +82,11 @@ def tile(tensor: GGUFTensor, heads: int | None) -> tuple[str, np.ndarray]:
     return tile_many([_item(tensor, heads)])[0]
 
 
-@dataclass(frozen=True)
-class Tiled:
-    """A file's index and the tiles of every matrix the kernels can hold, by GGUF name."""
-
-    path: Path
-    reader: GGUFIndex
-    tiles: dict[str, tuple[str, np.ndarray]]
-
-
-def tile_file(path: Path) -> Tiled:
+def tile_file(path: Path) -> tuple[GGUFIndex, dict[str, tuple[str, np.ndarray]]]:
+    """The file's index and the tiles of every matrix the kernels can hold, by GGUF name."""
     reader = GGUFIndex(path)
     cfg = read_config(reader)
     todo = [t for t in reader.tensors
             if len(t.shape) > 1 and t.name != ROPE_FREQS and unpackable(t) is None]
     done = tile_many([_item(t, row_permutation(cfg, t.name)) for t in todo])
-    return Tiled(path, reader, {t.name: pair for t, pair in zip(todo, done, strict=True)})
-
-
-_GPU_NODES = (Path("/dev/nvidiactl"), Path("/dev/kfd"))  # NVIDIA's and ROCm's device nodes
-
-
-def tiles_will_be_held(device: str | None, dtype: str | None, quant_kernels: bool) -> bool:
-    """Whether the loader will hold a GGUF's tiles: a float32 model on the CPU with the packed
-    kernels on (``kiln.model.plan.pack_weights`` decides, once torch is imported). Elsewhere
-    they would be a passing copy of the whole file (each is dequantized and dropped), so start-up
-    does not tile early. A guess made without torch ("auto" is the CPU where the machine has no
-    GPU device node): a wrong one costs start-up time or that passing copy, never a result."""
-    if not quant_kernels or dtype not in (None, "auto", "float32"):
-        return False
-    if device in (None, "auto"):
-        return not any(node.exists() for node in _GPU_NODES)
-    return device == "cpu"
-
-
-class _Job:
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.result: Tiled | None = None
-        self.thread = threading.Thread(target=self._run, name="kiln-gguf-tiling", daemon=True)
-
-    def _run(self) -> None:
-        try:
-            self.result = tile_file(self.path)
-        except Exception:  # the loader reads the file again and says what is wrong
-            self.result = None
-
-
-_job: _Job | None = None
-_job_lock = threading.Lock()
-
-
-@contextmanager
-def tiling_beside(path: Path | None) -> Iterator[None]:
-    """Tile the GGUF at ``path`` (None: nothing to tile) on a thread for the body, which imports
-    and loads; the loader takes the tiles with :func:`take_tiled`. On exit an untaken result is
-    dropped. (The thread holds the GIL only to read the index: the tiling is one C call.)"""
-    global _job
-    if path is None:
-        yield
-        return
-    job = _Job(path.resolve())
-    with _job_lock:
-        _job = job
-    job.thread.start()
-    try:
-        yield
-    finally:
-        with _job_lock:
-            if _job is job:
-                _job = None
-        job.thread.join()
-
-
-def take_tiled(path: Path) -> Tiled | None:
-    """The running job's tiles if it tiles ``path`` (waiting for them), else None."""
-    global _job
-    with _job_lock:
-        job = _job
-        if job is None or job.path != path.resolve():
-            return None
-        _job = None
-    job.thread.join()
-    return job.result
+    return reader, {t.name: pair for t, pair in zip(todo, done, strict=True)}

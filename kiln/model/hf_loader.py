@@ -2,11 +2,12 @@
 
 On the CPU (float32 models), bfloat16 / float16 matrices are held as they are, two bytes a
 weight, and widened exactly in registers by the C step (``kiln_kernels.quant.pack_dense``): no
-float32 copy of them is made when every step runs in C."""
+float32 copy of them is made when every step runs in C. Where ``kiln serve`` tiled them during
+its imports (``kiln.model.early_tiles``), those matrices are taken as they are and not read
+again."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,10 +17,12 @@ from kiln_kernels.quant import PackedWeight, pack_dense
 from safetensors import SafetensorError, safe_open
 
 from kiln.model.base import CausalLM
-from kiln.model.config import ModelConfig
+from kiln.model.config import ModelConfig, WeightLoadError
+from kiln.model.early_tiles import take_tiled
+from kiln.model.hf_tensors import packable, read_json, safetensors_files
 from kiln.model.plan import pack_weights
 from kiln.model.quantized import install_packed
-from kiln.model.weights import WeightLoadError, WeightSink, empty_model, progress
+from kiln.model.weights import WeightSink, empty_model, progress
 from kiln.text.tokenizer import Tokenizer
 
 
@@ -33,40 +36,8 @@ class HFContents:
     tokenizer_config: dict[str, Any]
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise WeightLoadError(f"cannot read {path}: {exc}") from exc
-    if not isinstance(data, dict):
-        raise WeightLoadError(f"{path} is not a JSON object")
-    return data
-
-
 def _optional_json(path: Path) -> dict[str, Any]:
-    return _read_json(path) if path.is_file() else {}
-
-
-def safetensors_files(folder: Path) -> list[Path]:
-    """The weight files, in shard order: from the index, or the single file, or all of them."""
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map = _read_json(index).get("weight_map")
-        if not isinstance(weight_map, dict) or not weight_map:
-            raise WeightLoadError(f"{index} has no weight_map")
-        files = sorted({str(v) for v in weight_map.values()})
-        paths = [folder / f for f in files]
-        for p in paths:
-            if not p.is_file():
-                raise WeightLoadError(f"shard {p.name} named in the index is missing")
-        return paths
-    single = folder / "model.safetensors"
-    if single.is_file():
-        return [single]
-    found = sorted(folder.glob("*.safetensors"))
-    if not found:
-        raise WeightLoadError(f"no safetensors weights in {folder}")
-    return found
+    return read_json(path) if path.is_file() else {}
 
 
 def chat_template_source(folder: Path, tokenizer_config: dict[str, Any]) -> str | None:
@@ -84,19 +55,13 @@ def chat_template_source(folder: Path, tokenizer_config: dict[str, Any]) -> str 
     return None
 
 
-def _packable(name: str, t: torch.Tensor, tied: bool) -> bool:
-    """A bfloat16 / float16 projection, embedding or head the C step can hold as it is (rows in
-    fours, columns in 32s). Float32 checkpoints keep the torch path."""
-    return (t.dtype in (torch.bfloat16, torch.float16) and t.dim() == 2
-            and t.shape[0] % 4 == 0 and t.shape[1] % 32 == 0
-            and (name.endswith("_proj.weight") or name == "model.embed_tokens.weight"
-                 or (name == "lm_head.weight" and not tied)))
+_HALF_NAMES = {torch.bfloat16: "BF16", torch.float16: "F16"}
 
 
 def load_hf_folder(folder: str | Path, dtype: torch.dtype, device: torch.device, *,
                    quant_kernels: bool = True) -> HFContents:
     root = Path(folder)
-    hf_config = _read_json(root / "config.json")
+    hf_config = read_json(root / "config.json")
     cfg = ModelConfig.from_hf(hf_config)
     generation_config = _optional_json(root / "generation_config.json")
     tokenizer_config = _optional_json(root / "tokenizer_config.json")
@@ -109,13 +74,20 @@ def load_hf_folder(folder: str | Path, dtype: torch.dtype, device: torch.device,
     sink = WeightSink(model)
     packing = pack_weights(dtype, device, quant_kernels=quant_kernels)
     packed: dict[str, PackedWeight] = {}  # half-precision matrices, kept as they are
+    tiled = take_tiled(root)  # tiled on a thread during start-up's imports, if it was
+    tiles = tiled.tiles if tiled is not None and packing else {}
     for path in safetensors_files(root):
         try:
             with safe_open(str(path), framework="pt", device="cpu") as f:
                 keys = list(f.keys())
                 for key in progress(keys, len(keys), f"loading {path.name}"):
+                    if key in tiles:
+                        fmt, array = tiles.pop(key)
+                        packed[key] = PackedWeight(fmt, torch.from_numpy(array))  # type: ignore[arg-type]
+                        continue
                     tensor = f.get_tensor(key)
-                    if packing and _packable(key, tensor, cfg.tie_word_embeddings):
+                    if packing and packable(key, _HALF_NAMES.get(tensor.dtype),
+                                            tuple(tensor.shape), cfg.tie_word_embeddings):
                         packed[key] = pack_dense(tensor)
                     else:
                         sink.put(key, tensor)

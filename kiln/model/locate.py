@@ -42,11 +42,14 @@ def is_gguf(path: Path) -> bool:
         return False
 
 
-def gguf_path(model: str | None) -> Path | None:
-    """The GGUF file ``model`` names (None: the embedded default), or None where it names no
-    GGUF file that exists; what is wrong with such a name is the loader's to say."""
+def model_path(model: str | None) -> Path | None:
+    """The GGUF file or HF folder (with a ``config.json``) ``model`` names (None: the embedded
+    default), or None where it names neither; what is wrong with such a name is the loader's to
+    say."""
     try:
-        file = default_model_path() if model is None else Path(model).expanduser()
+        path = default_model_path() if model is None else Path(model).expanduser()
     except ModelNotFoundError:
         return None
-    return file if file.is_file() and is_gguf(file) else None
+    if path.is_dir():
+        return path if (path / "config.json").is_file() else None
+    return path if path.is_file() and is_gguf(path) else None

@@ -16,15 +16,11 @@ from torch import nn
 from tqdm import tqdm
 
 from kiln.model.base import CausalLM
-from kiln.model.config import ModelConfig
+from kiln.model.config import ModelConfig, WeightLoadError
 from kiln.model.registry import build_model
 
 # Checkpoint tensors that carry no weights of ours (recomputed or redundant).
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-
-
-class WeightLoadError(ValueError):
-    """The checkpoint's tensors do not fit the model its config describes."""
 
 
 def empty_model(cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> CausalLM:

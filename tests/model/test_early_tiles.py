@@ -1,7 +1,7 @@
-"""Start-up's early tiling (kiln/model/gguf_tensors.py): a model loaded from the tiles a thread
-made during the imports is the model loaded without them, bit for bit; the tiles are taken once,
-only for the file they came from; a file the thread cannot read is reported by the loader as
-before."""
+"""Start-up's early tiling (kiln/model/early_tiles.py): a model loaded from the tiles a thread
+made during the imports, from a GGUF file or an HF folder, is the model loaded without them, bit
+for bit; the tiles are taken once, only for the model they came from; a file the thread cannot
+read is reported by the loader as before; tiles are made early only where they will be held."""
 
 from __future__ import annotations
 
@@ -11,13 +11,15 @@ import pytest
 import torch
 from kiln_kernels.cpu import available as kernels_available
 
-import kiln.model.gguf_tensors as gguf_tensors
+import kiln.model.early_tiles as early_tiles
+from bench.peers.hf_folder import write_folder
 from kiln.model import KVCache, build_forward_batch, load_model
 from kiln.model.config import UnsupportedModelError
-from kiln.model.gguf_tensors import Tiled, take_tiled, tile_file, tiles_will_be_held, tiling_beside
-from kiln.model.locate import gguf_path
+from kiln.model.early_tiles import Tiled, take_tiled, tile, tiles_will_be_held, tiling_beside
+from kiln.model.locate import model_path
 from kiln.model.quantized import float32_state_dict
 from tests.model.test_block_formats import k_config, raw_weights
+from tests.model.test_hf_folder_from_gguf import bf16_gguf
 from tests.tiny_models import write_tiny_gguf
 
 pytestmark = pytest.mark.skipif(not kernels_available(), reason="no C compiler for the kernels")
@@ -46,11 +48,22 @@ def logits(path: Path) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     return out, float32_state_dict(lm.model)
 
 
-def test_a_model_from_the_threads_tiles_is_the_same_model(mixed_gguf: Path) -> None:
-    plain_logits, plain_weights = logits(mixed_gguf)
-    with tiling_beside(mixed_gguf):
-        early_logits, early_weights = logits(mixed_gguf)
-        assert take_tiled(mixed_gguf) is None  # the loader took them
+@pytest.fixture(scope="module")
+def hf_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny qwen2 HF folder of bf16 matrices (untied: its own lm_head)."""
+    root = tmp_path_factory.mktemp("hf")
+    gguf, _ = bf16_gguf(root / "tiny-BF16.gguf", "qwen2", False)
+    return write_folder(gguf, root / "folder")
+
+
+@pytest.mark.parametrize("which", ["gguf", "hf"])
+def test_a_model_from_the_threads_tiles_is_the_same_model(which: str, mixed_gguf: Path,
+                                                          hf_folder: Path) -> None:
+    path = mixed_gguf if which == "gguf" else hf_folder
+    plain_logits, plain_weights = logits(path)
+    with tiling_beside(path):
+        early_logits, early_weights = logits(path)
+        assert take_tiled(path) is None  # the loader took them
     assert torch.equal(early_logits, plain_logits)
     assert plain_weights.keys() == early_weights.keys()
     for name, w in plain_weights.items():
@@ -65,7 +78,7 @@ def test_tiles_are_taken_for_their_own_file_only(mixed_gguf: Path, tmp_path: Pat
         got = take_tiled(mixed_gguf)
         assert isinstance(got, Tiled) and got.path == mixed_gguf.resolve()
         # every matrix the kernels hold was tiled: the 7 projections of each layer and the head
-        want = tile_file(mixed_gguf).tiles
+        want = tile(mixed_gguf).tiles
         assert sorted(got.tiles) == sorted(want) and len(want) == 7 * 2 + 2
         for name, (fmt, tiles) in want.items():
             assert got.tiles[name][0] == fmt and (got.tiles[name][1] == tiles).all(), name
@@ -84,19 +97,32 @@ def test_a_file_the_thread_cannot_read_is_reported_by_the_loader(tmp_path: Path)
     assert str(early.value) == str(plain.value)
 
 
-def test_gguf_path_names_only_existing_gguf_files(mixed_gguf: Path, tmp_path: Path) -> None:
-    assert gguf_path(str(mixed_gguf)) == mixed_gguf
-    assert gguf_path(str(tmp_path / "missing.gguf")) is None
-    assert gguf_path(str(tmp_path)) is None  # a folder: an HF model, not tiled early
+def test_an_hf_folders_half_matrices_are_tiled(hf_folder: Path) -> None:
+    """The 7 projections of each layer, the embedding and the untied head, as bf16 blocks."""
+    got = tile(hf_folder)
+    assert got.reader is None
+    names = sorted(got.tiles)
+    assert "lm_head.weight" in names and "model.embed_tokens.weight" in names
+    assert len(names) == 7 * 2 + 2 and {fmt for fmt, _ in got.tiles.values()} == {"bf16"}
+
+
+def test_model_path_names_gguf_files_and_hf_folders(mixed_gguf: Path, hf_folder: Path,
+                                                    tmp_path: Path) -> None:
+    assert model_path(str(mixed_gguf)) == mixed_gguf
+    assert model_path(str(hf_folder)) == hf_folder
+    assert model_path(str(tmp_path / "missing.gguf")) is None
+    assert model_path(str(tmp_path)) is None  # a folder without config.json
     (tmp_path / "weights.bin").write_bytes(b"GGUF\x03\x00\x00\x00")
-    assert gguf_path(str(tmp_path / "weights.bin")) == tmp_path / "weights.bin"
+    assert model_path(str(tmp_path / "weights.bin")) == tmp_path / "weights.bin"
+    (tmp_path / "notes.txt").write_text("not a model")
+    assert model_path(str(tmp_path / "notes.txt")) is None
 
 
 def test_tiles_are_made_early_only_where_the_loader_will_hold_them(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A float32 model on the CPU with the packed kernels on; on a GPU, in bfloat16 or with the
     kernels off each tile would be dequantized and dropped (a passing copy of the file)."""
-    monkeypatch.setattr(gguf_tensors, "_GPU_NODES", (tmp_path / "nvidiactl",))
+    monkeypatch.setattr(early_tiles, "_GPU_NODES", (tmp_path / "nvidiactl",))
     assert tiles_will_be_held(None, None, True) and tiles_will_be_held("auto", "float32", True)
     assert tiles_will_be_held("cpu", "auto", True)
     assert not tiles_will_be_held("cpu", None, False)
