@@ -12,6 +12,7 @@ tensors, and its ``dequantize`` stays the loader's reference for the block forma
 
 from __future__ import annotations
 
+import enum
 import mmap
 import struct
 from dataclasses import dataclass
@@ -19,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 MAGIC = 0x46554747  # b"GGUF", little-endian
 DEFAULT_ALIGNMENT = 32
@@ -31,12 +31,70 @@ _SCALARS: dict[int, np.dtype[Any]] = {
     10: np.dtype("<u8"), 11: np.dtype("<i8"), 12: np.dtype("<f8"),
 }
 _STRING, _ARRAY = 8, 9
+
+
+class GGMLType(enum.IntEnum):
+    """GGML's tensor element types, numbered as in the file (gguf-py's ``GGMLType``;
+    ``tests/model/test_gguf_index.py`` checks the two agree). Kept here so that reading an
+    index does not import gguf-py (~30 ms of every start-up)."""
+
+    F32 = 0
+    F16 = 1
+    Q4_0 = 2
+    Q4_1 = 3
+    Q5_0 = 6
+    Q5_1 = 7
+    Q8_0 = 8
+    Q8_1 = 9
+    Q2_K = 10
+    Q3_K = 11
+    Q4_K = 12
+    Q5_K = 13
+    Q6_K = 14
+    Q8_K = 15
+    IQ2_XXS = 16
+    IQ2_XS = 17
+    IQ3_XXS = 18
+    IQ1_S = 19
+    IQ4_NL = 20
+    IQ3_S = 21
+    IQ2_S = 22
+    IQ4_XS = 23
+    I8 = 24
+    I16 = 25
+    I32 = 26
+    I64 = 27
+    F64 = 28
+    IQ1_M = 29
+    BF16 = 30
+    TQ1_0 = 34
+    TQ2_0 = 35
+    MXFP4 = 39
+    NVFP4 = 40
+    Q1_0 = 41
+
+
+# each type's (weights, bytes) per block (gguf-py's GGML_QUANT_SIZES)
+GGML_BLOCK_SIZES: dict[GGMLType, tuple[int, int]] = {
+    GGMLType.F32: (1, 4), GGMLType.F16: (1, 2), GGMLType.Q4_0: (32, 18),
+    GGMLType.Q4_1: (32, 20), GGMLType.Q5_0: (32, 22), GGMLType.Q5_1: (32, 24),
+    GGMLType.Q8_0: (32, 34), GGMLType.Q8_1: (32, 40), GGMLType.Q2_K: (256, 84),
+    GGMLType.Q3_K: (256, 110), GGMLType.Q4_K: (256, 144), GGMLType.Q5_K: (256, 176),
+    GGMLType.Q6_K: (256, 210), GGMLType.Q8_K: (256, 292), GGMLType.IQ2_XXS: (256, 66),
+    GGMLType.IQ2_XS: (256, 74), GGMLType.IQ3_XXS: (256, 98), GGMLType.IQ1_S: (256, 50),
+    GGMLType.IQ4_NL: (32, 18), GGMLType.IQ3_S: (256, 110), GGMLType.IQ2_S: (256, 82),
+    GGMLType.IQ4_XS: (256, 136), GGMLType.I8: (1, 1), GGMLType.I16: (1, 2),
+    GGMLType.I32: (1, 4), GGMLType.I64: (1, 8), GGMLType.F64: (1, 8),
+    GGMLType.IQ1_M: (256, 56), GGMLType.BF16: (1, 2), GGMLType.TQ1_0: (256, 54),
+    GGMLType.TQ2_0: (256, 66), GGMLType.MXFP4: (32, 17), GGMLType.NVFP4: (64, 36),
+    GGMLType.Q1_0: (128, 18),
+}
 # tensor element types whose data is a typed array rather than raw blocks (as gguf-py has it)
-_PLAIN: dict[GGMLQuantizationType, np.dtype[Any]] = {
-    GGMLQuantizationType.F16: np.dtype("<f2"), GGMLQuantizationType.F32: np.dtype("<f4"),
-    GGMLQuantizationType.F64: np.dtype("<f8"), GGMLQuantizationType.I8: np.dtype("<i1"),
-    GGMLQuantizationType.I16: np.dtype("<i2"), GGMLQuantizationType.I32: np.dtype("<i4"),
-    GGMLQuantizationType.I64: np.dtype("<i8"),
+_PLAIN: dict[GGMLType, np.dtype[Any]] = {
+    GGMLType.F16: np.dtype("<f2"), GGMLType.F32: np.dtype("<f4"),
+    GGMLType.F64: np.dtype("<f8"), GGMLType.I8: np.dtype("<i1"),
+    GGMLType.I16: np.dtype("<i2"), GGMLType.I32: np.dtype("<i4"),
+    GGMLType.I64: np.dtype("<i8"),
 }
 
 
@@ -47,7 +105,7 @@ class GGUFTensor:
     types, else its raw blocks as ``uint8 [rows, bytes per row]``."""
 
     name: str
-    tensor_type: GGMLQuantizationType
+    tensor_type: GGMLType
     shape: tuple[int, ...]
     n_elements: int
     n_bytes: int
@@ -160,10 +218,10 @@ class GGUFIndex:
     def _tensor(self, name: str, dims: tuple[int, ...], raw_type: int,
                 offset: int) -> GGUFTensor:
         try:
-            kind = GGMLQuantizationType(raw_type)
+            kind = GGMLType(raw_type)
         except ValueError as exc:
             raise ValueError(f"tensor {name!r} has unknown type {raw_type}") from exc
-        block, type_size = GGML_QUANT_SIZES[kind]
+        block, type_size = GGML_BLOCK_SIZES[kind]
         n = int(np.prod(dims, dtype=np.int64)) if dims else 1
         if dims and dims[0] % block:
             raise ValueError(f"tensor {name!r}: {dims[0]} columns are not whole {kind.name} "

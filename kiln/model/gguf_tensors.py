@@ -7,12 +7,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import gguf
 import numpy as np
 from kiln_kernels.tiling import GGML_TYPES, Item, tile_many
 
 from kiln.model.config import ModelConfig, config_from_gguf
-from kiln.model.gguf_index import GGUFIndex, GGUFTensor
+from kiln.model.gguf_index import GGMLType, GGUFIndex, GGUFTensor
 
 ROPE_FREQS = "rope_freqs.weight"  # Llama 3.1+: one divisor per rotary frequency
 
@@ -49,9 +48,15 @@ def unpackable(tensor: GGUFTensor) -> str | None:
 
 def dequantize(tensor: GGUFTensor) -> np.ndarray:
     """gguf-py's float32 values of a tensor, shaped as the model holds it, writable."""
-    arr = np.asarray(gguf.quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
-    if not arr.flags.writeable:  # F32 tensors come back as read-only views of the mmap
-        arr = arr.copy()
+    if tensor.tensor_type in (GGMLType.F32, GGMLType.F16):  # a typed array: widened exactly
+        arr = tensor.data.astype(np.float32)  # a new array (the data is the file's map)
+    else:  # gguf-py imported only here: the norms and most files need none of it
+        import gguf
+
+        kind = gguf.GGMLQuantizationType(int(tensor.tensor_type))
+        arr = np.asarray(gguf.quants.dequantize(tensor.data, kind), dtype=np.float32)
+        if not arr.flags.writeable:
+            arr = arr.copy()
     return arr.reshape(tuple(reversed(tensor.shape)))
 
 

@@ -29,8 +29,10 @@ def assert_same(path: Path) -> GGUFIndex:
     assert ix.data_offset == ref.data_offset
     assert len(ix.tensors) == len(ref.tensors)
     for a, b in zip(ix.tensors, ref.tensors, strict=True):
-        assert (a.name, a.tensor_type, list(a.shape), a.n_elements, a.n_bytes, a.data_offset) == (
-            b.name, b.tensor_type, b.shape.tolist(), int(b.n_elements), int(b.n_bytes),
+        assert (a.name, a.tensor_type.name, int(a.tensor_type), list(a.shape), a.n_elements,
+                a.n_bytes, a.data_offset) == (
+            b.name, b.tensor_type.name, int(b.tensor_type), b.shape.tolist(), int(b.n_elements),
+            int(b.n_bytes),
             b.data_offset), a.name
         assert (a.data.dtype, a.data.shape) == (b.data.dtype, b.data.shape), a.name
         assert np.array_equal(a.data.view(np.uint8), np.asarray(b.data).view(np.uint8)), a.name
@@ -101,3 +103,13 @@ def test_a_tensor_past_the_end_is_refused(tmp_path: Path) -> None:
     bad.write_bytes(Path(default_model_path()).read_bytes()[:src.data_offset + 1000])
     with pytest.raises(ValueError, match="past the end"):
         GGUFIndex(bad)
+
+
+def test_the_type_table_is_gguf_pys() -> None:
+    """kiln.model.gguf_index's own GGML type table (so that reading an index does not import
+    gguf-py): the same names, numbers and block sizes as gguf-py's."""
+    from kiln.model.gguf_index import GGML_BLOCK_SIZES, GGMLType
+
+    theirs = {t.name: (t.value, gguf.GGML_QUANT_SIZES.get(t)) for t in gguf.GGMLQuantizationType}
+    ours = {t.name: (t.value, GGML_BLOCK_SIZES.get(t)) for t in GGMLType}
+    assert ours == theirs
