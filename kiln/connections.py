@@ -298,6 +298,10 @@ def server_for(app: Any, config: ServerConfig, on_expiry: Callable[[], None]) ->
     return DrainingServer(
         uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
                        http=protocol_class(Limits.of(config)),
+                       # no route is a WebSocket: an upgrade request is an HTTP request like
+                       # any other (it had been a bare 403 with no error body), and start-up
+                       # no longer imports the websockets package
+                       ws="none",
                        timeout_graceful_shutdown=int(config.drain_timeout_s)),
         on_expiry=on_expiry,
     )

@@ -337,3 +337,14 @@ def test_a_malformed_request_past_the_bound_gets_one_answer() -> None:
     finally:
         logging.getLogger("uvicorn.error").removeHandler(errors)
     assert not errors.records, [r.getMessage() for r in errors.records]
+
+
+def test_a_websocket_upgrade_is_answered_as_plain_http() -> None:
+    """No route is a WebSocket: the upgrade headers are ignored and the request is served."""
+    with live(header_timeout_s=30.0) as srv:
+        s = srv.connect()
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
+                  b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                  b"Sec-WebSocket-Version: 13\r\n\r\n")
+        status, _, body = parse(read_to_close(s))
+        assert status == 200 and json.loads(body)["status"] == "ok"
