@@ -25,6 +25,20 @@ from kiln.model.lora import LORA_MODULES, LoraAdapter, adapter_from_state, modul
 from kiln.model.lora_slots import AdapterSlots, LoraBatch
 
 RESULTS = Path(__file__).parent / "results" / "lora.json"
+
+
+def record_run(results: Path, key: str, result: dict[str, Any]) -> None:
+    """Write ``result`` as run ``key`` of ``results`` ({"runs": {key: result}}), keeping the
+    file's other runs (another model, device or thread count)."""
+    results.parent.mkdir(parents=True, exist_ok=True)
+    runs: dict[str, Any] = {}
+    if results.is_file():
+        try:
+            runs = json.loads(results.read_text()).get("runs", {})
+        except (ValueError, AttributeError):
+            runs = {}
+    runs[key] = result
+    results.write_text(json.dumps({"runs": runs}, indent=2, sort_keys=True) + "\n")
 BLOCK = 16
 PROMPT_LEN = 16
 
@@ -160,15 +174,7 @@ def main() -> None:
         "weight_bytes_bound": round(base_bytes / (base_bytes + lora_bytes), 3),
         "slot_loads": slots.loads, "slot_evictions": slots.evictions,
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    runs: dict[str, Any] = {}
-    if RESULTS.is_file():  # one entry per (model, threads); other runs are kept
-        try:
-            runs = json.loads(RESULTS.read_text()).get("runs", {})
-        except (ValueError, AttributeError):
-            runs = {}
-    runs[f"{args.model}-threads{torch.get_num_threads()}"] = result
-    RESULTS.write_text(json.dumps({"runs": runs}, indent=2, sort_keys=True) + "\n")
+    record_run(RESULTS, f"{args.model}-threads{torch.get_num_threads()}", result)
     for k, v in tok_s.items():
         print(f"{k:>18}: {v:9.1f} tok/s")
     print(f"distinct adapters / base = {ratio:.3f} (goal >= 0.8; weight-traffic bound "

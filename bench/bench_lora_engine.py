@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import platform
 import time
 from collections.abc import Callable
@@ -24,7 +23,7 @@ from typing import Any
 
 import torch
 
-from bench.bench_lora import PRESETS, random_adapter, random_model
+from bench.bench_lora import PRESETS, random_adapter, random_model, record_run
 from kiln.engine.config import EngineConfig
 from kiln.engine.loop import AsyncEngine, build_on_engine_thread
 from kiln.engine.lora_mix import LoraMix
@@ -163,15 +162,7 @@ def main() -> None:
         "slot_evictions": slots.evictions if slots else None,
         "engine_steps": eng.num_steps, "failed_steps": eng.num_failed_steps,
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    runs: dict[str, Any] = {}
-    if RESULTS.is_file():  # one entry per (model, device, threads); other runs are kept
-        try:
-            runs = json.loads(RESULTS.read_text()).get("runs", {})
-        except (ValueError, AttributeError):
-            runs = {}
-    runs[f"{args.model}-{device.type}-threads{torch.get_num_threads()}"] = result
-    RESULTS.write_text(json.dumps({"runs": runs}, indent=2, sort_keys=True) + "\n")
+    record_run(RESULTS, f"{args.model}-{device.type}-threads{torch.get_num_threads()}", result)
     for k, v in tok_s.items():
         print(f"{k:>18}: {v:9.1f} decode tok/s")
     print(f"distinct adapters / base = {ratio:.3f} (goal >= 0.8; weight-traffic bound "
