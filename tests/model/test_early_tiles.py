@@ -131,3 +131,32 @@ def test_tiles_are_made_early_only_where_the_loader_will_hold_them(
     assert not tiles_will_be_held("cuda:0", None, True)
     (tmp_path / "nvidiactl").touch()  # a machine with a GPU: "auto" is CUDA there
     assert not tiles_will_be_held("auto", None, True) and tiles_will_be_held("cpu", None, True)
+
+
+def test_a_sharded_folder_is_tiled_across_its_shards(hf_folder: Path, tmp_path: Path) -> None:
+    """Two shards and their index: every half matrix of both is tiled early, and the model
+    from those tiles is the model loaded without them."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    sharded = tmp_path / "sharded"
+    sharded.mkdir()
+    for f in hf_folder.iterdir():
+        if f.suffix == ".json":
+            shutil.copy(f, sharded / f.name)
+    state = load_file(str(hf_folder / "model.safetensors"))
+    names = sorted(state)
+    halves = {"model-00001-of-00002.safetensors": names[::2],
+              "model-00002-of-00002.safetensors": names[1::2]}
+    for file, part in halves.items():
+        save_file({n: state[n] for n in part}, str(sharded / file), metadata={"format": "pt"})
+    weight_map = {n: file for file, part in halves.items() for n in part}
+    (sharded / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    assert sorted(tile(sharded).tiles) == sorted(tile(hf_folder).tiles)
+    plain_logits, _ = logits(hf_folder)
+    with tiling_beside(sharded):
+        early_logits, _ = logits(sharded)
+        assert take_tiled(sharded) is None
+    assert torch.equal(early_logits, plain_logits)
