@@ -116,34 +116,39 @@ _KINDS = {"Q4_0": 1, "Q4_1": 2, "Q8_0": 3}  # tile.c's TILE_*; every other type 
 Item = tuple[np.ndarray, str, "np.ndarray | None"]
 
 
+def _rows(rows: np.ndarray | None, n: int) -> np.ndarray | None:
+    if rows is None:
+        return None
+    rows = np.ascontiguousarray(rows, dtype=np.int64)
+    if rows.shape != (n,) or rows.min(initial=0) < 0 or rows.max(initial=0) >= n:
+        raise ValueError(f"rows must be {n} row indices")
+    return rows
+
+
 def tile_many(items: Sequence[Item]) -> list[tuple[str, np.ndarray]]:
     """Tile tensors: each ``(raw, ggml_type, rows)``, ``raw`` its rows in the file's order
     (uint8 ``[N, row_bytes]``), ``rows`` None or the source row of each tiled row (int64
     ``[N]``) -> ``(format, tiles)`` each, as :func:`tile_ggml_reference` gives for
     ``raw[rows]``. One C call for all of them where the tiling library builds."""
+    checked = [(np.ascontiguousarray(raw), t, _check(raw, t), _rows(rows, raw.shape[0]))
+               for raw, t, rows in items]
     lib = tiling_library()
     if lib is None:
-        return [tile_ggml_reference(raw if rows is None else raw[rows], t) for raw, t, rows in items]
+        return [tile_ggml_reference(raw if rows is None else raw[rows], t)
+                for raw, t, _, rows in checked]
     out: list[tuple[str, np.ndarray]] = []
     keep: list[np.ndarray] = []  # what the jobs point into, alive until the call returns
-    jobs = (_Job * len(items))()
-    for job, (raw, ggml_type, rows) in zip(jobs, items, strict=True):
-        size = _check(raw, ggml_type)
-        raw = np.ascontiguousarray(raw)
+    jobs = (_Job * len(checked))()
+    for job, (raw, ggml_type, size, rows) in zip(jobs, checked, strict=True):
         fmt = GGML_FORMAT[ggml_type]
         n, nb = raw.shape[0], raw.shape[1] // size
         tiles = np.empty((n // 4, nb, TILE_BYTES[fmt]), dtype=np.uint8)
-        if rows is not None:
-            rows = np.ascontiguousarray(rows, dtype=np.int64)
-            if rows.shape != (n,) or rows.min(initial=0) < 0 or rows.max(initial=0) >= n:
-                raise ValueError(f"rows must be {n} row indices")
-            keep.append(rows)
-        keep += [raw, tiles]
+        keep += [raw, tiles] + ([] if rows is None else [rows])
         job.src, job.dst = raw.ctypes.data, tiles.ctypes.data
         job.rows = None if rows is None else rows.ctypes.data
         job.n, job.nb, job.block, job.kind = n, nb, size, _KINDS.get(ggml_type, 0)
         out.append((fmt, tiles))
-    lib.kiln_tile(jobs, len(items))
+    lib.kiln_tile(jobs, len(checked))
     return out
 
 

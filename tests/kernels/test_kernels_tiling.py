@@ -4,6 +4,7 @@ one call for many tensors; every fp16 scale converted as numpy converts it."""
 
 from __future__ import annotations
 
+import kiln_kernels.tiling
 import numpy as np
 import pytest
 import torch
@@ -55,6 +56,19 @@ def test_pack_ggml_matches_the_torch_layout_reference() -> None:
     blocks = raw.reshape(8, 2, 34)
     d = blocks[:, :, :2].contiguous().view(torch.float16).squeeze(-1).float()
     assert torch.equal(pw.tiles, tile_rows("q8", blocks[:, :, 2:].reshape(8, 64), d))
+
+
+def test_without_a_compiler_numpy_tiles_alike(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stand-in where tile.c cannot be built: the same tiles, the same refusals."""
+    items = [(raw_rows(t, 8, GGML_TYPES[t][0], seed=4), t,
+              np.array([1, 0, 3, 2, 5, 4, 7, 6]) if t == "Q4_K" else None)
+             for t in ("Q4_0", "Q8_0", "Q4_K", "F16")]
+    want = tile_many(items)
+    monkeypatch.setattr(kiln_kernels.tiling, "tiling_library", lambda: None)
+    got = tile_many(items)
+    assert [(f, t.tobytes()) for f, t in got] == [(f, t.tobytes()) for f, t in want]
+    with pytest.raises(ValueError):
+        tile_many([(items[0][0], "Q4_0", np.arange(1, 9))])
 
 
 @pytest.mark.parametrize("bad", ["rows", "type", "width", "order"])
