@@ -41,7 +41,8 @@ def tiles_will_be_held(device: str | None, dtype: str | None, quant_kernels: boo
     be a passing copy of the weights (a GGUF's each dequantized and dropped, an HF folder's
     unused), so start-up does not tile early. A guess made without torch ("auto" is the CPU
     where the machine has no GPU device node): a wrong one costs start-up time or that passing
-    copy, never a result."""
+    copy, never a result. It restates ``pack_weights`` for settings: a test holds the two
+    together on the CPU."""
     if not quant_kernels or dtype not in (None, "auto", "float32"):
         return False
     if device in (None, "auto"):

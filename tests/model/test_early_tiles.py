@@ -160,3 +160,16 @@ def test_a_sharded_folder_is_tiled_across_its_shards(hf_folder: Path, tmp_path: 
         early_logits, _ = logits(sharded)
         assert take_tiled(sharded) is None
     assert torch.equal(early_logits, plain_logits)
+
+
+@pytest.mark.parametrize("dtype", [None, "auto", "float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("quant_kernels", [True, False])
+def test_the_guess_follows_the_plans_decision_on_the_cpu(dtype: str | None,
+                                                         quant_kernels: bool) -> None:
+    """tiles_will_be_held restates kiln.model.plan.pack_weights for settings, before torch is
+    imported; on the CPU (where the C library builds, as here) the two must not drift apart."""
+    from kiln.model.plan import pack_weights, resolve_device, resolve_dtype
+
+    cpu = resolve_device("cpu")
+    decided = pack_weights(resolve_dtype(dtype, cpu), cpu, quant_kernels=quant_kernels)
+    assert tiles_will_be_held("cpu", dtype, quant_kernels) == decided
