@@ -13,9 +13,8 @@ from kiln.adapters import AdapterStore, validate_name
 from kiln.config import ServerConfig, engine_config
 from kiln.engine.loop import AsyncEngine, build_on_engine_thread
 from kiln.engine.lora_mix import mix_entries_problem
-from kiln.engine.outputs import PositionScore
+from kiln.engine.outputs import PositionScore, RequestStream
 from kiln.engine.request import Request
-from kiln.engine.stream import RequestStream
 from kiln.model.loader import LoadedModel, load_model
 from kiln.provenance import PolicyIdentity, content_identity, policy_identity
 
@@ -30,6 +29,9 @@ class EngineBackend:
     def __init__(self, loaded: LoadedModel, config: ServerConfig) -> None:
         self.loaded = loaded
         self.engine = AsyncEngine(loaded, engine_config(config))
+        # Backend.submit is the engine's own generate: no hop between the handlers and the
+        # engine's one stream wrapper (raises EngineError on admission failure)
+        self.submit: Callable[[Request], RequestStream] = self.engine.generate
         self.model_id = loaded.served_name
         self.aliases = config.model_aliases
         self.kv_cache_dtype = config.kv_cache_dtype
@@ -170,9 +172,6 @@ class EngineBackend:
             runtime=f"torch-{torch.__version__}",
             vocab=lambda: backend.get_vocab(with_added_tokens=True),
             tokenizer_json=backend.to_str, chat_template=self.chat_template.source)
-
-    def submit(self, request: Request) -> RequestStream:
-        return self.engine.generate(request)  # raises EngineError on admission failure
 
     async def score(
         self, prompt_ids: list[int], top_k: int, lora: tuple[tuple[Any, float], ...] = ()

@@ -13,7 +13,7 @@ CASES = [
     ("kiln.api.app", ("torch", "triton", "kiln.model", "kiln.engine.runner", "kiln.engine.loop")),
     ("kiln.api.handlers.chat", ("torch", "triton")),
     ("kiln.engine.scheduler", ("torch", "triton")),
-    ("kiln.engine.priority", ("torch", "triton")),
+    ("kiln.engine.request", ("torch", "triton")),
     ("kiln.engine.block_pool", ("torch", "triton")),
     ("kiln_kernels", ("kiln",)),
     ("kiln_kernels.sampling", ("kiln",)),

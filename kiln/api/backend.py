@@ -10,9 +10,8 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from kiln.adapters import AdapterStore
-from kiln.engine.outputs import PositionScore
+from kiln.engine.outputs import PositionScore, RequestStream
 from kiln.engine.request import Request
-from kiln.engine.stream import RequestStream
 from kiln.provenance import PolicyIdentity
 
 __all__ = ["Backend", "ChatTemplatePort", "PositionScore", "TokenizerPort"]

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from kiln.api.handlers import constraints, unsupported
+from kiln.api.handlers import constraints
+from kiln.api.handlers.params import DEFAULT_ONLY, UNSUPPORTED_CODE
 from kiln.api.served_openapi import Bounds
 from kiln.engine import repetition
 
@@ -68,9 +69,9 @@ def _pairs(*conditions: Any) -> dict[str, Any]:
 # -- rule groups ----------------------------------------------------------------------------------
 
 def unsupported_fields(names: tuple[str, ...]) -> list[Rule]:
-    return [rule("non_default_refused", name, unsupported.CODE, "kiln.api.handlers.unsupported",
+    return [rule("non_default_refused", name, UNSUPPORTED_CODE, "kiln.api.handlers.params.refuse_unsupported",
                  "a seed field this server does not implement", field=name,
-                 default=list(unsupported.NEUTRAL[name])) for name in names]
+                 default=list(DEFAULT_ONLY[name])) for name in names]
 
 
 def constraint_rules(b: Bounds, code: str, tools: bool) -> list[Rule]:
@@ -139,7 +140,7 @@ def min_tokens_rules(code: str, max_tokens: dict[str, Any]) -> list[Rule]:
     return [
         rule("compare", "min_tokens", code, where, "min_tokens may not pass max_tokens",
              left=field("min_tokens"), op="<=", right=max_tokens),
-        rule("refused_when", "min_tokens", unsupported.CODE, where,
+        rule("refused_when", "min_tokens", UNSUPPORTED_CODE, where,
              "min_tokens beside stop strings is not implemented",
              when=all_of(has("min_tokens", {"minimum": 1}), has("stop", {"anyOf": [
                  {"type": "string"}, {"type": "array", "minItems": 1}]}))),

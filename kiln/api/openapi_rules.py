@@ -17,7 +17,8 @@ from __future__ import annotations
 from typing import Any
 
 from kiln.api.contract import MAX_BATCH_ITEMS
-from kiln.api.handlers import rollout, unsupported
+from kiln.api.handlers import rollout
+from kiln.api.handlers.params import CHAT_UNSUPPORTED, UNSUPPORTED_CODE
 from kiln.api.handlers.prepare import TEMPLATE_FIELDS
 from kiln.api.openapi_rule_parts import (
     STREAM,
@@ -81,7 +82,7 @@ def vllm_field_rules(code: str, b: Bounds) -> list[Rule]:
              when=any_of(has("truncate_prompt_tokens", {"const": 0}), all_of(
                  has("truncate_prompt_tokens", {"const": -1}),
                  has("max_tokens", {"type": "integer", "minimum": b.max_model_len})))),
-        rule("refused_when", "prompt_logprobs", unsupported.CODE, f"{where}.prompt_logprobs_wanted",
+        rule("refused_when", "prompt_logprobs", UNSUPPORTED_CODE, f"{where}.prompt_logprobs_wanted",
              "prompt_logprobs is implemented for non-streaming requests",
              when=all_of(STREAM, given("prompt_logprobs"))),
         rule("refused_when", alias, code, f"{where}.thinking_tokens", "the two name one limit",
@@ -100,7 +101,7 @@ def vllm_field_rules(code: str, b: Bounds) -> list[Rule]:
 def chat_rules(b: Bounds, render: bool) -> list[Rule]:
     code, prepare = "chat_invalid_request", "kiln.api.handlers.prepare"
     out = [
-        *unsupported_fields(unsupported.CHAT_FIELDS),
+        *unsupported_fields(CHAT_UNSUPPORTED),
         rule("refused_when", "tools", code, "kiln.api.contract.check_chat",
              "rollout_provenance takes no tools",
              when=all_of(has("rollout_provenance", {"const": True}),
@@ -167,7 +168,7 @@ def batch_rules(b: Bounds) -> list[Rule]:
     code = "batch_invalid_request"
     both = [field("prompts", measure="length"), field("n", if_absent=1, if_null=1)]
     return [
-        *unsupported_fields(unsupported.CHAT_FIELDS),  # extras.chat_extras, as on chat
+        *unsupported_fields(CHAT_UNSUPPORTED),  # extras.chat_extras, as on chat
         rule("product_max", "prompts", "batch_too_large", "kiln.api.contract.check_batch",
              "prompts x n outputs per request", factors=both, max=MAX_BATCH_ITEMS),
         rule("product_max", "n", "batch_too_large", "kiln.api.handlers.generation.submit_all",

@@ -3,7 +3,8 @@ generation refuse beyond the JSON Schema (docs/openapi-extensions.md)."""
 
 from __future__ import annotations
 
-from kiln.api.handlers import completions, completions_gen, unsupported
+from kiln.api.handlers import completions, completions_gen
+from kiln.api.handlers.params import COMPLETION_UNSUPPORTED, UNSUPPORTED_CODE
 from kiln.api.openapi_rule_parts import (
     GENERATING,
     RESPONSE_FORMAT_SET,
@@ -28,7 +29,7 @@ from kiln.api.served_openapi import Bounds
 
 def unconstrained_scoring() -> list[Rule]:
     """completions.output_constraint: prompt scoring takes no output constraint."""
-    return [rule("refused_when", name, unsupported.CODE,
+    return [rule("refused_when", name, UNSUPPORTED_CODE,
                  "kiln.api.handlers.completions.output_constraint",
                  "prompt scoring generates no text to constrain", when=all_of(SCORING, given_set))
             for name, given_set in (("response_format", RESPONSE_FORMAT_SET),
@@ -39,7 +40,7 @@ def scoring_rules(b: Bounds) -> list[Rule]:
     """completions._score: what prompt scoring (prompt_logprobs, max_tokens missing, null, 0 or
     1) refuses beyond the schema."""
     code, where = completions.ERROR_CODE, "kiln.api.handlers.completions._score"
-    unset = unsupported.CODE
+    unset = UNSUPPORTED_CODE
     tokens = field("prompt", measure="text_tokens")
     return [
         rule("refused_when", "n", code, where, "prompt scoring makes one choice",
@@ -131,7 +132,7 @@ def generation_rules(b: Bounds, render: bool) -> list[Rule]:
 def completion_rules(b: Bounds, render: bool) -> list[Rule]:
     code = completions.ERROR_CODE
     out = [
-        *unsupported_fields(unsupported.COMPLETION_FIELDS),
+        *unsupported_fields(COMPLETION_UNSUPPORTED),
         rule("refused_when", "prompt", code, "kiln.api.handlers.completions._score",
              "prompt scoring takes one prompt (a text or a token-ID list)",
              when=all_of(SCORING, has("prompt", {"type": "array",

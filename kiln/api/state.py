@@ -1,12 +1,18 @@
-"""What handlers share: the config, the backend, and the contract."""
+"""What handlers share: the app's state (the config, the backend, the contract, the admission
+gate) and how a response leaves, encoded with msgspec from the contract's generated structs
+(kiln/api/_generated/wire.py), so that the contract types what leaves as well as what enters."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any, Literal
 
+import msgspec
 from starlette.requests import Request
+from starlette.responses import Response
 
+from kiln.api._generated import wire
 from kiln.api.backend import Backend
 from kiln.api.contract import Contract, contract
 from kiln.api.errors import ApiError
@@ -55,3 +61,33 @@ def app_state(request: Request) -> AppState:
 def request_id(request: Request) -> str:
     rid: str = request.scope.get("state", {}).get("request_id", "")
     return rid
+
+_encoder = msgspec.json.Encoder()
+
+Finish = Literal["error", "length", "stop", "tool_calls"]
+
+
+def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(
+        _encoder.encode(body), status_code=status, media_type="application/json", headers=headers
+    )
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> wire.Usage:
+    """Token usage, its total the sum (every route's)."""
+    return wire.Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                      total_tokens=prompt_tokens + completion_tokens)
+
+
+def as_wire(value: Any) -> Any:
+    """A nested object a lower layer builds in the contract's shape and key order, carried into
+    a generated struct's field as it is (msgspec encodes it unchanged; the response tests check
+    it against the contract): the thinking-budget record and outcome (kiln/text/thinking.py) and
+    the rollout record (kiln/provenance.py), which cannot import the edge's structs."""
+    return value
+
+
+def finish_reason(engine: str | None) -> Finish:
+    """The engine's finish reason as the wire tells it: "length", or "stop" (a stop string, a
+    stop token, EOS)."""
+    return "length" if engine == "length" else "stop"

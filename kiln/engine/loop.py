@@ -22,11 +22,16 @@ from kiln.engine.errors import EngineError
 from kiln.engine.exclusive import ExclusiveCall
 from kiln.engine.lora_mix import LoraMix
 from kiln.engine.output_processor import OutputProcessor
-from kiln.engine.outputs import ModelRunnerOutput, PositionScore, RequestOutput, SchedulerOutput
+from kiln.engine.outputs import (
+    ModelRunnerOutput,
+    PositionScore,
+    RequestOutput,
+    RequestStream,
+    SchedulerOutput,
+)
 from kiln.engine.request import Request
 from kiln.engine.scheduler import Scheduler
 from kiln.engine.score_queue import ScoringQueue
-from kiln.engine.stream import RequestStream
 
 if TYPE_CHECKING:
     from kiln.engine.runner import ModelRunner
@@ -57,7 +62,7 @@ def build_core(loaded: LoadedModel, config: EngineConfig) -> tuple[Scheduler, Mo
 def build_output_processor(loaded: LoadedModel) -> OutputProcessor:
     """The output stage for ``loaded``'s tokenizer (special tokens make text only where a
     request sets skip_special_tokens false)."""
-    from kiln.text.detokenizer import IncrementalDetokenizer
+    from kiln.text.tokenizer import IncrementalDetokenizer
 
     tok = loaded.tokenizer
     return OutputProcessor(lambda sp: IncrementalDetokenizer(

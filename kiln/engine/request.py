@@ -1,12 +1,29 @@
-"""Internal engine requests: what the HTTP handlers hand to the engine (not wire types)."""
+"""A request through the engine (as vLLM v1's ``request.py``): what the HTTP handlers hand to
+the engine (``Request`` and its ``SamplingParams``; not wire types), its mutable state in the
+scheduler (``RequestState``, engine thread only), and the priority policy over the waiting ones
+(vLLM's ``priority``): lower values run first.
+
+The policy's decisions live at the end of this module so the scheduler reads as batching alone:
+where a request joins the waiting queue, which running request gives up its blocks when another
+must grow, and which one a waiting request of higher priority preempts when it cannot be
+admitted (vLLM's priority policy). With every request at one level (the default, 0) they reduce
+to plain FIFO / newest-first, and a waiting request never preempts. Pure Python, like the
+scheduler.
+"""
 
 from __future__ import annotations
 
+import enum
 import time
+from collections import deque
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
-from kiln.engine.lora_mix import LoraMix
+from kiln.engine.block_pool import ROOT_HASH, block_hashes, salted_root
+from kiln.engine.lora_mix import LoraMix, mix_root_hash
+from kiln.engine.outputs import RequestMetrics, RequestOutput, ScheduledSeq
 from kiln.engine.repetition import RepetitionDetection
+from kiln.text.thinking_budget import ThinkingBudgetController
 
 # Below this temperature a row takes the argmax: the samplers' own threshold
 # (kiln_kernels/sampling/reference.py, sample.c; tests/engine/test_greedy.py keeps them equal), so
@@ -130,3 +147,196 @@ class Request:
     # vLLM's cache_salt: requests with different salts never share prefix-cache blocks.
     cache_salt: str | None = None
     priority: int = 0  # vLLM's: lower is scheduled (and kept running) first
+
+
+# -- a request's state in the scheduler ------------------------------------------------------------
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class RequestState:
+    request: Request
+    max_tokens: int  # clamped to the context window
+    seed: int
+    block_size: int
+    status: Status = Status.WAITING
+    all_token_ids: list[int] = field(default_factory=list)  # prompt + outputs
+    output_token_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[float] = field(default_factory=list)
+    output_forced: list[bool] = field(default_factory=list)  # forced by the thinking budget
+    num_computed_tokens: int = 0  # tokens whose KV is in the cache
+    num_cached_tokens: int = -1  # prefix-cache hit at first admission (-1: not admitted yet)
+    block_ids: list[int] = field(default_factory=list)
+    block_hashes: list[int] = field(default_factory=list)  # hash chain of full blocks
+    num_registered_blocks: int = 0  # leading blocks already in the prefix cache
+    preempted_since_token: bool = False
+    metrics: RequestMetrics = field(init=False)
+    # The budget's state lives here, so it survives preemption (outputs are kept, KV recomputed).
+    thinking: ThinkingBudgetController | None = field(init=False, default=None)
+    # Parent of the first block's hash: ROOT_HASH for the base model, a hash of the LoRA mix
+    # otherwise, so KV computed under one mix is never reused under another. (The pool's
+    # collision key of block 0 keeps ROOT_HASH as its parent, as BlockPool.lookup expects.)
+    root_hash: int = field(init=False, default=ROOT_HASH)
+
+    def __post_init__(self) -> None:
+        self.all_token_ids = list(self.request.prompt_token_ids)
+        mix = self.request.lora
+        self.root_hash = salted_root(mix_root_hash(mix) if mix else ROOT_HASH,
+                                     self.request.cache_salt)
+        self.block_hashes = block_hashes(self.all_token_ids, self.block_size,
+                                         parent=self.root_hash)
+        self.metrics = RequestMetrics(arrival_time=self.request.arrival_time)
+        spec = self.request.sampling.thinking
+        if spec is not None:
+            self.thinking = ThinkingBudgetController(
+                spec.close_ids, spec.max_tokens, spec.max_time_ms, self.max_tokens)
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.request.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_remaining(self) -> int:
+        """Known tokens whose KV is not computed yet (1 for a decoding request)."""
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_decoding(self) -> bool:
+        return self.num_remaining == 1 and bool(self.output_token_ids)
+
+    def accept(self, candidate: int, logprob: float, now_ms: float) -> tuple[int, float, bool]:
+        """Run the thinking budget on a sampled candidate and append what it emits.
+
+        -> (token, logprob, forced); a forced token's logprob is 0.0 (it was not sampled).
+        """
+        token, forced = candidate, False
+        if self.thinking is not None:
+            token, forced = self.thinking.decide(self.output_token_ids, candidate, now_ms)
+        if forced:
+            logprob = 0.0
+        self.append_output(token, logprob, forced)
+        return token, logprob, forced
+
+    def append_output(self, token_id: int, logprob: float, forced: bool = False) -> None:
+        self.all_token_ids.append(token_id)
+        self.output_token_ids.append(token_id)
+        self.output_logprobs.append(logprob)
+        self.output_forced.append(forced)
+        bs = self.block_size
+        if self.num_tokens % bs == 0:
+            parent = self.block_hashes[-1] if self.block_hashes else self.root_hash
+            self.block_hashes.extend(
+                block_hashes(self.all_token_ids, bs, len(self.block_hashes), parent))
+
+    def parent_hash(self, block_index: int) -> int:
+        return self.block_hashes[block_index - 1] if block_index > 0 else ROOT_HASH
+
+    def block_tokens(self, block_index: int) -> list[int]:
+        bs = self.block_size
+        return self.all_token_ids[block_index * bs:(block_index + 1) * bs]
+
+    def scheduled(self, n: int, is_new: bool, now: float) -> ScheduledSeq:
+        """This request's part of a step: its next ``n`` tokens to compute."""
+        start = self.num_computed_tokens
+        if self.metrics.prefill_start_time is None:
+            self.metrics.prefill_start_time = now
+        return ScheduledSeq(
+            request_id=self.request_id,
+            token_ids=self.all_token_ids[start:start + n],
+            start_pos=start,
+            block_table=list(self.block_ids),
+            sample=start + n == self.num_tokens,
+            is_new=is_new,
+            sampling=self.request.sampling,
+            seed=self.seed,
+            step=len(self.output_token_ids),
+            prompt_token_ids=self.request.prompt_token_ids,
+            output_token_ids=self.output_token_ids,  # read-only until update_from_output
+            lora=self.request.lora,
+        )
+
+    def output(self, new: tuple[Sequence[int], Sequence[float], Sequence[bool]],
+               reason: str | None, stop_reason: str | int | None,
+               clock: Callable[[], float]) -> RequestOutput:
+        """This request's output for a step: ``new`` tokens (ids, behaviour logprobs, forced),
+        finished when ``reason`` is set; no text (the output stage's)."""
+        return RequestOutput(
+            request_id=self.request_id,
+            new_token_ids=list(new[0]),
+            new_logprobs=list(new[1]),
+            new_forced=list(new[2]),
+            text_delta="",
+            finished=reason is not None,
+            finish_reason=reason,
+            stop_reason=stop_reason,
+            num_prompt_tokens=self.num_prompt_tokens,
+            num_output_tokens=len(self.output_token_ids),
+            num_cached_tokens=max(0, self.num_cached_tokens),
+            seed=self.seed,
+            metrics=self.metrics if reason is not None else None,
+            ready_time=self.metrics.token_times[-1] if self.metrics.token_times else clock(),
+        )
+
+
+# The priority policy (see the module's docstring).
+class WaitingQueue(deque[RequestState]):
+    """Waiting requests, lower ``priority`` first; FIFO within a level."""
+
+    def enqueue(self, st: RequestState, front: bool) -> None:
+        """Queue ``st``; a preempted request (``front``) goes ahead of its level's waiting ones."""
+        p = st.request.priority
+        if not front and (not self or self[-1].request.priority <= p):
+            self.append(st)  # the common case (one level): no scan
+            return
+        for i, other in enumerate(self):
+            q = other.request.priority
+            if q > p or (front and q == p):
+                self.insert(i, st)
+                return
+        self.append(st)
+
+
+def pick_victim(running: Sequence[RequestState], exclude: Collection[str],
+                growing: RequestState) -> RequestState | None:
+    """The running request to preempt so that ``growing`` can grow: the lowest priority
+    (highest number), the newest within it; None when ``growing`` itself ranks lowest."""
+    victim: RequestState | None = None
+    for st in running:
+        if st.request_id not in exclude and (
+                victim is None or st.request.priority >= victim.request.priority):
+            victim = st
+    if victim is not None and growing.request.priority > victim.request.priority:
+        return None
+    return victim
+
+
+def admission_victim(running: Sequence[RequestState], waiting: RequestState
+                     ) -> RequestState | None:
+    """The running request to preempt for ``waiting``, which cannot be admitted (the running set
+    is full or KV blocks ran out): of those ranking strictly below it (a higher ``priority``
+    value) the lowest, the latest-arrived within it. None when none ranks below: equal
+    priorities never preempt each other (FIFO within a level)."""
+    p = waiting.request.priority
+    lower = [(st.request.priority, st.request.arrival_time, i)
+             for i, st in enumerate(running) if st.request.priority > p]
+    return running[max(lower)[2]] if lower else None
+
+
+def unschedule(seqs: list[ScheduledSeq], request_id: str) -> int:
+    """Drop ``request_id`` from this step's ``seqs`` (it was just preempted). -> the tokens it
+    had in the step (0 when it had none)."""
+    kept = [s for s in seqs if s.request_id != request_id]
+    freed = sum(s.num_tokens for s in seqs) - sum(s.num_tokens for s in kept)
+    seqs[:] = kept
+    return freed

@@ -18,8 +18,7 @@ from kiln.engine.lora_mix import LoraMix
 from kiln.engine.outputs import ModelRunnerOutput, SampledToken, ScheduledSeq, SchedulerOutput
 from kiln.engine.sampler import Sampler
 from kiln.engine.scoring import ScoringJob
-from kiln.model.base import CausalLM
-from kiln.model.batch import build_forward_batch
+from kiln.model.base import CausalLM, build_forward_batch
 from kiln.model.config import ModelConfig
 from kiln.model.kv_cache import KVCache, kv_cache_for
 from kiln.model.lora import LoraAdapter

@@ -18,7 +18,7 @@ import torch
 from kiln_kernels.grammar import apply_token_bitmask, apply_token_bitmask_ref
 from kiln_kernels.grammar.native import apply_token_bitmask_native
 from kiln_kernels.sampling import SamplingTensors, sample_reference
-from kiln_kernels.sampling.native import FLOAT_COLUMNS, INT_COLUMNS, sample_rows
+from kiln_kernels.sampling.native import FLOAT_COLUMNS, INT_COLUMNS, sample_rows, sampler_library
 from kiln_kernels.sampling.params import to_int64_bits
 from kiln_kernels.sampling.reference import apply_penalties
 
@@ -35,6 +35,8 @@ class Sampler:
         self.device = device
         self.impl = impl  # the compute plan's sampler
         self.mask_impl = mask_impl  # the compute plan's grammar_mask
+        # the C sampler's library, taken once (None where it cannot be built: the torch path)
+        self._c_lib = sampler_library() if impl == "c" else None
         self._zero_counts = torch.zeros((0, 0), dtype=torch.int32, device=device)
         self._zero_mask = torch.zeros((0, 0), dtype=torch.bool, device=device)
 
@@ -46,10 +48,11 @@ class Sampler:
             raise ValueError(f"sampler: {logits.shape[0]} logit rows for {len(seqs)} sequences")
         if not seqs:
             return [], []
-        if self.impl == "c" and logits.dtype == torch.float32:
+        if self._c_lib is not None and logits.dtype == torch.float32:
             native: tuple[list[int], list[float]] | None = sample_rows(
                 logits, *_parameters(seqs),
-                [s.output_token_ids if s.sampling.uses_penalties else () for s in seqs])
+                [s.output_token_ids if s.sampling.uses_penalties else () for s in seqs],
+                lib=self._c_lib)
             if native is not None:
                 return native
         p = self.build(seqs, int(logits.shape[1]))

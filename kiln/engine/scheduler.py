@@ -23,10 +23,16 @@ from kiln.engine.config import EngineConfig
 from kiln.engine.errors import EngineError
 from kiln.engine.lora_mix import AdapterAdmission, LoraMix, check_mix
 from kiln.engine.outputs import ModelRunnerOutput, RequestOutput, ScheduledSeq, SchedulerOutput
-from kiln.engine.priority import WaitingQueue, admission_victim, pick_victim, unschedule
 from kiln.engine.repetition import REPETITION, repeats
-from kiln.engine.request import Request
-from kiln.engine.state import RequestState, Status
+from kiln.engine.request import (
+    Request,
+    RequestState,
+    Status,
+    WaitingQueue,
+    admission_victim,
+    pick_victim,
+    unschedule,
+)
 from kiln.text.thinking_budget import validate_budget
 
 NewTokens = tuple[list[int], list[float], list[bool]]  # ids, behaviour logprobs, forced
@@ -95,7 +101,8 @@ class Scheduler:
 
     def check_lora(self, mix: LoraMix) -> None:
         """Raise EngineError (400) if the adapter mix ``mix`` can never run on this engine."""
-        error = check_mix(mix, self.config.max_lora_slots, self.config.max_lora_rank)
+        error = check_mix(mix, self.config.max_lora_slots, self.config.max_lora_rank) if mix \
+            else None  # the base model always runs (kiln.engine.lora_mix not entered)
         if error is not None:
             raise EngineError("invalid_compose_request", error, 400)
 
@@ -145,7 +152,7 @@ class Scheduler:
                 if victim is None:
                     break
             else:
-                seqs.append(self._scheduled_seq(st, n, is_new=False, now=now))
+                seqs.append(st.scheduled(n, is_new=False, now=now))
                 scheduled.add(st.request_id)
                 budget -= n
         if not preempted:
@@ -174,8 +181,8 @@ class Scheduler:
         for s in self._running:
             inflight.update(s.block_hashes[s.num_computed_tokens // bs:])
         deferred: list[RequestState] = []
-        slots = AdapterAdmission((s.request.lora for s in self._running),
-                                 self.config.max_lora_slots)
+        running_at_start = tuple(self._running)  # the adapter slots' residents, if it needs them
+        slots: AdapterAdmission | None = None
         while self._waiting and budget > 0:
             st = self._waiting.popleft()
             if st.request_id in preempted:  # it made room for another this step: not back yet
@@ -186,9 +193,12 @@ class Scheduler:
                     break
                 budget += freed
                 continue
-            if not slots.admits(st.request.lora):
-                deferred.append(st)
-                continue
+            if st.request.lora:  # a base-model request takes no adapter slot
+                slots = slots or AdapterAdmission((s.request.lora for s in running_at_start),
+                                                  self.config.max_lora_slots)
+                if not slots.admits(st.request.lora):
+                    deferred.append(st)
+                    continue
             max_hit = (st.num_tokens - 1) // bs  # always compute at least the last token
             hits = self.pool.lookup(st.block_hashes[:max_hit], st.all_token_ids)
             if len(hits) < max_hit and st.block_hashes[len(hits)] in inflight:
@@ -214,16 +224,17 @@ class Scheduler:
                 st.metrics.first_scheduled_time = now
             st.status = Status.RUNNING
             self._running.append(st)
-            slots.add(st.request.lora)
+            if slots is not None:
+                slots.add(st.request.lora)
             inflight.update(st.block_hashes[len(hits):])
-            seqs.append(self._scheduled_seq(st, n, is_new=True, now=now))
+            seqs.append(st.scheduled(n, is_new=True, now=now))
             budget -= n
         self._waiting.extendleft(reversed(deferred))
 
     def _preempt_for(self, st: RequestState, seqs: list[ScheduledSeq], preempted: list[str]
                      ) -> int | None:
         """Waiting ``st`` cannot be admitted: put it back at the queue's head and preempt the
-        running request that ranks below it (kiln.engine.priority), dropping it from this step's
+        running request that ranks below it (kiln.engine.request), dropping it from this step's
         ``seqs``. -> the step tokens given back; None when none ranks below ``st``."""
         self._waiting.appendleft(st)
         victim = admission_victim(self._running, st)
@@ -253,25 +264,6 @@ class Scheduler:
         self.num_preemptions += 1
         self._running.remove(st)
         self._waiting.enqueue(st, front=True)
-
-    def _scheduled_seq(self, st: RequestState, n: int, is_new: bool, now: float) -> ScheduledSeq:
-        start = st.num_computed_tokens
-        if st.metrics.prefill_start_time is None:
-            st.metrics.prefill_start_time = now
-        return ScheduledSeq(
-            request_id=st.request_id,
-            token_ids=st.all_token_ids[start:start + n],
-            start_pos=start,
-            block_table=list(st.block_ids),
-            sample=start + n == st.num_tokens,
-            is_new=is_new,
-            sampling=st.request.sampling,
-            seed=st.seed,
-            step=len(st.output_token_ids),
-            prompt_token_ids=st.request.prompt_token_ids,
-            output_token_ids=st.output_token_ids,  # read-only until update_from_output
-            lora=st.request.lora,
-        )
 
     # -- update ------------------------------------------------------------------------------
     def update_from_output(

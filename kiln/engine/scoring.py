@@ -24,8 +24,7 @@ import torch.nn.functional as F
 from kiln.engine.block_pool import BlockPool
 from kiln.engine.errors import EngineError
 from kiln.engine.outputs import PositionScore
-from kiln.model.base import CausalLM
-from kiln.model.batch import ForwardBatch, build_forward_batch
+from kiln.model.base import CausalLM, ForwardBatch, build_forward_batch
 from kiln.model.kv_cache import KVCache
 
 __all__ = ["CHUNK_TOKENS", "PROJ_ROWS", "ScoringJob", "score_prompt", "score_rows",

@@ -10,12 +10,13 @@ is computed once by :func:`plan_attention`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 import torch.nn.functional as F
 
-from kiln.model.batch import ForwardBatch
+if TYPE_CHECKING:  # kiln.model.base imports this module
+    from kiln.model.base import ForwardBatch
 
 
 @dataclass(frozen=True)

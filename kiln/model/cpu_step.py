@@ -24,13 +24,12 @@ from kiln_kernels.cpu.cpu_step import (
 )
 from kiln_kernels.quant import NATIVE_FLAGS, Packed
 
-from kiln.model.batch import ForwardBatch
 from kiln.model.kv_cache import KVCache
 from kiln.model.lora import LORA_MODULES as MODEL_LORA_MODULES
 from kiln.model.lora_slots import LoraBatch
 
 if TYPE_CHECKING:
-    from kiln.model.base import CausalLM
+    from kiln.model.base import CausalLM, ForwardBatch
     from kiln.model.layers import DecoderLayer
 
 

@@ -1,8 +1,7 @@
 """Text processing: tokenizer, incremental detokenizer, chat templates."""
 
 from kiln.text.chat_template import ChatTemplate, ChatTemplateError, TemplateRaisedError
-from kiln.text.detokenizer import IncrementalDetokenizer
-from kiln.text.tokenizer import Tokenizer
+from kiln.text.tokenizer import IncrementalDetokenizer, Tokenizer
 
 __all__ = [
     "ChatTemplate",

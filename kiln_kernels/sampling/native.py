@@ -82,12 +82,13 @@ def sample_native(logits: torch.Tensor, p: SamplingTensors, seen: SeenTokens, *,
     the C library is not available. ``logits``: float32 [B, V] on the CPU. The parameters come
     from ``p`` (its dense counts unused). ``flags`` pick the library build (tests: the portable
     one, without AVX-512)."""
+    lib = sampler_library(flags)
+    if lib is None:
+        return None
     floats = list(zip(*(getattr(p, n).float().tolist() for n in FLOAT_COLUMNS), strict=True))
     ints = list(zip(*(getattr(p, n).tolist() for n in INT_COLUMNS), strict=True))
-    out = _sample(logits, floats, ints, seen.offsets.tolist(), seen.ids.tolist(),
-                  seen.counts.tolist(), flags)
-    if out is None:
-        return None
+    out = _sample(lib, logits, floats, ints, seen.offsets.tolist(), seen.ids.tolist(),
+                  seen.counts.tolist())
     return (torch.tensor(out[0], dtype=torch.int64),
             torch.tensor(out[1], dtype=torch.float32))
 
@@ -98,26 +99,39 @@ FLOAT_COLUMNS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency
 INT_COLUMNS = ("top_k", "seeds", "steps")
 
 
+def sampler_library(flags: tuple[str, ...] = NATIVE_FLAGS) -> ctypes.CDLL | None:
+    """The C library the sampler runs on, for ``flags``; None where it cannot be built here. The
+    engine's sampler takes it once (``sample_rows``'s ``lib``), not at every step."""
+    try:
+        return library(flags)
+    except KernelBuildError:
+        return None
+
+
 def sample_rows(logits: torch.Tensor, floats: Sequence[tuple[float, ...]],
                 ints: Sequence[tuple[int, int, int]], seen: Sequence[Sequence[int]],
-                flags: tuple[str, ...] = NATIVE_FLAGS,
+                flags: tuple[str, ...] = NATIVE_FLAGS, lib: ctypes.CDLL | None = None,
                 ) -> tuple[list[int], list[float]] | None:
     """``sample_native`` for the engine's step, without a tensor per parameter: per row the
     FLOAT_COLUMNS and INT_COLUMNS values (a seed any int: its low 64 bits, as the wire's uint64
     seeds and their int64 bit patterns alike) and the generated token ids the
     penalties count (one per occurrence). -> (token ids, logprobs), or None without the C
-    library. The same numbers as ``sample_native`` (tested)."""
+    library. The same numbers as ``sample_native`` (tested). ``lib``: the library
+    (``sampler_library``), looked up for ``flags`` when not given."""
+    lib = lib if lib is not None else sampler_library(flags)
+    if lib is None:
+        return None
     offsets = [0]
     ids: list[int] = []
     for row in seen:
         ids.extend(row)
         offsets.append(len(ids))
-    return _sample(logits, floats, ints, offsets, ids, [1] * len(ids), flags)
+    return _sample(lib, logits, floats, ints, offsets, ids, [1] * len(ids))
 
 
-def _sample(logits: torch.Tensor, floats: Sequence[tuple[float, ...]],
+def _sample(lib: ctypes.CDLL, logits: torch.Tensor, floats: Sequence[tuple[float, ...]],
             ints: Sequence[tuple[int, ...]], offsets: list[int], ids: list[int],
-            counts: list[int], flags: tuple[str, ...]) -> tuple[list[int], list[float]] | None:
+            counts: list[int]) -> tuple[list[int], list[float]]:
     if logits.device.type != "cpu" or logits.dtype != torch.float32 or logits.dim() != 2:
         raise ValueError("the C sampler takes float32 [B, V] logits on the CPU")
     b, v = logits.shape
@@ -127,10 +141,6 @@ def _sample(logits: torch.Tensor, floats: Sequence[tuple[float, ...]],
         raise ValueError(f"sampling parameters for {len(floats)} rows, logits for {b}")
     if len(offsets) != b + 1:
         raise ValueError(f"seen offsets must have {b + 1} entries")
-    try:
-        lib = library(flags)
-    except KernelBuildError:
-        return None
     x = logits if logits.stride(1) == 1 else logits.contiguous()
     f32, i64 = ctypes.c_float * b, ctypes.c_int64 * b
     temperature, top_p, min_p, presence, frequency, repetition = (
@@ -180,5 +190,4 @@ def counter_uniform_native(seeds: torch.Tensor, steps: torch.Tensor, vocab: int
 
 
 __all__ = ["FLOAT_COLUMNS", "INT_COLUMNS", "SeenTokens", "counter_uniform_native",
-           "native_available", "sample_native",
-           "sample_rows"]
+           "native_available", "sample_native", "sample_rows", "sampler_library"]

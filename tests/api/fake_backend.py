@@ -14,9 +14,8 @@ from typing import Any
 from kiln.adapters import AdapterStore
 from kiln.api.backend import PositionScore
 from kiln.engine.errors import EngineError
-from kiln.engine.outputs import RequestMetrics, RequestOutput, TokenLogprobs
+from kiln.engine.outputs import RequestMetrics, RequestOutput, RequestStream, TokenLogprobs
 from kiln.engine.request import Request
-from kiln.engine.stream import RequestStream
 from kiln.provenance import PolicyIdentity
 
 VOCAB = 1000

@@ -61,7 +61,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.count += 1
         req = Request(rid, prompt, SamplingParams(max_tokens=max_tokens, seed=seed,
                                                   ignore_eos=True))
-        req.priority = priority  # higher ones preempt lower running ones (kiln.engine.priority)
+        req.priority = priority  # higher ones preempt lower running ones (kiln.engine.request)
         self.requests[rid] = req
         first = self.sched.add_request(req)
         if first is not None:

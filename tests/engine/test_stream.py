@@ -9,8 +9,7 @@ from collections.abc import AsyncGenerator
 
 import pytest
 
-from kiln.engine.outputs import RequestOutput
-from kiln.engine.stream import RequestStream
+from kiln.engine.outputs import RequestOutput, RequestStream
 
 
 def output(finished: bool, token: int = 1) -> RequestOutput:

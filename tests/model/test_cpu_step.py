@@ -20,7 +20,7 @@ from kiln_kernels.cpu.loader import PORTABLE_FLAGS
 from kiln_kernels.quant import PackedWeight, pack_ggml
 
 from kiln.model import CausalLM, LoadedModel, cpu_step
-from kiln.model.batch import build_forward_batch
+from kiln.model.base import build_forward_batch
 from kiln.model.config import ModelConfig
 from kiln.model.cpu_step import C_MAX_ROWS
 from kiln.model.kv_cache import KVCache

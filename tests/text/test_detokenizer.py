@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kiln.text import IncrementalDetokenizer, Tokenizer
-from kiln.text.detokenizer import decode_text
+from kiln.text.tokenizer import decode_text
 
 SAMPLES = ["caf\u00e9 \u4f60\u597d\u4e16\u754c \U0001F600\U0001F680 na\u00efve",
            "\u65e5\u672c\u8a9e\u306e\u30c6\u30ad\u30b9\u30c8 \U0001F9D1\u200D\U0001F4BB ok",
@@ -82,7 +82,7 @@ def test_text_streams_without_replacement_chars(tiny_tok: Tokenizer, parts: list
 def test_decoded_tokens_in_context_join_to_the_text(smollm_tok: Tokenizer, text: str) -> None:
     """Scoring's decoded_token: a token that completes a character split across byte tokens
     carries the whole character, one that does not carries "" (it had given U+FFFD pieces)."""
-    from kiln.text.detokenizer import decode_in_context
+    from kiln.text.tokenizer import decode_in_context
 
     ids = smollm_tok.encode(text, add_special_tokens=False)
     pieces = [decode_in_context(smollm_tok, ids[max(0, i - 4):i])(t) for i, t in enumerate(ids)]

@@ -27,10 +27,9 @@ from kiln.adapters import (
 )
 from kiln.api._generated import wire
 from kiln.api.backend import Backend
-from kiln.api.encode import json_response
 from kiln.api.errors import ApiError
 from kiln.api.handlers.generation import engine_error
-from kiln.api.state import app_state
+from kiln.api.state import app_state, json_response
 from kiln.engine.errors import EngineError
 from kiln.engine.lora_mix import MAX_MIX_ENTRIES
 

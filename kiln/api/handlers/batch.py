@@ -13,13 +13,20 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from kiln.api._generated import wire
-from kiln.api.encode import as_wire, finish_reason, json_response, usage
 from kiln.api.handlers.completions_gen import scored_prompt
 from kiln.api.handlers.extras import included_stop, response_id
 from kiln.api.handlers.generation import Completion, collect_all, submit_all, until_disconnect
 from kiln.api.handlers.logprobs import chat_content
 from kiln.api.handlers.prepare import Prompt, Shape, prepare_batch
-from kiln.api.state import AppState, app_state, request_id
+from kiln.api.state import (
+    AppState,
+    app_state,
+    as_wire,
+    finish_reason,
+    json_response,
+    request_id,
+    usage,
+)
 from kiln.text.thinking import fold, split_reasoning
 from kiln.text.tools import closing_stop, parse_closed
 

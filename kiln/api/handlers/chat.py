@@ -12,7 +12,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from kiln.api._generated import wire
-from kiln.api.encode import Finish, as_wire, finish_reason, json_response, usage
 from kiln.api.errors import ApiError
 from kiln.api.handlers import chat_stream, rollout
 from kiln.api.handlers.completions_gen import scored_prompt
@@ -29,7 +28,16 @@ from kiln.api.handlers.logprobs import chat_content
 from kiln.api.handlers.perf import performance
 from kiln.api.handlers.prepare import PreparedChat, prepare_chat
 from kiln.api.sse import EventStream
-from kiln.api.state import AppState, app_state, request_id
+from kiln.api.state import (
+    AppState,
+    Finish,
+    app_state,
+    as_wire,
+    finish_reason,
+    json_response,
+    request_id,
+    usage,
+)
 from kiln.text.thinking import fold, record, split_reasoning
 from kiln.text.tools import ParsedOutput, ToolCall, closing_stop, parse_closed, parse_tool_calls
 

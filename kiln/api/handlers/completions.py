@@ -17,15 +17,14 @@ from starlette.responses import Response
 from kiln import metrics
 from kiln.api._generated import wire
 from kiln.api.contract import read_json_body
-from kiln.api.encode import json_response, usage
 from kiln.api.errors import ApiError
-from kiln.api.handlers import completions_gen, completions_stream, unsupported
+from kiln.api.handlers import completions_gen, completions_stream
 from kiln.api.handlers.adapters import BASE, Selection, resolve_model, select
 from kiln.api.handlers.constraints import constraint
 from kiln.api.handlers.generation import engine_error, until_disconnect
-from kiln.api.handlers.params import opt
+from kiln.api.handlers.params import COMPLETION_UNSUPPORTED, opt, refuse_unsupported, unsupported
 from kiln.api.sse import EventStream
-from kiln.api.state import AppState, app_state, request_id
+from kiln.api.state import AppState, app_state, json_response, request_id, usage
 from kiln.engine.errors import EngineError
 from kiln.engine.request import GrammarSpec
 from kiln.provenance import adapter_identity, compact_json
@@ -61,7 +60,7 @@ async def create(request: Request) -> Response:
     req = state.contract.parse("TextCompletionRequest", body, wire.TextCompletionRequest, ERROR_CODE)
     # runs under the base model, or under the adapter `model` names (docs/decisions.md)
     _, model_adapter = resolve_model(backend, opt(req.model))
-    unsupported.check(req, unsupported.COMPLETION_FIELDS)
+    refuse_unsupported(req, COMPLETION_UNSUPPORTED)
     selection = (
         await select(backend, UNSET, UNSET, model_adapter, tri_state=False)
         if model_adapter else BASE
@@ -96,7 +95,7 @@ async def output_constraint(state: AppState, req: Any, scoring: bool) -> Grammar
         structured_outputs=opt(req.structured_outputs), ignore_eos=bool(opt(req.ignore_eos)),
         deadline_s=state.config.grammar_compile_timeout_s)
     if grammar is not None and scoring:
-        raise unsupported.unsupported(grammar.param, "prompt scoring generates no text to "
+        raise unsupported(grammar.param, "prompt scoring generates no text to "
                                                      "constrain")
     return grammar
 
@@ -111,16 +110,16 @@ async def _score(request: Request, state: AppState, req: Any, selection: Selecti
         raise _bad("prompt scoring is non-streaming only (stream must be false)", "stream")
     for name, neutral in SCORING_NEUTRAL.items():
         if opt(getattr(req, name)) not in neutral:
-            raise unsupported.unsupported(
+            raise unsupported(
                 name, "it does not apply to prompt scoring (prompt_logprobs with max_tokens 0); "
                       "vLLM's way, echo with logprobs and max_tokens 0, needs no prompt_logprobs")
     for name in SCORING_EMPTY:
         if opt(getattr(req, name)):
-            raise unsupported.unsupported(name, "prompt scoring generates no tokens")
+            raise unsupported(name, "prompt scoring generates no tokens")
     if not isinstance(req.prompt, str) and not all(map(completions_gen.is_token_id, req.prompt)):
         raise _bad("prompt scoring takes one prompt (a text or a token-ID list)", "prompt")
     if (opt(req.thinking_token_budget) or -1) >= 0:
-        raise unsupported.unsupported("thinking_token_budget", "prompt scoring generates nothing")
+        raise unsupported("thinking_token_budget", "prompt scoring generates nothing")
     k = int(req.prompt_logprobs)
     vocab = backend.tokenizer.vocab_size
     if k > vocab:

@@ -19,9 +19,6 @@ from starlette.responses import Response
 
 from kiln.api._generated import wire
 from kiln.api.backend import PositionScore
-from kiln.api.encode import Finish, json_response
-from kiln.api.encode import finish_reason as wire_finish
-from kiln.api.encode import usage as token_usage
 from kiln.api.errors import ApiError
 from kiln.api.handlers.adapters import Selection
 from kiln.api.handlers.extras import (
@@ -57,11 +54,13 @@ from kiln.api.handlers.prepare import (
     choice_params,
     over_context,
 )
-from kiln.api.state import AppState
+from kiln.api.state import AppState, Finish, json_response
+from kiln.api.state import finish_reason as wire_finish
+from kiln.api.state import usage as token_usage
+from kiln.engine.outputs import RequestStream
 from kiln.engine.request import GrammarSpec, SamplingParams
-from kiln.engine.stream import RequestStream
-from kiln.text.detokenizer import decode_in_context
 from kiln.text.thinking import prompt_starts_in_reasoning, resolve
+from kiln.text.tokenizer import decode_in_context
 
 ERROR_CODE = "completion_invalid_request"
 DEFAULT_MAX_TOKENS = 16  # vLLM's completions default

@@ -10,14 +10,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from kiln.api._generated import wire
-from kiln.api.encode import Finish, finish_reason
 from kiln.api.handlers.completions_gen import Prepared, echo_logprobs, stop_text, usage
 from kiln.api.handlers.generation import Completion
 from kiln.api.handlers.logprobs import CompletionLogprobs
 from kiln.api.sse import DONE, event, generation_error
-from kiln.api.state import AppState
-from kiln.engine.outputs import RequestOutput
-from kiln.engine.stream import RequestStream
+from kiln.api.state import AppState, Finish, finish_reason
+from kiln.engine.outputs import RequestOutput, RequestStream
 
 _END = object()
 

@@ -27,11 +27,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import llguidance
-import msgspec
-from msgspec import UNSET
 
 from kiln.api.errors import ApiError
 from kiln.api.handlers import structural_formats, structural_tags, xml_tools
+from kiln.api.handlers.params import plain
 from kiln.config import DEFAULT_GRAMMAR_COMPILE_TIMEOUT_S as DEFAULT_COMPILE_DEADLINE_S
 from kiln.engine.grammar import GrammarError, compiler_for
 from kiln.engine.request import GrammarSpec
@@ -44,11 +43,6 @@ JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "item_separato
                                 "key_separator": ": "}
 _OBJECT_KEYWORDS = ("additionalProperties", "unevaluatedProperties", "patternProperties")
 SO_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
-
-
-def plain(value: Any) -> Any:
-    """A wire value (msgspec Struct, UNSET) as plain JSON data (None for UNSET)."""
-    return None if value is UNSET else msgspec.to_builtins(value)
 
 
 def closed(schema: Any) -> Any:

@@ -18,8 +18,7 @@ from typing import Any
 from msgspec import UNSET
 
 from kiln.api.errors import ApiError
-from kiln.api.handlers.params import opt
-from kiln.api.handlers.unsupported import CHAT_FIELDS, check, unsupported
+from kiln.api.handlers.params import CHAT_UNSUPPORTED, opt, refuse_unsupported, unsupported
 from kiln.engine.repetition import MIN_PATTERN_SIZE, RepetitionDetection
 from kiln.text.chat_template import message_content
 
@@ -180,7 +179,7 @@ def chat_extras(req: Any, tokenizer: Any, stop: tuple[str, ...], max_tokens: int
     allowed_token_ids, min_tokens (``max_tokens``: the one asked for), bad_words, the text
     extras and ``generation_extras`` (include_stop_str_in_output is the handler's:
     ``included_stop``). ``code``: the route's error code."""
-    check(req, CHAT_FIELDS)
+    refuse_unsupported(req, CHAT_UNSUPPORTED)
     given = opt(getattr(req, "stop_token_ids", None))
     stop_ids = tuple(int(t) for t in given or ())
     logprobs = logprobs_wanted(req, max_logprobs, code)

@@ -13,9 +13,8 @@ from kiln import metrics
 from kiln.api.errors import ApiError
 from kiln.api.state import AppState, app_state
 from kiln.engine.errors import NOTHING_ALLOWED, EngineError
-from kiln.engine.outputs import RequestMetrics, RequestOutput, TokenLogprobs
+from kiln.engine.outputs import RequestMetrics, RequestOutput, RequestStream, TokenLogprobs
 from kiln.engine.request import Request, SamplingParams
-from kiln.engine.stream import RequestStream
 from kiln.text.thinking import Outcome
 
 T = TypeVar("T")

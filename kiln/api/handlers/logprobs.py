@@ -16,8 +16,8 @@ from kiln.api._generated.wire import ChatTokenLogprob, ChatTopLogprob
 from kiln.api._generated.wire import CompletionLogprobs as WireLogprobs
 from kiln.api.backend import PositionScore
 from kiln.engine.outputs import TokenLogprobs
-from kiln.text.detokenizer import decode_in_context
 from kiln.text.token_bytes import token_bytes
+from kiln.text.tokenizer import decode_in_context
 
 CONTEXT = 4  # preceding tokens decoded with a token, as scoring's decoded_token
 

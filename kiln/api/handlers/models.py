@@ -8,9 +8,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from kiln.api.backend import Backend
-from kiln.api.encode import json_response
 from kiln.api.handlers.adapters import adapter_names, resolve_model
-from kiln.api.state import app_state
+from kiln.api.state import app_state, json_response
 
 
 def model_cards(backend: Backend) -> list[dict[str, Any]]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from kiln.api._generated import wire
-from kiln.api.encode import Finish
+from kiln.api.state import Finish
 from kiln.engine.outputs import PHASE_DECODE, PHASE_PREEMPTED, PHASE_PREFILL, RequestMetrics
 
 MAX_GAP_SAMPLES = 8192

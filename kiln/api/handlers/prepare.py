@@ -15,7 +15,7 @@ from kiln.api._generated import wire
 from kiln.api.backend import Backend
 from kiln.api.errors import ApiError
 from kiln.api.handlers.adapters import resolve_model_adapter
-from kiln.api.handlers.constraints import constraint, plain
+from kiln.api.handlers.constraints import constraint
 from kiln.api.handlers.extras import (
     chat_extras,
     chat_turn_fields,
@@ -32,6 +32,7 @@ from kiln.api.handlers.params import (
     effective_max_tokens,
     normalize_stop,
     opt,
+    plain,
     requested_max_tokens,
     sampling_params,
     state_default,
@@ -237,10 +238,18 @@ def choice_params(req: Any, state: AppState, *, max_tokens: int, stop: tuple[str
                                          base=base), **fields) for seed in seeds)
 
 
+async def _unconstrained() -> None:
+    return None
+
+
 def _grammar(state: AppState, req: Any, code: str, tools: Any, tool_choice: Any,
              in_reasoning: bool) -> Any:
     """The structured-output constraint of a chat or batch request (a coroutine); it starts
-    after the reasoning when the prompt starts in one."""
+    after the reasoning when the prompt starts in one. A request that sets none of the fields
+    that can ask for one is unconstrained without entering handlers/constraints.py."""
+    if opt(req.response_format) is None and opt(req.structured_outputs) is None \
+            and tool_choice is None:
+        return _unconstrained()
     tokenizer = state.backend.tokenizer
     return constraint(
         tokenizer, code=code, response_format=opt(req.response_format),

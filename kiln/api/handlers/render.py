@@ -15,14 +15,13 @@ from starlette.responses import Response
 
 from kiln.api._generated import wire
 from kiln.api.contract import read_json_body
-from kiln.api.encode import json_response
 from kiln.api.errors import ApiError
-from kiln.api.handlers import completions_gen, unsupported
+from kiln.api.handlers import completions_gen
 from kiln.api.handlers.adapters import BASE, resolve_model, select
 from kiln.api.handlers.completions import ERROR_CODE, is_scoring, output_constraint
-from kiln.api.handlers.params import opt
+from kiln.api.handlers.params import COMPLETION_UNSUPPORTED, opt, refuse_unsupported
 from kiln.api.handlers.prepare import prepare_chat
-from kiln.api.state import app_state, request_id
+from kiln.api.state import app_state, json_response, request_id
 from kiln.engine.request import SamplingParams
 
 
@@ -61,7 +60,7 @@ async def completion(request: Request) -> Response:
     req = state.contract.parse("TextCompletionRequest", body, wire.TextCompletionRequest,
                                ERROR_CODE)
     _, model_adapter = resolve_model(backend, opt(req.model))
-    unsupported.check(req, unsupported.COMPLETION_FIELDS)
+    refuse_unsupported(req, COMPLETION_UNSUPPORTED)
     selection = (await select(backend, UNSET, UNSET, model_adapter, tri_state=False)
                  if model_adapter else BASE)
     model = model_adapter or backend.model_id

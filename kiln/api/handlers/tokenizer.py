@@ -9,12 +9,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from kiln.api._generated import wire
-from kiln.api.encode import json_response
 from kiln.api.errors import ApiError
 from kiln.api.handlers.adapters import resolve_model
 from kiln.api.handlers.params import opt
 from kiln.api.handlers.prepare import render_prompt, template_kwargs
-from kiln.api.state import app_state
+from kiln.api.state import app_state, json_response
 
 CODE = "tokenizer_invalid_request"
 
