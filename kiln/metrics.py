@@ -3,6 +3,12 @@
 Kiln's own `kiln_*` series, plus the `vllm:*` gauges that the Gateway API Inference Extension
 (llm-d's endpoint picker) reads to route between replicas: waiting and running requests, KV-cache
 usage, LoRA adapter info and the cache configuration (`vllm:cache_config_info`).
+
+The series are defined here; each layer records its own facts in them: the connection layer
+its connections (kiln/connections.py), the app its HTTP requests (kiln/api/app.py), the
+handlers each finished engine request (``observe_request``, kiln/api/handlers/generation.py);
+the engine's gauges and the cache configuration are read at each scrape (``observe_engine``,
+``observe_cache_config``, from kiln/api/handlers/meta.py).
 """
 
 from __future__ import annotations
@@ -99,27 +105,6 @@ def observe_engine(
         running_lora_adapters=",".join(adapters), waiting_lora_adapters="", max_lora=str(max_lora)
     ).set(1.0)
 
-
-def observe_request(
-    prompt_tokens: int,
-    generation_tokens: int,
-    finish_reason: str,
-    ttft_s: float | None,
-    itls_s: list[float],
-    e2e_s: float | None,
-    queue_s: float | None,
-) -> None:
-    TOKENS.labels(kind="prompt").inc(prompt_tokens)
-    TOKENS.labels(kind="generation").inc(generation_tokens)
-    FINISHED.labels(finish_reason=finish_reason).inc()
-    if ttft_s is not None:
-        TTFT.observe(ttft_s)
-    for gap in itls_s:
-        ITL.observe(gap)
-    if e2e_s is not None:
-        E2E.observe(e2e_s)
-    if queue_s is not None:
-        QUEUE.observe(queue_s)
 
 
 def render() -> tuple[bytes, str]:

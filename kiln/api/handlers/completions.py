@@ -14,14 +14,13 @@ from msgspec import UNSET
 from starlette.requests import Request
 from starlette.responses import Response
 
-from kiln import metrics
 from kiln.api._generated import wire
 from kiln.api.contract import read_json_body
 from kiln.api.errors import ApiError
 from kiln.api.handlers import completions_gen, completions_stream
 from kiln.api.handlers.adapters import BASE, Selection, resolve_model, select
 from kiln.api.handlers.constraints import constraint
-from kiln.api.handlers.generation import engine_error, until_disconnect
+from kiln.api.handlers.generation import engine_error, observe_request, until_disconnect
 from kiln.api.handlers.params import COMPLETION_UNSUPPORTED, opt, refuse_unsupported, unsupported
 from kiln.api.sse import EventStream
 from kiln.api.state import AppState, app_state, json_response, request_id, usage
@@ -153,11 +152,11 @@ async def _score(request: Request, state: AppState, req: Any, selection: Selecti
     try:
         scores = await until_disconnect(request, backend.score(ids, k, selection.lora))
     except EngineError as exc:  # e.g. kv_cache_exhausted (503), non-finite logits (500)
-        metrics.observe_request(len(ids), 0, "error", None, [], None, None)
+        observe_request(len(ids), 0, "error", None, [], None, None)
         raise engine_error(exc, prompt_param="prompt") from None
     # scored prompt tokens count as prompt tokens; the request as finished by "length", as its
     # choice says (no generated token, so no TTFT or inter-token gaps)
-    metrics.observe_request(len(ids), 0, "length", None, [], time.perf_counter() - started, None)
+    observe_request(len(ids), 0, "length", None, [], time.perf_counter() - started, None)
     logprobs = completions_gen.prompt_logprob_list(backend.tokenizer, ids, list(scores))
     fingerprint = teacher_fingerprint(backend, selection)
     return json_response(wire.TextCompletionResponse(

@@ -20,6 +20,30 @@ from kiln.text.thinking import Outcome
 T = TypeVar("T")
 
 
+def observe_request(
+    prompt_tokens: int,
+    generation_tokens: int,
+    finish_reason: str,
+    ttft_s: float | None,
+    itls_s: list[float],
+    e2e_s: float | None,
+    queue_s: float | None,
+) -> None:
+    """A finished request into the Prometheus metrics (kiln/metrics.py defines them; the
+    handler that ran the request records it, as the connection layer records connections)."""
+    metrics.TOKENS.labels(kind="prompt").inc(prompt_tokens)
+    metrics.TOKENS.labels(kind="generation").inc(generation_tokens)
+    metrics.FINISHED.labels(finish_reason=finish_reason).inc()
+    if ttft_s is not None:
+        metrics.TTFT.observe(ttft_s)
+    for gap in itls_s:
+        metrics.ITL.observe(gap)
+    if e2e_s is not None:
+        metrics.E2E.observe(e2e_s)
+    if queue_s is not None:
+        metrics.QUEUE.observe(queue_s)
+
+
 @dataclass
 class Completion:
     """Everything one engine request produced."""
@@ -45,7 +69,7 @@ class Completion:
         e2e = None
         if m is not None and m.finished_time is not None:
             e2e = m.finished_time - m.arrival_time
-        metrics.observe_request(
+        observe_request(
             self.num_prompt_tokens,
             self.num_output_tokens,
             self.finish_reason,
