@@ -39,6 +39,39 @@ def record_run(results: Path, key: str, result: dict[str, Any]) -> None:
             runs = {}
     runs[key] = result
     results.write_text(json.dumps({"runs": runs}, indent=2, sort_keys=True) + "\n")
+
+
+def lora_arguments(description: str | None, model_default: str) -> argparse.ArgumentParser:
+    """The flags both LoRA benches take (each adds its own length flag)."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--model", choices=["default", "small", "medium"], default=model_default)
+    ap.add_argument("--streams", type=int, default=8)
+    ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
+    return ap
+
+
+def lora_result(args: argparse.Namespace, device: torch.device, cfg: ModelConfig,
+                tok_s: dict[str, float], times: dict[str, list[float]], base_bytes: int,
+                adapters: list[LoraAdapter]) -> dict[str, Any]:
+    """The fields both LoRA benches record: the setup, the decode rates, distinct adapters
+    against the base model and the bound the extra weight traffic sets on that ratio."""
+    lora_bytes = sum(t.numel() * t.element_size() for a in adapters
+                     for pair in a.weights.values() for t in pair)
+    return {
+        "model": args.model, "device": str(device), "platform": platform.platform(),
+        "torch_threads": torch.get_num_threads(), "streams": args.streams, "rank": args.rank,
+        "targets": list(LORA_MODULES),
+        "config": {"hidden": cfg.hidden_size, "intermediate": cfg.intermediate_size,
+                   "layers": cfg.num_layers, "vocab": cfg.vocab_size},
+        "decode_tok_s": tok_s,
+        "decode_s_all_runs": {k: [round(x, 4) for x in v] for k, v in times.items()},
+        "ratio_distinct_over_base": round(tok_s["distinct_adapters"] / tok_s["base"], 3),
+        "goal_ratio": 0.8,
+        "weight_bytes_bound": round(base_bytes / (base_bytes + lora_bytes), 3),
+    }
 BLOCK = 16
 PROMPT_LEN = 16
 
@@ -118,14 +151,8 @@ def decode_run(model: CausalLM, cfg: ModelConfig, prompts: list[list[int]], step
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--model", choices=["small", "medium", "default"], default="small")
-    ap.add_argument("--streams", type=int, default=8)
+    ap = lora_arguments(__doc__, "small")
     ap.add_argument("--steps", type=int, default=32)
-    ap.add_argument("--rank", type=int, default=16)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
     args = ap.parse_args()
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -160,20 +187,11 @@ def main() -> None:
     tokens = args.streams * args.steps
     # best of the interleaved repeats: the least disturbed run on a shared machine
     tok_s = {k: round(tokens / min(v), 2) for k, v in times.items()}
-    ratio = round(tok_s["distinct_adapters"] / tok_s["base"], 3)
     base_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    lora_bytes = sum(t.numel() * t.element_size() for a in adapters
-                     for pair in a.weights.values() for t in pair)
-    result: dict[str, Any] = {
-        "model": args.model, "device": str(device), "platform": platform.platform(),
-        "torch_threads": torch.get_num_threads(), "streams": args.streams,
-        "decode_steps": args.steps, "rank": args.rank, "targets": list(LORA_MODULES),
-        "config": {"hidden": cfg.hidden_size, "intermediate": cfg.intermediate_size,
-                   "layers": cfg.num_layers, "vocab": cfg.vocab_size},
-        "decode_tok_s": tok_s, "decode_s_all_runs": {k: [round(x, 4) for x in v] for k, v in times.items()}, "ratio_distinct_over_base": ratio, "goal_ratio": 0.8,
-        "weight_bytes_bound": round(base_bytes / (base_bytes + lora_bytes), 3),
-        "slot_loads": slots.loads, "slot_evictions": slots.evictions,
-    }
+    result = lora_result(args, device, cfg, tok_s, times, base_bytes, adapters)
+    ratio = result["ratio_distinct_over_base"]
+    result.update(decode_steps=args.steps, slot_loads=slots.loads,
+                  slot_evictions=slots.evictions)
     record_run(RESULTS, f"{args.model}-threads{torch.get_num_threads()}", result)
     for k, v in tok_s.items():
         print(f"{k:>18}: {v:9.1f} tok/s")

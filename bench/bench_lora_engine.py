@@ -13,17 +13,21 @@ Writes bench/results/lora_engine.json (figures, no asserts).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import platform
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from bench.bench_lora import PRESETS, random_adapter, random_model, record_run
+from bench.bench_lora import (
+    PRESETS,
+    lora_arguments,
+    lora_result,
+    random_adapter,
+    random_model,
+    record_run,
+)
 from kiln.engine.config import EngineConfig
 from kiln.engine.loop import AsyncEngine, build_on_engine_thread
 from kiln.engine.lora_mix import LoraMix
@@ -31,7 +35,7 @@ from kiln.engine.request import Request, SamplingParams
 from kiln.engine.runner import ModelRunner
 from kiln.engine.scheduler import Scheduler
 from kiln.model import ModelConfig
-from kiln.model.lora import LORA_MODULES, LoraAdapter
+from kiln.model.lora import LoraAdapter
 
 RESULTS = Path(__file__).parent / "results" / "lora_engine.json"
 BLOCK = 16
@@ -98,14 +102,8 @@ async def decode_run(eng: AsyncEngine, prompts: list[list[int]], mixes: list[Lor
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--model", choices=["default", "small", "medium"], default="default")
-    ap.add_argument("--streams", type=int, default=8)
+    ap = lora_arguments(__doc__, "default")
     ap.add_argument("--max-tokens", type=int, default=32)
-    ap.add_argument("--rank", type=int, default=16)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
     args = ap.parse_args()
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -143,25 +141,13 @@ def main() -> None:
     # best of the interleaved repeats: the least disturbed run on a shared machine
     tok_s = {k: round(max(n / s for n, s in zip(tok_counts[k], v, strict=True)), 2)
              for k, v in times.items()}
-    ratio = round(tok_s["distinct_adapters"] / tok_s["base"], 3)
-    lora_bytes = sum(t.numel() * t.element_size() for a in adapters
-                     for pair in a.weights.values() for t in pair)
     runner = eng.executor
     slots = runner.lora_slots if isinstance(runner, ModelRunner) else None
-    result: dict[str, Any] = {
-        "model": args.model, "device": str(device), "platform": platform.platform(),
-        "torch_threads": torch.get_num_threads(), "streams": args.streams,
-        "max_tokens": args.max_tokens, "rank": args.rank, "targets": list(LORA_MODULES),
-        "config": {"hidden": cfg.hidden_size, "intermediate": cfg.intermediate_size,
-                   "layers": cfg.num_layers, "vocab": cfg.vocab_size},
-        "decode_tok_s": tok_s,
-        "decode_s_all_runs": {k: [round(x, 4) for x in v] for k, v in times.items()},
-        "ratio_distinct_over_base": ratio, "goal_ratio": 0.8,
-        "weight_bytes_bound": round(base_bytes / (base_bytes + lora_bytes), 3),
-        "slot_loads": slots.loads if slots else None,
-        "slot_evictions": slots.evictions if slots else None,
-        "engine_steps": eng.num_steps, "failed_steps": eng.num_failed_steps,
-    }
+    result = lora_result(args, device, cfg, tok_s, times, base_bytes, adapters)
+    ratio = result["ratio_distinct_over_base"]
+    result.update(max_tokens=args.max_tokens, slot_loads=slots.loads if slots else None,
+                  slot_evictions=slots.evictions if slots else None,
+                  engine_steps=eng.num_steps, failed_steps=eng.num_failed_steps)
     record_run(RESULTS, f"{args.model}-{device.type}-threads{torch.get_num_threads()}", result)
     for k, v in tok_s.items():
         print(f"{k:>18}: {v:9.1f} decode tok/s")
