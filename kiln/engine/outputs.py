@@ -239,7 +239,6 @@ class RequestOutput:
     ready_time: float | None = None
 
 
-
 class RequestStream:
     """``next_output`` awaits the request's next output (the engine: its queue's ``get``);
     ``abort`` ends the request early (sync, any thread); ``close_source`` (optional) is awaited

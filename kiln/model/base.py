@@ -93,7 +93,6 @@ def build_forward_batch(seqs: Sequence[tuple[Sequence[int], int, Sequence[int]]]
     )
 
 
-
 class DecoderStack(nn.Module):
     """HF's inner ``model`` module: ``embed_tokens``, ``layers``, ``norm``."""
 
