@@ -47,7 +47,7 @@ def chat_shape_rules(code: str, b: Bounds, conversation: str) -> list[Rule]:
     param = conversation.removesuffix("[*]")
     return [
         rule("refused_when", "model", "invalid_compose_request",
-             "kiln.api.handlers.adapters.select",
+             "kiln.api.handlers.params.select",
              "a model naming an adapter takes no adapter or adapters (a model naming nothing "
              "is a 404)", when=all_of(has("model", {"type": "string",
                                                    "not": {"enum": list(b.model_names)}}),
@@ -131,7 +131,7 @@ def chat_rules(b: Bounds, render: bool) -> list[Rule]:
     ]
     if not render:
         out += [*rollout_rules(code), rule(
-            "compare", "n", code, "kiln.api.handlers.generation.submit_all",
+            "compare", "n", code, "kiln.api.state.submit_all",
             "a request's engine requests fit the server's admission gate at once",
             left=field("n", if_absent=1, if_null=1), op="<=", right=value(b.capacity))]
     return out
@@ -171,7 +171,7 @@ def batch_rules(b: Bounds) -> list[Rule]:
         *unsupported_fields(CHAT_UNSUPPORTED),  # extras.chat_extras, as on chat
         rule("product_max", "prompts", "batch_too_large", "kiln.api.contract.check_batch",
              "prompts x n outputs per request", factors=both, max=MAX_BATCH_ITEMS),
-        rule("product_max", "n", "batch_too_large", "kiln.api.handlers.generation.submit_all",
+        rule("product_max", "n", "batch_too_large", "kiln.api.state.submit_all",
              "a request's engine requests fit the server's admission gate at once",
              factors=both, max=b.capacity),
         *chat_shape_rules(code, b, "prompts[*]"),

@@ -5,10 +5,10 @@ Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, F16, BF16, F32) are kept as :class:`~kiln_kernels.
 (q/k/v and gate/up fused row-wise, as a ``PackedConcat`` where their formats differ), holding
 gguf-py's float32 values bit for bit.
 
-- When every projection and the head are packed, every step runs in C
-  (:mod:`kiln.model.cpu_step`) and the projections' float32 copies are released
-  (:func:`release_float32`): the torch path, a fallback there, multiplies every row by the
-  blocks. A packed token embedding (the head, when tied) is released too: lookups dequantize
+- When every projection and the head are packed, every step runs in C (``CpuStep`` of
+  :mod:`kiln.model.base`, over :func:`cpu_step_weights`, the C program's view of the weights)
+  and the projections' float32 copies are released (:func:`release_float32`): the torch path, a
+  fallback there, multiplies every row by the blocks. A packed token embedding (the head, when tied) is released too: lookups dequantize
   their rows (:class:`PackedEmbedding`).
 - Otherwise the torch path keeps both: decode rows (a sequence's one new token) are multiplied
   by the packed blocks, reading ~1/6 of the bytes, and prefill rows by the float32 weights. The
@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn.functional as F
+from kiln_kernels.cpu.cpu_step import CpuStepLayer, CpuStepWeights
 from kiln_kernels.quant import Packed, PackedWeight
 from torch import nn
 
@@ -149,6 +150,38 @@ def packed_parts(model: CausalLM, packed: dict[str, PackedWeight]) -> PackedPart
     if head is not None:
         total += head.nbytes
     return PackedParts(tuple(layers), head, packed.get("model.embed_tokens.weight"), total)
+
+
+def cpu_step_weights(model: CausalLM, embedding: Packed | None = None
+                     ) -> CpuStepWeights | None:
+    """The C program's view of ``model``, or None when some projection is not packed;
+    ``embedding``: the token embedding's blocks, looked up in the C step (None: the model's
+    ``embed_tokens`` runs first)."""
+    cfg = model.config
+    head: Packed | None = model.packed_head
+    if head is None:
+        return None
+    layers: list[CpuStepLayer] = []
+    for module in model.model.layers:
+        layer = cast("DecoderLayer", module)
+        attn, mlp = layer.self_attn, layer.mlp
+        packed = (attn.packed_qkv, attn.packed_o, mlp.packed_gate_up, mlp.packed_down)
+        qkv, o, gate_up, down = packed
+        if qkv is None or o is None or gate_up is None or down is None:
+            return None
+        layers.append(CpuStepLayer(
+            qkv, o, gate_up, down, in_norm=layer.input_layernorm.weight.detach(),
+            post_norm=layer.post_attention_layernorm.weight.detach(),
+            q_norm=None if attn.q_norm is None else attn.q_norm.weight.detach(),
+            k_norm=None if attn.k_norm is None else attn.k_norm.weight.detach(),
+            q_bias=None if attn.q_proj.bias is None else attn.q_proj.bias.detach(),
+            k_bias=None if attn.k_proj.bias is None else attn.k_proj.bias.detach(),
+            v_bias=None if attn.v_proj.bias is None else attn.v_proj.bias.detach()))
+    return CpuStepWeights(hidden=cfg.hidden_size, inter=cfg.intermediate_size,
+                         heads=cfg.num_heads, kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+                         eps=cfg.rms_norm_eps, layers=tuple(layers),
+                         final_norm=model.model.norm.weight.detach(), head=head,
+                         inv_freq=model.rotary.inv_freq(torch.device("cpu")), embed=embedding)
 
 
 def attach_packed(model: CausalLM, packed: dict[str, PackedWeight]) -> int:

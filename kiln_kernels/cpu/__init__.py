@@ -6,7 +6,7 @@
 - ``sampling/``: the sampler (``sample.c``, ``top_p.c``, ``counter.c``); Python binding
   :mod:`kiln_kernels.sampling.native`; grammar token masks (``token_mask.c``), bound by
   :mod:`kiln_kernels.grammar.native`
-- ``common/``: vector math shared by all three (``vmath.c``)
+- ``common/``: vector math shared by all three, inline (``vmath.h``)
 - ``tiling/``: a GGUF's matrices into the products' tiles at load (``tile.c``), its own small
   library without OpenMP (start-up loads it before torch); binding :mod:`kiln_kernels.tiling`
 

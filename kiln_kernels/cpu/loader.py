@@ -29,9 +29,9 @@ from pathlib import Path
 HERE = Path(__file__).parent
 INCLUDE_DIRS = (HERE / "common", HERE / "matmul", HERE / "step", HERE / "sampling")
 SOURCES = (HERE / "matmul" / "gemm.c", HERE / "step" / "cpu_step.c",
-           HERE / "step" / "attention.c", HERE / "common" / "vmath.c",
-           HERE / "sampling" / "counter.c", HERE / "sampling" / "sample.c",
-           HERE / "sampling" / "top_p.c", HERE / "sampling" / "token_mask.c")
+           HERE / "step" / "attention.c", HERE / "sampling" / "counter.c",
+           HERE / "sampling" / "sample.c", HERE / "sampling" / "top_p.c",
+           HERE / "sampling" / "token_mask.c")
 HEADERS = (HERE / "matmul" / "quant.h", HERE / "matmul" / "blocks.h",
            HERE / "matmul" / "blocks_legacy.h", HERE / "matmul" / "blocks_k.h",
            HERE / "matmul" / "blocks_float.h", HERE / "matmul" / "blocks_iq.h",

@@ -1,6 +1,7 @@
-"""The C step's IEEE half conversions (kiln_kernels/cpu/common/vmath.c), used by a float16 KV cache,
-against torch's: float32 -> half rounds to nearest even, half -> float32 is exact; both the
-scalar functions and the vector store (AVX-512 F16C where built)."""
+"""The C step's IEEE half conversions (kiln_kernels/cpu/common/vmath.h, exported by cpu_step.c
+for this test), used by a float16 KV cache, against torch's: float32 -> half rounds to nearest
+even, half -> float32 is exact; both the scalar functions and the vector store (AVX-512 F16C
+where built)."""
 
 from __future__ import annotations
 
@@ -30,18 +31,18 @@ def values() -> torch.Tensor:
 @pytest.mark.parametrize("flags", [NATIVE_FLAGS, PORTABLE_FLAGS], ids=["native", "portable"])
 def test_store_and_widen_match_torch(flags: tuple[str, ...]) -> None:
     lib = load(flags)
-    lib.kiln_store_kv.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
-    lib.kiln_store_kv.restype = None
-    lib.kiln_half_to_float.argtypes = [ctypes.c_uint16]
-    lib.kiln_half_to_float.restype = ctypes.c_float
+    lib.kiln_kv_store_row.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
+    lib.kiln_kv_store_row.restype = None
+    lib.kiln_kv_half_value.argtypes = [ctypes.c_uint16]
+    lib.kiln_kv_half_value.restype = ctypes.c_float
     x = values().contiguous()
     n = x.numel() - 5  # a tail past the last 16-lane vector
     out = torch.zeros(n, dtype=torch.float16)
-    lib.kiln_store_kv(out.data_ptr(), x.data_ptr(), n, 1)
+    lib.kiln_kv_store_row(out.data_ptr(), x.data_ptr(), n, 1)
     assert torch.equal(out.view(torch.int16), x[:n].to(torch.float16).view(torch.int16))
     bits = torch.arange(0, 1 << 16, 97, dtype=torch.int32).to(torch.int16)
     want = bits.view(torch.float16).to(torch.float32)
-    got = torch.tensor([lib.kiln_half_to_float(int(b) & 0xFFFF) for b in bits.tolist()])
+    got = torch.tensor([lib.kiln_kv_half_value(int(b) & 0xFFFF) for b in bits.tolist()])
     finite = torch.isfinite(want)
     assert torch.equal(got[finite], want[finite])
     assert torch.equal(torch.isnan(got), torch.isnan(want))

@@ -1,4 +1,4 @@
-"""The C decode step (kiln.model.cpu_step) against the torch path of the same model.
+"""The C decode step (kiln.model.base.CpuStep) against the torch path of the same model.
 
 Tiny llama / qwen2 (q/k/v bias) / qwen3 (q/k norm) models get quantized weights (Q4_1 layers,
 Q8_0 head, written as GGML blocks here) so both paths hold the very same weights; the default
@@ -19,10 +19,10 @@ from kiln_kernels.cpu.cpu_step import CpuStepProgram
 from kiln_kernels.cpu.loader import PORTABLE_FLAGS
 from kiln_kernels.quant import PackedWeight, pack_ggml
 
-from kiln.model import CausalLM, LoadedModel, cpu_step
-from kiln.model.base import build_forward_batch
+from kiln.model import CausalLM, LoadedModel
+from kiln.model import base as cpu_step  # the CPU step (CpuStep, group_rows) lives in base
+from kiln.model.base import C_MAX_ROWS, build_forward_batch
 from kiln.model.config import ModelConfig
-from kiln.model.cpu_step import C_MAX_ROWS
 from kiln.model.kv_cache import KVCache
 from kiln.model.lora import LORA_MODULES, LoraAdapter, load_adapter
 from kiln.model.lora_slots import AdapterSlots, LoraBatch

@@ -10,8 +10,8 @@ import pytest
 import torch
 from kiln_kernels.cpu import available as kernels_available
 
-from kiln.model import CausalLM, LoadedModel, cpu_step
-from kiln.model.base import build_forward_batch
+from kiln.model import CausalLM, LoadedModel
+from kiln.model.base import CpuStep, build_forward_batch
 from tests.model.test_cpu_step import BLOCK, new_cache, quantized_tiny, tables
 
 pytestmark = pytest.mark.skipif(not kernels_available(), reason="no C compiler for the kernels")
@@ -23,7 +23,7 @@ def embedding_in_and_out(model: CausalLM, prompts: list[list[int]]
     C step, and with the model's ``embed_tokens`` run first (each on a fresh cache)."""
     step = model.cpu_step
     assert step is not None and step.weights.embed is not None, "the embedding is held packed"
-    outside = cpu_step.CpuStep(dataclasses.replace(step.weights, embed=None), step.flags)
+    outside = CpuStep(dataclasses.replace(step.weights, embed=None), step.flags)
     tbl = tables(len(prompts))
     runs = []
     for fn in (step.forward, outside.forward):

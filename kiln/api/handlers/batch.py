@@ -15,16 +15,19 @@ from starlette.responses import Response
 from kiln.api._generated import wire
 from kiln.api.handlers.completions_gen import scored_prompt
 from kiln.api.handlers.extras import included_stop, response_id
-from kiln.api.handlers.generation import Completion, collect_all, submit_all, until_disconnect
 from kiln.api.handlers.logprobs import chat_content
 from kiln.api.handlers.prepare import Prompt, Shape, prepare_batch
 from kiln.api.state import (
     AppState,
+    Completion,
     app_state,
     as_wire,
+    collect_all,
     finish_reason,
     json_response,
     request_id,
+    submit_all,
+    until_disconnect,
     usage,
 )
 from kiln.text.thinking import fold, split_reasoning

@@ -16,26 +16,24 @@ from kiln.api.errors import ApiError
 from kiln.api.handlers import chat_stream, rollout
 from kiln.api.handlers.completions_gen import scored_prompt
 from kiln.api.handlers.extras import included_stop, response_id
-from kiln.api.handlers.generation import (
-    Completion,
-    collect_all,
-    generation_failed,
-    submit,
-    submit_all,
-    until_disconnect,
-)
 from kiln.api.handlers.logprobs import chat_content
 from kiln.api.handlers.perf import performance
 from kiln.api.handlers.prepare import PreparedChat, prepare_chat
 from kiln.api.sse import EventStream
 from kiln.api.state import (
     AppState,
+    Completion,
     Finish,
     app_state,
     as_wire,
+    collect_all,
     finish_reason,
+    generation_failed,
     json_response,
     request_id,
+    submit,
+    submit_all,
+    until_disconnect,
     usage,
 )
 from kiln.text.thinking import fold, record, split_reasoning

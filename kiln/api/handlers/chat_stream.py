@@ -15,12 +15,11 @@ from collections.abc import AsyncIterator
 
 from kiln.api._generated import wire
 from kiln.api.handlers.extras import included_stop
-from kiln.api.handlers.generation import Completion
 from kiln.api.handlers.logprobs import chat_content
 from kiln.api.handlers.perf import performance
 from kiln.api.handlers.prepare import PreparedChat
 from kiln.api.sse import DONE, event, generation_error
-from kiln.api.state import AppState, Finish, as_wire, finish_reason
+from kiln.api.state import AppState, Completion, Finish, as_wire, finish_reason
 from kiln.api.state import usage as token_usage
 from kiln.engine.outputs import RequestOutput
 from kiln.text.thinking import Delta, ReasoningSplitter, record

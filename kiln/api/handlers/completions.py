@@ -18,12 +18,28 @@ from kiln.api._generated import wire
 from kiln.api.contract import read_json_body
 from kiln.api.errors import ApiError
 from kiln.api.handlers import completions_gen, completions_stream
-from kiln.api.handlers.adapters import BASE, Selection, resolve_model, select
 from kiln.api.handlers.constraints import constraint
-from kiln.api.handlers.generation import engine_error, observe_request, until_disconnect
-from kiln.api.handlers.params import COMPLETION_UNSUPPORTED, opt, refuse_unsupported, unsupported
+from kiln.api.handlers.params import (
+    BASE,
+    COMPLETION_UNSUPPORTED,
+    Selection,
+    opt,
+    refuse_unsupported,
+    resolve_model,
+    select,
+    unsupported,
+)
 from kiln.api.sse import EventStream
-from kiln.api.state import AppState, app_state, json_response, request_id, usage
+from kiln.api.state import (
+    AppState,
+    app_state,
+    engine_error,
+    json_response,
+    observe_request,
+    request_id,
+    until_disconnect,
+    usage,
+)
 from kiln.engine.errors import EngineError
 from kiln.engine.request import GrammarSpec
 from kiln.provenance import adapter_identity, compact_json

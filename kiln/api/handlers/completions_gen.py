@@ -20,7 +20,6 @@ from starlette.responses import Response
 from kiln.api._generated import wire
 from kiln.api.backend import PositionScore
 from kiln.api.errors import ApiError
-from kiln.api.handlers.adapters import Selection
 from kiln.api.handlers.extras import (
     check_logprobs,
     generation_extras,
@@ -32,15 +31,9 @@ from kiln.api.handlers.extras import (
     truncate,
     truncation,
 )
-from kiln.api.handlers.generation import (
-    Completion,
-    collect_all,
-    generation_failed,
-    submit_all,
-    until_disconnect,
-)
 from kiln.api.handlers.logprobs import CompletionLogprobs
 from kiln.api.handlers.params import (
+    Selection,
     choice_seed,
     normalize_stop,
     opt,
@@ -54,7 +47,16 @@ from kiln.api.handlers.prepare import (
     choice_params,
     over_context,
 )
-from kiln.api.state import AppState, Finish, json_response
+from kiln.api.state import (
+    AppState,
+    Completion,
+    Finish,
+    collect_all,
+    generation_failed,
+    json_response,
+    submit_all,
+    until_disconnect,
+)
 from kiln.api.state import finish_reason as wire_finish
 from kiln.api.state import usage as token_usage
 from kiln.engine.outputs import RequestStream

@@ -11,10 +11,9 @@ from typing import Any
 
 from kiln.api._generated import wire
 from kiln.api.handlers.completions_gen import Prepared, echo_logprobs, stop_text, usage
-from kiln.api.handlers.generation import Completion
 from kiln.api.handlers.logprobs import CompletionLogprobs
 from kiln.api.sse import DONE, event, generation_error
-from kiln.api.state import AppState, Finish, finish_reason
+from kiln.api.state import AppState, Completion, Finish, finish_reason
 from kiln.engine.outputs import RequestOutput, RequestStream
 
 _END = object()

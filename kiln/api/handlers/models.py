@@ -1,4 +1,4 @@
-"""GET /v1/models and GET /v1/models/{model} (`adapters.resolve_model` reads `model`)."""
+"""GET /v1/models and GET /v1/models/{model} (`params.resolve_model` reads `model`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from kiln.api.backend import Backend
-from kiln.api.handlers.adapters import adapter_names, resolve_model
+from kiln.api.handlers.params import adapter_names, resolve_model
 from kiln.api.state import app_state, json_response
 
 

@@ -1,5 +1,6 @@
-"""Wire request fields -> engine SamplingParams: presets, overrides, max_tokens, stop strings; and
-the fields this server refuses (``refuse_unsupported``, at the end).
+"""Wire request fields -> what the engine runs: SamplingParams (presets, overrides, max_tokens,
+stop strings); the model and adapter mix a request runs under (``resolve_model``, ``select``);
+and the fields this server refuses (``refuse_unsupported``, at the end).
 
 A request starts from the sampling preset it names (unknown names fall back to
 `qwen3-thinking-general`, docs/behavior.md §5.1); without one, from the server's default: preset of
@@ -15,12 +16,18 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 from msgspec import UNSET
 
+from kiln.adapters import AdapterNotFound, AdapterStore, InvalidAdapterName, validate_name
+from kiln.api.backend import Backend
 from kiln.api.errors import ApiError
+from kiln.api.state import engine_error
+from kiln.engine.errors import EngineError
+from kiln.engine.lora_mix import MAX_MIX_ENTRIES
 from kiln.engine.request import SamplingParams, is_greedy
 from kiln.presets import DEFAULT_PRESET, NEUTRAL, PRESETS, Preset, canonical_preset
 from kiln.text.stop_automaton import StopAutomaton
@@ -165,6 +172,150 @@ def sampling_params(
 def choice_seed(seed: Any, index: int) -> int | None:
     s = opt(seed)
     return None if s is None else (int(s) + index) % U64
+
+
+# -- the model and adapters a request runs under (docs/behavior.md §6) ------------------------
+# Chat's and batch's `adapter` is tri-state: missing = the server default, null or "" = base, a
+# name = that adapter (scoring on `/v1/completions` runs the base model unless `model` names an
+# adapter, docs/decisions.md). `adapters: [{name, scale}]` composes. `model` may name one (vLLM);
+# combining that with `adapter`/`adapters` is a 400. Unknown names are 404 `adapter_not_found`;
+# names with separators or traversal are 400 `invalid_adapter_name`.
+
+MAX_COMPOSED = MAX_MIX_ENTRIES  # the engine owns the limit
+
+
+@dataclass(frozen=True)
+class Selection:
+    mix: tuple[tuple[str, float], ...]  # (adapter name, scale); empty = base
+    lora: tuple[tuple[Any, float], ...]  # loaded adapters for the engine
+
+    @property
+    def label(self) -> str:
+        return "+".join(name for name, _ in self.mix) or "base"
+
+
+BASE = Selection((), ())
+
+
+def adapter_store(backend: Backend) -> AdapterStore | None:
+    return backend.adapter_store
+
+
+def adapter_not_found(name: str, param: str) -> ApiError:
+    return ApiError(404, "adapter_not_found", f"adapter {name!r} not found", param=param)
+
+
+def check_adapter_name(name: str, param: str) -> str:
+    try:
+        return validate_name(name)
+    except InvalidAdapterName as exc:
+        raise ApiError(400, "invalid_adapter_name", str(exc), param=param) from None
+
+
+async def load_mix(backend: Backend, mix: list[tuple[str, float]], param: str) -> Selection:
+    names = [check_adapter_name(name, param) for name, _ in mix]
+    store = adapter_store(backend)
+    for name in names:
+        if store is None or not store.exists(name):
+            raise adapter_not_found(name, param)
+    try:
+        lora = await backend.prepare_lora([(n, s) for n, (_, s) in zip(names, mix, strict=True)])
+    except InvalidAdapterName as exc:
+        raise ApiError(400, "invalid_adapter_name", str(exc), param=param) from None
+    except AdapterNotFound as exc:
+        raise ApiError(404, "adapter_not_found", str(exc), param=param) from None
+    except ValueError as exc:
+        raise ApiError(
+            400, "adapter_load_failed", f"adapter cannot be used: {exc}", param=param
+        ) from None
+    except EngineError as exc:  # the engine is not running (adapters load on its thread)
+        raise engine_error(exc) from None
+    return Selection(tuple((n, s) for n, (_, s) in zip(names, mix, strict=True)), lora)
+
+
+def _composition(adapters: Any) -> list[tuple[str, float]]:
+    if len(adapters) == 0:
+        raise ApiError(
+            400, "invalid_compose_request", "adapters must not be empty", param="adapters"
+        )
+    if len(adapters) > MAX_COMPOSED:
+        raise ApiError(
+            400, "invalid_compose_request",
+            f"at most {MAX_COMPOSED} adapters can be composed", param="adapters",
+        )
+    return [(a.name, float(a.scale)) for a in adapters]
+
+
+async def select(
+    backend: Backend, adapter: Any, adapters: Any, model_adapter: str | None, *, tri_state: bool
+) -> Selection:
+    """The adapter mix of a chat or batch request (tri_state: a missing ``adapter`` is the server
+    default), or of a completions request (no default)."""
+    given_adapters = adapters is not UNSET and adapters is not None
+    if model_adapter is not None:
+        if (adapter is not UNSET and adapter not in (None, "")) or given_adapters:
+            raise ApiError(
+                400, "invalid_compose_request",
+                "model names an adapter; do not also send adapter or adapters", param="model",
+            )
+        return await load_mix(backend, [(model_adapter, 1.0)], "model")
+    if given_adapters:
+        if isinstance(adapter, str) and adapter:
+            raise ApiError(
+                400, "invalid_compose_request", "use adapter or adapters, not both",
+                param="adapters",
+            )
+        return await load_mix(backend, _composition(adapters), "adapters")
+    if adapter is UNSET:
+        store = adapter_store(backend)
+        default = store.default if (tri_state and store is not None) else None
+        return await load_mix(backend, [(default, 1.0)], "adapter") if default else BASE
+    if adapter is None or adapter == "":
+        return BASE
+    return await load_mix(backend, [(str(adapter), 1.0)], "adapter")
+
+
+def resolve_model(backend: Backend, requested: str | None) -> tuple[str, str | None]:
+    """docs/decisions.md: missing/null -> the served model; served id or alias -> fine; name of an
+    available adapter -> that adapter; else 404. Returns (model id to report, adapter or None)."""
+    if requested is None or requested == backend.model_id or requested in backend.aliases:
+        return backend.model_id, None
+    adapter = adapter_named_by_model(backend, requested)
+    if adapter is not None:
+        return adapter, adapter
+    names = [backend.model_id, *adapter_names(backend)]
+    shown = ", ".join(names[:9]) + (f" and {len(names) - 9} more" if len(names) > 9 else "")
+    raise ApiError(
+        404, "model_not_found", f"model {requested!r} is not served here; available: {shown}",
+        param="model",
+    )
+
+
+async def resolve_model_adapter(backend: Backend, model: str | None, adapter: Any,
+                                adapters: Any) -> tuple[str, Selection]:
+    """A chat or batch request's model (the id to report) and adapter mix, in one step."""
+    reported, model_adapter = resolve_model(backend, model)
+    return reported, await select(backend, adapter, adapters, model_adapter, tri_state=True)
+
+
+def adapter_names(backend: Backend) -> list[str]:
+    """Adapters that `model` can name: one named like the served model or an alias is shadowed
+    by it (`model` selects the base), so it is not listed as a second card with the same id."""
+    store = adapter_store(backend)
+    served = {backend.model_id, *backend.aliases}
+    return [i.name for i in (store.list() if store is not None else []) if i.name not in served]
+
+
+def adapter_named_by_model(backend: Backend, model: str | None) -> str | None:
+    store = adapter_store(backend)
+    if model is None or store is None or model == backend.model_id:
+        return None
+    try:
+        name = validate_name(model)
+    except InvalidAdapterName:
+        return None
+    return name if store.exists(name) else None
+
 
 # Fields this server does not implement (the seeds' and some of vLLM's): set to anything but
 # their default, a 400 `unsupported_parameter` naming the field, never a silent 200

@@ -1,5 +1,5 @@
 """Prompt preparation, shared by chat, batch and completions: the model and adapter a request
-runs under (`adapters.resolve_model_adapter`), the rendered and tokenized prompt checked against
+runs under (`params.resolve_model_adapter`), the rendered and tokenized prompt checked against
 the context window, and one engine SamplingParams per choice. A request becomes three small
 frozen records: what the prompt is (`Prompt`), what the engine runs (`Run`) and how the response
 is shaped (`Shape`); completions builds them in `completions_gen.prepare`."""
@@ -14,7 +14,6 @@ from typing import Any, Literal
 from kiln.api._generated import wire
 from kiln.api.backend import Backend
 from kiln.api.errors import ApiError
-from kiln.api.handlers.adapters import resolve_model_adapter
 from kiln.api.handlers.constraints import constraint
 from kiln.api.handlers.extras import (
     chat_extras,
@@ -34,6 +33,7 @@ from kiln.api.handlers.params import (
     opt,
     plain,
     requested_max_tokens,
+    resolve_model_adapter,
     sampling_params,
     state_default,
     state_max_tokens,

@@ -6,9 +6,8 @@ import math
 from typing import Any
 
 from kiln.api.errors import ApiError
-from kiln.api.handlers.generation import Completion
 from kiln.api.handlers.prepare import PreparedChat
-from kiln.api.state import AppState
+from kiln.api.state import AppState, Completion
 from kiln.provenance import ActionToken, adapter_identity, rollout_record
 
 ERROR = "chat_invalid_request"

@@ -10,8 +10,7 @@ from starlette.responses import Response
 
 from kiln.api._generated import wire
 from kiln.api.errors import ApiError
-from kiln.api.handlers.adapters import resolve_model
-from kiln.api.handlers.params import opt
+from kiln.api.handlers.params import opt, resolve_model
 from kiln.api.handlers.prepare import render_prompt, template_kwargs
 from kiln.api.state import app_state, json_response
 

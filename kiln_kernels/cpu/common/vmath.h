@@ -1,8 +1,12 @@
-/* Vector math shared by the C kernels (vmath.c): dot products, e^x and ln x in 16 lanes, SiLU,
- * softmax sums. */
+/* Vector math shared by the C kernels, inline where it is used: dot products, e^x and ln x in 16
+ * lanes (AVX-512; libm elsewhere), SiLU, the softmax's exp sums, IEEE half conversions and the
+ * KV cache's row store. Each function is small and sits in the inner loops of the step and the
+ * sampler, so every file that includes this one gets its own inlined copy. */
 #ifndef KILN_VMATH_H
 #define KILN_VMATH_H
+#include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -48,19 +52,112 @@ static inline __m512 log16(__m512 x) {
 #endif
 
 /* sum a[i] * b[i] (vectorized; one fixed order per n). */
-float kiln_dot(const float *a, const float *b, int64_t n);
+static inline float kiln_dot(const float *a, const float *b, int64_t n) {
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
 
-/* out[i] = silu(g[i]) * u[i] (vectorized exp). */
-void kiln_silu_mul(const float *g, const float *u, float *out, int64_t n);
+/* out[i] = silu(g[i]) * u[i] = g[i] / (1 + e^-g[i]) * u[i]. */
+static inline void kiln_silu_mul(const float *g, const float *u, float *out, int64_t n) {
+    int64_t i = 0;
+#if defined(__AVX512F__)
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (; i + 16 <= n; i += 16) {
+        const __m512 x = _mm512_loadu_ps(g + i);
+        const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), x));
+        _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_div_ps(x, _mm512_add_ps(one, e)),
+                                                _mm512_loadu_ps(u + i)));
+    }
+#endif
+    for (; i < n; i++) out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
 
 /* scores[p] = exp(scores[p] - top) for p < len; returns their sum. */
-float kiln_exp_shift_sum(float *scores, int64_t len, float top);
+static inline float kiln_exp_shift_sum(float *scores, int64_t len, float top) {
+    int64_t p = 0;
+    float sum = 0.0f;
+#if defined(__AVX512F__)
+    __m512 acc = _mm512_setzero_ps();
+    const __m512 vt = _mm512_set1_ps(top);
+    for (; p + 16 <= len; p += 16) {
+        const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(scores + p), vt));
+        _mm512_storeu_ps(scores + p, e);
+        acc = _mm512_add_ps(acc, e);
+    }
+    if (p < len) {
+        const __mmask16 k = (__mmask16)((1u << (len - p)) - 1);
+        const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, scores + p), vt));
+        _mm512_mask_storeu_ps(scores + p, k, e);
+        acc = _mm512_add_ps(acc, _mm512_maskz_mov_ps(k, e));
+        p = len;
+    }
+    sum = _mm512_reduce_add_ps(acc);
+#endif
+    for (; p < len; p++) {
+        scores[p] = expf(scores[p] - top);
+        sum += scores[p];
+    }
+    return sum;
+}
 
-/* IEEE half <-> float32, round to nearest even (torch's .to(float16)); exact the other way. */
-float kiln_half_to_float(uint16_t h);
-uint16_t kiln_float_to_half(float f);
+/* IEEE half <-> float32: exact this way; round to nearest even the other (torch's
+ * .to(float16)). */
+static inline float kiln_half_to_float(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1Fu;
+    const uint32_t mant = h & 0x3FFu;
+    uint32_t x;
+    if (exp == 0x1F) {
+        x = sign | 0x7F800000u | (mant << 13);
+    } else if (exp) {
+        x = sign | ((exp + 112u) << 23) | (mant << 13);
+    } else {
+        const float v = (float)mant * 5.9604644775390625e-8f; /* mant * 2^-24, exact */
+        return sign ? -v : v;
+    }
+    float f;
+    memcpy(&f, &x, sizeof f);
+    return f;
+}
+
+static inline uint16_t kiln_float_to_half(float f) {
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    const uint32_t sign = (x >> 16) & 0x8000u, exp = (x >> 23) & 0xFFu;
+    uint32_t mant = x & 0x7FFFFFu;
+    if (exp == 0xFF) return (uint16_t)(sign | 0x7C00u | (mant ? 0x200u | (mant >> 13) : 0u));
+    const int32_t e = (int32_t)exp - 112; /* the half's biased exponent */
+    if (e >= 0x1F) return (uint16_t)(sign | 0x7C00u);
+    uint32_t shift = 13, base = 0;
+    if (e <= 0) { /* a half subnormal (or zero): mant * 2^(e - 14) in units of 2^-24 */
+        if (e < -10) return (uint16_t)sign;
+        mant |= 0x800000u;
+        shift = (uint32_t)(14 - e);
+    } else {
+        base = (uint32_t)e << 10;
+    }
+    uint32_t half = base | (mant >> shift);
+    const uint32_t rem = mant & ((1u << shift) - 1), mid = 1u << (shift - 1);
+    if (rem > mid || (rem == mid && (half & 1u))) half++; /* a carry may reach inf: correct */
+    return (uint16_t)(sign | half);
+}
 
 /* n floats into a KV cache row: float32 (f16 = 0) or IEEE half (f16 = 1). */
-void kiln_store_kv(void *dst, const float *src, int64_t n, int f16);
+static inline void kiln_store_kv(void *dst, const float *src, int64_t n, int f16) {
+    if (!f16) {
+        memcpy(dst, src, (size_t)n * sizeof(float));
+        return;
+    }
+    uint16_t *h = (uint16_t *)dst;
+    int64_t i = 0;
+#if defined(__AVX512F__)
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i *)(h + i),
+                            _mm512_cvtps_ph(_mm512_loadu_ps(src + i),
+                                            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#endif
+    for (; i < n; i++) h[i] = kiln_float_to_half(src[i]);
+}
 
 #endif

@@ -24,6 +24,13 @@
 
 int64_t kiln_cpu_step_layout_version(void) { return F_COUNT; }
 
+/* The KV cache's element conversions (vmath.h, inline in the step), exported for their test
+ * against torch's (tests/kernels/test_kernels_half.py). */
+void kiln_kv_store_row(void *dst, const float *src, int64_t n, int f16) {
+    kiln_store_kv(dst, src, n, f16);
+}
+float kiln_kv_half_value(uint16_t h) { return kiln_half_to_float(h); }
+
 /* Attention parts per query for a step whose longest context is max_ctx. */
 static int64_t attend_parts(const KilnCpuStepModel *md, int64_t max_ctx) {
     const int64_t part = kiln_attend_part(md);
@@ -40,7 +47,7 @@ int64_t kiln_cpu_step_scratch_floats(const KilnCpuStepModel *md, int64_t M, int6
 
 /* Rows of one sequence (a prefill chunk) per attention task: a chunk of up to 8 rows (the
  * prefill cap while others decode) reads the cache once; longer chunks (up to 128 rows per C
- * call, kiln.model.cpu_step.C_MAX_ROWS) are spread over the threads. */
+ * call, kiln.model.base.C_MAX_ROWS) are spread over the threads. */
 #define ROWS_PER_TASK 8
 
 static const float *fptr(const int64_t *row, int f) { return (const float *)(intptr_t)row[f]; }
