@@ -8,7 +8,8 @@ GGML Q4_0, Q4_1 and Q8_0 are repacked with float32 scales (``q4``: ``d, m`` with
 
 No torch here: start-up tiles a GGUF's matrices on a thread while the main thread is still
 importing torch (``kiln.model.gguf_tensors``). :func:`tile_many` tiles a whole file in one call
-of ``kiln_kernels/cpu/tiling/tile.c``, which runs without the GIL throughout; the numpy
+of ``kiln_kernels/cpu/tiling/tile.c``, which runs without the GIL throughout, and threads share
+one file's tiling through :class:`TileWork` (each claims the next job left); the numpy
 functions below are its reference (and its stand-in where no C compiler is found). The torch
 references of the layout (``kiln_kernels.quant``: ``tile_rows``, ``untile``, ``untile_raw``)
 check them in the tests.
@@ -17,6 +18,7 @@ check them in the tests.
 from __future__ import annotations
 
 import ctypes
+import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -125,31 +127,60 @@ def _rows(rows: np.ndarray | None, n: int) -> np.ndarray | None:
     return rows
 
 
+class TileWork:
+    """Tensors to tile (as :func:`tile_many` takes them), their jobs ready for ``tile.c`` and
+    their tiles allocated: any thread may :meth:`run` it, and threads that do split the jobs
+    between them (each claims the next job left, the largest first). Start-up's tiling thread
+    runs it beside the imports, and the main thread joins in when it needs the tiles
+    (``kiln.model.early_tiles``). :attr:`tiles` (``(format, tiles)`` per item, in order) are
+    complete once every run has returned. Without the C library a run tiles in numpy, alone."""
+
+    def __init__(self, items: Sequence[Item]) -> None:
+        checked = [(np.ascontiguousarray(raw), t, _check(raw, t), _rows(rows, raw.shape[0]))
+                   for raw, t, rows in items]
+        self._lib = tiling_library()
+        self._lock = threading.Lock()
+        self._items = [(raw, t, rows) for raw, t, _, rows in checked]
+        self.tiles: list[tuple[str, np.ndarray]] = []
+        if self._lib is None:
+            return
+        # what the jobs point into (sources, tiles, row orders), alive as long as the work
+        self._keep: list[np.ndarray] = []
+        for raw, ggml_type, size, _ in checked:
+            fmt = GGML_FORMAT[ggml_type]
+            n, nb = raw.shape[0], raw.shape[1] // size
+            self.tiles.append((fmt, np.empty((n // 4, nb, TILE_BYTES[fmt]), dtype=np.uint8)))
+        self._jobs = (_Job * len(checked))()
+        self._next = ctypes.c_int64(0)
+        largest_first = sorted(range(len(checked)), key=lambda i: -checked[i][0].nbytes)
+        for job, i in zip(self._jobs, largest_first, strict=True):
+            raw, ggml_type, size, rows = checked[i]
+            tiles = self.tiles[i][1]
+            self._keep += [raw, tiles] + ([] if rows is None else [rows])
+            job.src, job.dst = raw.ctypes.data, tiles.ctypes.data
+            job.rows = None if rows is None else rows.ctypes.data
+            job.n, job.nb, job.block = raw.shape[0], raw.shape[1] // size, size
+            job.kind = _KINDS.get(ggml_type, 0)
+
+    def run(self) -> None:
+        """Tile the jobs this thread claims (ctypes drops the GIL for the whole call)."""
+        if self._lib is not None:
+            self._lib.kiln_tile_claim(self._jobs, len(self._jobs), ctypes.byref(self._next))
+            return
+        with self._lock:
+            if not self.tiles:
+                self.tiles = [tile_ggml_reference(raw if rows is None else raw[rows], t)
+                              for raw, t, rows in self._items]
+
+
 def tile_many(items: Sequence[Item]) -> list[tuple[str, np.ndarray]]:
     """Tile tensors: each ``(raw, ggml_type, rows)``, ``raw`` its rows in the file's order
     (uint8 ``[N, row_bytes]``), ``rows`` None or the source row of each tiled row (int64
     ``[N]``) -> ``(format, tiles)`` each, as :func:`tile_ggml_reference` gives for
     ``raw[rows]``. One C call for all of them where the tiling library builds."""
-    checked = [(np.ascontiguousarray(raw), t, _check(raw, t), _rows(rows, raw.shape[0]))
-               for raw, t, rows in items]
-    lib = tiling_library()
-    if lib is None:
-        return [tile_ggml_reference(raw if rows is None else raw[rows], t)
-                for raw, t, _, rows in checked]
-    out: list[tuple[str, np.ndarray]] = []
-    keep: list[np.ndarray] = []  # what the jobs point into, alive until the call returns
-    jobs = (_Job * len(checked))()
-    for job, (raw, ggml_type, size, rows) in zip(jobs, checked, strict=True):
-        fmt = GGML_FORMAT[ggml_type]
-        n, nb = raw.shape[0], raw.shape[1] // size
-        tiles = np.empty((n // 4, nb, TILE_BYTES[fmt]), dtype=np.uint8)
-        keep += [raw, tiles] + ([] if rows is None else [rows])
-        job.src, job.dst = raw.ctypes.data, tiles.ctypes.data
-        job.rows = None if rows is None else rows.ctypes.data
-        job.n, job.nb, job.block, job.kind = n, nb, size, _KINDS.get(ggml_type, 0)
-        out.append((fmt, tiles))
-    lib.kiln_tile(jobs, len(checked))
-    return out
+    work = TileWork(items)
+    work.run()
+    return work.tiles
 
 
 def tile_ggml(raw: np.ndarray, ggml_type: str) -> tuple[str, np.ndarray]:

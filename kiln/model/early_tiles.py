@@ -5,7 +5,9 @@
 copies, which run in C without the GIL (``kiln_kernels.tiling.tile_many``, one call a model).
 So the CLI starts a thread (:func:`tiling_beside`) that reads a GGUF's index, or an HF folder's
 safetensors headers, and tiles every matrix the kernels can hold while the main thread imports;
-the loader takes the result (:func:`take_tiled`) and tiles only what is left. Nothing here
+the loader takes the result (:func:`take_tiled`), the main thread tiling beside the thread
+whatever it has not begun (a large model's tiling outlasts the imports), and tiles only what is
+left. Nothing here
 imports torch. Figures: ``bench/README.md``, "Start-up, scoring and the engine thread".
 """
 
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from kiln_kernels.tiling import TileWork
 
 from kiln.model import gguf_tensors, hf_tensors
 from kiln.model.gguf_index import GGUFIndex
@@ -50,25 +53,49 @@ def tiles_will_be_held(device: str | None, dtype: str | None, quant_kernels: boo
     return device == "cpu"
 
 
-def tile(path: Path) -> Tiled:
-    """Tile a GGUF file or an HF folder."""
+def tile_work(path: Path) -> tuple[GGUFIndex | None, list[str], TileWork]:
+    """The index (a GGUF's; None for an HF folder), the tensor names and the tiling work of a
+    GGUF file or an HF folder."""
     if path.is_dir():
-        return Tiled(path, None, hf_tensors.tile_folder(path))
-    reader, tiles = gguf_tensors.tile_file(path)
-    return Tiled(path, reader, tiles)
+        return (None, *hf_tensors.folder_tile_work(path))
+    return gguf_tensors.file_tile_work(path)
+
+
+def tile(path: Path) -> Tiled:
+    """Tile a GGUF file or an HF folder, on this thread."""
+    reader, names, work = tile_work(path)
+    work.run()
+    return Tiled(path, reader, dict(zip(names, work.tiles, strict=True)))
 
 
 class _Job:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.result: Tiled | None = None
+        self.work: TileWork | None = None  # set, then `planned`, before the thread tiles
+        self.planned = threading.Event()
         self.thread = threading.Thread(target=self._run, name="kiln-early-tiles", daemon=True)
 
     def _run(self) -> None:
         try:
-            self.result = tile(self.path)
+            reader, names, work = tile_work(self.path)
+            self.work = work
+            self.planned.set()
+            work.run()
+            self.result = Tiled(self.path, reader, dict(zip(names, work.tiles, strict=True)))
         except Exception:  # the loader reads the files again and says what is wrong
             self.result = None
+        finally:
+            self.planned.set()
+
+    def finish(self) -> Tiled | None:
+        """The tiles, this thread helping: it claims the jobs the tiling thread has not begun
+        (on a large model the imports end first, and the second core would otherwise wait)."""
+        self.planned.wait()
+        if self.work is not None:
+            self.work.run()
+        self.thread.join()
+        return self.result
 
 
 _job: _Job | None = None
@@ -99,12 +126,12 @@ def tiling_beside(path: Path | None) -> Iterator[None]:
 
 
 def take_tiled(path: Path) -> Tiled | None:
-    """The running job's tiles if it tiles ``path`` (waiting for them), else None."""
+    """The running job's tiles if it tiles ``path`` (finishing them with this thread's help),
+    else None."""
     global _job
     with _job_lock:
         job = _job
         if job is None or job.path != path.resolve():
             return None
         _job = None
-    job.thread.join()
-    return job.result
+    return job.finish()

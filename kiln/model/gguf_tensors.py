@@ -1,14 +1,14 @@
 """A GGUF's tensors as the model takes them, without torch: the config its index implies, the
 q/k row order, which matrices the CPU kernels can hold, their tiles, and float32 values for the
-rest. ``kiln.model.gguf_loader`` puts them into the model; start-up tiles with :func:`tile_file`
-on a thread while torch imports (``kiln.model.early_tiles``)."""
+rest. ``kiln.model.gguf_loader`` puts them into the model; start-up tiles with :func:`file_tile_work`
+on threads while torch imports (``kiln.model.early_tiles``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import numpy as np
-from kiln_kernels.tiling import GGML_TYPES, Item, tile_many
+from kiln_kernels.tiling import GGML_TYPES, Item, TileWork, tile_many
 
 from kiln.model.config import ModelConfig, config_from_gguf
 from kiln.model.gguf_index import GGMLType, GGUFIndex, GGUFTensor
@@ -87,11 +87,12 @@ def tile(tensor: GGUFTensor, heads: int | None) -> tuple[str, np.ndarray]:
     return tile_many([_item(tensor, heads)])[0]
 
 
-def tile_file(path: Path) -> tuple[GGUFIndex, dict[str, tuple[str, np.ndarray]]]:
-    """The file's index and the tiles of every matrix the kernels can hold, by GGUF name."""
+def file_tile_work(path: Path) -> tuple[GGUFIndex, list[str], TileWork]:
+    """The file's index, the GGUF names of every matrix the kernels can hold, and their tiling,
+    ready for threads to run (``TileWork.run``; its ``tiles`` follow the names)."""
     reader = GGUFIndex(path)
     cfg = read_config(reader)
     todo = [t for t in reader.tensors
             if len(t.shape) > 1 and t.name != ROPE_FREQS and unpackable(t) is None]
-    done = tile_many([_item(t, row_permutation(cfg, t.name)) for t in todo])
-    return reader, {t.name: pair for t, pair in zip(todo, done, strict=True)}
+    work = TileWork([_item(t, row_permutation(cfg, t.name)) for t in todo])
+    return reader, [t.name for t in todo], work

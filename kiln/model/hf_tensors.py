@@ -1,7 +1,7 @@
 """An HF folder's weight files as the model takes them, without torch: the shards, which
 matrices the CPU step holds as they are (bfloat16 / float16, rows in fours, columns in 32s),
 and their tiles, read straight from the files' maps. ``kiln.model.hf_loader`` puts them into
-the model; start-up tiles with :func:`tile_folder` on a thread while torch imports
+the model; start-up tiles with :func:`folder_tile_work` on threads while torch imports
 (``kiln.model.early_tiles``).
 
 A safetensors file is an 8-byte little-endian header length, a JSON header (per tensor: dtype,
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from kiln_kernels.tiling import Item, tile_many
+from kiln_kernels.tiling import Item, TileWork
 
 from kiln.model.config import ModelConfig, WeightLoadError
 
@@ -87,10 +87,10 @@ def _half_matrices(path: Path, tied: bool) -> list[tuple[str, Item]]:
     return items
 
 
-def tile_folder(folder: Path) -> dict[str, tuple[str, np.ndarray]]:
-    """The tiles of every matrix the C step holds as it is, by tensor name."""
+def folder_tile_work(folder: Path) -> tuple[list[str], TileWork]:
+    """The names of every matrix the C step holds as it is, and their tiling, ready for threads
+    to run (``TileWork.run``; its ``tiles`` follow the names)."""
     cfg = ModelConfig.from_hf(read_json(folder / "config.json"))
     named = [pair for path in safetensors_files(folder)
              for pair in _half_matrices(path, cfg.tie_word_embeddings)]
-    done = tile_many([item for _, item in named])
-    return {name: tiled for (name, _), tiled in zip(named, done, strict=True)}
+    return [name for name, _ in named], TileWork([item for _, item in named])

@@ -174,7 +174,7 @@ _tiling: list[ctypes.CDLL | None] = []  # loaded once; None: it cannot be built 
 
 
 def tiling_library() -> ctypes.CDLL | None:
-    """The tiling library (``kiln_tile``), built on first use; None where it cannot be built or
+    """The tiling library (``kiln_tile_claim``), built on first use; None where it cannot be built or
     loaded (callers then tile in numpy: ``kiln_kernels.tiling``). Loads no OpenMP runtime."""
     with _lock:
         if not _tiling:
@@ -182,8 +182,8 @@ def tiling_library() -> ctypes.CDLL | None:
             try:
                 lib = ctypes.CDLL(str(build(
                     TILING_FLAGS, name="kiln_tiling", sources=TILING_SOURCES, headers=())))
-                lib.kiln_tile.argtypes = [ctypes.c_void_p, ctypes.c_int64]
-                lib.kiln_tile.restype = None
+                lib.kiln_tile_claim.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+                lib.kiln_tile_claim.restype = None
             except (KernelBuildError, OSError, AttributeError, subprocess.SubprocessError):
                 lib = None
             _tiling.append(lib)

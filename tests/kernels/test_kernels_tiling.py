@@ -1,8 +1,11 @@
 """kiln_kernels/cpu/tiling/tile.c against its numpy reference (kiln_kernels/tiling.py): the same
 tiles byte for byte for every GGML type the products read, with and without a row order, in
-one call for many tensors; every fp16 scale converted as numpy converts it."""
+one call for many tensors, or shared by threads that each claim what is left; every fp16 scale
+converted as numpy converts it."""
 
 from __future__ import annotations
+
+import threading
 
 import kiln_kernels.tiling
 import numpy as np
@@ -11,7 +14,7 @@ import torch
 from kiln_kernels.cpu.loader import tiling_library
 from kiln_kernels.quant import pack_ggml, tile_rows
 from kiln_kernels.testing import random_raw
-from kiln_kernels.tiling import GGML_TYPES, tile_ggml_reference, tile_many
+from kiln_kernels.tiling import GGML_TYPES, TileWork, tile_ggml_reference, tile_many
 
 pytestmark = pytest.mark.skipif(tiling_library() is None, reason="no C compiler for tile.c")
 
@@ -31,6 +34,34 @@ def test_c_tiles_equal_the_reference(ggml_type: str) -> None:
     assert plain.shape == want.shape and plain.tobytes() == want.tobytes()
     assert ordered.tobytes() == tile_ggml_reference(raw[order], ggml_type)[1].tobytes()
     assert plain.tobytes() != ordered.tobytes()  # the order was applied
+
+
+@pytest.mark.parametrize("threads", [1, 2, 4])
+def test_threads_sharing_the_work_make_the_same_tiles(threads: int) -> None:
+    """A file's worth of tensors of every type, of different sizes (the largest are claimed
+    first), run by several threads at once: every tensor's tiles are the reference's, each
+    tiled once (a second run claims nothing), in the items' order."""
+    rng = np.random.default_rng(5)
+    items = []
+    for i, ggml_type in enumerate(sorted(GGML_TYPES) * 3):
+        n = 4 * int(rng.integers(1, 9))
+        order = rng.permutation(n).astype(np.int64) if i % 2 else None
+        items.append((raw_rows(ggml_type, n, GGML_TYPES[ggml_type][0] * int(rng.integers(1, 4)),
+                               seed=i), ggml_type, order))
+    work = TileWork(items)
+    runners = [threading.Thread(target=work.run) for _ in range(threads - 1)]
+    for t in runners:
+        t.start()
+    work.run()
+    for t in runners:
+        t.join()
+    for (raw, ggml_type, order), (fmt, tiles) in zip(items, work.tiles, strict=True):
+        want_fmt, want = tile_ggml_reference(raw if order is None else raw[order], ggml_type)
+        assert fmt == want_fmt and tiles.tobytes() == want.tobytes(), ggml_type
+    for _, tiled in work.tiles:
+        tiled.fill(0)
+    work.run()  # every job was claimed: nothing is tiled again
+    assert all(not tiled.any() for _, tiled in work.tiles)
 
 
 def test_every_fp16_scale_converts_as_numpy_does() -> None:

@@ -12,7 +12,9 @@
  * The copies are plain memcpy of whole blocks, where numpy's strided copy moved ~1.4 GB/s.
  *
  * Built as its own small library without OpenMP (kiln_kernels/cpu/loader.py, "tiling"): it is
- * loaded before torch, whose OpenMP runtime the main library must share.
+ * loaded before torch, whose OpenMP runtime the main library must share. Threads share a file's
+ * jobs through a counter instead (kiln_tile_claim): start-up's tiling thread begins, and the
+ * main thread helps once its imports are done, if any job is left.
  */
 #include <stdint.h>
 #include <string.h>
@@ -92,7 +94,13 @@ static void tile_one(const kiln_tile_job *j) {
     }
 }
 
-void kiln_tile(const kiln_tile_job *jobs, int64_t count) {
-    for (int64_t i = 0; i < count; i++)
+/* Tile the jobs this caller claims, one at a time, from the counter *next that every caller of
+ * these jobs shares: callers on several threads split a file's jobs between them. Each returns
+ * when none is left to claim; jobs another caller claimed may still be running then. */
+void kiln_tile_claim(const kiln_tile_job *jobs, int64_t count, int64_t *next) {
+    for (;;) {
+        const int64_t i = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED);
+        if (i >= count) return;
         tile_one(&jobs[i]);
+    }
 }
