@@ -148,8 +148,8 @@ class TileWork:
         self._keep: list[np.ndarray] = []
         for raw, ggml_type, size, _ in checked:
             fmt = GGML_FORMAT[ggml_type]
-            n, nb = raw.shape[0], raw.shape[1] // size
-            self.tiles.append((fmt, np.empty((n // 4, nb, TILE_BYTES[fmt]), dtype=np.uint8)))
+            shape = (raw.shape[0] // 4, raw.shape[1] // size, TILE_BYTES[fmt])
+            self.tiles.append((fmt, np.empty(shape, dtype=np.uint8)))
         self._jobs = (_Job * len(checked))()
         self._next = ctypes.c_int64(0)
         largest_first = sorted(range(len(checked)), key=lambda i: -checked[i][0].nbytes)
@@ -159,7 +159,7 @@ class TileWork:
             self._keep += [raw, tiles] + ([] if rows is None else [rows])
             job.src, job.dst = raw.ctypes.data, tiles.ctypes.data
             job.rows = None if rows is None else rows.ctypes.data
-            job.n, job.nb, job.block = raw.shape[0], raw.shape[1] // size, size
+            job.n, job.nb, job.block = raw.shape[0], tiles.shape[1], size
             job.kind = _KINDS.get(ggml_type, 0)
 
     def run(self) -> None:

@@ -14,12 +14,12 @@ from kiln.adapters import AdapterActive, AdapterNotFound, AdapterStore
 from kiln.api._generated import wire
 from kiln.api.backend import Backend
 from kiln.api.errors import ApiError
-from kiln.api.handlers.params import adapter_not_found, adapter_store, check_adapter_name, load_mix
+from kiln.api.handlers.params import adapter_not_found, check_adapter_name, load_mix
 from kiln.api.state import app_state, json_response
 
 
 def _require_store(backend: Backend) -> AdapterStore:
-    store = adapter_store(backend)
+    store = backend.adapter_store
     if store is None:
         raise ApiError(
             404, "adapter_not_found", "this server has no adapter directory (--adapter-dir)"
@@ -28,7 +28,7 @@ def _require_store(backend: Backend) -> AdapterStore:
 
 
 async def list_adapters(request: Request) -> Response:
-    store = adapter_store(app_state(request).backend)
+    store = app_state(request).backend.adapter_store
     if store is None:
         return json_response({"active": None, "available": []})
     return json_response(
@@ -49,7 +49,7 @@ async def load(request: Request) -> Response:
 
 
 async def unload(request: Request) -> Response:
-    store = adapter_store(app_state(request).backend)
+    store = app_state(request).backend.adapter_store
     if store is not None:
         store.clear_default()
     return json_response({"status": "unloaded", "name": None})

@@ -22,7 +22,7 @@ from typing import Any
 import msgspec
 from msgspec import UNSET
 
-from kiln.adapters import AdapterNotFound, AdapterStore, InvalidAdapterName, validate_name
+from kiln.adapters import AdapterNotFound, InvalidAdapterName, validate_name
 from kiln.api.backend import Backend
 from kiln.api.errors import ApiError
 from kiln.api.state import engine_error
@@ -197,10 +197,6 @@ class Selection:
 BASE = Selection((), ())
 
 
-def adapter_store(backend: Backend) -> AdapterStore | None:
-    return backend.adapter_store
-
-
 def adapter_not_found(name: str, param: str) -> ApiError:
     return ApiError(404, "adapter_not_found", f"adapter {name!r} not found", param=param)
 
@@ -214,7 +210,7 @@ def check_adapter_name(name: str, param: str) -> str:
 
 async def load_mix(backend: Backend, mix: list[tuple[str, float]], param: str) -> Selection:
     names = [check_adapter_name(name, param) for name, _ in mix]
-    store = adapter_store(backend)
+    store = backend.adapter_store
     for name in names:
         if store is None or not store.exists(name):
             raise adapter_not_found(name, param)
@@ -267,7 +263,7 @@ async def select(
             )
         return await load_mix(backend, _composition(adapters), "adapters")
     if adapter is UNSET:
-        store = adapter_store(backend)
+        store = backend.adapter_store
         default = store.default if (tri_state and store is not None) else None
         return await load_mix(backend, [(default, 1.0)], "adapter") if default else BASE
     if adapter is None or adapter == "":
@@ -301,13 +297,13 @@ async def resolve_model_adapter(backend: Backend, model: str | None, adapter: An
 def adapter_names(backend: Backend) -> list[str]:
     """Adapters that `model` can name: one named like the served model or an alias is shadowed
     by it (`model` selects the base), so it is not listed as a second card with the same id."""
-    store = adapter_store(backend)
+    store = backend.adapter_store
     served = {backend.model_id, *backend.aliases}
     return [i.name for i in (store.list() if store is not None else []) if i.name not in served]
 
 
 def adapter_named_by_model(backend: Backend, model: str | None) -> str | None:
-    store = adapter_store(backend)
+    store = backend.adapter_store
     if model is None or store is None or model == backend.model_id:
         return None
     try:
