@@ -91,8 +91,8 @@ def main() -> None:
     report = {
         "benchmark": "engine_decode_throughput",
         "model": loaded.served_name,
-        "device": str(loaded.device),
-        "dtype": str(loaded.dtype),
+        "device": loaded.device_type,
+        "dtype": loaded.dtype_name,
         "machine": platform.machine(),
         "max_tokens": args.max_tokens,
         "temperature": args.temperature,

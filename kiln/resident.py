@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -69,3 +70,19 @@ def release_library_pages(maps: Path = Path("/proc/self/maps"),
         if fn(start, end - start, MADV_PAGEOUT) == 0:
             advised += end - start
     return advised
+
+
+def release_freed_heap() -> None:
+    """Give the heap pages a load freed back to the system (glibc's ``malloc_trim``, after a
+    garbage collection: a reader's arrays are freed only then). Called once a load is done.
+
+    Packing copies each tensor on its way to its tiles; glibc keeps most of what those copies
+    freed (its mmap threshold rises after the first large frees, so later copies come from the
+    heap), which for the default Q4_1 model was 77 MB of RSS after load, nearly the file's size
+    again. A no-op where the C library has no ``malloc_trim``."""
+    gc.collect()
+    name = ctypes.util.find_library("c")
+    trim = getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+    if trim is not None:
+        trim(0)
+

@@ -15,7 +15,7 @@ from kiln.engine.loop import AsyncEngine, build_on_engine_thread
 from kiln.engine.lora_mix import mix_entries_problem
 from kiln.engine.outputs import PositionScore, RequestStream
 from kiln.engine.request import Request
-from kiln.model.loader import LoadedModel, load_model
+from kiln.model.loader import Loaded, load_model
 from kiln.provenance import PolicyIdentity, content_identity, policy_identity
 
 if TYPE_CHECKING:
@@ -23,10 +23,10 @@ if TYPE_CHECKING:
 
 
 class EngineBackend:
-    """The Backend port over a LoadedModel and its AsyncEngine: model facts for the handlers,
+    """The Backend port over a Loaded and its AsyncEngine: model facts for the handlers,
     adapters from the adapter directory, and everything else passed on to the engine."""
 
-    def __init__(self, loaded: LoadedModel, config: ServerConfig) -> None:
+    def __init__(self, loaded: Loaded, config: ServerConfig) -> None:
         self.loaded = loaded
         self.engine = AsyncEngine(loaded, engine_config(config))
         # Backend.submit is the engine's own generate: no hop between the handlers and the
@@ -100,6 +100,7 @@ class EngineBackend:
                 device=config.device,
                 chat_template_path=config.chat_template,
                 served_model_name=config.served_model_name,
+                torch_free=True,  # a GGUF the CPU step runs whole: torch only if needed
             )
             return cls(loaded, config)
 
@@ -162,14 +163,12 @@ class EngineBackend:
             return self._policy
 
     def _compute_policy(self) -> PolicyIdentity | None:
-        import torch  # its version names the runtime (torch is loaded already)
-
         backend = self.tokenizer.backend
         return policy_identity(
             served_model_id=self.model_id, source=Path(self.loaded.source),
-            model_config=self.loaded.config.record(), dtype=str(self.loaded.dtype),
-            kv_cache_dtype=self.kv_cache_dtype, backend=self.loaded.device.type,
-            runtime=f"torch-{torch.__version__}",
+            model_config=self.loaded.config.record(), dtype=self.loaded.dtype_name,
+            kv_cache_dtype=self.kv_cache_dtype, backend=self.loaded.device_type,
+            runtime=f"torch-{torch_version()}",
             vocab=lambda: backend.get_vocab(with_added_tokens=True),
             tokenizer_json=backend.to_str, chat_template=self.chat_template.source)
 
@@ -181,7 +180,7 @@ class EngineBackend:
         return await self.engine.score(prompt_ids, top_k, lora)
 
 
-def _adapter_dir(config: ServerConfig, loaded: LoadedModel) -> Path | None:
+def _adapter_dir(config: ServerConfig, loaded: Loaded) -> Path | None:
     """``config.adapter_dir``; unset: ``<model folder>/adapters`` (docs/behavior.md §6), or no
     adapters for a model that is not a folder (a GGUF file, the embedded default)."""
     configured = getattr(config, "adapter_dir", None)
@@ -189,3 +188,11 @@ def _adapter_dir(config: ServerConfig, loaded: LoadedModel) -> Path | None:
         return Path(configured).expanduser()
     source = Path(loaded.source)
     return source / "adapters" if source.is_dir() else None
+
+
+def torch_version() -> str:
+    """The installed torch's version (``torch.__version__``), read without importing torch."""
+    from importlib.metadata import version
+
+    return version("torch")
+

@@ -39,6 +39,23 @@ CASES = [
     ("kiln.model.gguf_tensors", ("torch", "triton")),
     ("kiln.model.hf_tensors", ("torch", "triton")),
     ("kiln_kernels.tiling", ("kiln", "torch", "triton")),
+    # kiln serve's torch-free C engine (a GGUF the CPU step runs whole): everything it imports
+    # to load the model and serve plain requests (kiln/engine/c_runner.py)
+    ("kiln.cli", ("torch", "triton")),
+    ("kiln.serving", ("torch", "triton")),
+    ("kiln.engine.loop", ("torch", "triton")),
+    ("kiln.engine.c_runner", ("torch", "triton")),
+    ("kiln.model.loader", ("torch", "triton")),
+    ("kiln.model.c_model", ("torch", "triton")),
+    ("kiln.model.rope_cache", ("torch", "triton")),
+    ("kiln.model.plan", ("torch", "triton")),
+    ("kiln.resident", ("torch", "triton")),
+    ("kiln.api.app", ("torch", "triton")),
+    ("kiln.connections", ("torch", "triton")),
+    ("kiln_kernels.cpu.cpu_step", ("torch", "triton")),
+    ("kiln_kernels.quant", ("torch", "triton")),
+    ("kiln_kernels.sampling.native", ("torch", "triton")),
+    ("kiln_kernels.grammar.native", ("torch", "triton")),
     ("bench.bench_peer", ("torch", "triton")),
     ("bench.bench_startup", ("torch", "triton")),
     # the live-server helper for tests and benches: the standard library only

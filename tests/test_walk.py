@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from kiln.testing import free_port
+from tests.tiny_models import default_model
 
 ROOT = Path(__file__).resolve().parent.parent
 HANG_S = 600  # a hang bound for loading the model on a loaded machine, never a verdict
@@ -36,6 +37,10 @@ def test_the_documented_walk_is_what_a_request_runs() -> None:
 
     if not available():
         pytest.skip("no C compiler: the default model runs the torch path, not the walk's")
+    # `kiln serve` runs the default model torch-free (kiln/engine/c_runner.py) once a torch load
+    # has stored its rotary frequencies (kiln/model/rope_cache.py); the first start of a machine
+    # is the torch engine's. The walk is the torch-free one: load it with torch here first.
+    default_model()
     out = subprocess.run([sys.executable, "-m", "tests.walk_trace", str(free_port())],
                          cwd=ROOT, capture_output=True, text=True, timeout=HANG_S, check=True)
     traced = json.loads(out.stdout.strip().splitlines()[-1])

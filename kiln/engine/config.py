@@ -63,3 +63,16 @@ class EngineConfig:
 def context_length(config: EngineConfig, max_position: int) -> int:
     """The engine's context window: ``max_model_len`` capped at the model's ``max_position``."""
     return min(config.max_model_len or max_position, max_position)
+
+
+def kv_blocks(config: EngineConfig, per_block: int, max_position: int) -> int:
+    """The KV cache's blocks: ``config.num_blocks``, or as many blocks of ``per_block`` bytes as
+    ``kv_memory_mb`` holds; with no ``kv_memory_mb``, as many as DEFAULT_KV_MEMORY_MB holds, or
+    one sequence of the context length (``max_position`` capped by the config) if that is more."""
+    if config.num_blocks is not None:
+        return config.num_blocks
+    if config.kv_memory_mb is not None:
+        return max(1, config.kv_memory_mb * 1024 * 1024 // per_block)
+    one_context = -(-context_length(config, max_position) // config.block_size)
+    return max(DEFAULT_KV_MEMORY_MB * 1024 * 1024 // per_block, one_context)
+

@@ -14,6 +14,9 @@ _STATUS = {
 # be served (the handlers answer 400, not a server error).
 NOTHING_ALLOWED = ("the request's logits processors (allowed_token_ids, min_tokens, bad_words) "
                    "and constraint allow no token together")
+# A row whose logits hold inf or NaN (an overflowing LoRA mix, a broken checkpoint) has no
+# distribution to sample: it ends in this error, never in a made-up token.
+NON_FINITE = "the model produced non-finite logits (inf or NaN); no token could be sampled"
 
 
 class EngineError(Exception):

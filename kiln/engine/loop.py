@@ -15,7 +15,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, overload
 
 from kiln.engine.config import EngineConfig, context_length
 from kiln.engine.errors import EngineError
@@ -34,8 +34,9 @@ from kiln.engine.scheduler import Scheduler
 from kiln.engine.score_queue import ScoringQueue
 
 if TYPE_CHECKING:
+    from kiln.engine.c_runner import CRunner
     from kiln.engine.runner import ModelRunner
-    from kiln.model.loader import LoadedModel
+    from kiln.model.loader import Loaded, LoadedCModel, LoadedModel
 
 __all__ = ["AsyncEngine", "EngineError", "Executor", "build_core", "build_on_engine_thread",
            "build_output_processor"]
@@ -49,17 +50,40 @@ class Executor(Protocol):
     def execute(self, so: SchedulerOutput) -> ModelRunnerOutput: ...
 
 
-def build_core(loaded: LoadedModel, config: EngineConfig) -> tuple[Scheduler, ModelRunner]:
-    """The scheduler and model runner for ``loaded`` (KV cache allocated here)."""
-    from kiln.engine.runner import ModelRunner
+@overload
+def build_core(loaded: LoadedModel, config: EngineConfig) -> tuple[Scheduler, ModelRunner]: ...
 
-    runner = ModelRunner(loaded.model, loaded.config, config, loaded.dtype, loaded.device,
-                         tokenizer=loaded.tokenizer)
+
+@overload
+def build_core(loaded: LoadedCModel, config: EngineConfig) -> tuple[Scheduler, CRunner]: ...
+
+
+@overload
+def build_core(loaded: Loaded, config: EngineConfig
+               ) -> tuple[Scheduler, ModelRunner | CRunner]: ...
+
+
+def build_core(loaded: Loaded, config: EngineConfig
+               ) -> tuple[Scheduler, ModelRunner | CRunner]:
+    """The scheduler and model runner for ``loaded`` (KV cache allocated here): the torch-free
+    ``CRunner`` for a model loaded without torch (``LoadedCModel``), else the ``ModelRunner``."""
+    from kiln.model.loader import LoadedModel
+
+    runner: ModelRunner | CRunner
+    if isinstance(loaded, LoadedModel):
+        from kiln.engine.runner import ModelRunner
+
+        runner = ModelRunner(loaded.model, loaded.config, config, loaded.dtype, loaded.device,
+                             tokenizer=loaded.tokenizer)
+    else:
+        from kiln.engine.c_runner import CRunner
+
+        runner = CRunner(loaded.model, config, tokenizer=loaded.tokenizer)
     max_len = context_length(config, loaded.config.max_position)
     return Scheduler(config, runner.num_blocks, max_len, loaded.tokenizer.eos_token_ids), runner
 
 
-def build_output_processor(loaded: LoadedModel) -> OutputProcessor:
+def build_output_processor(loaded: Loaded) -> OutputProcessor:
     """The output stage for ``loaded``'s tokenizer (special tokens make text only where a
     request sets skip_special_tokens false)."""
     from kiln.text.tokenizer import IncrementalDetokenizer
@@ -73,7 +97,7 @@ def build_output_processor(loaded: LoadedModel) -> OutputProcessor:
 class AsyncEngine:
     max_model_len: int
 
-    def __init__(self, loaded: LoadedModel, config: EngineConfig) -> None:
+    def __init__(self, loaded: Loaded, config: EngineConfig) -> None:
         self._init(*build_core(loaded, config), build_output_processor(loaded))
 
     @classmethod

@@ -135,6 +135,47 @@ class SamplingParams:
         )
 
 
+# -- the values the float32 samplers are given (the torch and C engines alike) -------------------
+LOGPROB_FLOOR = -9999.0  # OpenAI's: a named token that cannot be sampled (JSON has no -inf)
+
+
+def parameters(seqs: Sequence[ScheduledSeq]
+               ) -> tuple[list[tuple[float, ...]], list[tuple[int, int, int]]]:
+    """Per row, the FLOAT_COLUMNS and the INT_COLUMNS values (seeds as they are: any int, of
+    which the samplers take the low 64 bits)."""
+    return [_float_values(s.sampling) for s in seqs], [(s.sampling.top_k, s.seed, s.step)
+                                                        for s in seqs]
+
+
+# The samplers work in float32, a request's values are float64 (JSON's numbers reach ~1.8e308).
+# Past float32's range a value became inf there: a temperature made NaN of a masked token's
+# -inf logit (-inf / inf, NaN logprobs), a min_p or a repetition penalty read as "off" (not
+# finite). float32's largest carries each with its meaning. A positive repetition penalty below
+# 2^-80 is 2^-80: a seen token's positive logit is divided by it and then by the temperature
+# (at least 1e-5 > 2^-17 unless greedy), and for logits below 2^30 (no model's come near)
+# 2^30 * 2^80 * 2^17 = 2^127 stays under float32's largest, where a smaller penalty made +inf
+# (NaN logprobs again). Either way the largest such logit takes the whole row, as the limit does.
+F32_MAX = float.fromhex("0x1.fffffep+127")  # float32's largest
+MIN_REPETITION = 2.0 ** -80
+
+
+def _float_values(p: SamplingParams) -> tuple[float, ...]:
+    """A row's FLOAT_COLUMNS values, as the float32 samplers are given them."""
+    r = p.repetition_penalty
+    r = min(max(r, MIN_REPETITION), F32_MAX) if r > 0 else r  # <= 0: off (Kiln's rule)
+    return (min(p.temperature, F32_MAX), _top_p(p.top_p), min(p.min_p, F32_MAX),
+            p.presence_penalty, p.frequency_penalty, r)
+
+
+# The smallest top_p the float32 kernels are given: a positive top_p below it (1e-300 rounds to
+# 0.0 in float32, which means "off") keeps the top token, as any top_p under p_max >= 1/V does.
+MIN_TOP_P = 1e-30
+
+
+def _top_p(top_p: float) -> float:
+    return MIN_TOP_P if 0.0 < top_p < MIN_TOP_P else top_p
+
+
 @dataclass
 class Request:
     request_id: str

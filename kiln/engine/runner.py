@@ -10,8 +10,8 @@ import numpy
 import torch
 
 from kiln.engine.block_pool import BlockPool
-from kiln.engine.config import DEFAULT_KV_MEMORY_MB, EngineConfig, context_length
-from kiln.engine.errors import NOTHING_ALLOWED
+from kiln.engine.config import EngineConfig, kv_blocks
+from kiln.engine.errors import NON_FINITE, NOTHING_ALLOWED
 from kiln.engine.grammar import GrammarRows, RowMasks, compiler_for
 from kiln.engine.logits_processors import apply_logits_processors
 from kiln.engine.lora_mix import LoraMix
@@ -28,19 +28,11 @@ from kiln.text.tokenizer import Tokenizer
 
 log = logging.getLogger("kiln.engine")
 
-NON_FINITE = "the model produced non-finite logits (inf or NaN); no token could be sampled"
-
 
 def kv_num_blocks(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype) -> int:
-    """config.num_blocks, or as many blocks as kv_memory_mb holds; with no kv_memory_mb, as many
-    as DEFAULT_KV_MEMORY_MB holds, or one sequence of the context length if that is more."""
-    if config.num_blocks is not None:
-        return config.num_blocks
-    per_block = KVCache.bytes_per_block(cfg, config.block_size, dtype)
-    if config.kv_memory_mb is not None:
-        return max(1, config.kv_memory_mb * 1024 * 1024 // per_block)
-    one_context = -(-context_length(config, cfg.max_position) // config.block_size)
-    return max(DEFAULT_KV_MEMORY_MB * 1024 * 1024 // per_block, one_context)
+    """The KV cache's blocks for ``cfg`` with elements of ``dtype`` (kiln.engine.config.kv_blocks)."""
+    return kv_blocks(config, KVCache.bytes_per_block(cfg, config.block_size, dtype),
+                     cfg.max_position)
 
 
 class ModelRunner:
@@ -48,7 +40,11 @@ class ModelRunner:
 
     def __init__(self, model: CausalLM, cfg: ModelConfig, config: EngineConfig,
                  dtype: torch.dtype, device: torch.device,
-                 tokenizer: Tokenizer | None = None) -> None:
+                 tokenizer: Tokenizer | None = None, *, kv: KVCache | None = None,
+                 grammar: GrammarRows | None = None) -> None:
+        """``kv`` and ``grammar``: a cache and the constrained requests' matchers to take over
+        (the torch-free C engine's, ``kiln.engine.c_runner``, when it hands its requests over);
+        by default a new cache sized by ``config`` and new matchers."""
         self.model = model
         self.cfg = cfg
         self.config = config
@@ -59,13 +55,18 @@ class ModelRunner:
         self.plan = with_kv_cache(model.plan, config.kv_cache_dtype)
         log.info("%s", self.plan.line())
         cache_dtype = torch_dtype(self.plan.kv_dtype)
-        self.num_blocks = kv_num_blocks(cfg, config, cache_dtype)
         self.kv_bytes_per_block = KVCache.bytes_per_block(cfg, config.block_size, cache_dtype)
-        self.kv = kv_cache_for(model, self.num_blocks, config.block_size, cache_dtype, device)
+        if kv is None:
+            self.num_blocks = kv_num_blocks(cfg, config, cache_dtype)
+            kv = kv_cache_for(model, self.num_blocks, config.block_size, cache_dtype, device)
+        self.num_blocks = kv.num_blocks
+        self.kv = kv
         self.sampler = Sampler(device, self.plan.sampler, self.plan.grammar_mask)
         self._lora_slots: AdapterSlots | None = None  # created on the first LoRA step
         # the matchers of constrained requests (structured outputs); none without a tokenizer
-        self.grammar = GrammarRows(compiler_for(tokenizer)) if tokenizer is not None else None
+        if grammar is None and tokenizer is not None:
+            grammar = GrammarRows(compiler_for(tokenizer))
+        self.grammar = grammar
 
     def release(self, request_ids: list[str]) -> None:
         """Finished requests: drop their per-request state (grammar matchers)."""

@@ -23,10 +23,10 @@ from kiln_kernels.sampling.params import to_int64_bits
 from kiln_kernels.sampling.reference import apply_penalties
 
 from kiln.engine.outputs import ScheduledSeq, TokenLogprobs
-from kiln.engine.request import SamplingParams
+from kiln.engine.request import F32_MAX, LOGPROB_FLOOR, parameters
 from kiln.engine.scoring import top_k_ids
 
-LOGPROB_FLOOR = -9999.0  # OpenAI's: a named token that cannot be sampled (JSON has no -inf)
+__all__ = ["F32_MAX", "LOGPROB_FLOOR", "Sampler"]
 
 
 class Sampler:
@@ -50,7 +50,7 @@ class Sampler:
             return [], []
         if self._c_lib is not None and logits.dtype == torch.float32:
             native: tuple[list[int], list[float]] | None = sample_rows(
-                logits, *_parameters(seqs),
+                logits, *parameters(seqs),
                 [s.output_token_ids if s.sampling.uses_penalties else () for s in seqs],
                 lib=self._c_lib)
             if native is not None:
@@ -103,7 +103,7 @@ class Sampler:
         if any(s.sampling.uses_penalties for s in sub):
             rows = apply_penalties(rows, self.build(sub, int(logits.shape[1])))
         temps = [1.0 if s.sampling.greedy else min(s.sampling.temperature, F32_MAX)
-                 for s in sub]  # the temperature _float_values gives the samplers
+                 for s in sub]  # the temperature request.parameters gives the samplers
         if any(t != 1.0 for t in temps):
             rows = rows / torch.tensor(temps, dtype=torch.float32, device=rows.device)[:, None]
         lp = torch.log_softmax(rows, dim=-1)
@@ -131,7 +131,7 @@ class Sampler:
     def columns(self, seqs: Sequence[ScheduledSeq]) -> dict[str, torch.Tensor]:
         """The rows' sampling parameters, one [B] tensor each (SamplingTensors' names): two
         tensors built per step, the float and the integer parameters, viewed by column."""
-        float_rows, int_rows = _parameters(seqs)
+        float_rows, int_rows = parameters(seqs)
         floats = torch.tensor(float_rows, dtype=torch.float32)
         ints = torch.tensor([(k, to_int64_bits(seed), step) for k, seed, step in int_rows],
                             dtype=torch.int64)  # seeds as their int64 bit patterns
@@ -183,40 +183,3 @@ class Sampler:
             self._zero_mask = torch.zeros((max(b, 8), vocab), dtype=torch.bool,
                                           device=self.device)
         return self._zero_mask[:b]
-
-
-def _parameters(seqs: Sequence[ScheduledSeq]
-                ) -> tuple[list[tuple[float, ...]], list[tuple[int, int, int]]]:
-    """Per row, the FLOAT_COLUMNS and the INT_COLUMNS values (seeds as they are: any int, of
-    which the samplers take the low 64 bits)."""
-    return [_float_values(s.sampling) for s in seqs], [(s.sampling.top_k, s.seed, s.step)
-                                                        for s in seqs]
-
-
-# The samplers work in float32, a request's values are float64 (JSON's numbers reach ~1.8e308).
-# Past float32's range a value became inf there: a temperature made NaN of a masked token's
-# -inf logit (-inf / inf, NaN logprobs), a min_p or a repetition penalty read as "off" (not
-# finite). float32's largest carries each with its meaning. A positive repetition penalty below
-# 2^-80 is 2^-80: a seen token's positive logit is divided by it and then by the temperature
-# (at least 1e-5 > 2^-17 unless greedy), and for logits below 2^30 (no model's come near)
-# 2^30 * 2^80 * 2^17 = 2^127 stays under float32's largest, where a smaller penalty made +inf
-# (NaN logprobs again). Either way the largest such logit takes the whole row, as the limit does.
-F32_MAX = float(torch.finfo(torch.float32).max)
-MIN_REPETITION = 2.0 ** -80
-
-
-def _float_values(p: SamplingParams) -> tuple[float, ...]:
-    """A row's FLOAT_COLUMNS values, as the float32 samplers are given them."""
-    r = p.repetition_penalty
-    r = min(max(r, MIN_REPETITION), F32_MAX) if r > 0 else r  # <= 0: off (Kiln's rule)
-    return (min(p.temperature, F32_MAX), _top_p(p.top_p), min(p.min_p, F32_MAX),
-            p.presence_penalty, p.frequency_penalty, r)
-
-
-# The smallest top_p the float32 kernels are given: a positive top_p below it (1e-300 rounds to
-# 0.0 in float32, which means "off") keeps the top token, as any top_p under p_max >= 1/V does.
-MIN_TOP_P = 1e-30
-
-
-def _top_p(top_p: float) -> float:
-    return MIN_TOP_P if 0.0 < top_p < MIN_TOP_P else top_p

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Literal, cast
 
 import torch
+from kiln_kernels.cpu.arrays import dtype_name
 from kiln_kernels.cpu.cpu_step import (
     KV_DTYPES,
     LORA_MODULES,
@@ -23,6 +24,7 @@ from kiln_kernels.quant import NATIVE_FLAGS, Packed, PackedWeight
 from torch import nn
 
 from kiln.model.attention import AttentionPlan, plan_attention
+from kiln.model.c_model import group_rows
 from kiln.model.config import ModelConfig
 from kiln.model.kv_cache import KVCache
 from kiln.model.layers import DecoderLayer, LoraHook, RMSNorm, RotaryEmbedding
@@ -262,22 +264,6 @@ class CausalLM(nn.Module):
 if MODEL_LORA_MODULES != LORA_MODULES:  # cpu_step.c indexes the stacks in this order
     raise ImportError("kiln.model.lora and kiln_kernels.cpu.cpu_step disagree on LoRA modules")
 
-# Rows per C step. A longer forward step runs as consecutive C steps over its rows in order; a
-# sequence's rows may straddle two, the later one reading the earlier one's K/V from the cache.
-# Prefill through C steps of 128-256 rows measured as fast as the torch path (MKL, 512-row
-# chunks) on the default model: 512 tokens 0.53-0.57 s against 0.57-0.65 s, 4,096 tokens 8.5-9.0 s
-# against 7.9-8.5 s (the torch path's own spread), and faster than 512-row C steps (10.0 s).
-C_MAX_ROWS = 128
-# ... and at most about this many bytes of attention scores per C step (rows x heads x context
-# float32: 128 rows of a 16-head model at context 32,768 would need 268 MB).
-C_SCORES_BYTES = 64 << 20
-
-
-def group_rows(heads: int, max_ctx: int) -> int:
-    """Rows per C step for a forward step whose longest context is ``max_ctx``."""
-    return max(1, min(C_MAX_ROWS, C_SCORES_BYTES // (4 * heads * max(1, max_ctx))))
-
-
 class _Unsupported(Exception):
     """This step's LoRA cannot run in the C program (not CPU float32 stacks)."""
 
@@ -327,7 +313,7 @@ class CpuStep:
                     ) -> torch.Tensor | None:
         """Logits of the step through the C program, or None when the step is the torch path's
         (a KV cache it cannot read, or LoRA other than CPU float32 slot stacks)."""
-        if kv.dtype not in KV_DTYPES:
+        if dtype_name(kv.dtype) not in KV_DTYPES:
             return None
         try:
             return self.forward(model, batch, kv)
@@ -351,14 +337,14 @@ class CpuStep:
             b = min(n_rows, a + size)
             picked = [(j, r - a) for j, r in enumerate(wanted) if a <= r < b]
             lora = None if batch.lora is None else lora_rows(batch.lora, torch.arange(a, b))
-            logits: torch.Tensor = prog.step(
+            logits = torch.from_numpy(prog.step(
                 None if x is None else x[a:b], batch.positions[a:b] + 1,
                 batch.block_tables.index_select(0, torch.tensor(owner[a:b], dtype=torch.int64)),
                 batch.slot_mapping[a:b],
                 torch.tensor([k for _, k in picked] or [0], dtype=torch.int64),
                 lora,
                 torch.tensor([max(qsl[i], a) - a for i in owner[a:b]], dtype=torch.int64),
-                ids=None if ids is None else ids[a:b])
+                ids=None if ids is None else ids[a:b]))
             if b == n_rows and a == 0 and picked and len(picked) == len(wanted):
                 return logits  # one C step, every logits row in the order asked
             if out is None:

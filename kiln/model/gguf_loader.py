@@ -4,11 +4,7 @@ rest dequantized to float32; the tokenizer from the metadata."""
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import gc
 import logging
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,13 +12,15 @@ from typing import Any
 import torch
 from kiln_kernels.quant import PackedWeight
 
+from kiln.model import rope_cache
 from kiln.model.base import CausalLM
 from kiln.model.config import ModelConfig, UnsupportedModelError, WeightLoadError
-from kiln.model.early_tiles import take_tiled
+from kiln.model.early_tiles import Tiled, take_tiled
 from kiln.model.gguf_index import GGUFIndex
 from kiln.model.gguf_tensors import (
     ROPE_FREQS,
     dequantize,
+    hf_name,
     read_config,
     row_permutation,
     tile,
@@ -35,36 +33,8 @@ from kiln.model.quantized import install_packed
 from kiln.model.weights import WeightSink, empty_model, progress
 from kiln.text.tokenizer import Tokenizer
 
-_GLOBAL_NAMES = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-}
-_BLOCK_NAMES = {
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
+__all__ = ["GGUFContents", "hf_name", "load_gguf"]  # hf_name: moved
 log = logging.getLogger("kiln.model")
-_BLOCK_RE = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
-
-
-def hf_name(gguf_name: str) -> str:
-    """The HF state-dict name of a GGUF tensor name."""
-    if gguf_name in _GLOBAL_NAMES:
-        return _GLOBAL_NAMES[gguf_name]
-    m = _BLOCK_RE.match(gguf_name)
-    if m is None or m.group(2) not in _BLOCK_NAMES:
-        raise WeightLoadError(f"unknown GGUF tensor {gguf_name!r}")
-    return f"model.layers.{m.group(1)}.{_BLOCK_NAMES[m.group(2)]}.{m.group(3)}"
 
 
 @dataclass
@@ -76,24 +46,14 @@ class GGUFContents:
     metadata: dict[str, Any]
 
 
-def release_freed_heap() -> None:
-    """Give the heap pages the load freed back to the system (glibc's ``malloc_trim``, after a
-    garbage collection: the reader's arrays are freed only then). Called once a load is done.
-
-    Packing copies each tensor on its way to its tiles; glibc keeps most of what those copies
-    freed (its mmap threshold rises after the first large frees, so later copies come from the
-    heap), which for the default Q4_1 model was 77 MB of RSS after load, nearly the file's size
-    again. A no-op where the C library has no ``malloc_trim``."""
-    gc.collect()
-    name = ctypes.util.find_library("c")
-    trim = getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
-    if trim is not None:
-        trim(0)
-
-
 def load_gguf(path: str | Path, dtype: torch.dtype, device: torch.device, *,
-              quant_kernels: bool = True) -> GGUFContents:
-    tiled = take_tiled(Path(path))  # tiled on a thread during start-up's imports, if it was
+              quant_kernels: bool = True, tiled: Tiled | None = None) -> GGUFContents:
+    """The model, config, tokenizer and chat template of a GGUF file. ``tiled``: tiles of its
+    matrices made already (``kiln.model.c_model.CModel`` passes the ones it runs on, so the two
+    share them); else start-up's, if it tiled this file (``early_tiles``). The tiles taken are
+    removed from ``tiled.tiles``."""
+    if tiled is None:
+        tiled = take_tiled(Path(path))  # tiled on a thread during start-up's imports, if it was
     try:
         reader = tiled.reader if tiled is not None and tiled.reader else GGUFIndex(path)
     except (ValueError, OSError) as exc:
@@ -137,6 +97,9 @@ def load_gguf(path: str | Path, dtype: torch.dtype, device: torch.device, *,
                     "; ".join(f"{why}: {', '.join(names)}" for why, names in unpacked.items()))
     install_packed(model, sink, deferred)
     sink.finish()
+    if model.plan.step == "c":  # for a later torch-free load of this shape (c_model)
+        rope_cache.store(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling,
+                         model.rotary.inv_freq(torch.device("cpu")).numpy())
     template = meta.get("tokenizer.chat_template")
     return GGUFContents(model=model, config=cfg, tokenizer=tokenizer_from_gguf(meta),
                         chat_template=template if isinstance(template, str) else None,

@@ -1,19 +1,50 @@
 """A GGUF's tensors as the model takes them, without torch: the config its index implies, the
-q/k row order, which matrices the CPU kernels can hold, their tiles, and float32 values for the
-rest. ``kiln.model.gguf_loader`` puts them into the model; start-up tiles with :func:`file_tile_work`
+q/k row order, which matrices the CPU kernels can hold, their tiles, float32 values for the
+rest, and the HF name of each tensor (:func:`hf_name`). ``kiln.model.gguf_loader`` puts them into the model; start-up tiles with :func:`file_tile_work`
 on threads while torch imports (``kiln.model.early_tiles``)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
 from kiln_kernels.tiling import GGML_TYPES, Item, TileWork, tile_many
 
-from kiln.model.config import ModelConfig, config_from_gguf
+from kiln.model.config import ModelConfig, WeightLoadError, config_from_gguf
 from kiln.model.gguf_index import GGMLType, GGUFIndex, GGUFTensor
 
 ROPE_FREQS = "rope_freqs.weight"  # Llama 3.1+: one divisor per rotary frequency
+
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_BLOCK_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_BLOCK_RE = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
+
+
+def hf_name(gguf_name: str) -> str:
+    """The HF state-dict name of a GGUF tensor name (WeightLoadError for an unknown one)."""
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    m = _BLOCK_RE.match(gguf_name)
+    if m is None or m.group(2) not in _BLOCK_NAMES:
+        raise WeightLoadError(f"unknown GGUF tensor {gguf_name!r}")
+    return f"model.layers.{m.group(1)}.{_BLOCK_NAMES[m.group(2)]}.{m.group(3)}"
 
 
 def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -85,6 +116,11 @@ def tile(tensor: GGUFTensor, heads: int | None) -> tuple[str, np.ndarray]:
     """A matrix the kernels can hold (``unpackable`` is None), rows in HF order, as
     ``(format, tiles)``. The file's bytes are read once, by the copy into the tiles."""
     return tile_many([_item(tensor, heads)])[0]
+
+
+def tile_tensors(cfg: ModelConfig, tensors: list[GGUFTensor]) -> list[tuple[str, np.ndarray]]:
+    """:func:`tile` of each of these matrices (of the model ``cfg``), in one C call."""
+    return tile_many([_item(t, row_permutation(cfg, t.name)) for t in tensors])
 
 
 def file_tile_work(path: Path) -> tuple[GGUFIndex, list[str], TileWork]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import mmap
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -63,6 +63,23 @@ class KVCache:
         else:
             t = torch.zeros(shape, dtype=self.dtype, device=self.device)
         return t.permute(0, 2, 1, 3) if self.heads_major else t
+
+    @classmethod
+    def over(cls, k: list[Any], v: list[Any], block_size: int, heads_major: bool,
+             zero_pages: bool) -> KVCache:
+        """A cache over existing CPU buffers (numpy arrays ``[num_blocks, block_size,
+        kv_heads, head_dim]``, per layer), shared, not copied: the torch-free C engine's cache
+        (``kiln.model.c_model``) when the torch engine takes its requests over."""
+        cache = cls.__new__(cls)
+        cache.num_blocks = int(k[0].shape[0])
+        cache.block_size = block_size
+        cache.k = [torch.from_numpy(a) for a in k]
+        cache.v = [torch.from_numpy(a) for a in v]
+        cache.dtype = cache.k[0].dtype
+        cache.device = torch.device("cpu")
+        cache.heads_major = heads_major
+        cache.zero_pages = zero_pages
+        return cache
 
     @staticmethod
     def bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:

@@ -26,20 +26,21 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass, replace
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
 from kiln_kernels.cpu import available as c_library_available
+
+if TYPE_CHECKING:  # torch is imported where a torch device or dtype is asked for
+    import torch
 
 log = logging.getLogger("kiln.model")
 
 Weights = Literal["packed", "dense+packed", "dense"]
 Impl = Literal["c", "triton", "torch"]
 
-_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
-_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
-           "half": torch.float16}
+# the dtype names a setting may use, and the plan's name of each
+_DTYPE_ALIASES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16",
+                  "bf16": "bfloat16", "float16": "float16", "fp16": "float16", "half": "float16"}
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,8 @@ class ComputePlan:
 
 def resolve_device(device: str | None) -> torch.device:
     """``"auto"``/None: CUDA when available, else the CPU; a named device must exist."""
+    import torch
+
     if device is None or device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dev = torch.device(device)
@@ -106,25 +109,40 @@ def resolve_device(device: str | None) -> torch.device:
     return dev
 
 
+def dtype_name(dtype: str | None, device_type: str) -> str:
+    """The plan's name of a dtype setting (``"float32"``/``"bfloat16"``/``"float16"`` or an
+    alias) or of the default: bfloat16 on CUDA, float32 elsewhere."""
+    if dtype is None or dtype == "auto":
+        return "bfloat16" if device_type == "cuda" else "float32"
+    if dtype not in _DTYPE_ALIASES:
+        raise ValueError(f"unknown dtype {dtype!r}: use float32, bfloat16 or float16")
+    return _DTYPE_ALIASES[dtype]
+
+
 def resolve_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
     """``"float32"``/``"bfloat16"``/``"float16"`` or the default: bf16 on CUDA, fp32 else."""
-    if dtype is None or dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if dtype not in _DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}: use float32, bfloat16 or float16")
-    return _DTYPES[dtype]
+    return torch_dtype(dtype_name(dtype, device.type))
 
 
 def pack_weights(dtype: torch.dtype, device: torch.device, *, quant_kernels: bool) -> bool:
     """Whether a loader keeps weights in their stored format (packed blocks): float32 models on
     the CPU, when ``quant_kernels`` is on and the C library builds here."""
-    if not quant_kernels or device.type != "cpu" or dtype != torch.float32:
+    if not quant_kernels or device.type != "cpu" or _name(dtype) != "float32":
         return False
     if not c_library_available():
         log.warning("quantized CPU kernels unavailable (no C compiler?): decoding with float32 "
                     "weights")
         return False
     return True
+
+
+def c_step_plan() -> ComputePlan:
+    """The plan of a model every step of which runs in the CPU step (float32 on the CPU, every
+    projection and the head packed). Needs no torch: the torch-free C engine's plan too."""
+    sampler: Impl = "c" if c_library_available() else "torch"
+    return ComputePlan(device="cpu", dtype="float32", weights="packed", step="c", attention="c",
+                       sampler=sampler, lora="c", grammar_mask=sampler, kv_layout="heads-major",
+                       kv_dtype="float32")
 
 
 def model_plan(device: torch.device, dtype: torch.dtype, *, packed: bool, c_step: bool
@@ -134,17 +152,16 @@ def model_plan(device: torch.device, dtype: torch.dtype, *, packed: bool, c_step
     element type is the model's until :func:`with_kv_cache`."""
     cuda = device.type == "cuda"
     cpu = device.type == "cpu"
-    c = c_step and cpu
+    if c_step and cpu:
+        return replace(c_step_plan(), dtype=_name(dtype), kv_dtype=_name(dtype))
     gpu_or_torch: Impl = "triton" if cuda else "torch"
     sampler: Impl = "c" if cpu and c_library_available() else gpu_or_torch
     return ComputePlan(
-        device=str(device), dtype=_DTYPE_NAMES.get(dtype, str(dtype)),
-        weights="packed" if c else ("dense+packed" if packed else "dense"),
-        step="c" if c else "torch", attention="c" if c else gpu_or_torch, sampler=sampler,
-        lora="c" if c else gpu_or_torch,
+        device=str(device), dtype=_name(dtype),
+        weights="dense+packed" if packed else "dense", step="torch", attention=gpu_or_torch,
+        sampler=sampler, lora=gpu_or_torch,
         grammar_mask=sampler,  # the masks go where the sampler runs, by the same rule
-        kv_layout="heads-major" if c else "contiguous",
-        kv_dtype=_DTYPE_NAMES.get(dtype, str(dtype)))
+        kv_layout="contiguous", kv_dtype=_name(dtype))
 
 
 def without_packed(plan: ComputePlan) -> ComputePlan:
@@ -161,10 +178,18 @@ def with_kv_cache(plan: ComputePlan, kv_cache_dtype: str) -> ComputePlan:
         return plan
     if not plan.device.startswith("cpu"):
         raise ValueError(f"kv_cache_dtype={kv_cache_dtype} is supported on the CPU only "
-                         f"(device {torch.device(plan.device).type})")
+                         f"(device {plan.device.split(':')[0]})")
     return replace(plan, kv_dtype=kv_cache_dtype)
 
 
 def torch_dtype(name: str) -> torch.dtype:
-    """The torch dtype of a plan's ``dtype``/``kv_dtype`` name."""
-    return _DTYPES[name]
+    """The torch dtype of a plan's ``dtype``/``kv_dtype`` name (or a setting's alias)."""
+    import torch
+
+    dtype: torch.dtype = getattr(torch, _DTYPE_ALIASES[name])
+    return dtype
+
+
+def _name(dtype: torch.dtype) -> str:
+    """The plan's name of a torch dtype (``torch.float32`` -> ``"float32"``)."""
+    return str(dtype).removeprefix("torch.")

@@ -11,7 +11,8 @@
   library without OpenMP (start-up loads it before torch); binding :mod:`kiln_kernels.tiling`
 
 Everything else is compiled into one shared library by :mod:`.loader` (see
-``kiln_kernels/README.md``).
+``kiln_kernels/README.md``); :func:`threads` is how many threads its calls run on. Nothing here
+imports torch: the bindings take numpy arrays or CPU torch tensors alike (:mod:`.arrays`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from .loader import (
     available,
     cache_dir,
     library,
+    threads,
 )
 
 __all__ = ["NATIVE_FLAGS", "PORTABLE_FLAGS", "KernelBuildError", "available", "cache_dir",
-           "library"]
+           "library", "threads"]

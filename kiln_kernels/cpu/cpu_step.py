@@ -5,7 +5,11 @@ head) in one call.
 :meth:`CpuStepWeights.bind` pairs it with one KV cache, giving a :class:`CpuStepProgram` whose
 :meth:`~CpuStepProgram.step` runs M token rows (decodes, or rows of short prefill chunks). The structures mirror ``cpu_step.c``;
 the layer table is an int64 array of addresses, so the tensors it points at are kept alive here.
-The torch path of ``kiln.model`` is the reference (``tests/model/test_fused_cpu_step.py``).
+The torch path of ``kiln.model`` is the reference (``tests/model/test_cpu_step.py``).
+
+Nothing here imports torch: every array (norms, biases, ``inv_freq``, the KV caches, the step's
+inputs, :class:`LoraRows`) may be a numpy array or a CPU torch tensor, mixed as they come
+(:mod:`.arrays`); :meth:`CpuStepProgram.step` returns numpy logits.
 """
 
 from __future__ import annotations
@@ -13,12 +17,23 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass
 
-import torch
+import numpy as np
 
 from ..quant import FORMAT_IDS, MAX_PARTS, Packed
-from .loader import NATIVE_FLAGS, library
+from .arrays import (
+    Array,
+    addr,
+    as_numpy,
+    dense,
+    dtype_name,
+    is_float32_dense,
+    on_cpu,
+    shape,
+    strides,
+)
+from .loader import NATIVE_FLAGS, library, threads
 
-KV_DTYPES = (torch.float32, torch.float16)  # the cache element types cpu_step.c reads
+KV_DTYPES = ("float32", "float16")  # the cache element types cpu_step.c reads (dtype_name)
 LAYER_FIELDS = ("qkv", "o", "gate_up", "down", "in_norm", "post_norm", "q_norm", "k_norm", "q_bias", "k_bias", "v_bias",
                 "k_cache", "v_cache")
 
@@ -47,20 +62,22 @@ def weight_struct(w: Packed) -> _Weight:
     return _Weight(parts=len(parts), K=w.in_features,
                    fmt=(ctypes.c_int64 * MAX_PARTS)(*[FORMAT_IDS[p.fmt] for p in parts], *[0] * pad),
                    rows=(ctypes.c_int64 * MAX_PARTS)(*[p.out_features for p in parts], *[0] * pad),
-                   data=(ctypes.c_void_p * MAX_PARTS)(*[p.tiles.data_ptr() for p in parts],
+                   data=(ctypes.c_void_p * MAX_PARTS)(*[addr(p.tiles) for p in parts],
                                                        *[None] * pad))
 
 
-def cache_strides(cache: torch.Tensor) -> tuple[int, int, int]:
+def cache_strides(cache: Array) -> tuple[int, int, int]:
     """Element strides (block, position, KV head) of a ``[blocks, block_size, kv_heads, dim]``
-    cache whose storage is dense with ``dim`` innermost (contiguous, or a permutation of the
-    first three axes of a contiguous tensor); raises ValueError otherwise."""
-    if cache.dim() != 4 or cache.stride(3) != 1:
+    cache (numpy array or torch tensor) whose storage is dense with ``dim`` innermost
+    (contiguous, or a permutation of the first three axes of a contiguous array); raises
+    ValueError otherwise."""
+    dims, st = shape(cache), strides(cache)
+    if len(dims) != 4 or st[3] != 1:
         raise ValueError("a KV cache is [blocks, block_size, kv_heads, dim] with dim innermost")
-    order = sorted(range(3), key=lambda a: -cache.stride()[a])
-    if not cache.permute(*order, 3).is_contiguous():
+    order = sorted(range(3), key=lambda a: -st[a])
+    if not dense(tuple(dims[a] for a in (*order, 3)), tuple(st[a] for a in (*order, 3))):
         raise ValueError("a KV cache's storage must be dense")
-    return cache.stride(0), cache.stride(1), cache.stride(2)
+    return st[0], st[1], st[2]
 
 
 LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -83,32 +100,33 @@ class _Step(ctypes.Structure):
 class LoraRows:
     """LoRA of a step's rows: ``slot_idx`` int32 [K, M] (-1: none), ``scales`` float32 [K, M];
     per module in LORA_MODULES order, the A stack ``[layers, slots, rank, in]`` and the B^T
-    stack ``[layers, slots, rank, out]`` (None: no adapter targets it)."""
+    stack ``[layers, slots, rank, out]`` (None: no adapter targets it). Each a numpy array or
+    a CPU torch tensor."""
 
-    slot_idx: torch.Tensor
-    scales: torch.Tensor
-    a: tuple[torch.Tensor | None, ...]
-    bt: tuple[torch.Tensor | None, ...]
+    slot_idx: Array
+    scales: Array
+    a: tuple[Array | None, ...]
+    bt: tuple[Array | None, ...]
 
-    def struct(self, rows: int, keep: list[torch.Tensor]) -> _Lora:
-        k = int(self.slot_idx.shape[0])
+    def struct(self, rows: int, keep: list[Array]) -> _Lora:
+        k = int(shape(self.slot_idx)[0])
         stacks = [t for t in (*self.a, *self.bt) if t is not None]
         if not stacks:
             raise ValueError("LoraRows without any stack")
-        nslots, rank = int(stacks[0].shape[1]), int(stacks[0].shape[2])
+        nslots, rank = shape(stacks[0])[1:3]
         for t in stacks:
-            if (t.dtype != torch.float32 or not t.is_contiguous()
-                    or tuple(t.shape[1:3]) != (nslots, rank)):
+            if not is_float32_dense(t) or shape(t)[1:3] != (nslots, rank):
                 raise ValueError("LoRA stacks must be contiguous float32 [L, slots, rank, n]")
-        idx = self.slot_idx.to(torch.int32).contiguous()
-        scales = self.scales.to(torch.float32).contiguous()
-        if tuple(idx.shape) != (k, rows) or tuple(scales.shape) != (k, rows):
+        idx = as_numpy(self.slot_idx, "int32")
+        scales = as_numpy(self.scales, "float32")
+        if idx.shape != (k, rows) or scales.shape != (k, rows):
             raise ValueError("LoRA slot_idx/scales must be [K, M]")
-        t = torch.empty(max(1, rows * k * rank), dtype=torch.float32)
+        t = np.empty(max(1, rows * k * rank), dtype=np.float32)
         keep.extend([idx, scales, t])
-        return _Lora(K=k, nslots=nslots, rank=rank, slot_idx=idx.data_ptr(),
-                     scales=scales.data_ptr(), a=(ctypes.c_void_p * 7)(*map(_addr, self.a)),
-                     bt=(ctypes.c_void_p * 7)(*map(_addr, self.bt)), t=t.data_ptr())
+        return _Lora(K=k, nslots=nslots, rank=rank, slot_idx=addr(idx),
+                     scales=addr(scales), a=(ctypes.c_void_p * 7)(*map(addr, self.a)),
+                     bt=(ctypes.c_void_p * 7)(*map(addr, self.bt)), t=addr(t))
+
 
 MAX_GROUP = 16  # query heads per KV head that cpu_step.c handles
 
@@ -119,20 +137,20 @@ class CpuStepLayer:
     o: Packed
     gate_up: Packed  # rows: gate, then up
     down: Packed
-    in_norm: torch.Tensor
-    post_norm: torch.Tensor
-    q_norm: torch.Tensor | None = None  # qwen3
-    k_norm: torch.Tensor | None = None
-    q_bias: torch.Tensor | None = None  # qwen2
-    k_bias: torch.Tensor | None = None
-    v_bias: torch.Tensor | None = None
+    in_norm: Array  # float32, numpy or CPU torch, as every array here
+    post_norm: Array
+    q_norm: Array | None = None  # qwen3
+    k_norm: Array | None = None
+    q_bias: Array | None = None  # qwen2
+    k_bias: Array | None = None
+    v_bias: Array | None = None
 
 
-def _f32(t: torch.Tensor | None) -> torch.Tensor | None:
+def _f32(t: Array | None) -> Array | None:
     if t is None:
         return None
-    if t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous():
-        raise ValueError("decode tensors must be contiguous float32 CPU tensors")
+    if not is_float32_dense(t):
+        raise ValueError("decode arrays must be contiguous float32 in CPU memory")
     return t
 
 
@@ -145,12 +163,12 @@ class CpuStepWeights:
     head_dim: int
     eps: float
     layers: tuple[CpuStepLayer, ...]
-    final_norm: torch.Tensor
+    final_norm: Array
     head: Packed  # [vocab, hidden]
-    inv_freq: torch.Tensor  # float32 [head_dim / 2]: the rotary frequencies
+    inv_freq: Array  # float32 [head_dim / 2]: the rotary frequencies
     embed: Packed | None = None  # the token embedding [vocab, hidden], when held packed
 
-    def bind(self, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor],
+    def bind(self, k_caches: list[Array], v_caches: list[Array],
              flags: tuple[str, ...] = NATIVE_FLAGS) -> CpuStepProgram:
         """The program for these KV caches (per layer ``[blocks, block_size, kv_heads, dim]``),
         on the library built with ``flags`` (``loader.PORTABLE_FLAGS``: the scalar paths)."""
@@ -158,8 +176,8 @@ class CpuStepWeights:
 
 
 class CpuStepProgram:
-    def __init__(self, w: CpuStepWeights, k_caches: list[torch.Tensor],
-                 v_caches: list[torch.Tensor], flags: tuple[str, ...] = NATIVE_FLAGS) -> None:
+    def __init__(self, w: CpuStepWeights, k_caches: list[Array],
+                 v_caches: list[Array], flags: tuple[str, ...] = NATIVE_FLAGS) -> None:
         lib = library(flags)
         if lib.kiln_cpu_step_layout_version() != len(LAYER_FIELDS):
             raise RuntimeError("cpu_step.c and cpu_step.py disagree on the layer table")
@@ -167,28 +185,28 @@ class CpuStepProgram:
             raise ValueError(f"{w.heads} query heads over {w.kv_heads} KV heads: unsupported")
         if len(k_caches) != len(w.layers) or len(v_caches) != len(w.layers):
             raise ValueError("one K and one V cache per layer")
-        if tuple(w.inv_freq.shape) != (w.head_dim // 2,):
+        if shape(w.inv_freq) != (w.head_dim // 2,):
             raise ValueError(f"inv_freq must be [{w.head_dim // 2}], the half head")
         self.lib, self.weights = lib, w
-        self._keep: list[torch.Tensor] = []
+        self._keep: list[Array] = []
         self._structs: list[_Weight] = []  # the weights' descriptions the table points at
         self._strides = cache_strides(k_caches[0])
         rows = [self._layer_row(layer, k, v) for layer, k, v in
                 zip(w.layers, k_caches, v_caches, strict=True)]
-        self.table = torch.tensor(rows, dtype=torch.int64)
-        self.block_size = int(k_caches[0].shape[1])
+        self.table = np.array(rows, dtype=np.int64)
+        self.block_size = shape(k_caches[0])[1]
         sb, sp, sh = self._strides
-        self.kv_dtype = k_caches[0].dtype
+        self.kv_dtype = dtype_name(k_caches[0])  # "float32" or "float16"
         self.vocab = w.head.out_features
         self.model = _Model(
             layers=len(w.layers), hidden=w.hidden, inter=w.inter, heads=w.heads,
             kv_heads=w.kv_heads, head_dim=w.head_dim, vocab=self.vocab,
             block_size=self.block_size, fields=len(LAYER_FIELDS), eps=w.eps,
-            scale=w.head_dim ** -0.5, table=self.table.data_ptr(),
-            final_norm=_addr(self._hold(_f32(w.final_norm))), head=self._weight(w.head),
-            kv_f16=int(self.kv_dtype == torch.float16),
+            scale=w.head_dim ** -0.5, table=addr(self.table),
+            final_norm=addr(self._hold(_f32(w.final_norm))), head=self._weight(w.head),
+            kv_f16=int(self.kv_dtype == "float16"),
             kv_sb=sb, kv_sp=sp, kv_sh=sh, embed=self._embed(w.embed),
-            inv_freq=_addr(self._hold(_f32(w.inv_freq))))
+            inv_freq=addr(self._hold(_f32(w.inv_freq))))
 
     def _embed(self, pw: Packed | None) -> int:
         if pw is None:
@@ -209,12 +227,12 @@ class CpuStepProgram:
         self._structs.append(weight_struct(pw))
         return ctypes.addressof(self._structs[-1])
 
-    def _hold(self, t: torch.Tensor | None) -> torch.Tensor | None:
+    def _hold(self, t: Array | None) -> Array | None:
         if t is not None:
             self._keep.append(t)
         return t
 
-    def _layer_row(self, layer: CpuStepLayer, k: torch.Tensor, v: torch.Tensor) -> list[int]:
+    def _layer_row(self, layer: CpuStepLayer, k: Array, v: Array) -> list[int]:
         w = self.weights
         dims = {"qkv": ((w.heads + 2 * w.kv_heads) * w.head_dim, w.hidden),
                 "o": (w.hidden, w.heads * w.head_dim), "gate_up": (2 * w.inter, w.hidden),
@@ -226,66 +244,61 @@ class CpuStepProgram:
                 raise ValueError(f"{name} is {pw.out_features}x{pw.in_features}, not {n}x{kk}")
             row[name] = self._weight(pw)
         for name in ("in_norm", "post_norm", "q_norm", "k_norm", "q_bias", "k_bias", "v_bias"):
-            row[name] = _addr(self._hold(_f32(getattr(layer, name))))
+            row[name] = addr(self._hold(_f32(getattr(layer, name))))
         for name, cache in (("k_cache", k), ("v_cache", v)):
-            if cache.dtype not in KV_DTYPES or cache.dtype != k.dtype or \
-                    cache.device.type != "cpu" or cache_strides(cache) != self._strides:
-                raise ValueError("KV caches must be dense float32 or float16 CPU tensors, "
+            if dtype_name(cache) not in KV_DTYPES or dtype_name(cache) != dtype_name(k) or \
+                    not on_cpu(cache) or cache_strides(cache) != self._strides:
+                raise ValueError("KV caches must be dense float32 or float16 CPU arrays, "
                                  "all laid out alike")
-            if tuple(cache.shape[2:]) != (w.kv_heads, w.head_dim):
+            if shape(cache)[2:] != (w.kv_heads, w.head_dim):
                 raise ValueError("KV cache heads/dim do not match the model")
-            row[name] = self._hold(cache).data_ptr()  # type: ignore[union-attr]
+            row[name] = addr(self._hold(cache))
         return [row[f] for f in LAYER_FIELDS]
 
-    def step(self, x: torch.Tensor | None, ctx_lens: torch.Tensor, block_tables: torch.Tensor,
-             slots: torch.Tensor, logit_rows: torch.Tensor, lora: LoraRows | None = None,
-             seq_first: torch.Tensor | None = None, ids: torch.Tensor | None = None
-             ) -> torch.Tensor:
+    def step(self, x: Array | None, ctx_lens: Array, block_tables: Array, slots: Array,
+             logit_rows: Array, lora: LoraRows | None = None, seq_first: Array | None = None,
+             ids: Array | None = None, n_threads: int | None = None) -> np.ndarray:
         """M token rows: ``x [M, hidden]`` embeddings (clobbered), or None with ``ids`` [M],
         their token ids, looked up in the program's embedding (:attr:`embeds`); ``ctx_lens``
         [M] (the row's position + 1: its rotary angle too), ``block_tables`` [M, B]
         (its sequence's table), ``slots`` [M], ``seq_first`` [M] (the first row of the row's
-        sequence; rows of a sequence consecutive; default: every row its own) -> float32 logits
-        ``[len(logit_rows), vocab]``. Raises IndexError for an id outside the embedding."""
+        sequence; rows of a sequence consecutive; default: every row its own) -> numpy float32
+        logits ``[len(logit_rows), vocab]``. Each argument a numpy array or a CPU torch tensor
+        (integers of any int type, converted; ``x`` contiguous float32). ``n_threads``: the
+        call's threads (default: ``threads()``, asked at each call). Raises IndexError for an
+        id outside the embedding."""
         if (x is None) == (ids is None):
             raise ValueError("a step takes either embeddings (x) or token ids")
         if ids is not None and not self.embeds:
             raise ValueError("this program holds no embedding: pass the rows' embeddings")
-        tok = None if ids is None else ids.to(torch.int64).contiguous()
-        m = int(x.shape[0]) if x is not None else int(tok.shape[0])  # type: ignore[union-attr]
+        tok = None if ids is None else as_numpy(ids, "int64")
+        m = shape(x)[0] if x is not None else int(tok.shape[0])  # type: ignore[union-attr]
         if x is None:
-            x = torch.empty((m, self.weights.hidden), dtype=torch.float32)
-        lens = ctx_lens.to(torch.int64).contiguous()
+            x = np.empty((m, self.weights.hidden), dtype=np.float32)
+        lens = as_numpy(ctx_lens, "int64")
         max_ctx = int(lens.max())
-        tables = block_tables.to(torch.int32).contiguous()
+        tables = as_numpy(block_tables, "int32")
         if int(tables.shape[1]) * self.block_size < max_ctx:
             raise ValueError("block tables do not cover the context")
         xs = _f32(x)
-        assert xs is not None
-        slot = slots.to(torch.int64).contiguous()
-        rows = logit_rows.to(torch.int64).contiguous()
-        first = (torch.arange(m) if seq_first is None else seq_first).to(torch.int64).contiguous()
-        logits = torch.empty((rows.numel(), self.vocab), dtype=torch.float32)
+        slot = as_numpy(slots, "int64")
+        rows = as_numpy(logit_rows, "int64")
+        first = as_numpy(np.arange(m) if seq_first is None else seq_first, "int64")
+        logits = np.empty((rows.size, self.vocab), dtype=np.float32)
         need = self.lib.kiln_cpu_step_scratch_floats(ctypes.byref(self.model), m, max_ctx)
-        scratch = torch.empty(need, dtype=torch.float32)
-        keep: list[torch.Tensor] = []
+        scratch = np.empty(need, dtype=np.float32)
+        keep: list[Array] = []
         lora_struct = None if lora is None else lora.struct(m, keep)
-        st = _Step(M=m, max_blocks=int(tables.shape[1]), max_ctx=max_ctx, L=rows.numel(),
-                   x=xs.data_ptr(), ctx_lens=lens.data_ptr(),
-                   block_tables=tables.data_ptr(), slots=slot.data_ptr(),
-                   seq_first=first.data_ptr(),
-                   logit_rows=rows.data_ptr(), logits=logits.data_ptr(),
-                   scratch=scratch.data_ptr(),
+        st = _Step(M=m, max_blocks=int(tables.shape[1]), max_ctx=max_ctx, L=rows.size,
+                   x=addr(xs), ctx_lens=addr(lens), block_tables=addr(tables), slots=addr(slot),
+                   seq_first=addr(first), logit_rows=addr(rows), logits=addr(logits),
+                   scratch=addr(scratch),
                    lora=None if lora_struct is None else ctypes.addressof(lora_struct),
-                   ids=None if tok is None else tok.data_ptr())
+                   ids=None if tok is None else addr(tok))
         bad = self.lib.kiln_cpu_step(ctypes.byref(self.model), ctypes.byref(st),
-                                     torch.get_num_threads())
+                                     threads() if n_threads is None else n_threads)
         if bad >= 0:
             assert tok is not None
             raise IndexError(f"token id {int(tok[bad])} is outside the embedding's "
                              f"{self.weights.embed.out_features} rows")  # type: ignore[union-attr]
         return logits
-
-
-def _addr(t: torch.Tensor | None) -> int:
-    return 0 if t is None else int(t.data_ptr())

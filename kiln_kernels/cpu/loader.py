@@ -10,8 +10,10 @@ same ``libgomp.so.1`` soname), so its threads are torch's threads. The cache key
 source, the flags and the CPU's feature flags; a build is written to a temporary name and renamed
 into place, so concurrent processes never load a half-written file.
 
-Nothing here imports torch; callers import torch before :func:`load` so the OpenMP runtime is in
-the process first.
+Nothing here imports torch. Callers that use torch import it before :func:`load` so that its
+OpenMP runtime is in the process first; a process without torch (numpy buffers only) loads the
+system's ``libgomp.so.1``, which a torch imported later then uses too (one runtime per soname).
+:func:`threads` is how many threads the C calls run on.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -43,6 +46,42 @@ TILING_FLAGS = ("-O2", "-shared", "-fPIC")  # memcpy of whole blocks: no vector 
 NATIVE_FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-shared",
                 "-fPIC")
 PORTABLE_FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC")  # no AVX-512: the scalar path
+
+THREAD_ENVS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")  # torch's order: the later one wins
+
+
+def threads() -> int:
+    """The threads a C call runs on: ``torch.get_num_threads()`` where torch is imported, else
+    what torch's default would be, found without importing it: ``$MKL_NUM_THREADS`` or
+    ``$OMP_NUM_THREADS`` (torch reads both, the former winning) where set to a positive int, else
+    the physical cores among the CPUs this process may run on."""
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "get_num_threads"):
+        return int(torch.get_num_threads())
+    n = 0
+    for name in THREAD_ENVS:
+        try:
+            n = max(0, int(os.environ.get(name, ""))) or n
+        except ValueError:
+            pass
+    return n or physical_cores()
+
+
+def physical_cores() -> int:
+    """Distinct (package, core) pairs among the CPUs of ``os.sched_getaffinity(0)`` (sysfs
+    topology); the CPU count itself where the topology cannot be read."""
+    cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else \
+        set(range(os.cpu_count() or 1))
+    cores: set[tuple[str, str]] = set()
+    try:
+        for cpu in cpus:
+            topo = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+            cores.add(((topo / "physical_package_id").read_text().strip(),
+                       (topo / "core_id").read_text().strip()))
+    except OSError:
+        return max(1, len(cpus))
+    return max(1, len(cores))
+
 
 _lock = threading.Lock()
 _loaded: dict[tuple[str, ...], ctypes.CDLL] = {}

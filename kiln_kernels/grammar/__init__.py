@@ -7,15 +7,30 @@ bitmask row applies to. Every token of those rows whose bit is clear, and every 
 past ``32 * W`` (padding beyond the tokenizer's vocabulary), becomes -inf; nothing else is
 written. Triton on CUDA tensors, the torch reference otherwise; both write only -inf, so their
 results are identical.
+
+The torch reference's names are imported on first use (PEP 562), so that importing the C mask's
+binding (:mod:`.native`, numpy or torch logits) does not import torch.
 """
 
 from __future__ import annotations
 
-import torch
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from .reference import apply_token_bitmask_ref, check_bitmask_args
+if TYPE_CHECKING:
+    import torch
+
+    from .reference import apply_token_bitmask_ref, check_bitmask_args
+
+_REFERENCE = ("apply_token_bitmask_ref", "check_bitmask_args")
 
 __all__ = ["apply_token_bitmask", "apply_token_bitmask_ref", "check_bitmask_args"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _REFERENCE:
+        return getattr(importlib.import_module(f"{__name__}.reference"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor) -> None:
@@ -25,4 +40,6 @@ def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch
 
         apply_token_bitmask_triton(logits, bitmask, rows)
     else:
+        from .reference import apply_token_bitmask_ref
+
         apply_token_bitmask_ref(logits, bitmask, rows)

@@ -1,10 +1,15 @@
 """The CPU sampler in C (``kiln_kernels/cpu/sampling/sample.c``): the reference's semantics (``reference.py``)
-row by row, rows over torch's threads, on per-thread scratch instead of [rows, vocab] tensors.
+row by row, rows over the library's threads (:func:`kiln_kernels.cpu.threads`), on per-thread
+scratch instead of [rows, vocab] tensors.
 
 Penalties come as a sparse history: per row, the ids seen and their output counts (0 marks a
 prompt-only id), so nothing of vocabulary size is built for them. Tokens equal the reference's
 except where a top-p cumulative sum or two noisy scores tie to within the last bits of libm
 versus torch transcendentals; logprobs agree to rounding (tested).
+
+Importing this module does not import torch: :func:`sample_rows` takes numpy logits (or torch
+ones) and imports torch only for a row with min-p active; the tensor-based functions import it
+when called.
 """
 
 from __future__ import annotations
@@ -14,12 +19,18 @@ import math
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+import numpy as np
 
-from ..cpu import NATIVE_FLAGS, KernelBuildError, library
+from ..cpu import NATIVE_FLAGS, KernelBuildError, library, threads
 from ..cpu import available as native_available
-from .params import SamplingTensors
+from ..cpu.arrays import Array, addr, contiguous, dtype_name, on_cpu, shape, strides
+
+if TYPE_CHECKING:
+    import torch
+
+    from .params import SamplingTensors
 
 
 class _Batch(ctypes.Structure):
@@ -42,6 +53,8 @@ class SeenTokens:
     @staticmethod
     def from_lists(rows: list[list[int]]) -> SeenTokens:
         """Each row's generated token ids (one count per occurrence)."""
+        import torch
+
         offsets = [0]
         flat: list[int] = []
         for r in rows:
@@ -54,6 +67,8 @@ class SeenTokens:
     @staticmethod
     def from_dense(p: SamplingTensors) -> SeenTokens:
         """From ``p.output_counts`` and ``p.prompt_mask``."""
+        import torch
+
         seen = p.prompt_mask | (p.output_counts > 0)
         rows, ids = torch.nonzero(seen, as_tuple=True)
         offsets = torch.zeros(p.batch + 1, dtype=torch.int64)
@@ -66,11 +81,11 @@ _U64 = 1 << 64
 _scratch = threading.local()  # per calling thread: the engine thread keeps one buffer
 
 
-def _scratch_for(lib: ctypes.CDLL, vocab: int, threads: int) -> torch.Tensor:
-    need = int(lib.kiln_sample_scratch_floats(vocab, threads))
-    buf: torch.Tensor | None = getattr(_scratch, "buf", None)
-    if buf is None or buf.numel() != need:
-        buf = torch.zeros(need, dtype=torch.float32)  # the marks must start at zero
+def _scratch_for(lib: ctypes.CDLL, vocab: int, n_threads: int) -> np.ndarray:
+    need = int(lib.kiln_sample_scratch_floats(vocab, n_threads))
+    buf: np.ndarray | None = getattr(_scratch, "buf", None)
+    if buf is None or buf.size != need:
+        buf = np.zeros(need, dtype=np.float32)  # the marks must start at zero
         _scratch.buf = buf
     return buf
 
@@ -82,6 +97,8 @@ def sample_native(logits: torch.Tensor, p: SamplingTensors, seen: SeenTokens, *,
     the C library is not available. ``logits``: float32 [B, V] on the CPU. The parameters come
     from ``p`` (its dense counts unused). ``flags`` pick the library build (tests: the portable
     one, without AVX-512)."""
+    import torch
+
     lib = sampler_library(flags)
     if lib is None:
         return None
@@ -108,16 +125,22 @@ def sampler_library(flags: tuple[str, ...] = NATIVE_FLAGS) -> ctypes.CDLL | None
         return None
 
 
-def sample_rows(logits: torch.Tensor, floats: Sequence[tuple[float, ...]],
+def sample_rows(logits: Array, floats: Sequence[tuple[float, ...]],
                 ints: Sequence[tuple[int, int, int]], seen: Sequence[Sequence[int]],
                 flags: tuple[str, ...] = NATIVE_FLAGS, lib: ctypes.CDLL | None = None,
-                ) -> tuple[list[int], list[float]] | None:
+                n_threads: int | None = None) -> tuple[list[int], list[float]] | None:
     """``sample_native`` for the engine's step, without a tensor per parameter: per row the
     FLOAT_COLUMNS and INT_COLUMNS values (a seed any int: its low 64 bits, as the wire's uint64
     seeds and their int64 bit patterns alike) and the generated token ids the
     penalties count (one per occurrence). -> (token ids, logprobs), or None without the C
     library. The same numbers as ``sample_native`` (tested). ``lib``: the library
-    (``sampler_library``), looked up for ``flags`` when not given."""
+    (``sampler_library``), looked up for ``flags`` when not given; ``n_threads``: the call's
+    threads (default: ``threads()``, asked at each call).
+
+    ``logits``: float32 ``[B, V]`` with unit stride along V (else copied dense), a numpy array
+    or a CPU torch tensor; the same results for either. Torch is not imported, except where a
+    row has min-p active (finite, > 0): its threshold is torch's float32 ``log`` of min-p, as
+    the torch reference takes it, so that the tokens match the reference bit for bit."""
     lib = lib if lib is not None else sampler_library(flags)
     if lib is None:
         return None
@@ -126,22 +149,22 @@ def sample_rows(logits: torch.Tensor, floats: Sequence[tuple[float, ...]],
     for row in seen:
         ids.extend(row)
         offsets.append(len(ids))
-    return _sample(lib, logits, floats, ints, offsets, ids, [1] * len(ids))
+    return _sample(lib, logits, floats, ints, offsets, ids, [1] * len(ids), n_threads)
 
 
-def _sample(lib: ctypes.CDLL, logits: torch.Tensor, floats: Sequence[tuple[float, ...]],
+def _sample(lib: ctypes.CDLL, logits: Array, floats: Sequence[tuple[float, ...]],
             ints: Sequence[tuple[int, ...]], offsets: list[int], ids: list[int],
-            counts: list[int]) -> tuple[list[int], list[float]]:
-    if logits.device.type != "cpu" or logits.dtype != torch.float32 or logits.dim() != 2:
+            counts: list[int], n_threads: int | None = None) -> tuple[list[int], list[float]]:
+    if not on_cpu(logits) or dtype_name(logits) != "float32" or len(shape(logits)) != 2:
         raise ValueError("the C sampler takes float32 [B, V] logits on the CPU")
-    b, v = logits.shape
+    b, v = shape(logits)
     if b == 0:
         return [], []
     if len(floats) != b or len(ints) != b:
         raise ValueError(f"sampling parameters for {len(floats)} rows, logits for {b}")
     if len(offsets) != b + 1:
         raise ValueError(f"seen offsets must have {b + 1} entries")
-    x = logits if logits.stride(1) == 1 else logits.contiguous()
+    x = logits if strides(logits)[1] == 1 else contiguous(logits)
     f32, i64 = ctypes.c_float * b, ctypes.c_int64 * b
     temperature, top_p, min_p, presence, frequency, repetition = (
         f32(*col) for col in zip(*floats, strict=True))  # rounded to float32 here
@@ -150,7 +173,9 @@ def _sample(lib: ctypes.CDLL, logits: torch.Tensor, floats: Sequence[tuple[float
             repetition[i] = 1.0
     log_min_p = f32(*([-math.inf] * b))
     active = [i for i in range(b) if math.isfinite(min_p[i]) and min_p[i] > 0]
-    if active:  # torch's float32 log, as the reference takes it
+    if active:  # torch's float32 log, as the reference takes it (so torch is imported here)
+        import torch
+
         logs = torch.log(torch.tensor([min(min_p[i], 1.0) for i in active], dtype=torch.float32))
         for i, value in zip(active, logs.tolist(), strict=True):
             log_min_p[i] = value
@@ -161,16 +186,16 @@ def _sample(lib: ctypes.CDLL, logits: torch.Tensor, floats: Sequence[tuple[float
     seen_counts = (ctypes.c_int32 * len(counts))(*counts)
     seen_off = (ctypes.c_int64 * (b + 1))(*offsets)
     tokens, logprobs = i64(), f32()
-    threads = max(1, min(torch.get_num_threads(), b))
-    scratch = _scratch_for(lib, v, torch.get_num_threads())
+    n_threads = threads() if n_threads is None else n_threads
+    scratch = _scratch_for(lib, v, n_threads)
     arrays = {"temperature": temperature, "top_p": top_p, "log_min_p": log_min_p,
               "repetition": repetition, "frequency": frequency, "presence": presence,
               "top_k": top_k, "seeds": seeds, "steps": steps, "seen_off": seen_off,
               "seen_ids": seen_ids, "seen_counts": seen_counts, "tokens": tokens,
               "logprobs": logprobs}
-    batch = _Batch(B=b, V=v, ld=x.stride(0), logits=x.data_ptr(), scratch=scratch.data_ptr(),
+    batch = _Batch(B=b, V=v, ld=strides(x)[0], logits=addr(x), scratch=addr(scratch),
                    **{k: ctypes.addressof(a) for k, a in arrays.items()})  # type: ignore[arg-type]
-    lib.kiln_sample(ctypes.byref(batch), threads)
+    lib.kiln_sample(ctypes.byref(batch), max(1, min(n_threads, b)))
     return [int(t) for t in tokens], [float(x) for x in logprobs]
 
 
@@ -178,6 +203,8 @@ def counter_uniform_native(seeds: torch.Tensor, steps: torch.Tensor, vocab: int
                            ) -> torch.Tensor | None:
     """The sampler's ``counter_uniform`` (float32 [B, vocab], the same bits) from the C library
     (``counter.c``), or None where the library cannot be built."""
+    import torch
+
     try:
         lib = library(NATIVE_FLAGS)
     except KernelBuildError:

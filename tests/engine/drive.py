@@ -8,12 +8,14 @@ from kiln.engine.output_processor import OutputProcessor
 from kiln.engine.outputs import RequestOutput
 from kiln.engine.request import Request
 from kiln.engine.scheduler import Scheduler
-from kiln.model import LoadedModel
+from kiln.model.loader import Loaded
 
 
 def drive(sched: Scheduler, executor: Executor, reqs: list[Request], max_steps: int = 10_000,
-          output: OutputProcessor | None = None) -> dict[str, list[RequestOutput]]:
-    """Without ``output`` the outputs carry no text (and stop strings are not matched)."""
+          output: OutputProcessor | None = None, partial: bool = False
+          ) -> dict[str, list[RequestOutput]]:
+    """Without ``output`` the outputs carry no text (and stop strings are not matched).
+    ``partial``: stop after ``max_steps`` steps with requests still running (else an error)."""
     stage = output or OutputProcessor()
     outs: dict[str, list[RequestOutput]] = {}
     for r in reqs:
@@ -28,6 +30,8 @@ def drive(sched: Scheduler, executor: Executor, reqs: list[Request], max_steps: 
         step = sched.update_from_output(so, executor.execute(so))
         for o in stage.process(step, sched.finish_stopped):
             outs.setdefault(o.request_id, []).append(o)
+    if partial:
+        return outs
     raise AssertionError("requests did not finish")
 
 
@@ -39,7 +43,7 @@ def text(outs: list[RequestOutput]) -> str:
     return "".join(o.text_delta for o in outs)
 
 
-def chat(m: LoadedModel, content: str) -> list[int]:
+def chat(m: Loaded, content: str) -> list[int]:
     """The token ids of one user turn rendered with the model's chat template."""
     rendered = m.chat_template.render([{"role": "user", "content": content}],
                                       add_generation_prompt=True)

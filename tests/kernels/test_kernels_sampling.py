@@ -76,7 +76,7 @@ def test_counter_uniform_range_and_spread() -> None:
 
 
 def test_counter_uniform_extremes_stay_inside_open_interval() -> None:
-    from kiln_kernels.sampling import counter_hash
+    from kiln_kernels.sampling.counter_hash import counter_hash
 
     h = counter_hash(
         torch.arange(4096, dtype=torch.int64), torch.zeros(4096, dtype=torch.int64), 64

@@ -12,6 +12,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from kiln_kernels.cpu import available as kernels_available
@@ -20,8 +21,9 @@ from kiln_kernels.cpu.loader import PORTABLE_FLAGS
 from kiln_kernels.quant import PackedWeight, pack_ggml
 
 from kiln.model import CausalLM, LoadedModel
-from kiln.model import base as cpu_step  # the CPU step (CpuStep, group_rows) lives in base
-from kiln.model.base import C_MAX_ROWS, build_forward_batch
+from kiln.model import c_model as cpu_step  # the CPU step's row grouping (group_rows)
+from kiln.model.base import build_forward_batch
+from kiln.model.c_model import C_MAX_ROWS
 from kiln.model.config import ModelConfig
 from kiln.model.kv_cache import KVCache
 from kiln.model.lora import LORA_MODULES, LoraAdapter, load_adapter
@@ -358,7 +360,7 @@ def test_lora_in_the_c_step_matches_torch(arch: str, tmp_path: Path,
     seen: list[bool] = []
     step_fn = CpuStepProgram.step
 
-    def spy(self: CpuStepProgram, *args: Any, **kwargs: Any) -> torch.Tensor:
+    def spy(self: CpuStepProgram, *args: Any, **kwargs: Any) -> np.ndarray:
         seen.append(args[5] is not None)  # the LoRA rows
         return step_fn(self, *args, **kwargs)
 

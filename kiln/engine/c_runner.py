@@ -1,0 +1,180 @@
+"""The torch-free engine executor: the C step over numpy buffers, until a request needs torch.
+
+On the CPU, a GGUF whose every matrix has a C kernel runs every step in one C call
+(``kiln.model.c_model``), and what a plain request needs besides (the grammar masks, the
+sampler, the finite check) is C and numpy too. So ``kiln serve`` loads such a model without
+importing torch (0.65 s of a ~1 s start on the default model, and ~200 MiB of RSS), and this
+executor runs the steps.
+
+The first step or job that needs torch (a LoRA adapter, logprobs, logits processors, prompt
+scoring) hands everything over, once, to the torch engine's ``ModelRunner``: torch is imported,
+the ``CausalLM`` is built over the same tile arrays, and the KV cache and the constrained
+requests' matchers are taken over as they are. Both run the same C program on the same bytes,
+so a sequence's numbers do not change at the handover (tested), and from then on the torch
+runner runs every step. Everything the torch runner does stays there, in one place; this module
+has only the plain step.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from concurrent.futures import Future
+from typing import TYPE_CHECKING
+
+import numpy
+from kiln_kernels.cpu import threads
+from kiln_kernels.grammar.native import apply_token_bitmask_native
+from kiln_kernels.sampling.native import sample_rows, sampler_library
+
+from kiln.engine.config import EngineConfig, kv_blocks
+from kiln.engine.errors import NON_FINITE, EngineError
+from kiln.engine.grammar import GrammarRows, RowMasks, compiler_for
+from kiln.engine.lora_mix import LoraMix
+from kiln.engine.outputs import ModelRunnerOutput, SampledToken, ScheduledSeq, SchedulerOutput
+from kiln.engine.request import parameters
+from kiln.model.plan import ComputePlan, c_step_plan, with_kv_cache
+
+if TYPE_CHECKING:
+    from kiln.engine.block_pool import BlockPool
+    from kiln.engine.runner import ModelRunner
+    from kiln.engine.scoring import ScoringJob
+    from kiln.model.c_model import CModel
+    from kiln.text.tokenizer import Tokenizer
+
+log = logging.getLogger("kiln.engine")
+
+
+def needs_torch(seq: ScheduledSeq) -> bool:
+    """Whether a scheduled row needs the torch runner: an adapter, logprobs (the sampled token's
+    and the top alternatives', ``Sampler.token_logprobs``) or logits processors."""
+    sp = seq.sampling
+    return bool(seq.lora) or sp.logprobs is not None or sp.processes_logits
+
+
+class _Cache:
+    """The KV arrays of the C engine, as ``AsyncEngine.kv_on_demand`` reads them."""
+
+    zero_pages = True  # anonymous maps: resident only once written
+
+    def __init__(self, k: list[numpy.ndarray], v: list[numpy.ndarray], block_size: int) -> None:
+        self.k, self.v, self.block_size = k, v, block_size
+        self.num_blocks = int(k[0].shape[0])
+
+
+class CRunner:
+    """Runs scheduled steps through the C step of a :class:`~kiln.model.c_model.CModel`
+    (engine thread only); hands over to a ``ModelRunner`` for anything else."""
+
+    def __init__(self, model: CModel, config: EngineConfig,
+                 tokenizer: Tokenizer | None = None) -> None:
+        self.model = model
+        self.config = config
+        self.block_size = config.block_size
+        self.plan: ComputePlan = with_kv_cache(c_step_plan(), config.kv_cache_dtype)
+        log.info("%s", self.plan.line())
+        kv_dtype = self.plan.kv_dtype
+        self.kv_bytes_per_block = model.bytes_per_block(config.block_size, kv_dtype)
+        self.num_blocks = kv_blocks(config, self.kv_bytes_per_block, model.config.max_position)
+        k, v = model.kv_arrays(self.num_blocks, config.block_size, kv_dtype)
+        self.kv = _Cache(k, v, config.block_size)
+        self.program = model.bind(k, v)
+        self._lib = sampler_library()
+        # the C calls' threads, asked once (torch's default, found without torch; threads())
+        self.threads = threads()
+        self.tokenizer = tokenizer
+        self.grammar = GrammarRows(compiler_for(tokenizer)) if tokenizer is not None else None
+        self._torch: ModelRunner | None = None
+
+    # -- the handover ----------------------------------------------------------------------
+
+    @property
+    def handed_over(self) -> bool:
+        """Whether the torch runner has taken over (it then runs every step)."""
+        return self._torch is not None
+
+    def torch_runner(self) -> ModelRunner:
+        """The torch engine's runner over this model's tiles, KV cache and matchers, built on
+        first use (imports torch: ~0.65 s, once)."""
+        if self._torch is None:
+            from kiln.engine.runner import ModelRunner
+            from kiln.model.kv_cache import KVCache
+
+            log.info("a request needs torch: the torch runner takes over")
+            model = self.model.torch_model()
+            kv = KVCache.over(self.kv.k, self.kv.v, self.block_size, heads_major=True,
+                              zero_pages=True)
+            import torch
+
+            self._torch = ModelRunner(model, self.model.config, self.config, torch.float32,
+                                      torch.device("cpu"), self.tokenizer, kv=kv,
+                                      grammar=self.grammar)
+            self.program = None  # type: ignore[assignment]  # the torch runner's from now on
+        return self._torch
+
+    def scoring_job(self, pool: BlockPool, prompt_ids: Sequence[int], top_k: int,
+                    mix: LoraMix = ()) -> ScoringJob:
+        """Prompt scoring: the torch runner's (``ModelRunner.scoring_job``)."""
+        return self.torch_runner().scoring_job(pool, prompt_ids, top_k, mix)
+
+    def release(self, request_ids: list[str]) -> None:
+        """Finished requests: drop their per-request state (grammar matchers)."""
+        if self._torch is not None:
+            self._torch.release(request_ids)
+        elif self.grammar is not None and self.grammar.rows:
+            self.grammar.release(request_ids)
+
+    # -- the plain step --------------------------------------------------------------------
+
+    def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        if self._torch is None and any(self._needs_torch(s) for s in so.seqs):
+            self.torch_runner()
+        if self._torch is not None:
+            return self._torch.execute(so)
+        if so.is_empty:
+            return ModelRunnerOutput({})
+        rows = [i for i, s in enumerate(so.seqs) if s.sample]
+        seqs = [so.seqs[i] for i in rows]
+        pending = self._start_masks(seqs)
+        try:
+            last = self.model.forward(
+                self.program, [(s.token_ids, s.start_pos, s.block_table) for s in so.seqs],
+                "last", self.threads)  # a row's numbers do not depend on the rest of its step
+        finally:
+            masks = pending.result() if pending is not None else None
+        if not rows:
+            return ModelRunnerOutput({})
+        logits = last if len(rows) == len(so.seqs) else numpy.ascontiguousarray(last[rows])
+        errors: dict[str, str] = dict(masks.errors) if masks is not None else {}
+        finite = numpy.isfinite(logits.sum(axis=1)).tolist()  # one sum per row finds them
+        errors.update({seqs[i].request_id: NON_FINITE for i, ok in enumerate(finite) if not ok})
+        if masks is not None and masks.rows:
+            bits = numpy.ascontiguousarray(masks.bits, dtype=numpy.int32)
+            if not apply_token_bitmask_native(logits, bits, [int(i) for i in masks.rows]):
+                raise EngineError("generation_error", "the C grammar mask is unavailable", 500)
+        keep = [i for i, ok in enumerate(finite) if ok and seqs[i].request_id not in errors]
+        if len(keep) < len(seqs):
+            logits, seqs = numpy.ascontiguousarray(logits[keep]), [seqs[i] for i in keep]
+            if not seqs:
+                return ModelRunnerOutput({}, errors)
+        sampled = sample_rows(logits, *parameters(seqs),
+                              [s.output_token_ids if s.sampling.uses_penalties else ()
+                               for s in seqs], lib=self._lib, n_threads=self.threads)
+        if sampled is None:  # no C library: a C engine is never built then
+            raise EngineError("generation_error", "the C sampler is unavailable", 500)
+        tokens, logprobs = sampled
+        return ModelRunnerOutput({
+            s.request_id: SampledToken(t, lp, None)
+            for s, t, lp in zip(seqs, tokens, logprobs, strict=True)
+        }, errors)
+
+    def _needs_torch(self, seq: ScheduledSeq) -> bool:
+        # a constrained row without a tokenizer: the torch runner's answer (a request error)
+        return needs_torch(seq) or (self.grammar is None and seq.sampling.grammar is not None)
+
+    def _start_masks(self, seqs: list[ScheduledSeq]) -> Future[RowMasks] | None:
+        """The grammar masks of the step's constrained rows, filled inline (the CPU step uses
+        every core; ``ComputePlan.grammar_beside_step``), or None when no row is constrained."""
+        if self.grammar is None or not any(s.sampling.grammar is not None for s in seqs):
+            return None
+        return self.grammar.start(seqs, beside=self.plan.grammar_beside_step)

@@ -1,0 +1,328 @@
+"""A GGUF model served by the CPU step alone, without torch.
+
+Where every matrix of a GGUF file has a C kernel, each forward step on the CPU is one C call
+(``kiln_kernels.cpu.cpu_step``), whose bindings take numpy arrays. :class:`CModel` loads such a
+file into that call's weights (:class:`~kiln_kernels.cpu.cpu_step.CpuStepWeights`) without
+importing torch: the very weights ``kiln.model.gguf_loader`` gives the torch-loaded model's C
+step (the same tiles, fused alike, gguf-py's float32 norms and biases) and its rotary
+frequencies from :mod:`kiln.model.rope_cache` (torch's values, stored by an earlier torch load
+of a model of this shape). Its steps run as ``kiln.model.base.CpuStep`` runs them, in chunks of
+:func:`group_rows` rows, so its logits are the torch-loaded model's, bit for bit. Its KV cache
+(:meth:`CModel.kv_arrays`) is laid out as ``kiln.model.kv_cache.KVCache`` lays out the C step's
+(heads-major blocks in zero pages), so a torch view of its buffers is a valid ``KVCache``.
+
+:meth:`CModel.load` returns None where the C step cannot serve the file this way (a matrix
+without a kernel, projections that do not fuse, no C library, a head grouping the C step does not
+take, no stored frequencies): the caller then loads it the torch way. :meth:`CModel.torch_model`
+builds the torch model over the same tiles, for whatever needs torch later.
+
+The C step's row grouping lives here (torch-free); ``kiln.model.base.CpuStep`` uses it too.
+"""
+
+from __future__ import annotations
+
+import mmap
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, cast
+
+import numpy as np
+from kiln_kernels.cpu import available
+from kiln_kernels.cpu.cpu_step import (
+    KV_DTYPES,
+    MAX_GROUP,
+    CpuStepLayer,
+    CpuStepProgram,
+    CpuStepWeights,
+)
+from kiln_kernels.quant import Format, Packed, PackedWeight
+
+from kiln.model import rope_cache
+from kiln.model.config import ModelConfig
+from kiln.model.early_tiles import Tiled
+from kiln.model.gguf_index import GGUFIndex
+from kiln.model.gguf_tensors import (
+    ROPE_FREQS,
+    dequantize,
+    hf_name,
+    read_config,
+    row_permutation,
+    tile_tensors,
+    unpackable,
+    unpermute_qk,
+)
+
+if TYPE_CHECKING:
+    from kiln.model.base import CausalLM
+
+# -- the C step's row grouping (kiln.model.base.CpuStep runs its steps the same way) -----------
+# Rows per C step. A longer forward step runs as consecutive C steps over its rows in order; a
+# sequence's rows may straddle two, the later one reading the earlier one's K/V from the cache.
+# Prefill through C steps of 128-256 rows measured as fast as the torch path (MKL, 512-row
+# chunks) on the default model: 512 tokens 0.53-0.57 s against 0.57-0.65 s, 4,096 tokens 8.5-9.0 s
+# against 7.9-8.5 s (the torch path's own spread), and faster than 512-row C steps (10.0 s).
+C_MAX_ROWS = 128
+# ... and at most about this many bytes of attention scores per C step (rows x heads x context
+# float32: 128 rows of a 16-head model at context 32,768 would need 268 MB).
+C_SCORES_BYTES = 64 << 20
+
+
+def group_rows(heads: int, max_ctx: int) -> int:
+    """Rows per C step for a forward step whose longest context is ``max_ctx``."""
+    return max(1, min(C_MAX_ROWS, C_SCORES_BYTES // (4 * heads * max(1, max_ctx))))
+
+
+_KV_ITEMSIZE = {"float32": 4, "float16": 2}
+_PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+
+
+def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor of the model ``cfg`` describes, by HF name, and its shape (what
+    ``kiln.model.weights.WeightSink`` checks a checkpoint against)."""
+    h, hd, inter = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+    q, kv = cfg.num_heads * hd, cfg.num_kv_heads * hd
+    out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (cfg.vocab_size, h),
+                                       "model.norm.weight": (h,)}
+    if not cfg.tie_word_embeddings:
+        out["lm_head.weight"] = (cfg.vocab_size, h)
+    for i in range(cfg.num_layers):
+        pre = f"model.layers.{i}."
+        rows = dict(zip(_PROJECTIONS, (q, kv, kv, h, inter, inter, h), strict=True))
+        cols = dict(zip(_PROJECTIONS, (h, h, h, q, h, h, inter), strict=True))
+        for p in _PROJECTIONS:
+            out[f"{pre}{p}.weight"] = (rows[p], cols[p])
+        out[f"{pre}input_layernorm.weight"] = (h,)
+        out[f"{pre}post_attention_layernorm.weight"] = (h,)
+        if cfg.qkv_bias:
+            for p, n in (("q", q), ("k", kv), ("v", kv)):
+                out[f"{pre}self_attn.{p}_proj.bias"] = (n,)
+        if cfg.qk_norm:
+            out[f"{pre}self_attn.q_norm.weight"] = (hd,)
+            out[f"{pre}self_attn.k_norm.weight"] = (hd,)
+    return out
+
+
+def _fuse(packed: dict[str, PackedWeight], names: list[str]) -> Packed | None:
+    """The row-wise fusion of these projections (as ``kiln.model.quantized`` fuses them)."""
+    try:
+        return PackedWeight.cat([packed[n] for n in names])
+    except ValueError:  # different widths
+        return None
+
+
+def _step_weights(cfg: ModelConfig, packed: dict[str, PackedWeight],
+                  small: dict[str, np.ndarray], inv_freq: np.ndarray) -> CpuStepWeights | None:
+    """``kiln.model.quantized.cpu_step_weights`` of the model these tensors fill (every one
+    there, of its shape), or None where a fused projection cannot be fused."""
+    layers: list[CpuStepLayer] = []
+    for i in range(cfg.num_layers):
+        pre = f"model.layers.{i}."
+        qkv = _fuse(packed, [f"{pre}self_attn.{p}_proj.weight" for p in "qkv"])
+        gate_up = _fuse(packed, [f"{pre}mlp.gate_proj.weight", f"{pre}mlp.up_proj.weight"])
+        if qkv is None or gate_up is None:
+            return None
+        layers.append(CpuStepLayer(
+            qkv, packed[f"{pre}self_attn.o_proj.weight"], gate_up,
+            packed[f"{pre}mlp.down_proj.weight"], in_norm=small[f"{pre}input_layernorm.weight"],
+            post_norm=small[f"{pre}post_attention_layernorm.weight"],
+            q_norm=small.get(f"{pre}self_attn.q_norm.weight"),
+            k_norm=small.get(f"{pre}self_attn.k_norm.weight"),
+            q_bias=small.get(f"{pre}self_attn.q_proj.bias"),
+            k_bias=small.get(f"{pre}self_attn.k_proj.bias"),
+            v_bias=small.get(f"{pre}self_attn.v_proj.bias")))
+    embed = packed["model.embed_tokens.weight"]
+    head = embed if cfg.tie_word_embeddings else packed["lm_head.weight"]
+    return CpuStepWeights(hidden=cfg.hidden_size, inter=cfg.intermediate_size,
+                          heads=cfg.num_heads, kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+                          eps=cfg.rms_norm_eps, layers=tuple(layers), final_norm=small[
+                              "model.norm.weight"], head=head, inv_freq=inv_freq, embed=embed)
+
+
+class CModel:
+    """A GGUF model's CPU-step weights (:meth:`load`), its KV cache arrays and its steps."""
+
+    def __init__(self, config: ModelConfig, weights: CpuStepWeights, path: Path,
+                 tiled: Tiled) -> None:
+        self.config = config
+        self.weights = weights
+        self.path = path
+        self.tiled = tiled  # every matrix's tiles (the ones the weights hold), by GGUF name
+        self.vocab_size = weights.head.out_features
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """The file's GGUF metadata (its tokenizer and chat template among it)."""
+        reader = self.tiled.reader
+        return {} if reader is None else reader.metadata
+
+    @classmethod
+    def load(cls, path: Path, tiled: Tiled | None = None) -> CModel | None:
+        """The model of the GGUF file at ``path`` for the C step, or None where it cannot run
+        that way (module docstring); ``tiled``: its tiles made already (start-up's), which it
+        uses and leaves as they are. A file it cannot read is None too: the torch load says
+        what is wrong."""
+        if not available():
+            return None
+        try:
+            reader = tiled.reader if tiled is not None and tiled.reader else GGUFIndex(path)
+            cfg = read_config(reader)
+            names = {t.name: hf_name(t.name) for t in reader.tensors if t.name != ROPE_FREQS}
+        except (ValueError, OSError):  # UnsupportedModelError, WeightLoadError among them
+            return None
+        if cfg.num_heads % cfg.num_kv_heads or cfg.num_heads // cfg.num_kv_heads > MAX_GROUP:
+            return None
+        inv_freq = rope_cache.lookup(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+        shapes = expected_shapes(cfg)
+        tensors = [t for t in reader.tensors if t.name in names]
+        if inv_freq is None or sorted(names.values()) != sorted(shapes) or any(
+                len(t.shape) > 1 and unpackable(t) is not None for t in tensors):
+            return None
+        given: dict[str, tuple[str, np.ndarray]] = {} if tiled is None else tiled.tiles
+        todo = [t for t in tensors if len(t.shape) > 1 and t.name not in given]
+        packed: dict[str, PackedWeight] = {}
+        small: dict[str, np.ndarray] = {}
+        try:  # tile what start-up did not (one C call), then take every tensor in turn
+            tiles = {**{t.name: given[t.name] for t in tensors if t.name in given},
+                     **dict(zip([t.name for t in todo], tile_tensors(cfg, todo), strict=True))}
+            for tensor in tensors:
+                name = names[tensor.name]
+                if len(tensor.shape) > 1:
+                    fmt, arr = tiles[tensor.name]
+                    pw = packed[name] = PackedWeight(cast(Format, fmt), arr)
+                    held: tuple[int, ...] = (pw.out_features, pw.in_features)
+                else:  # norms and biases: gguf-py's float32 values, as gguf_loader puts them
+                    heads = row_permutation(cfg, tensor.name)
+                    values = dequantize(tensor)
+                    small[name] = values if heads is None else unpermute_qk(values, heads)
+                    held = small[name].shape
+                if held != shapes[name]:
+                    return None
+        except (ValueError, OSError):  # a tensor's data cannot be read
+            return None
+        weights = _step_weights(cfg, packed, small, inv_freq)
+        if weights is None:
+            return None
+        return cls(cfg, weights, Path(path), Tiled(Path(path), reader, tiles))
+
+    # -- the plan, the KV cache, the steps ------------------------------------------------------
+
+    @staticmethod
+    def _kv_dtype(dtype: str) -> str:
+        name = "float32" if dtype == "auto" else dtype
+        if name not in KV_DTYPES:
+            raise ValueError(f"KV cache dtype {dtype!r}: the C step reads {', '.join(KV_DTYPES)}")
+        return name
+
+    def bytes_per_block(self, block_size: int, dtype: str) -> int:
+        """Bytes one block takes across all layers, K and V together (``KVCache``'s)."""
+        cfg = self.config
+        return (2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim
+                * _KV_ITEMSIZE[self._kv_dtype(dtype)])
+
+    def kv_arrays(self, num_blocks: int, block_size: int, dtype: str
+                  ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Per layer K and V ``[num_blocks, block_size, kv_heads, head_dim]`` arrays of
+        ``dtype`` (``float32``, ``auto`` for it, or ``float16``), laid out as
+        ``KVCache(..., heads_major=True, zero_pages=True)`` lays them out: each an anonymous
+        memory map of ``[num_blocks, kv_heads, block_size, head_dim]`` seen through a permuted
+        view (the map kept alive by the array)."""
+        if num_blocks <= 0 or block_size <= 0:
+            raise ValueError("kv_arrays: num_blocks and block_size must be positive")
+        name = self._kv_dtype(dtype)
+        cfg = self.config
+        shape = (num_blocks, cfg.num_kv_heads, block_size, cfg.head_dim)
+        size = int(np.prod(shape)) * _KV_ITEMSIZE[name]
+
+        def one() -> np.ndarray:
+            try:
+                pages = mmap.mmap(-1, size)
+            except OSError as exc:  # more than the system will map (--kv-memory-mb too large)
+                raise ValueError(f"the KV cache ({2 * cfg.num_layers} maps of "
+                                 f"{size // (1024 * 1024)} MiB) cannot be mapped "
+                                 f"({exc.strerror}); lower --kv-memory-mb") from exc
+            return np.frombuffer(pages, dtype=name).reshape(shape).transpose(0, 2, 1, 3)
+
+        return ([one() for _ in range(cfg.num_layers)], [one() for _ in range(cfg.num_layers)])
+
+    def bind(self, k: list[np.ndarray], v: list[np.ndarray]) -> CpuStepProgram:
+        """The C program of these weights over the KV arrays ``k``, ``v`` (:meth:`kv_arrays`)."""
+        return self.weights.bind(k, v)
+
+    def forward(self, prog: CpuStepProgram,
+                seqs: Sequence[tuple[Sequence[int], int, Sequence[int]]],
+                want: Literal["last", "all"] = "last", n_threads: int | None = None
+                ) -> np.ndarray:
+        """float32 logits of a step of ``seqs``, each ``(new_token_ids, start_pos,
+        block_table)`` as ``kiln.model.base.build_forward_batch`` takes them: for each
+        sequence's last new row (``want="last"``) or every row (``"all"``), in order. Runs as
+        ``kiln.model.base.CpuStep.forward`` runs the same step (C steps of :func:`group_rows`
+        rows), so the numbers are the torch-loaded model's bit for bit; writes the rows' K/V
+        into ``prog``'s cache; ``n_threads``: the C calls' threads (default ``threads()``).
+        IndexError for a token id outside the vocabulary."""
+        if not seqs:
+            raise ValueError("forward: no sequences")
+        if not prog.embeds:
+            raise ValueError("forward: the program holds no embedding")
+        bs = prog.block_size
+        max_blocks = max(len(table) for _, _, table in seqs) or 1
+        ids: list[int] = []
+        ctx: list[int] = []
+        slots: list[int] = []
+        owner: list[int] = []
+        first: list[int] = []
+        wanted: list[int] = []
+        tables = np.zeros((len(seqs), max_blocks), dtype=np.int32)
+        for s, (new_tokens, start, table) in enumerate(seqs):
+            n, end = len(new_tokens), start + len(new_tokens)
+            if n == 0:
+                raise ValueError("forward: a sequence has no new tokens")
+            if len(table) * bs < end:
+                raise ValueError(f"block table of {len(table)} blocks cannot hold {end} tokens")
+            tables[s, :len(table)] = [int(b) for b in table]
+            row0 = len(ids)
+            ids.extend(int(t) for t in new_tokens)
+            ctx.extend(range(start + 1, end + 1))  # position + 1
+            slots.extend(int(table[p // bs]) * bs + p % bs for p in range(start, end))
+            owner.extend([s] * n)
+            first.extend([row0] * n)
+            wanted.extend(range(row0, row0 + n) if want == "all" else [row0 + n - 1])
+        return self._run(prog, np.array(ids, dtype=np.int64), np.array(ctx, dtype=np.int64),
+                         tables, np.array(slots, dtype=np.int64),
+                         np.array(owner, dtype=np.int64), first, wanted, n_threads)
+
+    def _run(self, prog: CpuStepProgram, ids: np.ndarray, ctx: np.ndarray, tables: np.ndarray,
+             slots: np.ndarray, owner: np.ndarray, first: list[int], wanted: list[int],
+             n_threads: int | None) -> np.ndarray:
+        n_rows = int(ids.shape[0])
+        size = group_rows(self.weights.heads, int(ctx.max()))
+        out: np.ndarray | None = None
+        for a in range(0, n_rows, size):
+            b = min(n_rows, a + size)
+            picked = [(j, r - a) for j, r in enumerate(wanted) if a <= r < b]
+            logits = prog.step(
+                None, ctx[a:b], tables[owner[a:b]], slots[a:b],
+                np.array([k for _, k in picked] or [0], dtype=np.int64), None,
+                np.array([max(f, a) - a for f in first[a:b]], dtype=np.int64), ids=ids[a:b],
+                n_threads=n_threads)
+            if b == n_rows and a == 0 and picked and len(picked) == len(wanted):
+                return logits  # one C step, every logits row in the order asked
+            if out is None:
+                out = np.empty((len(wanted), logits.shape[1]), dtype=np.float32)
+            if picked:
+                out[[j for j, _ in picked]] = logits[:len(picked)]
+        return out if out is not None else np.empty((0, prog.vocab), dtype=np.float32)
+
+    def torch_model(self) -> CausalLM:
+        """The torch model of the same file over the same tiles (``gguf_loader.load_gguf`` on the
+        CPU in float32 with the packed kernels): imports torch."""
+        import torch
+
+        from kiln.model.gguf_loader import load_gguf
+
+        tiled = Tiled(self.tiled.path, self.tiled.reader, dict(self.tiled.tiles))  # it pops them
+        return load_gguf(self.path, torch.float32, torch.device("cpu"), quant_kernels=True,
+                         tiled=tiled).model
+
+
+__all__ = ["C_MAX_ROWS", "C_SCORES_BYTES", "CModel", "expected_shapes", "group_rows"]

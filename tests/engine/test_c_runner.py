@@ -1,0 +1,145 @@
+"""The torch-free C engine (kiln/engine/c_runner.py) on the default model: the same tokens as the
+torch engine's runner for plain, seeded, penalized and constrained requests; the handover to
+the torch runner when a request needs torch, with the numbers of the running sequences
+unchanged; and a whole ``kiln serve`` backend that serves without importing torch."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kiln.api.handlers.constraints import from_structured_outputs
+from kiln.engine.c_runner import CRunner
+from kiln.engine.config import EngineConfig
+from kiln.engine.loop import build_core
+from kiln.engine.output_processor import OutputProcessor
+from kiln.engine.outputs import RequestOutput
+from kiln.engine.request import GrammarSpec, Request, SamplingParams
+from kiln.engine.runner import ModelRunner
+from kiln.model import LoadedModel, load_model
+from kiln.model.loader import Loaded, LoadedCModel
+from tests.engine.drive import chat, drive, token_ids
+
+pytestmark = pytest.mark.slow
+CONFIG = EngineConfig(kv_memory_mb=64, max_num_batched_tokens=64)
+
+
+@pytest.fixture(scope="module")
+def c_loaded(smollm: LoadedModel) -> LoadedCModel:
+    """The default model as the torch-free C model (``smollm`` loaded first: a torch load fills
+    the rotary frequencies' cache that a torch-free load reads)."""
+    loaded = load_model(None, device="cpu", torch_free=True)
+    assert isinstance(loaded, LoadedCModel)  # a CModel, not a CausalLM
+    return loaded
+
+
+def requests(m: Loaded) -> list[Request]:
+    schema = from_structured_outputs({"json": {"type": "object", "properties": {
+        "n": {"type": "integer"}}, "required": ["n"]}})
+    assert schema is not None
+    return [
+        Request("greedy", chat(m, "What is the capital of France?"),
+                SamplingParams(temperature=0.0, max_tokens=24)),
+        Request("seeded", chat(m, "Write one sentence about the sea."),
+                SamplingParams(temperature=0.8, top_p=0.9, top_k=40, seed=5, max_tokens=20,
+                               ignore_eos=True)),
+        Request("penalized", chat(m, "List some fruits."),
+                SamplingParams(temperature=0.7, seed=9, presence_penalty=0.5,
+                               frequency_penalty=0.4, repetition_penalty=1.2, max_tokens=20)),
+        Request("json", chat(m, "Give me a number as JSON."),
+                SamplingParams(temperature=0.0, max_tokens=20,
+                               grammar=GrammarSpec(schema[0]))),
+        Request("long", chat(m, "Tell me about bread. " * 20),  # prefill over several steps
+                SamplingParams(temperature=0.0, max_tokens=8)),
+    ]
+
+
+def run(loaded: Loaded, reqs: list[Request]) -> tuple[dict[str, list[int]], object]:
+    sched, runner = build_core(loaded, CONFIG)
+    outs: dict[str, list[RequestOutput]] = drive(sched, runner, reqs)
+    return {rid: token_ids(o) for rid, o in outs.items()}, runner
+
+
+def test_the_c_engine_samples_the_torch_engine_s_tokens(smollm: LoadedModel,
+                                                        c_loaded: LoadedCModel) -> None:
+    want, torch_runner = run(smollm, requests(smollm))
+    got, c_runner = run(c_loaded, requests(c_loaded))
+    assert isinstance(torch_runner, ModelRunner) and isinstance(c_runner, CRunner)
+    assert not c_runner.handed_over  # no request here needs torch
+    assert got == want
+    assert all(len(ids) > 0 for ids in got.values())
+    assert c_runner.plan == torch_runner.plan
+
+
+def test_a_request_that_needs_torch_hands_over_mid_flight(smollm: LoadedModel,
+                                                          c_loaded: LoadedCModel) -> None:
+    """A logprobs request arrives while others decode: the torch runner takes over the same
+    KV cache, and every request's tokens are those of the torch engine alone."""
+    def reqs(m: Loaded) -> list[Request]:
+        return [*requests(m)[:3],
+                Request("logprobs", chat(m, "Say hello."),
+                        SamplingParams(temperature=0.0, max_tokens=10, logprobs=2))]
+
+    want, _ = run(smollm, reqs(smollm))
+    sched, runner = build_core(c_loaded, CONFIG)
+    assert isinstance(runner, CRunner)
+    first = reqs(c_loaded)
+    stage = OutputProcessor()
+    # three plain requests for a few steps, then the logprobs request joins
+    outs = drive(sched, runner, first[:3], max_steps=6, output=stage, partial=True)
+    assert not runner.handed_over
+    outs2 = drive(sched, runner, first[3:], output=stage)
+    assert runner.handed_over
+    got = {rid: token_ids(outs.get(rid, []) + outs2.get(rid, [])) for rid in want}
+    assert got == want
+
+
+def test_scoring_hands_over(c_loaded: LoadedCModel, smollm: LoadedModel) -> None:
+    from kiln.engine.scoring import score_prompt
+
+    ids = chat(smollm, "The quick brown fox jumps over the lazy dog.")
+    sched, runner = build_core(c_loaded, CONFIG)
+    assert isinstance(runner, CRunner)
+    job = runner.scoring_job(sched.pool, ids, 3)
+    while not job.step():
+        pass
+    t_sched, t_runner = build_core(smollm, CONFIG)
+    assert isinstance(t_runner, ModelRunner)
+    want = score_prompt(t_runner.model, t_runner.kv, t_sched.pool, ids, 3)
+    assert job.scores == want and runner.handed_over
+
+
+SERVE = """
+import asyncio, json, sys
+from kiln.config import from_env
+from kiln.serving import EngineBackend
+from kiln.engine.request import Request, SamplingParams
+cfg = from_env().with_overrides(kv_memory_mb=64)
+backend = EngineBackend.from_config(cfg)
+backend.start()
+ids = backend.tokenizer.encode("The capital of France is")
+async def go():
+    return [t async for o in backend.submit(Request("r", ids, SamplingParams(
+        temperature=0.0, max_tokens=8))) for t in o.new_token_ids]
+tokens = asyncio.run(go())
+print(json.dumps({"torch": "torch" in sys.modules, "tokens": tokens,
+                  "plan": backend.compute_plan()}))
+backend.shutdown()
+"""
+
+
+def test_kiln_serve_s_backend_serves_without_torch(smollm: LoadedModel, tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KILN_MODEL")}
+    done = subprocess.run([sys.executable, "-c", SERVE], capture_output=True, text=True,
+                          env=env, cwd=tmp_path, timeout=300, check=True)
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["torch"] is False
+    assert out["plan"]["step"] == "c" and len(out["tokens"]) == 8
+    want, _ = run(smollm, [Request("r", smollm.tokenizer.encode("The capital of France is"),
+                                   SamplingParams(temperature=0.0, max_tokens=8))])
+    assert out["tokens"] == want["r"]
