@@ -122,11 +122,12 @@ def load_model(path: str | None = None, *, dtype: str | None = None, device: str
     if c_model is not None:
         from kiln.model.gguf_tokenizer import tokenizer_from_gguf
 
-        meta = c_model.metadata
+        meta = c_model.take_metadata()
         tokenizer = tokenizer_from_gguf(meta)
         template = meta.get("tokenizer.chat_template")
         chat = _chat_template(template if isinstance(template, str) else None, tokenizer, {},
                               file, chat_template_path)
+        del meta, tiled  # the file's map (kiln.model.gguf_index) with them
         release_freed_heap()
         return LoadedCModel(model=c_model, config=c_model.config, tokenizer=tokenizer,
                             chat_template=chat, served_name=served_model_name or default_name,
