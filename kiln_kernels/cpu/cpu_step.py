@@ -23,6 +23,7 @@ from ..quant import FORMAT_IDS, MAX_PARTS, Packed
 from .arrays import (
     Array,
     addr,
+    aligned_empty,
     as_numpy,
     dense,
     dtype_name,
@@ -121,7 +122,7 @@ class LoraRows:
         scales = as_numpy(self.scales, "float32")
         if idx.shape != (k, rows) or scales.shape != (k, rows):
             raise ValueError("LoRA slot_idx/scales must be [K, M]")
-        t = np.empty(max(1, rows * k * rank), dtype=np.float32)
+        t = aligned_empty(max(1, rows * k * rank))
         keep.extend([idx, scales, t])
         return _Lora(K=k, nslots=nslots, rank=rank, slot_idx=addr(idx),
                      scales=addr(scales), a=(ctypes.c_void_p * 7)(*map(addr, self.a)),
@@ -274,7 +275,7 @@ class CpuStepProgram:
         tok = None if ids is None else as_numpy(ids, "int64")
         m = shape(x)[0] if x is not None else int(tok.shape[0])  # type: ignore[union-attr]
         if x is None:
-            x = np.empty((m, self.weights.hidden), dtype=np.float32)
+            x = aligned_empty((m, self.weights.hidden))
         lens = as_numpy(ctx_lens, "int64")
         max_ctx = int(lens.max())
         tables = as_numpy(block_tables, "int32")
@@ -284,9 +285,9 @@ class CpuStepProgram:
         slot = as_numpy(slots, "int64")
         rows = as_numpy(logit_rows, "int64")
         first = as_numpy(np.arange(m) if seq_first is None else seq_first, "int64")
-        logits = np.empty((rows.size, self.vocab), dtype=np.float32)
+        logits = aligned_empty((rows.size, self.vocab))
         need = self.lib.kiln_cpu_step_scratch_floats(ctypes.byref(self.model), m, max_ctx)
-        scratch = np.empty(need, dtype=np.float32)
+        scratch = aligned_empty(need)
         keep: list[Array] = []
         lora_struct = None if lora is None else lora.struct(m, keep)
         st = _Step(M=m, max_blocks=int(tables.shape[1]), max_ctx=max_ctx, L=rows.size,

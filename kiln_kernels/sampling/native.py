@@ -25,7 +25,16 @@ import numpy as np
 
 from ..cpu import NATIVE_FLAGS, KernelBuildError, library, threads
 from ..cpu import available as native_available
-from ..cpu.arrays import Array, addr, contiguous, dtype_name, on_cpu, shape, strides
+from ..cpu.arrays import (
+    Array,
+    addr,
+    aligned_empty,
+    contiguous,
+    dtype_name,
+    on_cpu,
+    shape,
+    strides,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -85,7 +94,7 @@ def _scratch_for(lib: ctypes.CDLL, vocab: int, n_threads: int) -> np.ndarray:
     need = int(lib.kiln_sample_scratch_floats(vocab, n_threads))
     buf: np.ndarray | None = getattr(_scratch, "buf", None)
     if buf is None or buf.size != need:
-        buf = np.zeros(need, dtype=np.float32)  # the marks must start at zero
+        buf = aligned_empty(need, zero=True)  # the marks must start at zero
         _scratch.buf = buf
     return buf
 

@@ -190,3 +190,16 @@ def test_the_grammar_mask_on_numpy_equals_torch(vocab: int, words: int) -> None:
     assert np.array_equal(mixed, got)
     assert not apply_token_bitmask_native(logits.astype(np.float64), bitmask, rows)
     assert not apply_token_bitmask_native(logits, bitmask.astype(np.int64), rows)
+
+
+def test_aligned_empty_sits_on_a_cache_line() -> None:
+    from kiln_kernels.cpu.arrays import ALIGN, aligned_empty
+
+    for shape in (1, 7, (3, 5), (8, 49152)):
+        for _ in range(4):  # numpy's own allocations are 16-byte aligned: several addresses
+            a = aligned_empty(shape)
+            assert a.ctypes.data % ALIGN == 0 and a.dtype == np.float32
+            assert a.shape == ((shape,) if isinstance(shape, int) else shape)
+            assert a.flags.c_contiguous and a.flags.writeable
+    z = aligned_empty((4, 9), "int64", zero=True)
+    assert z.ctypes.data % ALIGN == 0 and z.dtype == np.int64 and not z.any()
