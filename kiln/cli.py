@@ -66,10 +66,10 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
 def serve(config: ServerConfig) -> int:
     from kiln.startup import StartupError
 
-    # No cyclic collection during start-up: the imports (torch's among them) and the load make
-    # objects that nearly all live as long as the server, so the collector's passes over them
-    # found little to free and cost 0.10-0.16 s of a ~1 s start on the default model (three full
-    # passes during the imports alone). The load collects explicitly where it frees
+    # No cyclic collection during start-up: the imports (torch's, where the model needs it) and
+    # the load make objects that nearly all live as long as the server, so the collector's
+    # passes over them found little to free and cost 0.10-0.16 s of a ~1 s start on the default
+    # model with torch (three full passes during the imports alone). The load collects explicitly where it frees
     # (release_freed_heap); _serve turns the collector back on once what it made is frozen.
     # The price: the cyclic garbage the imports leave (~7,000 objects, ~0.7 MB measured on the
     # default install) is frozen with them instead of collected.
@@ -90,8 +90,8 @@ def _serve(config: ServerConfig) -> int:
     from kiln.model.early_tiles import tiles_will_be_held, tiling_beside
     from kiln.model.locate import model_path
 
-    # The model's matrices are tiled on a thread while the main thread imports torch and the
-    # server (most of start-up); the loader takes the tiles (kiln/model/early_tiles.py).
+    # The model's matrices are tiled on a thread while the main thread imports the server (and
+    # torch, where the model needs it); the loader takes the tiles (kiln/model/early_tiles.py).
     held = tiles_will_be_held(config.device, config.dtype, process_settings().quant_kernels)
     with tiling_beside(model_path(config.model) if held else None):
         loaded = _load(config)
@@ -108,8 +108,8 @@ def _load(config: ServerConfig) -> int | tuple[socket.socket, EngineBackend]:
     from kiln.serving import EngineBackend
     from kiln.text.chat_template import ChatTemplateError
 
-    # The modules imported by now (torch's ~770 among them) live as long as the server: out of
-    # the cyclic collector's passes from here on, so that the load's full collection
+    # The modules imported by now (with torch, its ~770 among them) live as long as the server:
+    # out of the cyclic collector's passes from here on, so that the load's full collection
     # (release_freed_heap) walks the load's objects only (see gc.freeze below).
     gc.freeze()
     # Checks that need no model first: a port in use or a missing --adapter-dir fails at once.

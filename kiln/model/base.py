@@ -11,6 +11,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal, cast
 
+import numpy as np
 import torch
 from kiln_kernels.cpu.arrays import dtype_name
 from kiln_kernels.cpu.cpu_step import (
@@ -24,7 +25,7 @@ from kiln_kernels.quant import NATIVE_FLAGS, Packed, PackedWeight
 from torch import nn
 
 from kiln.model.attention import AttentionPlan, plan_attention
-from kiln.model.c_model import group_rows
+from kiln.model.c_model import group_rows, step_groups
 from kiln.model.config import ModelConfig
 from kiln.model.kv_cache import KVCache
 from kiln.model.layers import DecoderLayer, LoraHook, RMSNorm, RotaryEmbedding
@@ -331,24 +332,16 @@ class CpuStep:
         # the embedding: in the C step where it is held packed, else the model's module first
         ids = batch.input_ids if prog.embeds else None
         x = None if prog.embeds else model.model.embed_tokens(batch.input_ids)
-        size = group_rows(self.weights.heads, int(batch.seq_lens.max()))
-        out: torch.Tensor | None = None
-        for a in range(0, n_rows, size):
-            b = min(n_rows, a + size)
-            picked = [(j, r - a) for j, r in enumerate(wanted) if a <= r < b]
+        tables, positions = batch.block_tables, batch.positions
+
+        def step(a: int, b: int, rows: list[int]) -> np.ndarray:
             lora = None if batch.lora is None else lora_rows(batch.lora, torch.arange(a, b))
-            logits = torch.from_numpy(prog.step(
-                None if x is None else x[a:b], batch.positions[a:b] + 1,
-                batch.block_tables.index_select(0, torch.tensor(owner[a:b], dtype=torch.int64)),
-                batch.slot_mapping[a:b],
-                torch.tensor([k for _, k in picked] or [0], dtype=torch.int64),
-                lora,
+            return prog.step(
+                None if x is None else x[a:b], positions[a:b] + 1,
+                tables.index_select(0, torch.tensor(owner[a:b], dtype=torch.int64)),
+                batch.slot_mapping[a:b], torch.tensor(rows, dtype=torch.int64), lora,
                 torch.tensor([max(qsl[i], a) - a for i in owner[a:b]], dtype=torch.int64),
-                ids=None if ids is None else ids[a:b]))
-            if b == n_rows and a == 0 and picked and len(picked) == len(wanted):
-                return logits  # one C step, every logits row in the order asked
-            if out is None:
-                out = torch.empty((len(wanted), logits.shape[1]), dtype=torch.float32)
-            if picked:
-                out[[j for j, _ in picked]] = logits[:len(picked)]
-        return out if out is not None else torch.empty((0, prog.vocab), dtype=torch.float32)
+                ids=None if ids is None else ids[a:b])
+
+        size = group_rows(self.weights.heads, int(batch.seq_lens.max()))
+        return torch.from_numpy(step_groups(n_rows, size, wanted, prog.vocab, step))

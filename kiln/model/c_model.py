@@ -22,7 +22,7 @@ The C step's row grouping lives here (torch-free); ``kiln.model.base.CpuStep`` u
 from __future__ import annotations
 
 import mmap
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
 
@@ -70,6 +70,38 @@ C_SCORES_BYTES = 64 << 20
 def group_rows(heads: int, max_ctx: int) -> int:
     """Rows per C step for a forward step whose longest context is ``max_ctx``."""
     return max(1, min(C_MAX_ROWS, C_SCORES_BYTES // (4 * heads * max(1, max_ctx))))
+
+
+def step_groups(n_rows: int, size: int, wanted: list[int], vocab: int,
+                step: Callable[[int, int, list[int]], np.ndarray]) -> np.ndarray:
+    """A forward step's logits ``[len(wanted), vocab]`` (rows ``wanted`` of its ``n_rows``, in
+    that order) from consecutive C steps of at most ``size`` rows: ``step(a, b, rows)`` runs
+    rows ``a:b`` and returns the logits of their rows ``rows`` (offsets from ``a``; ``[0]`` when
+    the group has none wanted, as a C step computes at least one)."""
+    out: np.ndarray | None = None
+    for a in range(0, n_rows, size):
+        b = min(n_rows, a + size)
+        picked = [(j, r - a) for j, r in enumerate(wanted) if a <= r < b]
+        logits = step(a, b, [k for _, k in picked] or [0])
+        if b == n_rows and a == 0 and picked and len(picked) == len(wanted):
+            return logits  # one C step, every logits row in the order asked
+        if out is None:
+            out = np.empty((len(wanted), logits.shape[1]), dtype=np.float32)
+        if picked:
+            out[[j for j, _ in picked]] = logits[:len(picked)]
+    return out if out is not None else np.empty((0, vocab), dtype=np.float32)
+
+
+def kv_map(size: int, maps: int) -> mmap.mmap:
+    """An anonymous map of ``size`` bytes for one of a KV cache's ``maps`` buffers: zero pages,
+    resident only once written, page-aligned (the C step's loads need 64 bytes). Python's
+    anonymous maps are shared ones: smaps names them "/dev/zero (deleted)", which is how
+    bench_peer measures the cache's resident part. ValueError past what the system maps."""
+    try:
+        return mmap.mmap(-1, size)
+    except OSError as exc:  # more than the system will map (--kv-memory-mb too large)
+        raise ValueError(f"the KV cache ({maps} maps of {size // (1024 * 1024)} MiB) cannot be "
+                         f"mapped ({exc.strerror}); lower --kv-memory-mb") from exc
 
 
 _KV_ITEMSIZE = {"float32": 4, "float16": 2}
@@ -240,12 +272,7 @@ class CModel:
         size = int(np.prod(shape)) * _KV_ITEMSIZE[name]
 
         def one() -> np.ndarray:
-            try:
-                pages = mmap.mmap(-1, size)
-            except OSError as exc:  # more than the system will map (--kv-memory-mb too large)
-                raise ValueError(f"the KV cache ({2 * cfg.num_layers} maps of "
-                                 f"{size // (1024 * 1024)} MiB) cannot be mapped "
-                                 f"({exc.strerror}); lower --kv-memory-mb") from exc
+            pages = kv_map(size, 2 * cfg.num_layers)
             return np.frombuffer(pages, dtype=name).reshape(shape).transpose(0, 2, 1, 3)
 
         return ([one() for _ in range(cfg.num_layers)], [one() for _ in range(cfg.num_layers)])
@@ -299,24 +326,14 @@ class CModel:
     def _run(self, prog: CpuStepProgram, ids: np.ndarray, ctx: np.ndarray, tables: np.ndarray,
              slots: np.ndarray, owner: np.ndarray, first: list[int], wanted: list[int],
              n_threads: int | None) -> np.ndarray:
-        n_rows = int(ids.shape[0])
+        def step(a: int, b: int, rows: list[int]) -> np.ndarray:
+            return prog.step(None, ctx[a:b], tables[owner[a:b]], slots[a:b],
+                             np.array(rows, dtype=np.int64), None,
+                             np.array([max(f, a) - a for f in first[a:b]], dtype=np.int64),
+                             ids=ids[a:b], n_threads=n_threads)
+
         size = group_rows(self.weights.heads, int(ctx.max()))
-        out: np.ndarray | None = None
-        for a in range(0, n_rows, size):
-            b = min(n_rows, a + size)
-            picked = [(j, r - a) for j, r in enumerate(wanted) if a <= r < b]
-            logits = prog.step(
-                None, ctx[a:b], tables[owner[a:b]], slots[a:b],
-                np.array([k for _, k in picked] or [0], dtype=np.int64), None,
-                np.array([max(f, a) - a for f in first[a:b]], dtype=np.int64), ids=ids[a:b],
-                n_threads=n_threads)
-            if b == n_rows and a == 0 and picked and len(picked) == len(wanted):
-                return logits  # one C step, every logits row in the order asked
-            if out is None:
-                out = np.empty((len(wanted), logits.shape[1]), dtype=np.float32)
-            if picked:
-                out[[j for j, _ in picked]] = logits[:len(picked)]
-        return out if out is not None else np.empty((0, prog.vocab), dtype=np.float32)
+        return step_groups(int(ids.shape[0]), size, wanted, prog.vocab, step)
 
     def torch_model(self) -> CausalLM:
         """The torch model of the same file over the same tiles (``gguf_loader.load_gguf`` on the
@@ -330,4 +347,5 @@ class CModel:
                          tiled=tiled).model
 
 
-__all__ = ["C_MAX_ROWS", "C_SCORES_BYTES", "CModel", "expected_shapes", "group_rows"]
+__all__ = ["C_MAX_ROWS", "C_SCORES_BYTES", "CModel", "expected_shapes", "group_rows", "kv_map",
+           "step_groups"]

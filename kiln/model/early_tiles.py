@@ -1,10 +1,12 @@
-"""Start-up tiles the model's matrices while torch imports.
+"""Start-up tiles the model's matrices while the server's modules import.
 
-``kiln serve`` spends most of its start importing torch (0.65 s of ~1.1 s on the default model,
-``python -X importtime``), and putting a model's weights into the CPU kernels' tiles is memory
-copies, which run in C without the GIL (``kiln_kernels.tiling.TileWork``, one C call a thread).
-So the CLI starts a thread (:func:`tiling_beside`) that reads a GGUF's index, or an HF folder's
-safetensors headers, and tiles every matrix the kernels can hold while the main thread imports.
+``kiln serve`` spends much of its start importing (torch, 0.65 s of ~1.1 s on the default model,
+``python -X importtime``, where the model needs torch; the server's own modules, ~0.2 s, where
+it is served without torch: ``kiln.model.c_model``), and putting a model's weights into the CPU
+kernels' tiles is memory copies, which run in C without the GIL
+(``kiln_kernels.tiling.TileWork``, one C call a thread). So the CLI starts a thread
+(:func:`tiling_beside`) that reads a GGUF's index, or an HF folder's safetensors headers, and
+tiles every matrix the kernels can hold while the main thread imports.
 The loader takes the result (:func:`take_tiled`); where the tiling outlasts the imports (a
 large model), the main thread first tiles beside the thread whatever it has not begun. The
 loader tiles only what is left. Nothing here imports torch. Figures: ``bench/README.md``,

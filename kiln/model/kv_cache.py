@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import mmap
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from kiln.model.c_model import kv_map
 from kiln.model.config import ModelConfig
 
 if TYPE_CHECKING:
@@ -49,16 +49,8 @@ class KVCache:
         nb, bs, nkv, hd = self.num_blocks, self.block_size, cfg.num_kv_heads, cfg.head_dim
         shape = (nb, nkv, bs, hd) if self.heads_major else (nb, bs, nkv, hd)
         if self.zero_pages:
-            # the tensor keeps the map alive; the map is page-aligned (the C step's loads need 64).
-            # Python's anonymous maps are shared ones: smaps names them "/dev/zero (deleted)",
-            # which is how bench_peer measures the cache's resident part.
-            size = nb * bs * nkv * hd * _element_size(self.dtype)
-            try:
-                pages = mmap.mmap(-1, size)
-            except OSError as exc:  # more than the system will map (--kv-memory-mb too large)
-                raise ValueError(f"the KV cache ({2 * cfg.num_layers} maps of "
-                                 f"{size // (1024 * 1024)} MiB) cannot be mapped "
-                                 f"({exc.strerror}); lower --kv-memory-mb") from exc
+            # the tensor keeps the map alive (kiln.model.c_model.kv_map: zero pages)
+            pages = kv_map(nb * bs * nkv * hd * _element_size(self.dtype), 2 * cfg.num_layers)
             t = torch.frombuffer(pages, dtype=self.dtype).view(shape)
         else:
             t = torch.zeros(shape, dtype=self.dtype, device=self.device)
