@@ -99,9 +99,10 @@ class CRunner:
         if self._torch is None:
             from kiln.engine.runner import ModelRunner
             from kiln.model.kv_cache import KVCache
+            from kiln.model.loader import torch_model
 
             log.info("a request needs torch: the torch runner takes over")
-            model = self.model.torch_model()
+            model = torch_model(self.model)
             kv = KVCache.over(self.kv.k, self.kv.v, self.block_size, heads_major=True,
                               zero_pages=True)
             import torch

@@ -13,8 +13,9 @@ of a model of this shape). Its steps run as ``kiln.model.base.CpuStep`` runs the
 
 :meth:`CModel.load` returns None where the C step cannot serve the file this way (a matrix
 without a kernel, projections that do not fuse, no C library, a head grouping the C step does not
-take, no stored frequencies): the caller then loads it the torch way. :meth:`CModel.torch_model`
-builds the torch model over the same tiles, for whatever needs torch later.
+take, no stored frequencies): the caller then loads it the torch way.
+``kiln.model.loader.torch_model`` builds the torch model over the same tiles, for whatever needs
+torch later.
 
 The C step's row grouping lives here (torch-free); ``kiln.model.base.CpuStep`` uses it too.
 """
@@ -24,7 +25,7 @@ from __future__ import annotations
 import mmap
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import Any, Literal, cast
 
 import numpy as np
 from kiln_kernels.cpu import available
@@ -51,9 +52,6 @@ from kiln.model.gguf_tensors import (
     unpackable,
     unpermute_qk,
 )
-
-if TYPE_CHECKING:
-    from kiln.model.base import CausalLM
 
 # -- the C step's row grouping (kiln.model.base.CpuStep runs its steps the same way) -----------
 # Rows per C step. A longer forward step runs as consecutive C steps over its rows in order; a
@@ -334,17 +332,6 @@ class CModel:
 
         size = group_rows(self.weights.heads, int(ctx.max()))
         return step_groups(int(ids.shape[0]), size, wanted, prog.vocab, step)
-
-    def torch_model(self) -> CausalLM:
-        """The torch model of the same file over the same tiles (``gguf_loader.load_gguf`` on the
-        CPU in float32 with the packed kernels): imports torch."""
-        import torch
-
-        from kiln.model.gguf_loader import load_gguf
-
-        tiled = Tiled(self.path, None, dict(self.tiles))  # it pops them; it reads the index
-        return load_gguf(self.path, torch.float32, torch.device("cpu"), quant_kernels=True,
-                         tiled=tiled).model
 
 
 __all__ = ["C_MAX_ROWS", "C_SCORES_BYTES", "CModel", "expected_shapes", "group_rows", "kv_map",

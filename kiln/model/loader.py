@@ -177,3 +177,18 @@ def _chat_template(template: str | None, tokenizer: Tokenizer, specials: dict[st
             f"the model at {file} has no chat template; pass one with --chat-template FILE")
     return ChatTemplate(template, bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token,
                         special_tokens=specials)
+
+
+def torch_model(model: CModel) -> CausalLM:
+    """The torch model of a C model's file over the same tile arrays (``load_gguf`` on the CPU
+    in float32 with the packed kernels, which shares them): imports torch. What the engine
+    hands over to when a request needs torch (``kiln.engine.c_runner``)."""
+    import torch
+
+    from kiln.model.early_tiles import Tiled
+    from kiln.model.gguf_loader import load_gguf
+
+    tiled = Tiled(model.path, None, dict(model.tiles))  # load_gguf pops what it takes
+    return load_gguf(model.path, torch.float32, torch.device("cpu"), quant_kernels=True,
+                     tiled=tiled).model
+

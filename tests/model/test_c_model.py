@@ -186,3 +186,21 @@ def test_forward_refuses_what_build_forward_batch_refuses(tmp_path: Path) -> Non
             cm.forward(prog, seqs)
     with pytest.raises(IndexError):
         cm.forward(prog, [([cm.vocab_size], 0, [0])])
+
+
+def test_the_torch_model_of_a_c_model_shares_its_tiles(tmp_path: Path) -> None:
+    """``kiln.model.loader.torch_model`` (the engine's handover) builds the torch model over the
+    C model's own tile arrays: no second copy of the weights, the same C step."""
+    from kiln.model.loader import torch_model
+
+    _, cm = both(tiny_gguf(tmp_path, "qwen2-untied-q4km"))
+    model = torch_model(cm)
+    step = model.cpu_step
+    assert step is not None
+    ours = {p.tiles.ctypes.data for layer in cm.weights.layers
+            for w in (layer.qkv, layer.o, layer.gate_up, layer.down) for p in w.parts}
+    theirs = {p.tiles.data_ptr() for layer in step.weights.layers
+              for w in (layer.qkv, layer.o, layer.gate_up, layer.down) for p in w.parts}
+    assert ours == theirs and len(ours) >= 4 * cm.config.num_layers
+    assert cm.tiles  # the C model's own map of tiles is left as it was
+    run_both(model, cm, greedy_steps(model, [[1, 2, 3], [4, 5, 6, 7]], 2))
