@@ -45,6 +45,7 @@ CASES = [
     ("kiln.serving", ("torch", "triton")),
     ("kiln.engine.loop", ("torch", "triton")),
     ("kiln.engine.c_runner", ("torch", "triton")),
+    ("kiln.engine.core", ("torch", "triton")),
     ("kiln.model.loader", ("torch", "triton")),
     ("kiln.model.c_model", ("torch", "triton")),
     ("kiln.model.rope_cache", ("torch", "triton")),

@@ -15,9 +15,10 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from kiln.engine.config import EngineConfig, context_length
+from kiln.engine.config import EngineConfig
+from kiln.engine.core import build_core
 from kiln.engine.errors import EngineError
 from kiln.engine.exclusive import ExclusiveCall
 from kiln.engine.lora_mix import LoraMix
@@ -34,9 +35,7 @@ from kiln.engine.scheduler import Scheduler
 from kiln.engine.score_queue import ScoringQueue
 
 if TYPE_CHECKING:
-    from kiln.engine.c_runner import CRunner
-    from kiln.engine.runner import ModelRunner
-    from kiln.model.loader import Loaded, LoadedCModel, LoadedModel
+    from kiln.model.loader import Loaded
 
 __all__ = ["AsyncEngine", "EngineError", "Executor", "build_core", "build_on_engine_thread",
            "build_output_processor"]
@@ -48,39 +47,6 @@ _IDLE_WAIT_S = 0.005  # when work exists but nothing could be scheduled (never e
 
 class Executor(Protocol):
     def execute(self, so: SchedulerOutput) -> ModelRunnerOutput: ...
-
-
-@overload
-def build_core(loaded: LoadedModel, config: EngineConfig) -> tuple[Scheduler, ModelRunner]: ...
-
-
-@overload
-def build_core(loaded: LoadedCModel, config: EngineConfig) -> tuple[Scheduler, CRunner]: ...
-
-
-@overload
-def build_core(loaded: Loaded, config: EngineConfig
-               ) -> tuple[Scheduler, ModelRunner | CRunner]: ...
-
-
-def build_core(loaded: Loaded, config: EngineConfig
-               ) -> tuple[Scheduler, ModelRunner | CRunner]:
-    """The scheduler and model runner for ``loaded`` (KV cache allocated here): the torch-free
-    ``CRunner`` for a model loaded without torch (``LoadedCModel``), else the ``ModelRunner``."""
-    from kiln.model.loader import LoadedModel
-
-    runner: ModelRunner | CRunner
-    if isinstance(loaded, LoadedModel):
-        from kiln.engine.runner import ModelRunner
-
-        runner = ModelRunner(loaded.model, loaded.config, config, loaded.dtype, loaded.device,
-                             tokenizer=loaded.tokenizer)
-    else:
-        from kiln.engine.c_runner import CRunner
-
-        runner = CRunner(loaded.model, config, tokenizer=loaded.tokenizer)
-    max_len = context_length(config, loaded.config.max_position)
-    return Scheduler(config, runner.num_blocks, max_len, loaded.tokenizer.eos_token_ids), runner
 
 
 def build_output_processor(loaded: Loaded) -> OutputProcessor:

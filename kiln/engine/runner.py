@@ -57,8 +57,8 @@ class ModelRunner:
         cache_dtype = torch_dtype(self.plan.kv_dtype)
         self.kv_bytes_per_block = KVCache.bytes_per_block(cfg, config.block_size, cache_dtype)
         if kv is None:
-            self.num_blocks = kv_num_blocks(cfg, config, cache_dtype)
-            kv = kv_cache_for(model, self.num_blocks, config.block_size, cache_dtype, device)
+            kv = kv_cache_for(model, kv_num_blocks(cfg, config, cache_dtype), config.block_size,
+                              cache_dtype, device)
         self.num_blocks = kv.num_blocks
         self.kv = kv
         self.sampler = Sampler(device, self.plan.sampler, self.plan.grammar_mask)

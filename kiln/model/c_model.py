@@ -90,6 +90,12 @@ def step_groups(n_rows: int, size: int, wanted: list[int], vocab: int,
     return out if out is not None else np.empty((0, vocab), dtype=np.float32)
 
 
+def kv_block_bytes(cfg: ModelConfig, block_size: int, itemsize: int) -> int:
+    """Bytes one KV block takes across all layers, K and V together, at ``itemsize`` bytes an
+    element (``KVCache.bytes_per_block`` and :meth:`CModel.bytes_per_block`)."""
+    return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * itemsize
+
+
 def kv_map(size: int, maps: int) -> mmap.mmap:
     """An anonymous map of ``size`` bytes for one of a KV cache's ``maps`` buffers: zero pages,
     resident only once written, page-aligned (the C step's loads need 64 bytes). Python's
@@ -251,9 +257,7 @@ class CModel:
 
     def bytes_per_block(self, block_size: int, dtype: str) -> int:
         """Bytes one block takes across all layers, K and V together (``KVCache``'s)."""
-        cfg = self.config
-        return (2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim
-                * _KV_ITEMSIZE[self._kv_dtype(dtype)])
+        return kv_block_bytes(self.config, block_size, _KV_ITEMSIZE[self._kv_dtype(dtype)])
 
     def kv_arrays(self, num_blocks: int, block_size: int, dtype: str
                   ) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -334,5 +338,5 @@ class CModel:
         return step_groups(int(ids.shape[0]), size, wanted, prog.vocab, step)
 
 
-__all__ = ["C_MAX_ROWS", "C_SCORES_BYTES", "CModel", "expected_shapes", "group_rows", "kv_map",
-           "step_groups"]
+__all__ = ["C_MAX_ROWS", "C_SCORES_BYTES", "CModel", "expected_shapes", "group_rows",
+           "kv_block_bytes", "kv_map", "step_groups"]

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kiln.model.c_model import kv_map
+from kiln.model.c_model import kv_block_bytes, kv_map
 from kiln.model.config import ModelConfig
 
 if TYPE_CHECKING:
@@ -76,8 +76,7 @@ class KVCache:
     @staticmethod
     def bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
         """Bytes one block takes across all layers, K and V together."""
-        return (2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim
-                * _element_size(dtype))
+        return kv_block_bytes(cfg, block_size, _element_size(dtype))
 
 
 def _element_size(dtype: torch.dtype) -> int:
