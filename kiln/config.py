@@ -158,6 +158,11 @@ SETTINGS: tuple[Setting, ...] = (
        "C step (0: float32 copies and the torch path)", flag=None, owner="process"),
     _s("kernel_cache", "str", None, "where the C kernels are compiled to",
        flag=None, shown="$XDG_CACHE_HOME/kiln/kernels (~/.cache by default)", owner="kernels"),
+    _s("cpu_isa", "str", None,
+       "the C kernels' instruction set: the best the CPU has (avx512, avx2, neon, else "
+       "plain), or one forced lower, for tests and benchmarks; the same bits on every one",
+       flag=None, choices=("avx512", "avx2", "neon", "plain"), shown="the best the CPU has",
+       owner="kernels"),
 )
 
 # Every KILN_* environment variable, the complete list.

@@ -39,13 +39,66 @@ HEADERS = (HERE / "matmul" / "quant.h", HERE / "matmul" / "blocks.h",
            HERE / "matmul" / "blocks_legacy.h", HERE / "matmul" / "blocks_k.h",
            HERE / "matmul" / "blocks_float.h", HERE / "matmul" / "blocks_iq.h",
            HERE / "step" / "cpu_step.h",
-           HERE / "common" / "vmath.h", HERE / "sampling" / "counter.h",
+           HERE / "common" / "vmath.h", HERE / "common" / "isa.h", HERE / "sampling" / "counter.h",
            HERE / "sampling" / "sample.h")
 TILING_SOURCES = (HERE / "tiling" / "tile.c",)
 TILING_FLAGS = ("-O2", "-shared", "-fPIC")  # memcpy of whole blocks: no vector code of its own
-NATIVE_FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-shared",
-                "-fPIC")
-PORTABLE_FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC")  # no AVX-512: the scalar path
+
+# The ISA layer (common/isa.h) picks its build from the compiler's target flags; each ISA's
+# flags here. -ffp-contract=off on every build: no build fuses a product the others round, so
+# every build gives the same bits (isa.h).
+ISAS = ("avx512", "avx2", "neon", "plain")  # best first
+ISA_TARGET_FLAGS: dict[str, tuple[str, ...]] = {
+    "avx512": ("-march=native", "-mprefer-vector-width=512"),
+    "avx2": ("-march=x86-64-v3", "-mtune=native"),  # AVX2 + FMA + F16C, no AVX-512
+    "neon": ("-march=armv8-a",),
+    "plain": ("-DKILN_ISA_PLAIN",),
+}
+ISA_ENV = "KILN_CPU_ISA"  # declared in kiln.config's table; read here, once
+
+
+def _cpu_flag_set() -> set[str]:
+    return set(_cpu_flags().split())
+
+
+def supported_isas() -> tuple[str, ...]:
+    """The layer's builds this CPU runs, best first (plain always)."""
+    machine = platform.machine().lower()
+    found: list[str] = []
+    if machine in ("x86_64", "amd64"):
+        have = _cpu_flag_set()
+        if {"avx512f", "avx2", "fma", "f16c"} <= have:
+            found.append("avx512")
+        if {"avx2", "fma", "f16c"} <= have:
+            found.append("avx2")
+    elif machine in ("aarch64", "arm64"):
+        found.append("neon")
+    found.append("plain")
+    return tuple(found)
+
+
+def isa_flags(isa: str) -> tuple[str, ...]:
+    """The compiler flags of the library's ``isa`` build (one of :data:`ISAS`)."""
+    if isa not in ISA_TARGET_FLAGS:
+        raise ValueError(f"unknown CPU ISA {isa!r} (one of {', '.join(ISAS)})")
+    return ("-O3", *ISA_TARGET_FLAGS[isa], "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
+
+
+def chosen_isa(environ: dict[str, str] | None = None) -> str:
+    """The best ISA this CPU runs, or ``$KILN_CPU_ISA`` where set: it may force a lower one; one
+    the CPU cannot run, or an unknown name, is an error (raised at start, never a crash later)."""
+    env = os.environ if environ is None else environ
+    have = supported_isas()
+    forced = (env.get(ISA_ENV) or "").strip().lower()
+    if not forced:
+        return have[0]
+    if forced not in ISAS:
+        raise ValueError(f"{ISA_ENV}={forced!r}: not one of {', '.join(ISAS)}")
+    if forced not in have:
+        raise ValueError(f"{ISA_ENV}={forced}: this CPU runs {', '.join(have)}")
+    return forced
+
+
 
 THREAD_ENVS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")  # torch's order: the later one wins
 
@@ -120,6 +173,10 @@ def _cpu_flags() -> str:
     return platform.processor()
 
 
+NATIVE_FLAGS = isa_flags(chosen_isa())
+PORTABLE_FLAGS = isa_flags("plain")  # the plain-C build: the same bits, no vector registers
+
+
 def _key(cc: str, flags: tuple[str, ...], files: tuple[Path, ...]) -> str:
     h = hashlib.sha256()
     parts = [p.read_bytes() for p in files]
@@ -173,6 +230,8 @@ def load(flags: tuple[str, ...] = NATIVE_FLAGS) -> ctypes.CDLL:
             lib.kiln_cpu_step_layout_version.restype = i64
             lib.kiln_quant_simd.argtypes = []
             lib.kiln_quant_simd.restype = i32
+            lib.kiln_isa_name.argtypes = []
+            lib.kiln_isa_name.restype = ctypes.c_char_p
             lib.kiln_counter_uniform.argtypes = [p, p, i64, i64, p]
             lib.kiln_counter_uniform.restype = None
             lib.kiln_sample.argtypes = [p, i32]

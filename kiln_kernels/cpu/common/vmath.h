@@ -8,6 +8,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "isa.h"
+
 #if defined(__AVX512F__)
 #include <immintrin.h>
 /* e^x for 16 lanes: x = n ln2 + r (|r| <= ln2 / 2), e^r by a degree-6 polynomial, times 2^n
@@ -100,47 +102,6 @@ static inline float kiln_exp_shift_sum(float *scores, int64_t len, float top) {
         sum += scores[p];
     }
     return sum;
-}
-
-/* IEEE half <-> float32: exact this way; round to nearest even the other (torch's
- * .to(float16)). */
-static inline float kiln_half_to_float(uint16_t h) {
-    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1Fu;
-    const uint32_t mant = h & 0x3FFu;
-    uint32_t x;
-    if (exp == 0x1F) {
-        x = sign | 0x7F800000u | (mant << 13);
-    } else if (exp) {
-        x = sign | ((exp + 112u) << 23) | (mant << 13);
-    } else {
-        const float v = (float)mant * 5.9604644775390625e-8f; /* mant * 2^-24, exact */
-        return sign ? -v : v;
-    }
-    float f;
-    memcpy(&f, &x, sizeof f);
-    return f;
-}
-
-static inline uint16_t kiln_float_to_half(float f) {
-    uint32_t x;
-    memcpy(&x, &f, sizeof x);
-    const uint32_t sign = (x >> 16) & 0x8000u, exp = (x >> 23) & 0xFFu;
-    uint32_t mant = x & 0x7FFFFFu;
-    if (exp == 0xFF) return (uint16_t)(sign | 0x7C00u | (mant ? 0x200u | (mant >> 13) : 0u));
-    const int32_t e = (int32_t)exp - 112; /* the half's biased exponent */
-    if (e >= 0x1F) return (uint16_t)(sign | 0x7C00u);
-    uint32_t shift = 13, base = 0;
-    if (e <= 0) { /* a half subnormal (or zero): mant * 2^(e - 14) in units of 2^-24 */
-        if (e < -10) return (uint16_t)sign;
-        mant |= 0x800000u;
-        shift = (uint32_t)(14 - e);
-    } else {
-        base = (uint32_t)e << 10;
-    }
-    uint32_t half = base | (mant >> shift);
-    const uint32_t rem = mant & ((1u << shift) - 1), mid = 1u << (shift - 1);
-    if (rem > mid || (rem == mid && (half & 1u))) half++; /* a carry may reach inf: correct */
-    return (uint16_t)(sign | half);
 }
 
 /* n floats into a KV cache row: float32 (f16 = 0) or IEEE half (f16 = 1). */

@@ -217,6 +217,9 @@ static void tile_all(int fmt, const float *x, int64_t M, int64_t K, const uint8_
 int kiln_quant_simd(void) { return 0; }
 #endif
 
+/* The ISA layer's build (common/isa.h): "avx512", "avx2", "neon" or "plain". */
+const char *kiln_isa_name(void) { return KILN_ISA_NAME; }
+
 /* Row id of tiled weights w ([N/4][K/qk][tile]) as float32 out [K]: the values the products
  * use. */
 static void tiled_row(int fmt, const uint8_t *w, int64_t K, int64_t id, float *out) {
