@@ -3,13 +3,26 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+CROSS  := $(VENV)/.cross-tools
+# root installs with apt-get itself, anyone else through sudo where there is one
+APT    := $(shell [ "$$(id -u)" = 0 ] && echo apt-get || (command -v sudo >/dev/null && echo "sudo apt-get"))
 HOST   ?= 127.0.0.1
 PORT   ?= 8420
 ARGS   ?=
 
 .PHONY: setup generate check-generated serve test test-only lint bench fuzz clean
 
-setup: $(STAMP)
+setup: $(STAMP) $(CROSS)
+
+# The aarch64 cross compiler and qemu-user: tests/kernels/test_isa_cross.py runs the NEON build of
+# the kernels under emulation. Where apt-get cannot install them, that test says so.
+$(CROSS):
+	command -v aarch64-linux-gnu-gcc >/dev/null && command -v qemu-aarch64 >/dev/null || \
+	  { [ -n "$(APT)" ] && command -v apt-get >/dev/null && \
+	    { DEBIAN_FRONTEND=noninteractive $(APT) install -y -q gcc-aarch64-linux-gnu qemu-user >/dev/null 2>&1 || \
+	      { $(APT) update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive $(APT) install -y -q gcc-aarch64-linux-gnu qemu-user >/dev/null; }; } || \
+	  echo "warning: could not install gcc-aarch64-linux-gnu and qemu-user (the aarch64 test needs them)"; }
+	test -d $(VENV) && touch $(CROSS) || true
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)

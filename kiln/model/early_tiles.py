@@ -26,6 +26,7 @@ from kiln_kernels.tiling import TileWork
 
 from kiln.model import gguf_tensors, hf_tensors
 from kiln.model.gguf_index import GGUFIndex
+from kiln.model.plan import isa_suits_c_step
 
 _GPU_NODES = (Path("/dev/nvidiactl"), Path("/dev/kfd"))  # NVIDIA's and ROCm's device nodes
 
@@ -48,7 +49,7 @@ def tiles_will_be_held(device: str | None, dtype: str | None, quant_kernels: boo
     where the machine has no GPU device node): a wrong one costs start-up time or that passing
     copy, never a result. It restates ``pack_weights`` for settings: a test holds the two
     together on the CPU."""
-    if not quant_kernels or dtype not in (None, "auto", "float32"):
+    if not quant_kernels or dtype not in (None, "auto", "float32") or not isa_suits_c_step():
         return False
     if device in (None, "auto"):
         return not any(node.exists() for node in _GPU_NODES)

@@ -20,6 +20,12 @@ The choices:
 - grammar_mask: how the sampler applies structured outputs' token masks (``kiln_kernels.grammar``):
   ``c`` (in place on the CPU's float32 logits), ``triton`` (CUDA), ``torch`` (the reference).
 - kv_layout: ``heads-major`` (the C step's blocks) or ``contiguous``; kv_dtype.
+- cpu_isa: the build of the C kernels (``kiln_kernels/cpu/common/isa.h``): ``avx512``,
+  ``avx2``, ``neon``, ``plain``, or ``none`` where no C kernel runs. Every build gives the same
+  bits. Where no vector build fits the CPU (the layer found ``plain`` by itself: another ISA,
+  or an x86 CPU without AVX2), the weights are not packed and the torch path runs (its BLAS has
+  vector code for that CPU; the plain C products have none): :func:`c_step_isa` is that rule.
+  ``KILN_CPU_ISA=plain`` forces the plain C step (tests and benchmarks).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
 from kiln_kernels.cpu import available as c_library_available
+from kiln_kernels.cpu import loader as c_loader
 
 if TYPE_CHECKING:  # torch is imported where a torch device or dtype is asked for
     import torch
@@ -57,6 +64,7 @@ class ComputePlan:
     grammar_mask: Impl
     kv_layout: Literal["heads-major", "contiguous"]
     kv_dtype: str
+    cpu_isa: str = "none"
 
     @property
     def torch_attention(self) -> Literal["triton", "torch"]:
@@ -124,14 +132,40 @@ def resolve_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
     return torch_dtype(dtype_name(dtype, device.type))
 
 
+def cpu_isa() -> str:
+    """The ISA layer's build the C kernels run here (``none``: they cannot be built)."""
+    return c_loader.chosen_isa() if c_library_available() else "none"
+
+
+def isa_suits_c_step() -> bool:
+    """The rule, from the CPU's flags and settings alone (nothing built): a vector build of the
+    ISA layer fits this CPU, or ``KILN_CPU_ISA`` forced one."""
+    return c_loader.chosen_isa() != "plain" or c_loader.isa_forced()
+
+
+def c_step_isa() -> str | None:
+    """The ISA the CPU step would run on, or None where the plan prefers the torch path: no C
+    library, or no vector build of the layer for this CPU (``plain`` found, not forced by
+    ``KILN_CPU_ISA``): the plain C products run one lane at a time, torch's BLAS has vector code
+    for any CPU it runs on."""
+    isa = cpu_isa()
+    return None if isa == "none" or not isa_suits_c_step() else isa
+
+
 def pack_weights(dtype: torch.dtype, device: torch.device, *, quant_kernels: bool) -> bool:
     """Whether a loader keeps weights in their stored format (packed blocks): float32 models on
-    the CPU, when ``quant_kernels`` is on and the C library builds here."""
+    the CPU, when ``quant_kernels`` is on and the C step has a build for this CPU
+    (:func:`c_step_isa`)."""
     if not quant_kernels or device.type != "cpu" or _name(dtype) != "float32":
         return False
     if not c_library_available():
         log.warning("quantized CPU kernels unavailable (no C compiler?): decoding with float32 "
                     "weights")
+        return False
+    if c_step_isa() is None:
+        log.warning("no vector build of the C kernels for this CPU (%s): the torch path, with "
+                    "float32 weights (KILN_CPU_ISA=plain forces the plain C step)",
+                    c_loader.machine_summary())
         return False
     return True
 
@@ -142,7 +176,7 @@ def c_step_plan() -> ComputePlan:
     sampler: Impl = "c" if c_library_available() else "torch"
     return ComputePlan(device="cpu", dtype="float32", weights="packed", step="c", attention="c",
                        sampler=sampler, lora="c", grammar_mask=sampler, kv_layout="heads-major",
-                       kv_dtype="float32")
+                       kv_dtype="float32", cpu_isa=cpu_isa())
 
 
 def model_plan(device: torch.device, dtype: torch.dtype, *, packed: bool, c_step: bool
@@ -161,7 +195,8 @@ def model_plan(device: torch.device, dtype: torch.dtype, *, packed: bool, c_step
         weights="dense+packed" if packed else "dense", step="torch", attention=gpu_or_torch,
         sampler=sampler, lora=gpu_or_torch,
         grammar_mask=sampler,  # the masks go where the sampler runs, by the same rule
-        kv_layout="contiguous", kv_dtype=_name(dtype))
+        kv_layout="contiguous", kv_dtype=_name(dtype),
+        cpu_isa=cpu_isa() if sampler == "c" or packed else "none")
 
 
 def without_packed(plan: ComputePlan) -> ComputePlan:
