@@ -75,4 +75,28 @@ def test_the_runner_logs_its_plan_once_in_one_line(smollm: LoadedModel,
     assert runner.kv.heads_major == (runner.plan.kv_layout == "heads-major")
     assert set(runner.plan.as_dict()) == {"device", "dtype", "weights", "step", "attention",
                                           "sampler", "lora", "grammar_mask", "kv_layout",
-                                          "kv_dtype"}
+                                          "kv_dtype", "cpu_isa"}
+
+
+@pytest.mark.skipif(not kernels_available(), reason="no C compiler for the kernels")
+def test_the_plan_names_the_isa_and_owns_the_no_vector_build_rule(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """cpu_isa names the layer's build; where the CPU has no vector build (plain found by
+    itself) the weights stay float32 on the torch path, unless KILN_CPU_ISA forced plain."""
+    from kiln_kernels.cpu import loader
+
+    from kiln.model import plan as plan_mod
+    from kiln.model.early_tiles import tiles_will_be_held
+
+    assert model_plan(CPU, torch.float32, packed=True, c_step=True).cpu_isa == \
+        loader.chosen_isa()
+    assert model_plan(CUDA, torch.bfloat16, packed=False, c_step=False).cpu_isa == "none"
+    monkeypatch.setattr(loader, "chosen_isa", lambda environ=None: "plain")
+    monkeypatch.delenv("KILN_CPU_ISA", raising=False)
+    assert plan_mod.c_step_isa() is None
+    assert not pack_weights(torch.float32, CPU, quant_kernels=True)
+    assert not tiles_will_be_held("cpu", None, True)  # the start-up guess agrees
+    monkeypatch.setenv("KILN_CPU_ISA", "plain")
+    assert plan_mod.c_step_isa() == "plain"
+    assert pack_weights(torch.float32, CPU, quant_kernels=True)
+    assert tiles_will_be_held("cpu", None, True)
