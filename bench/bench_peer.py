@@ -34,6 +34,7 @@ import asyncio
 import compileall
 import contextlib
 import json
+import os
 import platform
 import random
 import re
@@ -54,6 +55,9 @@ from kiln.testing import ServerProcess, free_port, serve_command, start, stop, w
 RESULTS = ROOT / "bench" / "results" / "peer.json"
 PEERS = ROOT / "build-peers"
 LLAMA_SERVER = PEERS / "build" / "bin" / "llama-server"
+# --isa avx2: both servers built for AVX2 only (LLAMA_ISA=avx2 bash bench/peers/build_llama_cpp.sh,
+# and Kiln with KILN_CPU_ISA=avx2), the machines most users have, on any x86 CPU
+PEER_BUILDS = {"native": LLAMA_SERVER, "avx2": PEERS / "build-avx2" / "bin" / "llama-server"}
 STARTUP_TIMEOUT_S = 300.0
 REQUANTIZED = ("Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0", "F16", "BF16", "IQ4_XS", "IQ4_NL")
 BF16_GGUF = PEERS / "models" / "smollm2-135m-BF16.gguf"
@@ -262,8 +266,17 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--streams", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2, help="llama-server -t")
-    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--out", type=Path, default=None, help="default: bench/results/peer.json, "
+                    "peer-avx2.json with --isa avx2")
+    ap.add_argument("--isa", choices=tuple(PEER_BUILDS), default="native",
+                    help="avx2: Kiln's AVX2 build (KILN_CPU_ISA) against llama.cpp's AVX2 build")
     args = ap.parse_args()
+    global LLAMA_SERVER
+    LLAMA_SERVER = PEER_BUILDS[args.isa]
+    if args.isa != "native":
+        os.environ["KILN_CPU_ISA"] = args.isa  # the Kiln servers started below inherit it
+    if args.out is None:
+        args.out = RESULTS if args.isa == "native" else RESULTS.with_name(f"peer-{args.isa}.json")
     pairs = [file_pair(p) for p in args.files] if args.files else default_pairs()
     if args.only:
         pairs = [p for p in pairs if any(t.lower() in p.name.lower() for t in args.only)]
@@ -275,7 +288,7 @@ def main() -> None:
     for package in ("kiln", "kiln_kernels"):
         compileall.compile_dir(ROOT / package, quiet=2)
     ceiling = read_ceiling_gb_s()
-    out: dict[str, Any] = {"benchmark": "peer", "machine": platform.machine(),
+    out: dict[str, Any] = {"benchmark": "peer", "machine": platform.machine(), "isa": args.isa,
                            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                            "read_ceiling_gb_s": ceiling, "tokens": args.tokens, "files": {}}
     print(f"streaming read ceiling {ceiling:.1f} GB/s")

@@ -2,6 +2,8 @@
 # Build llama.cpp's llama-server and llama-quantize (the benchmark's peer) from the llama.cpp
 # tree vendored in the llama-cpp-python==0.3.36 sdist: CPU backend, -DGGML_NATIVE=ON.
 # Usage: bash bench/peers/build_llama_cpp.sh [WORK_DIR]   (default: build-peers/, git-ignored)
+# LLAMA_ISA=avx2: a second build for AVX2 only (-DGGML_NATIVE=OFF, AVX/AVX2/FMA/F16C on, AVX-512
+# off) in WORK_DIR/build-avx2, the peer of Kiln's AVX2 build (KILN_CPU_ISA=avx2).
 # Prints the bin folder at the end; nothing of llama.cpp is ever committed.
 set -euo pipefail
 VERSION=0.3.36
@@ -27,9 +29,19 @@ NO_AMX=""
 if [ "${LLAMA_AMX:-0}" != 1 ] && grep -qw amx_tile /proc/cpuinfo 2>/dev/null; then
   NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 fi
-cmake -S "$SRC" -B "$WORK/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+BUILD="$WORK/build"
+ISA_FLAGS=(-DGGML_NATIVE=ON)
+if [ "${LLAMA_ISA:-native}" = avx2 ]; then
+  BUILD="$WORK/build-avx2"
+  NO_AMX=""
+  ISA_FLAGS=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
+             -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF
+             -DGGML_AVX512_BF16=OFF -DGGML_AVX_VNNI=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF
+             -DGGML_AMX_BF16=OFF -DGGML_BMI2=ON)
+fi
+cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release "${ISA_FLAGS[@]}" \
   -DCMAKE_C_FLAGS="$NO_AMX" -DCMAKE_CXX_FLAGS="$NO_AMX" \
   -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON
-cmake --build "$WORK/build" -j "$JOBS" --target llama-server llama-quantize
-echo "$WORK/build/bin"
+cmake --build "$BUILD" -j "$JOBS" --target llama-server llama-quantize
+echo "$BUILD/bin"
