@@ -173,6 +173,17 @@ def _cpu_flags() -> str:
     return platform.processor()
 
 
+def isa_forced(environ: dict[str, str] | None = None) -> bool:
+    """Whether ``$KILN_CPU_ISA`` names the build (else the CPU's flags chose it)."""
+    env = os.environ if environ is None else environ
+    return bool((env.get(ISA_ENV) or "").strip())
+
+
+def machine_summary() -> str:
+    """The machine and the layer's builds it runs, for log lines."""
+    return f"{platform.machine() or 'unknown machine'}; builds: {', '.join(supported_isas())}"
+
+
 NATIVE_FLAGS = isa_flags(chosen_isa())
 PORTABLE_FLAGS = isa_flags("plain")  # the plain-C build: the same bits, no vector registers
 
