@@ -7,7 +7,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 PEERS="${PEERS:-$ROOT/build-peers}"
-QUANTIZE="$PEERS/build/bin/llama-quantize"
+QUANTIZE="${QUANTIZE:-$PEERS/build/bin/llama-quantize}"  # any build of it: the files are the same
 PY="${PYTHON:-$ROOT/.venv/bin/python}"
 SRC="$("$PY" -c 'from kiln.model.locate import default_model_path; print(default_model_path())')"
 mkdir -p "$PEERS/models"
