@@ -36,7 +36,9 @@ float kiln_kept_exp_sum(const float *x, int64_t V, float thr, float m) {
     int64_t j = 0;
     for (; j + 16 <= V; j += 16) {
         const vf v = vf_load(x + j);
-        acc = vf_add(acc, vf_maskz(vf_ge(v, vt), vf_exp(vf_sub(v, vm_))));
+        const vm k = vf_ge(v, vt);
+        if (!vm_bits(k)) continue; /* adding 16 zeros leaves acc (>= +0) as it is */
+        acc = vf_add(acc, vf_maskz(k, vf_exp(vf_sub(v, vm_))));
     }
     if (j < V) {
         const vf v = vf_load_n(x + j, V - j);
