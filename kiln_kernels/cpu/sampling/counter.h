@@ -5,6 +5,8 @@
 #define KILN_COUNTER_H
 #include <stdint.h>
 
+#include "isa.h"
+
 static inline uint32_t kiln_rotl32(uint32_t x, int r) { return (x << r) | (x >> (32 - r)); }
 
 static inline uint32_t kiln_absorb(uint32_t h, uint32_t k) {
@@ -35,25 +37,19 @@ static inline float kiln_counter_u(uint32_t row, int64_t v) {
            (1.0f / 8388608.0f);
 }
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-
-/* kiln_counter_u for 16 token ids at once (the same bits). */
-static inline __m512 kiln_counter_u16(uint32_t row, __m512i ids) {
-    const __m512i c1 = _mm512_set1_epi32((int)0xCC9E2D51u), c2 = _mm512_set1_epi32(0x1B873593);
-    __m512i k = _mm512_rol_epi32(_mm512_mullo_epi32(ids, c1), 15);
-    k = _mm512_mullo_epi32(k, c2);
-    __m512i h = _mm512_rol_epi32(_mm512_xor_si512(_mm512_set1_epi32((int)row), k), 13);
-    h = _mm512_add_epi32(_mm512_add_epi32(_mm512_slli_epi32(h, 2), h),
-                         _mm512_set1_epi32((int)0xE6546B64u));
-    h = _mm512_xor_si512(h, _mm512_set1_epi32(20));
-    h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
-    h = _mm512_mullo_epi32(h, _mm512_set1_epi32((int)0x85EBCA6Bu));
-    h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 13));
-    h = _mm512_mullo_epi32(h, _mm512_set1_epi32((int)0xC2B2AE35u));
-    h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
-    const __m512 q = _mm512_cvtepi32_ps(_mm512_srli_epi32(h, 9)); /* < 2^23: exact */
-    return _mm512_mul_ps(_mm512_add_ps(q, _mm512_set1_ps(0.5f)), _mm512_set1_ps(1.0f / 8388608));
+/* kiln_counter_u for 16 token ids at once (the same bits, on every build). */
+static inline vf kiln_counter_u16(uint32_t row, vi ids) {
+    vi k = vi_rol(vi_mullo(ids, vi_set1((int32_t)0xCC9E2D51u)), 15);
+    k = vi_mullo(k, vi_set1(0x1B873593));
+    vi h = vi_rol(vi_xor(vi_set1((int32_t)row), k), 13);
+    h = vi_add(vi_add(vi_sll(h, 2), h), vi_set1((int32_t)0xE6546B64u)); /* h * 5 + c */
+    h = vi_xor(h, vi_set1(20));
+    h = vi_xor(h, vi_srl(h, 16));
+    h = vi_mullo(h, vi_set1((int32_t)0x85EBCA6Bu));
+    h = vi_xor(h, vi_srl(h, 13));
+    h = vi_mullo(h, vi_set1((int32_t)0xC2B2AE35u));
+    h = vi_xor(h, vi_srl(h, 16));
+    const vf q = vf_from_i(vi_srl(h, 9)); /* < 2^23: exact */
+    return vf_mul(vf_add(q, vf_set1(0.5f)), vf_set1(1.0f / 8388608));
 }
-#endif
 #endif

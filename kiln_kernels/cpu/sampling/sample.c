@@ -9,9 +9,12 @@
  *      else located by a histogram of their probability mass);
  *   4. Gumbel-max over the kept tokens with the counter hash of (seed, step, token id) (counter.c),
  *      ties to the lowest id; logprob = x[token] - logsumexp(kept x).
- * A row's result depends on nothing but its own inputs. Transcendentals are libm's and vector
- * ones (exp16, log16; libm without AVX-512), so values may differ from torch's in the last bits:
- * a token can differ only where a top-p cumulative sum or two noisy scores tie to within that
+ * A row's result depends on nothing but its own inputs. The code is written once on the ISA
+ * layer (isa.h): every build (AVX-512, AVX2, NEON, plain C) runs the same operations in the same
+ * order, with the layer's own e^x and ln x (vf_exp / vf_log and their one-lane kiln_exp /
+ * kiln_log, never libm), so tokens and logprobs are bit-identical on every build. Those
+ * transcendentals are not torch's, so values may differ from torch's in the last bits: a token
+ * can differ only where a top-p cumulative sum or two noisy scores tie to within that
  * rounding. */
 #include <math.h>
 #include <stdint.h>
@@ -21,8 +24,8 @@
 #include <omp.h>
 
 #include "counter.h"
+#include "isa.h"
 #include "sample.h"
-#include "vmath.h"
 
 typedef struct {
     int64_t B, V, ld;
@@ -64,18 +67,14 @@ static void penalize(const KilnSampleBatch *s, int64_t b, float *x, int32_t *mar
 /* The first index of the largest value (NaN counts as the largest, as in torch.argmax). */
 static int64_t argmax(const float *x, int64_t V) {
     int64_t j = 0;
-    float m = -INFINITY;
-#if defined(__AVX512F__)
-    __m512 vm = _mm512_set1_ps(-INFINITY);
-    __mmask16 nan = 0;
-    for (; j + 16 <= V && !nan; j += 16) {
-        const __m512 v = _mm512_loadu_ps(x + j);
-        nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-        vm = _mm512_max_ps(v, vm);
+    vf vmax = vf_set1(-INFINITY);
+    for (; j + 16 <= V; j += 16) {
+        const vf v = vf_load(x + j);
+        const unsigned nan = vm_bits(vf_unord(v, v));
+        if (nan) return j + __builtin_ctz(nan);
+        vmax = vf_max(v, vmax);
     }
-    if (nan) return j - 16 + __builtin_ctz((unsigned)nan);
-    m = _mm512_reduce_max_ps(vm);
-#endif
+    float m = vf_hmax(vmax); /* the max is exact: the same in any order */
     int64_t best = -1;
     for (int64_t i = j; i < V; i++) {
         if (x[i] != x[i]) return i; /* no NaN before the tail */
@@ -103,7 +102,13 @@ static float kth_largest(const float *x, int64_t V, int64_t k, float *tmp) {
     if (k <= 1024) { /* a min-heap of the k largest so far */
         memcpy(tmp, x, (size_t)k * sizeof(float));
         for (int64_t i = k / 2 - 1; i >= 0; i--) sift_down(tmp, k, i);
-        for (int64_t j = k; j < V; j++)
+        int64_t j = k;
+        for (; j + 16 <= V; j += 16) { /* 16 at a time past those no larger than the heap's top */
+            if (!vm_bits(vf_gt(vf_load(x + j), vf_set1(tmp[0])))) continue;
+            for (int64_t i = j; i < j + 16; i++)
+                if (x[i] > tmp[0]) tmp[0] = x[i], sift_down(tmp, k, 0);
+        }
+        for (; j < V; j++)
             if (x[j] > tmp[0]) tmp[0] = x[j], sift_down(tmp, k, 0);
         return tmp[0];
     }
@@ -130,17 +135,14 @@ static float kth_largest(const float *x, int64_t V, int64_t k, float *tmp) {
 /* x[j] /= t for every j; returns the largest (NaN never wins, as in the reference's max). */
 static float scale_max(float *x, int64_t V, float t) {
     int64_t j = 0;
-    float m = -INFINITY;
-#if defined(__AVX512F__)
-    const __m512 vt = _mm512_set1_ps(t);
-    __m512 vm = _mm512_set1_ps(-INFINITY);
+    const vf vt = vf_set1(t);
+    vf vmax = vf_set1(-INFINITY);
     for (; j + 16 <= V; j += 16) {
-        const __m512 v = _mm512_div_ps(_mm512_loadu_ps(x + j), vt);
-        _mm512_storeu_ps(x + j, v);
-        vm = _mm512_max_ps(v, vm);
+        const vf v = vf_div(vf_load(x + j), vt);
+        vf_store(x + j, v);
+        vmax = vf_max(v, vmax); /* NaN lanes keep vmax */
     }
-    m = _mm512_reduce_max_ps(vm);
-#endif
+    float m = vf_hmax(vmax);
     for (; j < V; j++) {
         x[j] = x[j] / t;
         m = x[j] > m ? x[j] : m;
@@ -150,47 +152,44 @@ static float scale_max(float *x, int64_t V, float t) {
 
 /* The kept token with the largest x + Gumbel noise -ln(-ln u), u from the counter hash of its
  * id; ties to the lowest id. Kept ids are gathered first (into `ids`, V int32), so a row with a
- * handful kept hashes only those, and every row uses the same arithmetic per token. */
+ * handful kept hashes only those, and every row uses the same arithmetic per token. Each lane
+ * keeps the first of its largest scores, and the lowest id among the lanes holding the largest
+ * wins: the lowest id of the largest score, whichever lanes the ids fell in. */
 static int64_t gumbel_max(const float *x, int64_t V, float thr, uint32_t row, int32_t *ids) {
     int64_t n = 0, j = 0;
-#if defined(__AVX512F__)
-    const __m512 vt = _mm512_set1_ps(thr);
-    const __m512i step = _mm512_set1_epi32(16);
-    __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    for (; j + 16 <= V; j += 16, iota = _mm512_add_epi32(iota, step)) {
-        const __mmask16 k = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + j), vt, _CMP_GE_OQ);
-        _mm512_mask_compressstoreu_epi32(ids + n, k, iota);
-        n += __builtin_popcount((unsigned)k);
+    const vf vt = vf_set1(thr);
+    vi iota = vi_iota();
+    for (; j + 16 <= V; j += 16, iota = vi_add(iota, vi_set1(16))) {
+        const vm k = vf_ge(vf_load(x + j), vt);
+        n += kiln_keep_i(ids + n, vm_bits(k), k, iota);
     }
-#endif
     for (; j < V; j++)
         if (x[j] >= thr) ids[n++] = (int32_t)j;
     if (n == 0) return 0;
-    int64_t i = 0, best = ids[0];
-    float top = -INFINITY;
-#if defined(__AVX512F__)
-    __m512 vbest = _mm512_set1_ps(-INFINITY);
-    __m512i vidx = _mm512_set1_epi32(ids[0]);
-    for (; i < n; i += 16) {
-        const __mmask16 k = (__mmask16)(n - i >= 16 ? 0xFFFF : (1u << (n - i)) - 1);
-        const __m512i id = _mm512_maskz_loadu_epi32(k, ids + i);
-        const __m512 u = kiln_counter_u16(row, id);
-        const __m512 g = log16(_mm512_sub_ps(_mm512_setzero_ps(), log16(u)));
-        const __m512 sc = _mm512_sub_ps(_mm512_mask_i32gather_ps(vt, k, id, x, 4), g);
-        const __mmask16 up = _mm512_mask_cmp_ps_mask(k, sc, vbest, _CMP_GT_OQ);
-        vbest = _mm512_mask_mov_ps(vbest, up, sc);
-        vidx = _mm512_mask_mov_epi32(vidx, up, id);
+    vf vbest = vf_set1(-INFINITY);
+    vi vidx = vi_set1(ids[0]);
+    for (int64_t i = 0; i < n; i += 16) {
+        const vm k = vm_first(n - i);
+        const vi id = vi_load_n(ids + i, n - i);
+        const vf u = kiln_counter_u16(row, id);
+        const vf g = vf_log(vf_sub(vf_zero(), vf_log(u)));
+        /* 16 consecutive ids (ids ascend): one load, else a gather */
+        const vf xv = i + 16 <= n && ids[i + 15] - ids[i] == 15 ? vf_load(x + ids[i])
+                                                                 : vf_gather(x, id, k, vt);
+        const vf sc = vf_sub(xv, g);
+        const vm up = vm_and(vf_gt(sc, vbest), k);
+        vbest = vf_select(up, sc, vbest);
+        vidx = vi_select(up, id, vidx);
     }
-    top = _mm512_reduce_max_ps(vbest);
-    const __mmask16 at = _mm512_cmp_ps_mask(vbest, _mm512_set1_ps(top), _CMP_EQ_OQ);
-    best = _mm512_mask_reduce_min_epi32(at, vidx);
-#else
-    for (; i < n; i++) {
-        const float score = x[ids[i]] - logf(-logf(kiln_counter_u(row, ids[i])));
-        if (score > top) top = score, best = ids[i];
-    }
-#endif
-    return best;
+    const float top = vf_hmax(vbest);
+    float b[16];
+    int32_t d[16];
+    vf_store(b, vbest);
+    vi_store(d, vidx);
+    int64_t best = -1;
+    for (int l = 0; l < 16; l++)
+        if (b[l] == top && (best < 0 || d[l] < best)) best = d[l];
+    return best < 0 ? ids[0] : best;
 }
 
 static void sample_row(const KilnSampleBatch *s, int64_t b, float *x, float *tmp,
@@ -216,7 +215,7 @@ static void sample_row(const KilnSampleBatch *s, int64_t b, float *x, float *tmp
     const int64_t best = gumbel_max(x, V, thr, kiln_counter_row(s->seeds[b], s->steps[b]),
                                     (int32_t *)tmp);
     s->tokens[b] = best;
-    s->logprobs[b] = x[best] - (m + logf(kiln_kept_exp_sum(x, V, thr, m)));
+    s->logprobs[b] = x[best] - (m + kiln_log(kiln_kept_exp_sum(x, V, thr, m)));
 }
 
 /* Per thread: the row [V], work space [V + SORT_LIMIT + 2 NB] (the top-k heap or quickselect

@@ -1,14 +1,15 @@
 /* Top-p for the CPU sampler (sample.c): the probability threshold over the kept tokens, by a
  * sort when at most SORT_LIMIT are kept, else by two 12-bit histograms of their probability mass
  * over the float order and a walk of the distinct values in the last bucket; and the kept
- * tokens' exp sum. A row's numbers depend on nothing but the row. */
+ * tokens' exp sum. A row's numbers depend on nothing but the row, and are the same bits on every
+ * build of the ISA layer (isa.h): one algorithm, the layer's e^x, fixed summation orders. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "isa.h"
 #include "sample.h"
-#include "vmath.h"
 
 static int desc(const void *a, const void *b) {
     const float x = *(const float *)a, y = *(const float *)b;
@@ -17,38 +18,38 @@ static int desc(const void *a, const void *b) {
 
 /* A float's bits as an unsigned key in the float order (for the histogram). */
 static inline uint32_t key_of(float x) {
-    uint32_t u;
-    memcpy(&u, &x, 4);
+    const uint32_t u = kiln_f_bits(x);
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-/* sum of exp(x - m) over x >= thr (the kept tokens). */
-float kiln_kept_exp_sum(const float *x, int64_t V, float thr, float m) {
-    int64_t j = 0;
-    float sum = 0.0f;
-#if defined(__AVX512F__)
-    __m512 acc = _mm512_setzero_ps();
-    const __m512 vt = _mm512_set1_ps(thr), vm = _mm512_set1_ps(m);
-    for (; j + 16 <= V; j += 16) {
-        const __m512 v = _mm512_loadu_ps(x + j);
-        const __mmask16 k = _mm512_cmp_ps_mask(v, vt, _CMP_GE_OQ);
-        acc = _mm512_add_ps(acc, _mm512_maskz_mov_ps(k, exp16(_mm512_sub_ps(v, vm))));
-    }
-    sum = _mm512_reduce_add_ps(acc);
-#endif
-    for (; j < V; j++)
-        if (x[j] >= thr) sum += expf(x[j] - m);
-    return sum;
+/* key_of for 16 lanes. */
+static inline vi keys_of(vf v) {
+    const vi u = vf_bits(v);
+    return vi_xor(u, vi_or(vi_sra(u, 31), vi_set1(INT32_MIN)));
 }
 
-/* e[i] = exp(x[i] - m) for i < w <= 16 (exp16 where there is AVX-512). */
+/* sum of exp(x - m) over x >= thr (the kept tokens): one 16-lane accumulator in index order
+ * (the last lanes masked), then vf_hsum's tree. */
+float kiln_kept_exp_sum(const float *x, int64_t V, float thr, float m) {
+    vf acc = vf_zero();
+    const vf vt = vf_set1(thr), vm_ = vf_set1(m);
+    int64_t j = 0;
+    for (; j + 16 <= V; j += 16) {
+        const vf v = vf_load(x + j);
+        const vm k = vf_ge(v, vt);
+        if (!vm_bits(k)) continue; /* adding 16 zeros leaves acc (>= +0) as it is */
+        acc = vf_add(acc, vf_maskz(k, vf_exp(vf_sub(v, vm_))));
+    }
+    if (j < V) {
+        const vf v = vf_load_n(x + j, V - j);
+        acc = vf_add(acc, vf_maskz(vm_and(vf_ge(v, vt), vm_first(V - j)), vf_exp(vf_sub(v, vm_))));
+    }
+    return vf_hsum(acc);
+}
+
+/* e[i] = exp(x[i] - m) for i < w <= 16 (e: 16 floats; the lanes from w on are exp(-m)). */
 static inline void exp_shifted(const float *x, int64_t w, float m, float *e) {
-#if defined(__AVX512F__)
-    const __mmask16 k = (__mmask16)(w == 16 ? 0xFFFF : (1u << w) - 1);
-    _mm512_storeu_ps(e, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x), _mm512_set1_ps(m))));
-#else
-    for (int64_t i = 0; i < w; i++) e[i] = expf(x[i] - m);
-#endif
+    vf_store(e, vf_exp(vf_sub(vf_load_n(x, w), vf_set1(m))));
 }
 
 /* The largest kept value below `prev` whose key >> 8 is at most `prefix`, and how many tokens
@@ -71,38 +72,27 @@ static float next_below(const float *x, int64_t V, float thr, float prev, uint32
 float kiln_top_p_threshold(const float *x, int64_t V, float thr, float tp, float m,
                              float *vals) {
     int64_t n = 0, j = 0;
-#if defined(__AVX512F__)
-    const __m512 vthr = _mm512_set1_ps(thr);
-    for (; j + 16 <= V; j += 16) { /* count, then copy only when few enough to sort */
-        const __mmask16 k = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + j), vthr, _CMP_GE_OQ);
-        n += __builtin_popcount((unsigned)k);
+    const vf vthr = vf_set1(thr);
+    for (; j + 16 <= V; j += 16) { /* count, and copy while few enough to sort (vals holds V) */
+        const vf v = vf_load(x + j);
+        const vm k = vf_ge(v, vthr);
+        const unsigned bits = vm_bits(k);
+        if (n <= SORT_LIMIT) kiln_keep_f(vals + n, bits, k, v);
+        n += __builtin_popcount(bits);
     }
-    for (; j < V; j++) n += x[j] >= thr;
-    if (n <= SORT_LIMIT) {
-        int64_t c = 0;
-        for (j = 0; j + 16 <= V; j += 16) {
-            const __mmask16 k = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + j), vthr, _CMP_GE_OQ);
-            _mm512_mask_compressstoreu_ps(vals + c, k, _mm512_loadu_ps(x + j));
-            c += __builtin_popcount((unsigned)k);
-        }
-        for (; j < V; j++)
-            if (x[j] >= thr) vals[c++] = x[j];
-    }
-#else
     for (; j < V; j++)
-        if (x[j] >= thr) {
-            if (n < SORT_LIMIT) vals[n] = x[j];
-            n++;
-        }
-#endif
+        if (x[j] >= thr) vals[n++] = x[j];
     if (n == 0) return thr;
     if (n <= SORT_LIMIT) {
         qsort(vals, (size_t)n, sizeof(float), desc);
+        float *e = vals + SORT_LIMIT; /* exp(vals[i] - vals[0]), past the sorted values */
+        for (int64_t i = 0; i < n; i += 16)
+            vf_store_n(e + i, vf_exp(vf_sub(vf_load_n(vals + i, n - i), vf_set1(vals[0]))), n - i);
         float sum = 0.0f;
-        for (int64_t i = 0; i < n; i++) sum += expf(vals[i] - vals[0]);
+        for (int64_t i = 0; i < n; i++) sum += e[i];
         float cum = 0.0f;
         for (int64_t i = 0; i < n; i++) {
-            cum += expf(vals[i] - vals[0]) / sum;
+            cum += e[i] / sum;
             if (cum >= tp) return vals[i];
         }
         return vals[n - 1];
@@ -120,30 +110,26 @@ float kiln_top_p_threshold(const float *x, int64_t V, float thr, float tp, float
         memset(hist, 0, 4 * (size_t)NB * sizeof(float));
         for (int64_t j0 = 0; j0 < V; j0 += 16) {
             const int64_t w = V - j0 < 16 ? V - j0 : 16;
-#if defined(__AVX512F__)
-            if (level && w == 16) { /* skip the exps of 16 tokens none of which is in the bucket */
-                const __m512i u = _mm512_loadu_si512((const void *)(x + j0));
-                const __m512i key = _mm512_xor_si512(
-                    u, _mm512_or_si512(_mm512_srai_epi32(u, 31), _mm512_set1_epi32(INT32_MIN)));
-                if (!_mm512_cmpeq_epi32_mask(_mm512_srli_epi32(key, shift + HIST_BITS),
-                                             _mm512_set1_epi32((int)prefix)))
-                    continue;
-            }
-#endif
+            const vf v = vf_load_n(x + j0, w);
+            const vi key = keys_of(v);
+            vm k = vm_and(vf_ge(v, vthr), vm_first(w));
+            if (level) /* only the tokens in the bucket the first level found */
+                k = vm_and(k, vi_eq(vi_srl(key, 32 - HIST_BITS), vi_set1((int32_t)prefix)));
+            unsigned bits = vm_bits(k);
+            if (!bits) continue; /* skips the exps of 16 tokens none of which counts */
             float e[16];
+            int32_t bucket[16];
             exp_shifted(x + j0, w, m, e);
-            for (int64_t i = 0; i < w; i++) {
-                const float v = x[j0 + i];
-                if (!(v >= thr)) continue;
-                const uint32_t key = key_of(v);
-                if (level && (key >> (shift + HIST_BITS)) != prefix) continue;
-                hist[(i & 3) * NB + ((key >> shift) & (uint32_t)(NB - 1))] += e[i];
+            vi_store(bucket, vi_and(vi_srl(key, shift), vi_set1((int32_t)(NB - 1))));
+            for (; bits; bits &= bits - 1) { /* lanes in order: the same sums on every build */
+                const int i = __builtin_ctz(bits);
+                hist[(i & 3) * NB + bucket[i]] += e[i];
             }
         }
         for (int64_t bk = 0; bk < NB; bk++)
             hist[bk] = (hist[bk] + hist[NB + bk]) + (hist[2 * NB + bk] + hist[3 * NB + bk]);
         int64_t bk = NB - 1; /* cum: the mass of every kept token above bucket bk */
-        for (; bk > 0; bk--) { /* (exp16 >= e^-87 > 0: a bucket with tokens has mass) */
+        for (; bk > 0; bk--) { /* (vf_exp >= e^-87 > 0: a bucket with tokens has mass) */
             if (hist[bk] > 0.0f && cum + hist[bk] >= target) break;
             cum += hist[bk];
         }
@@ -158,19 +144,11 @@ float kiln_top_p_threshold(const float *x, int64_t V, float thr, float tp, float
     const int64_t room = V - 4 * NB + SORT_LIMIT + 2 * NB; /* what is left of the work space */
     int64_t nc = 0;
     j = 0;
-#if defined(__AVX512F__)
     for (; j + 16 <= V && nc + 16 <= room; j += 16) {
-        const __m512 v = _mm512_loadu_ps(x + j);
-        const __m512i u = _mm512_castps_si512(v);
-        const __m512i key = _mm512_xor_si512(
-            u, _mm512_or_si512(_mm512_srai_epi32(u, 31), _mm512_set1_epi32(INT32_MIN)));
-        const __mmask16 k = _mm512_mask_cmpeq_epi32_mask(
-            _mm512_cmp_ps_mask(v, vthr, _CMP_GE_OQ), _mm512_srli_epi32(key, 8),
-            _mm512_set1_epi32((int)prefix));
-        _mm512_mask_compressstoreu_ps(cand + nc, k, v);
-        nc += __builtin_popcount((unsigned)k);
+        const vf v = vf_load(x + j);
+        const vm k = vm_and(vf_ge(v, vthr), vi_eq(vi_srl(keys_of(v), 8), vi_set1((int32_t)prefix)));
+        nc += kiln_keep_f(cand + nc, vm_bits(k), k, v);
     }
-#endif
     for (; j < V && nc <= room; j++)
         if (x[j] >= thr && (key_of(x[j]) >> 8) == prefix) {
             if (nc < room) cand[nc] = x[j];
@@ -188,9 +166,7 @@ float kiln_top_p_threshold(const float *x, int64_t V, float thr, float tp, float
             v = next_below(x, V, thr, prev, prefix, &count);
             if (count == 0) return last;
         }
-        float ev;
-        exp_shifted(&v, 1, m, &ev);
-        cum += (float)count * ev;
+        cum += (float)count * kiln_exp(v - m);
         if (cum >= target) return v;
         prev = last = v;
     }
