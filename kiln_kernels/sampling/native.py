@@ -4,8 +4,10 @@ scratch instead of [rows, vocab] tensors.
 
 Penalties come as a sparse history: per row, the ids seen and their output counts (0 marks a
 prompt-only id), so nothing of vocabulary size is built for them. Tokens equal the reference's
-except where a top-p cumulative sum or two noisy scores tie to within the last bits of libm
-versus torch transcendentals; logprobs agree to rounding (tested).
+except where a top-p cumulative sum or two noisy scores tie to within the last bits of the ISA
+layer's own e^x / ln x versus torch's; logprobs agree to rounding (tested). Every build of the
+library (AVX-512, AVX2, NEON, plain C) gives the same tokens and logprob bits
+(tests/kernels/test_isa_sampling.py).
 
 Importing this module does not import torch: :func:`sample_rows` takes numpy logits (or torch
 ones) and imports torch only for a row with min-p active; the tensor-based functions import it
@@ -104,8 +106,8 @@ def sample_native(logits: torch.Tensor, p: SamplingTensors, seen: SeenTokens, *,
                   ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """-> (token ids int64 [B], logprobs float32 [B]) like ``sample_reference``, or None where
     the C library is not available. ``logits``: float32 [B, V] on the CPU. The parameters come
-    from ``p`` (its dense counts unused). ``flags`` pick the library build (tests: the portable
-    one, without AVX-512)."""
+    from ``p`` (its dense counts unused). ``flags`` pick the library build (tests: every ISA
+    build, ``loader.isa_flags``; all give the same bits)."""
     import torch
 
     lib = sampler_library(flags)

@@ -183,7 +183,7 @@ def test_greedy_argmax_edge_cases_match_torch(v: int) -> None:
 
 @pytest.mark.parametrize("seed", range(3))
 def test_the_portable_build_matches_the_reference(seed: int) -> None:
-    """The scalar paths (CPUs without AVX-512): mixed rows, and a flat top-p row (histograms)."""
+    """The plain-C build (no vector registers): mixed rows, and a flat top-p row (histograms)."""
     gen = torch.Generator().manual_seed(seed)
     v = 5000
     logits = torch.randn(10, v, generator=gen) * 2
