@@ -1,7 +1,7 @@
 """Read deadlines, the connection bound, protocol errors and the drain, over real sockets against
 a live uvicorn (kiln's protocol and server) on 127.0.0.1 with the fake backend.
 
-Deadlines are short (0.5 s) and every wait for an outcome is long (10 s or more); no test
+Deadlines are short (0.5 s) and every wait for an outcome is a hang bound (tests.HANG_S); no test
 asserts that anything happened fast, only that it happened and what was sent."""
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from kiln.config import ServerConfig
 from kiln.connections import MAX_HEADER_BYTES, server_for
 from kiln.drain import DrainingServer
 from kiln.startup import bind_listener
+from tests import HANG_S
 from tests.api.fake_backend import FakeBackend
 
-WAIT_S = 10.0
 CHAT = b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
 HEALTH = b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n"
 
@@ -37,8 +37,8 @@ class Live:
         self.thread = thread
 
     def connect(self) -> socket.socket:
-        s = socket.create_connection(("127.0.0.1", self.port), timeout=WAIT_S)
-        s.settimeout(WAIT_S)
+        s = socket.create_connection(("127.0.0.1", self.port), timeout=HANG_S)
+        s.settimeout(HANG_S)
         return s
 
 
@@ -171,7 +171,7 @@ def test_past_max_connections_a_connection_gets_503_with_retry_after() -> None:
         assert headers["retry-after"] == "1"
         for s in held:
             s.close()
-        deadline = time.monotonic() + WAIT_S
+        deadline = time.monotonic() + HANG_S
         while True:  # once the held ones are gone, a new connection is served
             again = srv.connect()
             again.sendall(HEALTH)
@@ -268,7 +268,7 @@ def stream_request(tokens: int) -> bytes:
 def small_window_socket(port: int) -> socket.socket:
     s = socket.socket()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    s.settimeout(WAIT_S)
+    s.settimeout(HANG_S)
     s.connect(("127.0.0.1", port))
     return s
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from kiln.testing import free_port
+from tests import HANG_S  # loading the model on a loaded machine too
 from tests.tiny_models import default_model
 
 ROOT = Path(__file__).resolve().parent.parent
-HANG_S = 600  # a hang bound for loading the model on a loaded machine, never a verdict
 
 
 def documented_walk() -> list[str]:

@@ -19,11 +19,12 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from tests import HANG_S  # bounds on every wait (a hang bound, never a verdict)
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = (str(ROOT / "kiln") + os.sep, str(ROOT / "kiln_kernels") + os.sep)
 IDENTITY = "kiln-identity"  # the thread kiln.serving hashes the weight files on
 QUIET_S = 1.0  # no new file for this long after the response: the walk is over
-HANG_S = 60.0  # bounds on every wait (a hang bound, never a verdict)
 
 seen: dict[str, None] = {}
 last_new = [0.0]

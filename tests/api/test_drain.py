@@ -13,6 +13,7 @@ from kiln.api.app import build_app
 from kiln.config import ServerConfig
 from kiln.drain import DRAIN_MESSAGE, DrainingServer
 from kiln.testing import free_port
+from tests import HANG_S
 from tests.api.fake_backend import FakeBackend
 
 MSG = {"messages": [{"role": "user", "content": "hi"}]}
@@ -31,7 +32,7 @@ def test_requests_left_when_the_drain_runs_out_get_errors() -> None:
         while not server.started:
             await asyncio.sleep(0.02)
         url = f"http://127.0.0.1:{port}/v1/chat/completions"
-        async with httpx.AsyncClient(timeout=30) as client:
+        async with httpx.AsyncClient(timeout=HANG_S) as client:
             plain = asyncio.create_task(client.post(url, json=MSG))
 
             async def stream() -> str:

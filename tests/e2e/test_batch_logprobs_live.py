@@ -8,6 +8,7 @@ from typing import Any
 
 import httpx
 
+from tests import HANG_S
 from tests.e2e.conftest import LiveServer
 
 PROMPTS: list[Any] = [
@@ -20,14 +21,14 @@ SAMPLING = {"temperature": 0.9, "top_p": 0.95, "max_tokens": 12, "logprobs": Tru
 
 def test_a_seeded_batch_item_is_the_request_sent_alone(live_server: LiveServer) -> None:
     n, seed = 2, 4321
-    r = httpx.post(live_server.url + "/v1/completions/batch", timeout=300, json={
+    r = httpx.post(live_server.url + "/v1/completions/batch", timeout=HANG_S, json={
         "prompts": PROMPTS, "n": n, "seed": seed, **SAMPLING})
     assert r.status_code == 200, r.text
     items = r.json()["completions"]
     assert len(items) == len(PROMPTS) * n
     for item in items:
         p, c = item["prompt_index"], item["completion_index"]
-        alone = httpx.post(live_server.url + "/v1/chat/completions", timeout=300, json={
+        alone = httpx.post(live_server.url + "/v1/chat/completions", timeout=HANG_S, json={
             "messages": PROMPTS[p], "seed": seed + p * n + c, **SAMPLING})
         assert alone.status_code == 200, alone.text
         body = alone.json()

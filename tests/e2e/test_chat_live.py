@@ -15,6 +15,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from kiln.api.contract import contract
+from tests import HANG_S
 from tests.e2e.conftest import LiveServer
 
 pytestmark = pytest.mark.slow
@@ -54,7 +55,8 @@ def joined(chunks: list[dict[str, Any]]) -> str:
 
 
 def test_openai_sdk_non_streaming_and_streaming(live_server: LiveServer) -> None:
-    client = openai.OpenAI(base_url=live_server.url + "/v1", api_key="unused")
+    client = openai.OpenAI(base_url=live_server.url + "/v1", api_key="unused", timeout=HANG_S,
+                           max_retries=0)
     raw = client.chat.completions.with_raw_response.create(
         model="SmolLM2-135M-Instruct", messages=Q, temperature=0, max_tokens=24
     )
@@ -82,7 +84,7 @@ def test_openai_sdk_non_streaming_and_streaming(live_server: LiveServer) -> None
 def test_raw_stream_events_validate(live_server: LiveServer) -> None:
     body = {"messages": Q, "temperature": 0, "max_tokens": 12, "stream": True,
             "stream_options": {"include_usage": True}, "include_performance": True}
-    r = httpx.post(live_server.url + "/v1/chat/completions", json=body, timeout=60)
+    r = httpx.post(live_server.url + "/v1/chat/completions", json=body, timeout=HANG_S)
     chunks = check_stream(r.text)
     assert chunks[-1]["usage"]["completion_tokens"] >= 1
     perf = chunks[-2]["metadata"]["performance"]
@@ -95,7 +97,7 @@ def test_raw_stream_events_validate(live_server: LiveServer) -> None:
 def test_n4_distinct_in_index_order(live_server: LiveServer) -> None:
     body = {"messages": [{"role": "user", "content": "Invent a name for a new planet."}],
             "n": 4, "temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_tokens": 12, "seed": 3}
-    r = httpx.post(live_server.url + "/v1/chat/completions", json=body, timeout=120)
+    r = httpx.post(live_server.url + "/v1/chat/completions", json=body, timeout=HANG_S)
     data = r.json()
     check("ChatCompletionResponse", data)
     assert [c["index"] for c in data["choices"]] == [0, 1, 2, 3]
@@ -104,7 +106,7 @@ def test_n4_distinct_in_index_order(live_server: LiveServer) -> None:
 
 
 async def _chat(client: httpx.AsyncClient, body: dict[str, Any]) -> dict[str, Any]:
-    r = await client.post("/v1/chat/completions", json=body, timeout=120)
+    r = await client.post("/v1/chat/completions", json=body)
     assert r.status_code == 200, r.text
     data: dict[str, Any] = r.json()
     return data
@@ -115,7 +117,7 @@ def test_seed_same_alone_and_in_batch_of_8(live_server: LiveServer) -> None:
               "temperature": 0.9, "max_tokens": 12, "seed": 1234}
 
     async def run() -> tuple[str, str]:
-        async with httpx.AsyncClient(base_url=live_server.url) as c:
+        async with httpx.AsyncClient(base_url=live_server.url, timeout=HANG_S) as c:
             alone = await _chat(c, seeded)
             others = [
                 {"messages": [{"role": "user", "content": f"Count to {i}."}],
@@ -131,20 +133,20 @@ def test_seed_same_alone_and_in_batch_of_8(live_server: LiveServer) -> None:
 
 def test_unknown_model_is_404(live_server: LiveServer) -> None:
     r = httpx.post(live_server.url + "/v1/chat/completions",
-                   json={"messages": Q, "model": "no-such-model"}, timeout=30)
+                   json={"messages": Q, "model": "no-such-model"}, timeout=HANG_S)
     assert r.status_code == 404
     check("ErrorResponse", r.json())
     assert r.json()["error"]["code"] == "model_not_found"
 
 
 def test_stop_string_split_across_tokens_never_streams(live_server: LiveServer) -> None:
-    base = httpx.post(live_server.url + "/v1/chat/completions",
-                      json={"messages": Q, "temperature": 0, "max_tokens": 24}, timeout=60).json()
+    base = httpx.post(live_server.url + "/v1/chat/completions", timeout=HANG_S,
+                      json={"messages": Q, "temperature": 0, "max_tokens": 24}).json()
     full = base["choices"][0]["message"]["content"]
     assert "France is" in full
     stop = "nce is Par"  # spans several tokens (" France", " is", " Paris")
     body = {"messages": Q, "temperature": 0, "max_tokens": 24, "stop": [stop], "stream": True}
-    r = httpx.post(live_server.url + "/v1/chat/completions", json=body, timeout=60)
+    r = httpx.post(live_server.url + "/v1/chat/completions", json=body, timeout=HANG_S)
     chunks = check_stream(r.text)
     text = joined(chunks)
     assert text == full[: full.index(stop)]
@@ -157,7 +159,7 @@ def test_16_streams_half_killed_free_their_blocks(live_server: LiveServer) -> No
         content = "Describe the sea. " * (1 + (i % 4) * 6)
         body = {"messages": [{"role": "user", "content": content}], "max_tokens": 16,
                 "temperature": 0.7, "seed": i, "stream": True, "ignore_eos": True}
-        async with httpx.AsyncClient(base_url=live_server.url, timeout=120) as c:
+        async with httpx.AsyncClient(base_url=live_server.url, timeout=HANG_S) as c:
             async with c.stream("POST", "/v1/chat/completions", json=body) as r:
                 got = ""
                 async for line in r.aiter_lines():
@@ -192,7 +194,7 @@ def test_context_length_exceeded(live_server: LiveServer) -> None:
     huge = [{"role": "user", "content": "word " * 9000}]
     for stream in (False, True):
         r = httpx.post(live_server.url + "/v1/chat/completions",
-                       json={"messages": huge, "stream": stream}, timeout=60)
+                       json={"messages": huge, "stream": stream}, timeout=HANG_S)
         assert r.status_code == 400
         assert r.json()["error"]["code"] == "context_length_exceeded"
 
@@ -201,7 +203,8 @@ def test_agent_loop_sends_back_its_assistant_tool_call_turn(live_server: LiveSer
     """The OpenAI agent loop appends the assistant message it received (content "" or null plus
     tool_calls) and a tool result; SmolLM2's template concatenates content, so the server must
     still render it (it had answered 400 invalid_messages)."""
-    client = openai.OpenAI(base_url=live_server.url + "/v1", api_key="unused")
+    client = openai.OpenAI(base_url=live_server.url + "/v1", api_key="unused", timeout=HANG_S,
+                           max_retries=0)
     tools = [{"type": "function", "function": {
         "name": "get_weather", "description": "Weather for a city",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
@@ -217,7 +220,8 @@ def test_agent_loop_sends_back_its_assistant_tool_call_turn(live_server: LiveSer
 
 
 def test_openai_sdk_models_list_and_retrieve(live_server: LiveServer) -> None:
-    client = openai.OpenAI(base_url=live_server.url + "/v1", api_key="unused")
+    client = openai.OpenAI(base_url=live_server.url + "/v1", api_key="unused", timeout=HANG_S,
+                           max_retries=0)
     ids = [m.id for m in client.models.list()]
     assert ids[0] == "SmolLM2-135M-Instruct"
     assert client.models.retrieve(ids[0]).id == ids[0]

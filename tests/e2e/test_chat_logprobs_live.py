@@ -9,6 +9,7 @@ import httpx
 import openai
 import pytest
 
+from tests import HANG_S
 from tests.e2e.conftest import LiveServer
 from tests.numerics import same_logits_logprob_atol
 
@@ -17,11 +18,12 @@ MSG: list[Any] = [{"role": "user", "content": "Say hello in French, then in Japa
 
 @pytest.fixture
 def client(live_server: LiveServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=live_server.url + "/v1", api_key="unused", max_retries=0)
+    return openai.OpenAI(base_url=live_server.url + "/v1", api_key="unused", timeout=HANG_S,
+                         max_retries=0)
 
 
 def test_greedy_chat_logprobs_match_scoring(live_server: LiveServer) -> None:
-    r = httpx.post(live_server.url + "/v1/chat/completions", timeout=120, json={
+    r = httpx.post(live_server.url + "/v1/chat/completions", timeout=HANG_S, json={
         "messages": MSG, "temperature": 0, "max_tokens": 12,
         "logprobs": True, "top_logprobs": 3, "rollout_provenance": True})
     assert r.status_code == 200, r.text
@@ -29,7 +31,7 @@ def test_greedy_chat_logprobs_match_scoring(live_server: LiveServer) -> None:
     record, content = choice["rollout_provenance"], choice["logprobs"]["content"]
     actions = record["action_tokens"]
     assert len(content) == len(actions) >= 8
-    scored = httpx.post(live_server.url + "/v1/completions", timeout=120, json={
+    scored = httpx.post(live_server.url + "/v1/completions", timeout=HANG_S, json={
         "prompt": record["input_token_ids"], "prompt_logprobs": 3}).json()
     lps = scored["choices"][0]["prompt_logprobs"]
     for entry, action in zip(content, actions, strict=True):

@@ -9,13 +9,14 @@ from typing import Any
 
 import httpx
 
+from tests import HANG_S
 from tests.e2e.conftest import LiveServer
 
 MSG: list[Any] = [{"role": "user", "content": "Name a colour."}]
 
 
 def post(live: LiveServer, path: str, body: dict[str, Any]) -> Any:
-    r = httpx.post(live.url + path, json=body, timeout=300)
+    r = httpx.post(live.url + path, json=body, timeout=HANG_S)
     assert r.status_code == 200, r.text
     return r.json()
 

@@ -9,13 +9,15 @@ import httpx
 import openai
 import pytest
 
+from tests import HANG_S
 from tests.e2e.conftest import LiveServer
 from tests.numerics import same_logits_logprob_atol
 
 
 @pytest.fixture
 def client(live_server: LiveServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=live_server.url + "/v1", api_key="unused", max_retries=0)
+    return openai.OpenAI(base_url=live_server.url + "/v1", api_key="unused", timeout=HANG_S,
+                         max_retries=0)
 
 
 def model(live_server: LiveServer) -> str:
@@ -23,7 +25,7 @@ def model(live_server: LiveServer) -> str:
 
 
 def scored(live_server: LiveServer, ids: list[int], k: int = 1) -> list[Any]:
-    r = httpx.post(live_server.url + "/v1/completions", timeout=120,
+    r = httpx.post(live_server.url + "/v1/completions", timeout=HANG_S,
                    json={"prompt": ids, "prompt_logprobs": k, "max_tokens": 0})
     assert r.status_code == 200, r.text
     result: list[Any] = r.json()["choices"][0]["prompt_logprobs"]

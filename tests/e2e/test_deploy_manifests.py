@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import yaml
 
+from tests import HANG_S
 from tests.e2e.conftest import LiveServer
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
@@ -58,7 +59,7 @@ def test_every_metric_the_picker_reads_is_exported(live_server: LiveServer) -> N
     docs = _docs()
     (picker,) = docs[("Deployment", "kiln-epp")]["spec"]["template"]["spec"]["containers"]
     wanted = {_args(picker)[flag] for flag in METRIC_FLAGS}
-    text = httpx.get(live_server.url + "/metrics", timeout=30).text
+    text = httpx.get(live_server.url + "/metrics", timeout=HANG_S).text
     exported = {line.split("{")[0].split()[0] for line in text.splitlines()
                 if line and not line.startswith("#")}
     assert wanted <= exported, wanted - exported

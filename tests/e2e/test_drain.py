@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from kiln.testing import running_server
+from tests import HANG_S
 from tests.tiny_models import write_tiny_llama
 
 pytestmark = pytest.mark.slow
@@ -35,7 +36,7 @@ def test_sigterm_drains_in_flight_requests(tmp_path: Path) -> None:
             body = {"messages": [{"role": "user", "content": "hello"}], "stream": True,
                     "max_tokens": 200, "ignore_eos": True, "temperature": 0}
             lines = []
-            with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=120) as r:
+            with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=HANG_S) as r:
                 for line in r.iter_lines():
                     if line.startswith("data: "):
                         lines.append(line)
@@ -49,10 +50,10 @@ def test_sigterm_drains_in_flight_requests(tmp_path: Path) -> None:
         worker.start()
         assert started.wait(timeout=120), "the stream never started"  # it is in the engine
         proc.send_signal(signal.SIGTERM)
-        refused, deadline = False, time.monotonic() + 60
+        refused, deadline = False, time.monotonic() + HANG_S
         while not refused and time.monotonic() < deadline:  # no new connections once draining
             try:
-                httpx.get(url + "/health", timeout=2)
+                httpx.get(url + "/health", timeout=HANG_S)
                 time.sleep(0.05)
             except httpx.HTTPError:
                 refused = True
@@ -76,7 +77,7 @@ def test_sigterm_does_not_wait_on_idle_or_half_sent_requests(tmp_path: Path) -> 
         head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\n"
                 b"Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n{")
         for i in range(40):
-            s = closing.enter_context(socket.create_connection(("127.0.0.1", server.port), 60))
+            s = closing.enter_context(socket.create_connection(("127.0.0.1", server.port), HANG_S))
             if i % 2:
                 s.sendall(head)
             held.append(s)

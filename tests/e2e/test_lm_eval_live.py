@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 
 from kiln.testing import ServerProcess, running_server
+from tests import HANG_S
 
 pytest.importorskip("lm_eval")  # a dev dependency (pyproject [dev]): lm-eval==0.4.13
 
@@ -58,7 +59,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 
 
 def served_model(server: ServerProcess) -> str:
-    with urllib.request.urlopen(server.url + "/v1/models", timeout=30) as response:
+    with urllib.request.urlopen(server.url + "/v1/models", timeout=HANG_S) as response:
         model: str = json.load(response)["data"][0]["id"]
     return model
 

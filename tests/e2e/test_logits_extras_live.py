@@ -6,11 +6,12 @@ from typing import Any
 
 import httpx
 
+from tests import HANG_S
 from tests.e2e.conftest import LiveServer
 
 
 def complete(live_server: LiveServer, **body: Any) -> dict[str, Any]:
-    r = httpx.post(live_server.url + "/v1/completions", timeout=120,
+    r = httpx.post(live_server.url + "/v1/completions", timeout=HANG_S,
                    json={"return_token_ids": True, **body})
     assert r.status_code == 200, r.text
     choice: dict[str, Any] = r.json()["choices"][0]
@@ -41,7 +42,7 @@ def test_min_tokens_holds_back_eos(live_server: LiveServer) -> None:
     msg = [{"role": "user", "content": "Answer with one word: is the sky blue?"}]
 
     def chat(**extra: Any) -> dict[str, Any]:
-        r = httpx.post(live_server.url + "/v1/chat/completions", timeout=120,
+        r = httpx.post(live_server.url + "/v1/chat/completions", timeout=HANG_S,
                        json={"messages": msg, "temperature": 0, "max_tokens": 64, **extra})
         assert r.status_code == 200, r.text
         data: dict[str, Any] = r.json()

@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests import HANG_S
 from tests.e2e.conftest import LiveServer
 
 pytestmark = pytest.mark.slow
@@ -25,7 +26,7 @@ ANSWER_TEXT = re.compile(r"Answer: <n>[0-9]{1,3}</n>")
 
 
 def completions(server: LiveServer, **kw: Any) -> list[tuple[str, str]]:
-    r = httpx.post(server.url + "/v1/completions", timeout=600, json={"max_tokens": 16, **kw})
+    r = httpx.post(server.url + "/v1/completions", timeout=HANG_S, json={"max_tokens": 16, **kw})
     assert r.status_code == 200, r.text
     return [(c["text"], c["finish_reason"]) for c in r.json()["choices"]]
 
@@ -57,7 +58,7 @@ def test_sequence_and_tag_on_chat(live_server: LiveServer) -> None:
     body = {"messages": [{"role": "user", "content": "How many legs has a spider?"}],
             "max_tokens": 24, "n": 2, "seed": 5,
             "response_format": {"type": "structural_tag", "format": ANSWER}}
-    r = httpx.post(live_server.url + "/v1/chat/completions", json=body, timeout=600)
+    r = httpx.post(live_server.url + "/v1/chat/completions", json=body, timeout=HANG_S)
     assert r.status_code == 200, r.text
     for choice in r.json()["choices"]:
         text = choice["message"]["content"]
@@ -70,7 +71,7 @@ def test_sequence_and_tag_on_batch(live_server: LiveServer) -> None:
             "max_tokens": 24, "seed": 6,
             "structured_outputs": {"structural_tag": json.dumps({"type": "structural_tag",
                                                                   "format": ANSWER})}}
-    r = httpx.post(live_server.url + "/v1/completions/batch", json=body, timeout=600)
+    r = httpx.post(live_server.url + "/v1/completions/batch", json=body, timeout=HANG_S)
     assert r.status_code == 200, r.text
     items = r.json()["completions"]
     assert len(items) == 2
@@ -81,7 +82,7 @@ def test_sequence_and_tag_on_batch(live_server: LiveServer) -> None:
 def test_a_bad_format_is_a_400_naming_its_path(live_server: LiveServer) -> None:
     fmt = {"type": "sequence", "elements": [{"type": "any_text"}, {"type": "const_string",
                                                                    "value": "x"}]}
-    r = httpx.post(live_server.url + "/v1/completions", timeout=600, json={
+    r = httpx.post(live_server.url + "/v1/completions", timeout=HANG_S, json={
         "prompt": "x", "max_tokens": 4,
         "response_format": {"type": "structural_tag", "format": fmt}})
     assert r.status_code == 400, r.text

@@ -15,6 +15,7 @@ import pydantic
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
+from tests import HANG_S
 from tests.e2e.conftest import LiveServer
 from tests.e2e.test_chat_live import check, check_stream
 
@@ -51,11 +52,12 @@ class Person(pydantic.BaseModel):
 
 
 def post(server: LiveServer, body: dict[str, Any]) -> httpx.Response:
-    return httpx.post(server.url + "/v1/chat/completions", json=body, timeout=600)
+    return httpx.post(server.url + "/v1/chat/completions", json=body, timeout=HANG_S)
 
 
 def test_sdk_parse_returns_a_parsed_pydantic_object(live_server: LiveServer) -> None:
-    client = openai.OpenAI(base_url=live_server.url + "/v1", api_key="unused")
+    client = openai.OpenAI(base_url=live_server.url + "/v1", api_key="unused", timeout=HANG_S,
+                           max_retries=0)
     for seed in (1, 2):
         done = client.chat.completions.parse(
             model=MODEL, messages=ASK, response_format=Person, seed=seed, max_tokens=200)
@@ -65,7 +67,8 @@ def test_sdk_parse_returns_a_parsed_pydantic_object(live_server: LiveServer) -> 
 
 
 def test_sdk_parse_stream(live_server: LiveServer) -> None:
-    client = openai.OpenAI(base_url=live_server.url + "/v1", api_key="unused")
+    client = openai.OpenAI(base_url=live_server.url + "/v1", api_key="unused", timeout=HANG_S,
+                           max_retries=0)
     with client.chat.completions.stream(model=MODEL, messages=ASK, response_format=Person,
                                         seed=3, max_tokens=200) as stream:
         final = stream.get_final_completion()

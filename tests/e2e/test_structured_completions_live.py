@@ -11,6 +11,7 @@ import httpx
 import jsonschema
 import pytest
 
+from tests import HANG_S
 from tests.e2e.conftest import LiveServer
 from tests.e2e.test_chat_live import sse
 
@@ -20,7 +21,7 @@ PROMPT = "Q: What is your favourite thing?\nA:"
 
 def complete(server: LiveServer, **kw: Any) -> httpx.Response:
     body = {"prompt": PROMPT, "max_tokens": 24, **kw}
-    return httpx.post(server.url + "/v1/completions", json=body, timeout=600)
+    return httpx.post(server.url + "/v1/completions", json=body, timeout=HANG_S)
 
 
 def texts(r: httpx.Response) -> list[tuple[str, str]]:
@@ -97,7 +98,7 @@ def test_structural_tag_enforces_each_structure_after_its_trigger(
     prompt = "a=1; b=2; c=3; d"
     written = 0
     for seed in (1, 2, 3):
-        r = httpx.post(live_server.url + "/v1/completions", timeout=600, json={
+        r = httpx.post(live_server.url + "/v1/completions", timeout=HANG_S, json={
             "prompt": prompt, "max_tokens": 16, "seed": seed, "response_format": tag})
         (text, finish), = texts(r)
         closed = re.fullmatch(r"[^=]*(=(0|[1-9][0-9]?);[^=]*)*", text)
@@ -137,7 +138,7 @@ def batch(server: LiveServer, **kw: Any) -> dict[str, Any]:
     body = {"prompts": [[{"role": "user", "content": "Pick a colour."}],
                         [{"role": "user", "content": "What is 2 + 2?"}]], "n": 2, "seed": 1,
             "max_tokens": 40, **kw}
-    r = httpx.post(server.url + "/v1/completions/batch", json=body, timeout=600)
+    r = httpx.post(server.url + "/v1/completions/batch", json=body, timeout=HANG_S)
     assert r.status_code == 200, r.text
     return dict(r.json())
 

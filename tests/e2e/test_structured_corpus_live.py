@@ -15,6 +15,7 @@ import httpx
 import jsonschema
 import pytest
 
+from tests import HANG_S
 from tests.e2e.conftest import LiveServer
 
 CORPUS: list[dict[str, Any]] = json.loads(
@@ -44,7 +45,7 @@ def _body(entry: dict[str, Any], seed: int, max_tokens: int) -> dict[str, Any]:
 async def _sweep(server: LiveServer, entries: list[dict[str, Any]], seeds: list[int],
                  max_tokens: int) -> list[tuple[dict[str, Any], int, dict[str, Any]]]:
     limit = asyncio.Semaphore(4)  # the engine batches these rows together
-    async with httpx.AsyncClient(base_url=server.url, timeout=1200) as client:
+    async with httpx.AsyncClient(base_url=server.url, timeout=HANG_S) as client:
         async def one(entry: dict[str, Any], seed: int) -> tuple[dict[str, Any], int,
                                                                  dict[str, Any]]:
             async with limit:
@@ -81,7 +82,7 @@ def test_whole_corpus_three_seeds_validates(live_server: LiveServer) -> None:
 def test_refused_schemas_are_a_400_naming_the_keyword(live_server: LiveServer,
                                                       entry: dict[str, Any]) -> None:
     r = httpx.post(live_server.url + "/v1/chat/completions", json=_body(entry, 1, 8),
-                   timeout=60)
+                   timeout=HANG_S)
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["param"] == "response_format.json_schema.schema"

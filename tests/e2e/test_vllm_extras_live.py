@@ -6,11 +6,12 @@ from typing import Any
 
 import httpx
 
+from tests import HANG_S
 from tests.e2e.conftest import LiveServer
 
 
 def post(live_server: LiveServer, route: str, **body: Any) -> dict[str, Any]:
-    r = httpx.post(live_server.url + route, timeout=120, json=body)
+    r = httpx.post(live_server.url + route, timeout=HANG_S, json=body)
     assert r.status_code == 200, r.text
     data: dict[str, Any] = r.json()
     return data

@@ -27,6 +27,7 @@ serve = pytest.importorskip("ray.serve")
 from kiln.config import ServerConfig  # noqa: E402
 from kiln.scale.ray_serve import deployment  # noqa: E402
 from kiln.testing import free_port, wait_healthy  # noqa: E402
+from tests import HANG_S  # noqa: E402
 
 pytestmark = pytest.mark.slow
 CHAT = "/v1/chat/completions"
@@ -56,7 +57,7 @@ def _chat(content: str, **extra: object) -> dict[str, object]:
 
 
 def _hit_tokens(url: str, session: str) -> float:
-    text = httpx.get(url + "/metrics", headers={"x-session-id": session}, timeout=30).text
+    text = httpx.get(url + "/metrics", headers={"x-session-id": session}, timeout=HANG_S).text
     for line in text.splitlines():
         if line.startswith('kiln_engine{name="prefix_cache_hit_tokens"}'):
             return float(line.split()[-1])
@@ -65,7 +66,7 @@ def _hit_tokens(url: str, session: str) -> float:
 
 def test_both_replicas_answer_mixed_traffic(url: str) -> None:
     async def main() -> list[httpx.Response]:
-        async with httpx.AsyncClient(base_url=url, timeout=120) as c:
+        async with httpx.AsyncClient(base_url=url, timeout=HANG_S) as c:
             sends = [c.post(CHAT, json=_chat(f"Question number {i}: what is {i} + {i}?"))
                      for i in range(24)]
             sends += [c.post("/v1/completions/batch", json={
@@ -87,7 +88,7 @@ def test_a_session_sticks_to_one_replica_and_hits_its_prefix_cache(url: str) -> 
         body = {"messages": [{"role": "system", "content": system},
                              {"role": "user", "content": f"Turn {i}"}],
                 "max_tokens": 2, "temperature": 0}
-        r = httpx.post(url + CHAT, json=body, headers={"x-session-id": "alpha"}, timeout=120)
+        r = httpx.post(url + CHAT, json=body, headers={"x-session-id": "alpha"}, timeout=HANG_S)
         assert r.status_code == 200, r.text
         seen.add(r.headers["x-kiln-replica"])
     assert len(seen) == 1
@@ -96,14 +97,14 @@ def test_a_session_sticks_to_one_replica_and_hits_its_prefix_cache(url: str) -> 
 
 def test_killing_a_replica_fails_only_its_requests_and_serve_restores_it(url: str) -> None:
     probe = httpx.post(url + CHAT, json=_chat("which replica?"), headers={"x-session-id": "doomed"},
-                       timeout=120)
+                       timeout=HANG_S)
     victim = probe.headers["x-kiln-replica"]
     pid = int(victim.split(":")[-1])
     long = _chat("Count slowly from one to one thousand.", max_tokens=400, ignore_eos=True,
                  stream=True)
 
     async def main() -> tuple[list[str], list[httpx.Response]]:
-        async with httpx.AsyncClient(base_url=url, timeout=180) as c:
+        async with httpx.AsyncClient(base_url=url, timeout=HANG_S) as c:
             async def stream() -> str:
                 async with c.stream("POST", CHAT, json=long,
                                     headers={"x-session-id": "doomed"}) as r:
@@ -130,7 +131,7 @@ def test_killing_a_replica_fails_only_its_requests_and_serve_restores_it(url: st
     deadline = time.monotonic() + 300
     answered: set[str] = set()
     while time.monotonic() < deadline and len(answered) < 2:  # Serve starts a new replica
-        r = httpx.post(url + CHAT, json=_chat(f"after {time.monotonic()}"), timeout=120)
+        r = httpx.post(url + CHAT, json=_chat(f"after {time.monotonic()}"), timeout=HANG_S)
         if r.status_code == 200 and r.headers["x-kiln-replica"] != victim:
             answered.add(r.headers["x-kiln-replica"])
         time.sleep(0.5)
