@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import llguidance
 
 from kiln.api.errors import ApiError
-from kiln.api.handlers import structural_formats, structural_tags, xml_tools
+from kiln.api.handlers import schema_keywords, structural_formats, structural_tags, xml_tools
 from kiln.api.handlers.params import plain
 from kiln.config import DEFAULT_GRAMMAR_COMPILE_TIMEOUT_S as DEFAULT_COMPILE_DEADLINE_S
 from kiln.engine.grammar import GrammarError, compiler_for
@@ -70,10 +70,19 @@ def closed(schema: Any) -> Any:
     return out
 
 
+def enforceable(schema: Any, param: str) -> None:
+    """A 400 naming ``param`` for a keyword the grammar cannot enforce (schema_keywords)."""
+    try:
+        schema_keywords.check(schema)
+    except schema_keywords.Unenforceable as e:
+        raise _bad(param, str(e)) from None
+
+
 def json_grammar(schema: Any, param: str,
                  options: JsonCompileOptions | None = None) -> str:
     if not isinstance(schema, dict):
         raise _bad(param, "a JSON Schema must be a JSON object")
+    enforceable(schema, param)
     try:
         return str(llguidance.LLMatcher.grammar_from_json_schema(
             json.dumps(closed(schema)), overrides=options or JSON_OPTIONS))
@@ -87,9 +96,10 @@ def _no_token(text: str) -> int | None:
 
 def _schema_expansion(schema: Any, param: str) -> str:
     """``%json {...}``: a Lark expansion of JSON valid against ``schema`` (closed, bounded
-    whitespace, as JSON outputs)."""
+    whitespace, as JSON outputs); ``param``: the schema's path."""
     if not isinstance(schema, dict):
-        raise _bad(f"{param}.schema", "a JSON Schema must be a JSON object")
+        raise _bad(param, "a JSON Schema must be a JSON object")
+    enforceable(schema, param)
     return f"%json {json.dumps({**closed(schema), 'x-guidance': JSON_OPTIONS})}"
 
 
@@ -222,6 +232,10 @@ def from_tool_choice(tools: Any, tool_choice: Any, parallel: bool,
         schema = closed(functions[name])
         if not isinstance(schema, dict):
             raise _bad("tools", f"function {name!r}: parameters must be a JSON Schema object")
+        try:
+            schema_keywords.check(schema)
+        except schema_keywords.Unenforceable as e:
+            raise _bad("tools", f"function {name!r}: {e}") from None
         if fmt == "xml":
             try:
                 rules.extend(xml_tools.call_rules(i, name, schema, dict(JSON_OPTIONS)))
