@@ -84,10 +84,15 @@ def json_response(body: Any, status: int = 200, headers: dict[str, str] | None =
     )
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> wire.Usage:
-    """Token usage, its total the sum (every route's)."""
-    return wire.Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                      total_tokens=prompt_tokens + completion_tokens)
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None
+          ) -> wire.Usage:
+    """Token usage, its total the sum (every route's); ``cached_tokens``: prompt tokens the
+    prefix cache held (vLLM's ``prompt_tokens_details.cached_tokens``)."""
+    out = wire.Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                     total_tokens=prompt_tokens + completion_tokens)
+    if cached_tokens is not None:
+        out.prompt_tokens_details = wire.PromptTokensDetails(cached_tokens=cached_tokens)
+    return out
 
 
 def as_wire(value: Any) -> Any:

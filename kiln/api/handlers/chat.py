@@ -209,7 +209,7 @@ def response_body(
         created=int(time.time()),
         model=shape.model,
         choices=choices,
-        usage=usage(prompt_tokens, completion_tokens),
+        usage=usage(prompt_tokens, completion_tokens, completions[0].num_cached_tokens),
         metadata=metadata,
     )
     if shape.return_token_ids:

@@ -90,6 +90,7 @@ class Shape:
     stream: bool = False
     echo: bool = False  # completions: each prompt's text goes before its choices' text
     include_usage: bool = False
+    continuous_usage: bool = False  # vLLM's continuous_usage_stats: usage on every chunk
     include_performance: bool = False
     explicit_performance: bool = False
     include_config_hashes: bool = False
@@ -247,8 +248,9 @@ def _grammar(state: AppState, req: Any, code: str, tools: Any, tool_choice: Any,
     """The structured-output constraint of a chat or batch request (a coroutine); it starts
     after the reasoning when the prompt starts in one. A request that sets none of the fields
     that can ask for one is unconstrained without entering handlers/constraints.py."""
+    llama = (opt(getattr(req, "grammar", None)), opt(getattr(req, "json_schema", None)))
     if opt(req.response_format) is None and opt(req.structured_outputs) is None \
-            and tool_choice is None:
+            and tool_choice is None and llama == (None, None):
         return _unconstrained()
     tokenizer = state.backend.tokenizer
     return constraint(
@@ -259,7 +261,7 @@ def _grammar(state: AppState, req: Any, code: str, tools: Any, tool_choice: Any,
         tool_format=tool_format(getattr(state.backend.chat_template, "source", None))
         if tools else "json",  # the format of tool calls, where the request has tools
         after=tuple(tokenizer.encode(CLOSE_TAG)) if in_reasoning else (),
-        deadline_s=state.config.grammar_compile_timeout_s)
+        deadline_s=state.config.grammar_compile_timeout_s, llama=llama)
 
 
 async def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> PreparedChat:
@@ -313,6 +315,8 @@ async def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> Prep
             model=model,
             stream=bool(opt(req.stream)),
             include_usage=bool(stream_options and opt(stream_options.include_usage)),
+            continuous_usage=bool(stream_options and opt(stream_options.include_usage)
+                                  and opt(stream_options.continuous_usage_stats)),
             include_performance=bool(include_perf),
             explicit_performance=include_perf is True,
             include_config_hashes=bool(opt(req.include_config_hashes)),

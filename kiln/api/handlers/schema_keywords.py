@@ -1,5 +1,7 @@
-"""Which JSON Schema keywords a constraint can carry: every keyword of draft 2020-12's
-vocabulary (and the older drafts' assertions clients still send) is either enforced by the
+"""What a JSON schema constraint becomes: ``closed`` (no extra keys unless the schema says
+so, docs/structured-outputs.md JSON defaults), and which keywords it can carry: every keyword
+of draft 2020-12's vocabulary (and the older drafts' assertions clients still send) is either
+enforced by the
 grammar llguidance compiles, an annotation that asserts nothing, or refused here with a 400
 naming it (docs/structured-outputs.md). Nothing is dropped: a keyword llguidance would ignore
 is refused before llguidance sees the schema, whatever its version does with it.
@@ -52,6 +54,34 @@ _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "depe
 _SCHEMA_LISTS = ("prefixItems", "allOf", "anyOf", "oneOf", "items")
 _SCHEMAS = ("additionalProperties", "items", "contains", "propertyNames", "not", "if", "then",
             "else", "unevaluatedItems", "unevaluatedProperties", "contentSchema")
+
+
+_OBJECT_KEYWORDS = ("additionalProperties", "unevaluatedProperties", "patternProperties")
+
+
+def closed(schema: Any) -> Any:
+    """``schema`` with ``additionalProperties: false`` on every object schema that lists
+    ``properties`` and says nothing about extra keys (not inside ``allOf``, where closing each
+    part would refuse the other parts' keys)."""
+    if isinstance(schema, list):
+        return [closed(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for key, value in schema.items():
+        if key == "allOf":
+            out[key] = value
+        elif key in ("properties", "$defs", "definitions", "patternProperties",
+                     "dependentSchemas"):
+            out[key] = {k: closed(v) for k, v in value.items()} if isinstance(value, dict) \
+                else value
+        elif key in ("enum", "const", "default", "examples", "required"):
+            out[key] = value
+        else:
+            out[key] = closed(value)
+    if "properties" in out and not any(k in out for k in _OBJECT_KEYWORDS):
+        out["additionalProperties"] = False
+    return out
 
 
 class Unenforceable(ValueError):
