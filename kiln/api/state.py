@@ -73,6 +73,16 @@ def request_id(request: HttpRequest) -> str:
     rid: str = request.scope.get("state", {}).get("request_id", "")
     return rid
 
+
+def claim_request_id(request: HttpRequest, body_id: str | None) -> str:
+    """The request's one id, which the response's ``X-Request-Id`` and its body's ``id`` both
+    carry: the client's X-Request-Id header, else the body's ``request_id`` (vLLM's), else the
+    one the middleware drew (kiln/api/app.py)."""
+    state = request.scope.setdefault("state", {})
+    if body_id and not state.get("request_id_given"):
+        state["request_id"] = body_id
+    return request_id(request)
+
 _encoder = msgspec.json.Encoder()
 
 Finish = Literal["error", "length", "stop", "tool_calls"]

@@ -49,8 +49,8 @@ class EchoTemplate:
         add_generation_prompt: bool = True,
         **kwargs: Any,
     ) -> str:
-        if any(m["role"] == "explode" for m in messages):
-            raise ValueError("template refused role 'explode'")
+        if any(m["content"] == "<explode>" for m in messages):
+            raise ValueError("template refused content '<explode>'")
         text = "".join(f"<{m['role']}>{m['content']}\n" for m in messages)
         if add_generation_prompt:
             text += "<assistant>"

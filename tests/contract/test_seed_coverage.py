@@ -35,6 +35,7 @@ TIGHTENED = {
     ("ChatCompletionRequest", "adapters"),
     ("BatchCompletionRequest", "adapters"),
     ("ChatCompletionRequest", "messages"),
+    ("ChatMessageInput", "role"),  # issue 52: OpenAI's roles, as OpenAI and vLLM refuse others
 }
 # Fields the contract deliberately widens past the seed (CHANGELOG.md), with the contract's
 # rendered type and the constraints it must carry instead.

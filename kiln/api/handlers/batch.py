@@ -14,19 +14,19 @@ from starlette.responses import Response
 
 from kiln.api._generated import wire
 from kiln.api.handlers.completions_gen import scored_prompt
-from kiln.api.handlers.extras import included_stop, response_id
+from kiln.api.handlers.extras import included_stop
 from kiln.api.handlers.logprobs import chat_content
-from kiln.api.handlers.params import BATCH_UNSUPPORTED, refuse_unsupported
+from kiln.api.handlers.params import BATCH_UNSUPPORTED, opt, refuse_unsupported
 from kiln.api.handlers.prepare import Prompt, Shape, prepare_batch
 from kiln.api.state import (
     AppState,
     Completion,
     app_state,
     as_wire,
+    claim_request_id,
     collect_all,
     finish_reason,
     json_response,
-    request_id,
     submit_all,
     until_disconnect,
     usage,
@@ -44,7 +44,7 @@ async def create(request: Request) -> Response:
                                     ERROR_CODE)
     refuse_unsupported(req, BATCH_UNSUPPORTED)
     batch = await prepare_batch(state, req, ERROR_CODE)
-    shape, rid = batch.shape, request_id(request)
+    shape, rid = batch.shape, claim_request_id(request, opt(req.request_id))
     work = [(f"{rid}-{p}-{c}", prompt.ids, params, run.lora)
             for p, (prompt, run) in enumerate(batch.items) for c, params in enumerate(run.params)]
     run0 = batch.items[0][1]  # cache_salt and priority are the request's, the same on every item
@@ -67,7 +67,7 @@ async def create(request: Request) -> Response:
     completion_tokens = sum(item.usage.completion_tokens for item in items)
     cached_tokens = sum(done.num_cached_tokens for done in results)
     return json_response(wire.BatchCompletionResponse(
-        id=response_id(req, "batchcmpl"),  # vLLM's request_id, else a fresh uuid
+        id=f"batchcmpl-{rid}",  # the X-Request-Id header's id
         object="batch.completion",
         created=int(time.time()),
         model=shape.model,

@@ -169,10 +169,22 @@ def _thinking_source(requested: Any, server_default: bool | None) -> ThinkingSou
     return "server_default" if server_default is not None else "template_default"
 
 
+# OpenAI's message roles (and its former "function"), which vLLM takes too
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+
+
 def render_prompt(state: AppState, messages: list[wire.ChatMessageInput], tools: Any,
-                  kwargs: dict[str, Any], add_generation_prompt: bool = True) -> str:
-    """The chat template over the messages (``render_messages``' fallbacks); a template error is
-    the client's messages or tools: 400 invalid_messages with the first error."""
+                  kwargs: dict[str, Any], add_generation_prompt: bool = True,
+                  param: str = "messages") -> str:
+    """The chat template over the messages (``render_messages``' fallbacks); a role outside
+    ``ROLES`` is a 400 naming it (``param``: where the messages are), as OpenAI and vLLM answer;
+    a template error is the client's messages or tools: 400 invalid_messages with the first
+    error."""
+    for i, m in enumerate(messages):
+        if m.role not in ROLES:
+            raise ApiError(400, "invalid_messages", f"{param}[{i}].role: unknown role "
+                           f"{m.role!r}; one of {', '.join(sorted(ROLES))}",
+                           param=f"{param}[{i}].role")
     try:
         return render_messages(state.backend.chat_template, messages, tools, kwargs,
                                add_generation_prompt)
@@ -356,7 +368,7 @@ async def prepare_batch(state: AppState, req: wire.BatchCompletionRequest, code:
     prompts: list[Prompt] = []
     for p, messages in enumerate(req.prompts):
         started = time.perf_counter()
-        text = render_prompt(state, messages, tools, kwargs)
+        text = render_prompt(state, messages, tools, kwargs, param=f"prompts[{p}]")
         text, ids = encode_prompt(backend, text, f"prompts[{p}]", f"prompt {p}",
                                   special=opt(req.add_special_tokens) is True, keep=keep,
                                   side=opt(req.truncation_side))
