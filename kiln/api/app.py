@@ -56,14 +56,18 @@ class RequestIdMiddleware(_HttpMiddleware):
             if key == b"x-request-id":
                 rid = value.decode("latin-1")
                 break
-        if not rid or len(rid) > 200 or not rid.isprintable():
+        given = bool(rid) and len(rid) <= 200 and rid.isprintable()
+        if not given:
             rid = uuid.uuid4().hex
-        scope.setdefault("state", {})["request_id"] = rid
+        state = scope.setdefault("state", {})
+        state["request_id"], state["request_id_given"] = rid, given
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
                 headers = [h for h in message.get("headers", []) if h[0] != b"x-request-id"]
-                headers.append((b"x-request-id", rid.encode("latin-1")))
+                # a handler may have adopted the body's request_id (state.claim_request_id)
+                sent = str(state.get("request_id") or rid)
+                headers.append((b"x-request-id", sent.encode("latin-1")))
                 message = {**message, "headers": headers}
             await send(message)
 

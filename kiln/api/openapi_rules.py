@@ -18,7 +18,12 @@ from typing import Any
 
 from kiln.api.contract import MAX_BATCH_ITEMS
 from kiln.api.handlers import rollout
-from kiln.api.handlers.params import CHAT_UNSUPPORTED, UNSUPPORTED_CODE
+from kiln.api.handlers.params import (
+    BATCH_UNSUPPORTED,
+    CHAT_UNSUPPORTED,
+    OPENAI_CHAT_UNSUPPORTED,
+    UNSUPPORTED_CODE,
+)
 from kiln.api.handlers.prepare import TEMPLATE_FIELDS
 from kiln.api.openapi_rule_parts import (
     STREAM,
@@ -101,7 +106,7 @@ def vllm_field_rules(code: str, b: Bounds) -> list[Rule]:
 def chat_rules(b: Bounds, render: bool) -> list[Rule]:
     code, prepare = "chat_invalid_request", "kiln.api.handlers.prepare"
     out = [
-        *unsupported_fields(CHAT_UNSUPPORTED),
+        *unsupported_fields(CHAT_UNSUPPORTED + OPENAI_CHAT_UNSUPPORTED),
         rule("refused_when", "tools", code, "kiln.api.contract.check_chat",
              "rollout_provenance takes no tools",
              when=all_of(has("rollout_provenance", {"const": True}),
@@ -169,6 +174,7 @@ def batch_rules(b: Bounds) -> list[Rule]:
     both = [field("prompts", measure="length"), field("n", if_absent=1, if_null=1)]
     return [
         *unsupported_fields(CHAT_UNSUPPORTED),  # extras.chat_extras, as on chat
+        *unsupported_fields(BATCH_UNSUPPORTED),  # handlers.batch.create
         rule("product_max", "prompts", "batch_too_large", "kiln.api.contract.check_batch",
              "prompts x n outputs per request", factors=both, max=MAX_BATCH_ITEMS),
         rule("product_max", "n", "batch_too_large", "kiln.api.state.submit_all",

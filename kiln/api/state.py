@@ -73,6 +73,16 @@ def request_id(request: HttpRequest) -> str:
     rid: str = request.scope.get("state", {}).get("request_id", "")
     return rid
 
+
+def claim_request_id(request: HttpRequest, body_id: str | None) -> str:
+    """The request's one id, which the response's ``X-Request-Id`` and its body's ``id`` both
+    carry: the client's X-Request-Id header, else the body's ``request_id`` (vLLM's), else the
+    one the middleware drew (kiln/api/app.py)."""
+    state = request.scope.setdefault("state", {})
+    if body_id and not state.get("request_id_given"):
+        state["request_id"] = body_id
+    return request_id(request)
+
 _encoder = msgspec.json.Encoder()
 
 Finish = Literal["error", "length", "stop", "tool_calls"]
@@ -84,10 +94,15 @@ def json_response(body: Any, status: int = 200, headers: dict[str, str] | None =
     )
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> wire.Usage:
-    """Token usage, its total the sum (every route's)."""
-    return wire.Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                      total_tokens=prompt_tokens + completion_tokens)
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None
+          ) -> wire.Usage:
+    """Token usage, its total the sum (every route's); ``cached_tokens``: prompt tokens the
+    prefix cache held (vLLM's ``prompt_tokens_details.cached_tokens``)."""
+    out = wire.Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                     total_tokens=prompt_tokens + completion_tokens)
+    if cached_tokens is not None:
+        out.prompt_tokens_details = wire.PromptTokensDetails(cached_tokens=cached_tokens)
+    return out
 
 
 def as_wire(value: Any) -> Any:

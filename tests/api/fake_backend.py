@@ -49,8 +49,8 @@ class EchoTemplate:
         add_generation_prompt: bool = True,
         **kwargs: Any,
     ) -> str:
-        if any(m["role"] == "explode" for m in messages):
-            raise ValueError("template refused role 'explode'")
+        if any(m["content"] == "<explode>" for m in messages):
+            raise ValueError("template refused content '<explode>'")
         text = "".join(f"<{m['role']}>{m['content']}\n" for m in messages)
         if add_generation_prompt:
             text += "<assistant>"
@@ -86,6 +86,7 @@ class FakeBackend:
     delay = 0.0  # seconds per generated token
     fail = False  # finish every request with finish_reason "error"
     fail_error = "injected failure"  # with this message
+    cached_tokens = 0  # prompt tokens each request finds in the prefix cache (at most its prompt)
 
     plan: dict[str, str] | None = None  # no model: no compute plan unless a test sets one
 
@@ -184,7 +185,7 @@ class FakeBackend:
             stop_reason=(self.stop_string or EOS) if reason == "stop" else None,
             num_prompt_tokens=len(request.prompt_token_ids),
             num_output_tokens=count,
-            num_cached_tokens=0,
+            num_cached_tokens=min(self.cached_tokens, len(request.prompt_token_ids)),
             seed=request.sampling.seed or 0,
             metrics=metrics if finished else None,
             error=self.fail_error if reason == "error" else None,

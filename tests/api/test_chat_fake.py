@@ -145,7 +145,7 @@ def test_thinking_metadata_and_reasoning_split(backend: FakeBackend) -> None:
 
 
 def test_template_error_is_400_invalid_messages(client: TestClient) -> None:
-    r = client.post(CHAT, json={"messages": [{"role": "explode", "content": "x"}]})
+    r = client.post(CHAT, json={"messages": [{"role": "user", "content": "<explode>"}]})
     assert r.status_code == 400
     assert r.json()["error"]["code"] == "invalid_messages"
 

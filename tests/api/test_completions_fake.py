@@ -34,7 +34,8 @@ def test_text_prompt_generates_16_tokens_by_default(client: TestClient, backend:
     assert choice["text"] == "x" * 16 and choice["finish_reason"] == "length"
     assert backend.submitted[-1].sampling.max_tokens == 16
     # the double's tokenizer: BOS + one token per byte
-    assert body["usage"] == {"prompt_tokens": 17, "completion_tokens": 16, "total_tokens": 33}
+    assert body["usage"] == {"prompt_tokens": 17, "completion_tokens": 16, "total_tokens": 33,
+                             "prompt_tokens_details": {"cached_tokens": 0}}
 
 
 @pytest.mark.parametrize("prompt", [["ab", "cd"], [[10, 11], [12, 13, 14]]])

@@ -12,12 +12,12 @@ import pytest
 
 from kiln.api.errors import ApiError
 from kiln.api.handlers.constraints import (
-    closed,
     constraint,
     from_response_format,
     from_structured_outputs,
     from_tool_choice,
 )
+from kiln.api.handlers.schema_keywords import closed
 from tests.tiny_models import tiny_tokenizer
 
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {

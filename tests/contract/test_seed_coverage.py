@@ -35,6 +35,7 @@ TIGHTENED = {
     ("ChatCompletionRequest", "adapters"),
     ("BatchCompletionRequest", "adapters"),
     ("ChatCompletionRequest", "messages"),
+    ("ChatMessageInput", "role"),  # issue 52: OpenAI's roles, as OpenAI and vLLM refuse others
 }
 # Fields the contract deliberately widens past the seed (CHANGELOG.md), with the contract's
 # rendered type and the constraints it must carry instead.
@@ -121,6 +122,16 @@ ADDED_FIELDS = {
     *((d, f) for d in ("ChatCompletionRequest", "BatchCompletionRequest")
       for f in ("include_reasoning", "reasoning_effort", "documents", "logits_processors",
                 "mm_processor_kwargs")),
+    # issue 52: OpenAI's chat fields (behaviour refused, labels accepted), llama-server's
+    # grammar fields and n_probs, batch's refused stream, vLLM's continuous usage and
+    # cached-token count
+    *(("ChatCompletionRequest", f) for f in (
+        "modalities", "audio", "prediction", "web_search_options", "service_tier", "store",
+        "verbosity", "user", "safety_identifier", "prompt_cache_key", "metadata", "grammar",
+        "json_schema", "n_probs")),
+    ("BatchCompletionRequest", "stream"),
+    ("StreamOptions", "continuous_usage_stats"),
+    ("Usage", "prompt_tokens_details"),
 }
 # Definitions that vLLM's completions request (seed vllm-completion-request.schema.json) has
 # replaced: tests/contract/test_vllm_seed_coverage.py checks them against that seed. Here they

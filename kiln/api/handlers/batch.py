@@ -14,18 +14,19 @@ from starlette.responses import Response
 
 from kiln.api._generated import wire
 from kiln.api.handlers.completions_gen import scored_prompt
-from kiln.api.handlers.extras import included_stop, response_id
+from kiln.api.handlers.extras import included_stop
 from kiln.api.handlers.logprobs import chat_content
+from kiln.api.handlers.params import BATCH_UNSUPPORTED, opt, refuse_unsupported
 from kiln.api.handlers.prepare import Prompt, Shape, prepare_batch
 from kiln.api.state import (
     AppState,
     Completion,
     app_state,
     as_wire,
+    claim_request_id,
     collect_all,
     finish_reason,
     json_response,
-    request_id,
     submit_all,
     until_disconnect,
     usage,
@@ -41,8 +42,9 @@ async def create(request: Request) -> Response:
     req = await state.contract.read(request, state.config.max_body_bytes,
                                     "BatchCompletionRequest", wire.BatchCompletionRequest,
                                     ERROR_CODE)
+    refuse_unsupported(req, BATCH_UNSUPPORTED)
     batch = await prepare_batch(state, req, ERROR_CODE)
-    shape, rid = batch.shape, request_id(request)
+    shape, rid = batch.shape, claim_request_id(request, opt(req.request_id))
     work = [(f"{rid}-{p}-{c}", prompt.ids, params, run.lora)
             for p, (prompt, run) in enumerate(batch.items) for c, params in enumerate(run.params)]
     run0 = batch.items[0][1]  # cache_salt and priority are the request's, the same on every item
@@ -63,13 +65,14 @@ async def create(request: Request) -> Response:
         items.append(item)
     prompt_tokens = sum(item.usage.prompt_tokens for item in items)
     completion_tokens = sum(item.usage.completion_tokens for item in items)
+    cached_tokens = sum(done.num_cached_tokens for done in results)
     return json_response(wire.BatchCompletionResponse(
-        id=response_id(req, "batchcmpl"),  # vLLM's request_id, else a fresh uuid
+        id=f"batchcmpl-{rid}",  # the X-Request-Id header's id
         object="batch.completion",
         created=int(time.time()),
         model=shape.model,
         completions=items,
-        usage=usage(prompt_tokens, completion_tokens),
+        usage=usage(prompt_tokens, completion_tokens, cached_tokens),
         metadata=wire.BatchCompletionMetadata(
             thinking_budget=as_wire(batch.items[0][1].budget.effective())),
     ))
@@ -78,7 +81,7 @@ async def create(request: Request) -> Response:
 def _item(state: AppState, shape: Shape, p: int, c: int, done: Completion, prompt: Prompt,
           stop: tuple[str, ...], budget_applied: bool) -> wire.BatchCompletionItem:
     """Choice ``c`` of prompt ``p``; a failed choice is finish_reason "error" with no text."""
-    item_usage = usage(len(prompt.ids), done.num_output_tokens)
+    item_usage = usage(len(prompt.ids), done.num_output_tokens, done.num_cached_tokens)
     if done.finish_reason in ("error", "abort"):
         item = wire.BatchCompletionItem(prompt_index=p, completion_index=c, text="",
                                         finish_reason="error", usage=item_usage)

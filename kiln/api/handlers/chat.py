@@ -15,8 +15,9 @@ from kiln.api._generated import wire
 from kiln.api.errors import ApiError
 from kiln.api.handlers import chat_stream, rollout
 from kiln.api.handlers.completions_gen import scored_prompt
-from kiln.api.handlers.extras import included_stop, response_id
+from kiln.api.handlers.extras import included_stop
 from kiln.api.handlers.logprobs import chat_content
+from kiln.api.handlers.params import opt
 from kiln.api.handlers.perf import performance
 from kiln.api.handlers.prepare import PreparedChat, prepare_chat
 from kiln.api.sse import EventStream
@@ -26,11 +27,11 @@ from kiln.api.state import (
     Finish,
     app_state,
     as_wire,
+    claim_request_id,
     collect_all,
     finish_reason,
     generation_failed,
     json_response,
-    request_id,
     submit,
     submit_all,
     until_disconnect,
@@ -51,8 +52,8 @@ async def create(request: Request) -> Response:
     prompt, run = prepared.prompt, prepared.run
     if prepared.shape.rollout:
         rollout.check(state, prepared)
-    completion_id = response_id(req, "chatcmpl")  # vLLM's request_id, else a fresh uuid
-    rid = request_id(request)
+    rid = claim_request_id(request, opt(req.request_id))  # the header's and the body's id
+    completion_id = f"chatcmpl-{rid}"
     if prepared.shape.stream:
         outputs = submit(state, f"{rid}-0", prompt.ids, run.params[0], run.lora, arrived,
                          cache_salt=run.cache_salt, priority=run.priority)
@@ -209,7 +210,7 @@ def response_body(
         created=int(time.time()),
         model=shape.model,
         choices=choices,
-        usage=usage(prompt_tokens, completion_tokens),
+        usage=usage(prompt_tokens, completion_tokens, completions[0].num_cached_tokens),
         metadata=metadata,
     )
     if shape.return_token_ids:

@@ -42,10 +42,16 @@ class _Chunks:
         # chunk of the choice carries them
         self.pending: list[wire.ChatTokenLogprob] = []
         self.pending_ids: list[int] | None = [] if token_ids else None
+        # continuous_usage_stats: the prompt's tokens, and the request's tally so far
+        self.running: tuple[int, Completion] | None = None
 
     def chunk(self, choices: list[wire.ChunkChoice]) -> wire.ChatCompletionChunk:
-        return wire.ChatCompletionChunk(id=self.id, object="chat.completion.chunk",
-                                        created=self.created, model=self.model, choices=choices)
+        out = wire.ChatCompletionChunk(id=self.id, object="chat.completion.chunk",
+                                       created=self.created, model=self.model, choices=choices)
+        if self.running is not None:
+            prompt, tally = self.running
+            out.usage = token_usage(prompt, tally.num_output_tokens, tally.num_cached_tokens)
+        return out
 
     def choice(self, delta: wire.Delta, finish: Finish | None = None,
                stop_reason: str | int | None = None,
@@ -87,9 +93,9 @@ class _Chunks:
             out.append(self.choice(wire.Delta(tool_calls=[piece])))
         return out
 
-    def usage(self, prompt: int, completion: int) -> bytes:
+    def usage(self, prompt: int, completion: int, cached: int) -> bytes:
         chunk = self.chunk([])
-        chunk.usage = token_usage(prompt, completion)
+        chunk.usage = token_usage(prompt, completion, cached)
         return event(chunk)
 
 
@@ -157,12 +163,14 @@ async def frames(
     splitter = ReasoningSplitter(prepared.prompt.in_reasoning)
     tools = _ToolFilter(prepared, chunks)
     start_mono = time.monotonic() - (time.perf_counter() - started)
+    tally = Completion()  # records the request's metrics when it finishes
+    if shape.continuous_usage:
+        chunks.running = (len(prepared.prompt.ids), tally)
     yield chunks.choice(wire.Delta(role="assistant"), prompt_ids=(
         prepared.prompt.ids if shape.return_token_ids else None))
     if shape.echo_text:  # echo: the final assistant message's content, before what follows it
         yield chunks.choice(wire.Delta(content=shape.echo_text))
     final: RequestOutput | None = None
-    tally = Completion()  # records the request's metrics when it finishes
     emitted = 0
     timeout = state.config.request_timeout_s
     # the deadline covers only the waits for the engine, never a yield (a cancellation there
@@ -244,5 +252,5 @@ async def frames(
         finish = "tool_calls"
     yield chunks.choice(wire.Delta(), finish, final.stop_reason, metadata=metadata)
     if prepared.shape.include_usage:
-        yield chunks.usage(prompt_tokens, final.num_output_tokens)
+        yield chunks.usage(prompt_tokens, final.num_output_tokens, final.num_cached_tokens)
     yield DONE

@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import time
-import uuid
 from typing import Any
 
 from msgspec import UNSET
@@ -33,10 +32,10 @@ from kiln.api.sse import EventStream
 from kiln.api.state import (
     AppState,
     app_state,
+    claim_request_id,
     engine_error,
     json_response,
     observe_request,
-    request_id,
     until_disconnect,
     usage,
 )
@@ -76,19 +75,22 @@ async def create(request: Request) -> Response:
     # runs under the base model, or under the adapter `model` names (docs/decisions.md)
     _, model_adapter = resolve_model(backend, opt(req.model))
     refuse_unsupported(req, COMPLETION_UNSUPPORTED)
-    selection = (
-        await select(backend, UNSET, UNSET, model_adapter, tri_state=False)
-        if model_adapter else BASE
-    )
     given = state.contract.decode(body)  # an object: parse accepted it
     scoring = is_scoring(req, given)
+    # generation follows chat's rule (no adapter field: the server default, else the one
+    # `model` names); scoring runs the base model unless `model` names one
+    selection = (
+        await select(backend, UNSET, UNSET, model_adapter, tri_state=not scoring)
+        if model_adapter or not scoring else BASE
+    )
     grammar = await output_constraint(state, req, scoring)
     if scoring:
         return await _score(request, state, req, selection, model_adapter)
     prep = completions_gen.prepare(state, req, selection, model_adapter or backend.model_id,
                                    max_tokens_given="max_tokens" in given, grammar=grammar)
     fingerprint = teacher_fingerprint(backend, selection)
-    rid = request_id(request) or prep.completion_id
+    rid = claim_request_id(request, opt(req.request_id))  # the header's and the body's id
+    prep.completion_id = f"cmpl-{rid}"
     if opt(req.stream):
         await until_disconnect(request, completions_gen.score_echoes(state, prep))
         streams = completions_gen.start(state, prep, rid, arrived)
@@ -176,7 +178,7 @@ async def _score(request: Request, state: AppState, req: Any, selection: Selecti
     logprobs = completions_gen.prompt_logprob_list(backend.tokenizer, ids, list(scores))
     fingerprint = teacher_fingerprint(backend, selection)
     return json_response(wire.TextCompletionResponse(
-        id=f"cmpl-{uuid.uuid4()}",
+        id=f"cmpl-{claim_request_id(request, opt(req.request_id))}",
         object="text_completion",
         created=int(time.time()),
         model=model_adapter or backend.model_id,

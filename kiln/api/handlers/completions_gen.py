@@ -213,6 +213,8 @@ def prepare(state: AppState, req: Any, selection: Selection, model: str, *,
         shape=Shape(
             model=model, stream=bool(opt(req.stream)), echo=echo,
             include_usage=bool(options is not None and opt(options.include_usage)),
+            continuous_usage=bool(options is not None and opt(options.include_usage)
+                                  and opt(options.continuous_usage_stats)),
             logprobs=None if logprobs is None else int(logprobs),
             return_token_ids=bool(opt(req.return_token_ids)),
             include_stop=bool(req.include_stop_str_in_output)),
@@ -328,8 +330,14 @@ def best(prep: Prepared, completions: list[Completion]) -> list[tuple[int, Compl
     return out
 
 
-def usage(prep: Prepared, completion_tokens: int) -> wire.Usage:
-    return token_usage(sum(len(p.ids) for p in prep.prompts), completion_tokens)
+def usage(prep: Prepared, completion_tokens: int, cached: list[int]) -> wire.Usage:
+    """The request's usage; ``cached``: each choice's prompt tokens the prefix cache held, of
+    which each prompt counts once (its choices share it), as its tokens do."""
+    per_prompt = [0] * len(prep.prompts)
+    for i, n in enumerate(cached):
+        per_prompt[prep.prompt_of(i)] = max(per_prompt[prep.prompt_of(i)], n)
+    return token_usage(sum(len(p.ids) for p in prep.prompts), completion_tokens,
+                       sum(per_prompt))
 
 
 async def respond(request: Request, state: AppState, prep: Prepared, rid: str, arrived: float,
@@ -343,5 +351,6 @@ async def respond(request: Request, state: AppState, prep: Prepared, rid: str, a
     return json_response(wire.TextCompletionResponse(
         id=prep.completion_id, object="text_completion", created=int(time.time()),
         model=prep.shape.model, system_fingerprint=fingerprint, choices=choices,
-        usage=usage(prep, sum(c.num_output_tokens for c in completions)),
+        usage=usage(prep, sum(c.num_output_tokens for c in completions),
+                    [c.num_cached_tokens for c in completions]),
     ))

@@ -19,6 +19,11 @@ from kiln.engine.outputs import RequestOutput, RequestStream
 _END = object()
 
 
+def _usage(prep: Prepared, tallies: list[Completion]) -> wire.Usage:
+    return usage(prep, sum(t.num_output_tokens for t in tallies),
+                 [t.num_cached_tokens for t in tallies])
+
+
 class _Choice:
     """One choice's running state: pending text/tokens until its next chunk."""
 
@@ -42,12 +47,15 @@ class _Stream:
     def __init__(self, state: AppState, prep: Prepared) -> None:
         self.state, self.prep = state, prep
         self.created = int(time.time())
+        self.choices: list[_Choice] = []  # continuous_usage_stats: their tallies so far
 
     def frame(self, choices: list[wire.TextCompletionChunkChoice],
               usage: wire.Usage | None = None) -> bytes:
         chunk = wire.TextCompletionChunk(id=self.prep.completion_id, object="text_completion",
                                          created=self.created, model=self.prep.shape.model,
                                          choices=choices)
+        if usage is None and self.prep.shape.continuous_usage:
+            usage = _usage(self.prep, [c.tally for c in self.choices])
         if usage is not None:
             chunk.usage = usage
         return event(chunk)
@@ -82,6 +90,7 @@ async def frames(state: AppState, prep: Prepared, streams: list[RequestStream],
                  started: float) -> AsyncIterator[bytes]:
     sse = _Stream(state, prep)
     choices = [_Choice(state, prep, i) for i in range(len(prep.run.params))]
+    sse.choices = choices
     live = [i for i, p in enumerate(prep.run.params) if p.max_tokens > 0]
     queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
 
@@ -96,6 +105,7 @@ async def frames(state: AppState, prep: Prepared, streams: list[RequestStream],
 
     tasks = [asyncio.ensure_future(pump(i, s)) for i, s in zip(live, streams, strict=True)]
     completion_tokens = 0
+    cached = [0] * len(prep.run.params)
     timeout = state.config.request_timeout_s
     deadline = asyncio.get_running_loop().time() + timeout - (time.perf_counter() - started)
     try:
@@ -130,6 +140,7 @@ async def frames(state: AppState, prep: Prepared, streams: list[RequestStream],
                     yield DONE
                     return
                 completion_tokens += out.num_output_tokens
+                cached[i] = out.num_cached_tokens
                 ch.text += stop_text(prep, out.finish_reason, out.stop_reason)
                 yield sse.chunk(ch, finish_reason(out.finish_reason), out.stop_reason)
                 continue
@@ -140,7 +151,7 @@ async def frames(state: AppState, prep: Prepared, streams: list[RequestStream],
                 since[i] = 0
                 yield sse.chunk(ch)
         if prep.shape.include_usage:
-            yield sse.frame([], usage(prep, completion_tokens))
+            yield sse.frame([], usage(prep, completion_tokens, cached))
         yield DONE
     finally:
         for t in tasks:

@@ -29,8 +29,9 @@ from typing import TYPE_CHECKING, Any
 import llguidance
 
 from kiln.api.errors import ApiError
-from kiln.api.handlers import structural_formats, structural_tags, xml_tools
+from kiln.api.handlers import schema_keywords, structural_formats, structural_tags, xml_tools
 from kiln.api.handlers.params import plain
+from kiln.api.handlers.schema_keywords import closed
 from kiln.config import DEFAULT_GRAMMAR_COMPILE_TIMEOUT_S as DEFAULT_COMPILE_DEADLINE_S
 from kiln.engine.grammar import GrammarError, compiler_for
 from kiln.engine.request import GrammarSpec
@@ -41,39 +42,22 @@ if TYPE_CHECKING:
 
 JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ",
                                 "key_separator": ": "}
-_OBJECT_KEYWORDS = ("additionalProperties", "unevaluatedProperties", "patternProperties")
 SO_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 
 
-def closed(schema: Any) -> Any:
-    """``schema`` with ``additionalProperties: false`` on every object schema that lists
-    ``properties`` and says nothing about extra keys (not inside ``allOf``, where closing each
-    part would refuse the other parts' keys)."""
-    if isinstance(schema, list):
-        return [closed(s) for s in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = {}
-    for key, value in schema.items():
-        if key == "allOf":
-            out[key] = value
-        elif key in ("properties", "$defs", "definitions", "patternProperties",
-                     "dependentSchemas"):
-            out[key] = {k: closed(v) for k, v in value.items()} if isinstance(value, dict) \
-                else value
-        elif key in ("enum", "const", "default", "examples", "required"):
-            out[key] = value
-        else:
-            out[key] = closed(value)
-    if "properties" in out and not any(k in out for k in _OBJECT_KEYWORDS):
-        out["additionalProperties"] = False
-    return out
+def enforceable(schema: Any, param: str) -> None:
+    """A 400 naming ``param`` for a keyword the grammar cannot enforce (schema_keywords)."""
+    try:
+        schema_keywords.check(schema)
+    except schema_keywords.Unenforceable as e:
+        raise _bad(param, str(e)) from None
 
 
 def json_grammar(schema: Any, param: str,
                  options: JsonCompileOptions | None = None) -> str:
     if not isinstance(schema, dict):
         raise _bad(param, "a JSON Schema must be a JSON object")
+    enforceable(schema, param)
     try:
         return str(llguidance.LLMatcher.grammar_from_json_schema(
             json.dumps(closed(schema)), overrides=options or JSON_OPTIONS))
@@ -87,9 +71,10 @@ def _no_token(text: str) -> int | None:
 
 def _schema_expansion(schema: Any, param: str) -> str:
     """``%json {...}``: a Lark expansion of JSON valid against ``schema`` (closed, bounded
-    whitespace, as JSON outputs)."""
+    whitespace, as JSON outputs); ``param``: the schema's path."""
     if not isinstance(schema, dict):
-        raise _bad(f"{param}.schema", "a JSON Schema must be a JSON object")
+        raise _bad(param, "a JSON Schema must be a JSON object")
+    enforceable(schema, param)
     return f"%json {json.dumps({**closed(schema), 'x-guidance': JSON_OPTIONS})}"
 
 
@@ -123,8 +108,11 @@ def from_response_format(value: Any, param: str = "response_format",
     kind = fmt.get("type")
     if kind == "text":
         return None
-    if kind == "json_object":
-        return json_grammar({"type": "object"}, param), param
+    if kind == "json_object":  # llama-server's form may carry a schema
+        schema = fmt.get("schema")
+        if schema is None:
+            return json_grammar({"type": "object"}, param), param
+        return json_grammar(schema, f"{param}.schema"), f"{param}.schema"
     if kind == "json_schema":
         spec = fmt.get("json_schema") or {}
         schema = spec.get("schema")
@@ -179,6 +167,22 @@ def from_structured_outputs(value: Any, param: str = "structured_outputs",
         raise _bad(where, str(e)) from None
 
 
+def from_llama_fields(grammar: Any, json_schema: Any) -> tuple[str, str] | None:
+    """llama-server's top-level ``grammar`` (GBNF or Lark) and ``json_schema``, as
+    ``structured_outputs.grammar`` and a ``json_schema`` response format; both is a 400."""
+    if grammar is not None and json_schema is not None:
+        raise _bad("json_schema", "grammar and json_schema cannot be combined: a request takes "
+                                  "one constraint")
+    if json_schema is not None:
+        return json_grammar(json_schema, "json_schema"), "json_schema"
+    if grammar is not None:
+        try:
+            return str(llguidance.grammar_from("grammar", grammar)), "grammar"
+        except ValueError as e:
+            raise _bad("grammar", str(e)) from None
+    return None
+
+
 def _tool_functions(tools: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for tool in plain(tools) or []:
@@ -222,6 +226,10 @@ def from_tool_choice(tools: Any, tool_choice: Any, parallel: bool,
         schema = closed(functions[name])
         if not isinstance(schema, dict):
             raise _bad("tools", f"function {name!r}: parameters must be a JSON Schema object")
+        try:
+            schema_keywords.check(schema)
+        except schema_keywords.Unenforceable as e:
+            raise _bad("tools", f"function {name!r}: {e}") from None
         if fmt == "xml":
             try:
                 rules.extend(xml_tools.call_rules(i, name, schema, dict(JSON_OPTIONS)))
@@ -253,15 +261,17 @@ async def constraint(tokenizer: Any, *, code: str, response_format: Any = None,
                      structured_outputs: Any = None, tools: Any = None, tool_choice: Any = None,
                      parallel_tool_calls: bool = True, after: tuple[int, ...] = (),
                      ignore_eos: bool = False, tool_format: str = "json",
-                     deadline_s: float = DEFAULT_COMPILE_DEADLINE_S) -> GrammarSpec | None:
+                     deadline_s: float = DEFAULT_COMPILE_DEADLINE_S,
+                     llama: tuple[Any, Any] = (None, None)) -> GrammarSpec | None:
     """The request's one constraint as a GrammarSpec (None: unconstrained), built and compiled
     once in a grammar worker thread, off the event loop; a malformed field, or a grammar
     llguidance refuses (a bad regex, a schema keyword it cannot enforce), is a 400 naming the
     field and saying why. Compilation that has not finished ``deadline_s`` seconds after it was
     asked for is a 400 naming the field (docs/structured-outputs.md, compile deadline); the
     thread runs on to llguidance's own limits, and its grammar lands in the cache. When every
-    grammar worker is busy past the deadline the request is a 503 ``server_overloaded``."""
-    field = _constrained_field(response_format, structured_outputs, tool_choice)
+    grammar worker is busy past the deadline the request is a 503 ``server_overloaded``.
+    ``llama``: llama-server's top-level ``grammar`` and ``json_schema`` (``from_llama_fields``)."""
+    field = _constrained_field(response_format, structured_outputs, tool_choice, llama)
     if field is None:
         return None
     where = [field]  # the field the deadline names: its full path once the grammar is built
@@ -270,7 +280,7 @@ async def constraint(tokenizer: Any, *, code: str, response_format: Any = None,
     def work() -> GrammarSpec | None:
         started.set()
         built = _build(tokenizer, code, response_format, structured_outputs, tools,
-                       tool_choice, parallel_tool_calls, ignore_eos, tool_format)
+                       tool_choice, parallel_tool_calls, ignore_eos, tool_format, llama)
         if built is None:
             return None
         grammar, param = built
@@ -295,8 +305,8 @@ async def constraint(tokenizer: Any, *, code: str, response_format: Any = None,
                        param=where[0]) from None
 
 
-def _constrained_field(response_format: Any, structured_outputs: Any, tool_choice: Any
-                       ) -> str | None:
+def _constrained_field(response_format: Any, structured_outputs: Any, tool_choice: Any,
+                       llama: tuple[Any, Any] = (None, None)) -> str | None:
     """The first field that asks for a constraint (None: the request is unconstrained)."""
     fmt = plain(response_format)
     if isinstance(fmt, dict) and fmt.get("type") not in (None, "text"):
@@ -306,19 +316,22 @@ def _constrained_field(response_format: Any, structured_outputs: Any, tool_choic
         return "structured_outputs"
     if plain(tool_choice) not in (None, "auto", "none"):
         return "tool_choice"
+    if llama[0] is not None or llama[1] is not None:
+        return "grammar" if llama[1] is None else "json_schema"
     return None
 
 
 def _build(tokenizer: Any, code: str, response_format: Any, structured_outputs: Any,
            tools: Any, tool_choice: Any, parallel_tool_calls: bool, ignore_eos: bool,
-           tool_format: str) -> tuple[str, str] | None:
+           tool_format: str, llama: tuple[Any, Any]) -> tuple[str, str] | None:
     """(grammar, param) of the request's one constraint, or None."""
     try:
         token_id = _token_id(tokenizer)
         built = [b for b in (from_response_format(response_format, token_id=token_id),
                              from_structured_outputs(structured_outputs, token_id=token_id),
                              from_tool_choice(tools, tool_choice, parallel_tool_calls,
-                                              _tag_ids(tokenizer), tool_format))
+                                              _tag_ids(tokenizer), tool_format),
+                             from_llama_fields(*llama))
                  if b is not None]
     except _Invalid as e:
         raise ApiError(400, code, f"{e.param}: {e.message}", param=e.param) from None

@@ -18,7 +18,13 @@ from typing import Any
 from msgspec import UNSET
 
 from kiln.api.errors import ApiError
-from kiln.api.handlers.params import CHAT_UNSUPPORTED, opt, refuse_unsupported, unsupported
+from kiln.api.handlers.params import (
+    CHAT_UNSUPPORTED,
+    OPENAI_CHAT_UNSUPPORTED,
+    opt,
+    refuse_unsupported,
+    unsupported,
+)
 from kiln.engine.repetition import MIN_PATTERN_SIZE, RepetitionDetection
 from kiln.text.chat_template import message_content
 
@@ -168,6 +174,14 @@ def logprobs_wanted(req: Any, max_logprobs: int, code: str) -> int | None:
     if top not in (UNSET, None) and not want:
         raise ApiError(400, code, "top_logprobs requires logprobs: true", param="top_logprobs")
     check_logprobs(top, max_logprobs, "top_logprobs", code)
+    n_probs = opt(getattr(req, "n_probs", None))  # llama-server's: logprobs with n alternatives
+    if n_probs:
+        if want and int(opt(top) or 0) != n_probs:
+            raise ApiError(400, code, f"n_probs {n_probs} asks for top_logprobs {n_probs}; the "
+                                      f"request's top_logprobs is {opt(top) or 0}: set one",
+                           param="n_probs")
+        check_logprobs(n_probs, max_logprobs, "n_probs", code)
+        return int(n_probs)
     return (0 if top in (UNSET, None) else int(top)) if want else None
 
 
@@ -179,7 +193,7 @@ def chat_extras(req: Any, tokenizer: Any, stop: tuple[str, ...], max_tokens: int
     allowed_token_ids, min_tokens (``max_tokens``: the one asked for), bad_words, the text
     extras and ``generation_extras`` (include_stop_str_in_output is the handler's:
     ``included_stop``). ``code``: the route's error code."""
-    refuse_unsupported(req, CHAT_UNSUPPORTED)
+    refuse_unsupported(req, CHAT_UNSUPPORTED + OPENAI_CHAT_UNSUPPORTED)  # batch lacks the latter
     given = opt(getattr(req, "stop_token_ids", None))
     stop_ids = tuple(int(t) for t in given or ())
     logprobs = logprobs_wanted(req, max_logprobs, code)

@@ -341,6 +341,16 @@ DEFAULT_ONLY: dict[str, tuple[Any, ...]] = {
     **{f"guided_{kind}": (None,) for kind in GUIDED_KINDS},
     "logits_processors": (None, []),
     "mm_processor_kwargs": (None, {}),
+    # OpenAI's chat fields that ask for behaviour this server does not have (issue 52; its
+    # labels, user, safety_identifier, prompt_cache_key and metadata, are accepted)
+    "modalities": (None, ["text"]),
+    "audio": (None,),
+    "prediction": (None,),
+    "web_search_options": (None,),
+    "service_tier": (None, "auto", "default"),
+    "store": (None, False),
+    "verbosity": (None, "medium"),
+    "stream": (False,),  # batch: one JSON body
 }
 # What more there is to say of a refused field than "only the default"
 REFUSAL_REASONS: dict[str, str] = {
@@ -352,6 +362,15 @@ REFUSAL_REASONS: dict[str, str] = {
     "logits_processors": "it runs no code named by a request; logit_bias, allowed_token_ids, "
                          "bad_words and min_tokens are built in",
     "mm_processor_kwargs": "its models read text only",
+    "modalities": 'it writes text only (null or ["text"])',
+    "audio": "it writes text only",
+    "prediction": "it has no predicted-output decoding",
+    "web_search_options": "it has no web search",
+    "service_tier": 'it has one tier (null, "auto" or "default")',
+    "store": "it stores no completions",
+    "verbosity": 'it has no verbosity control (null or "medium")',
+    "stream": "/v1/completions/batch answers one JSON body; stream each prompt on "
+              "/v1/chat/completions",
 }
 # Chat's and batch's share of them (the ones vLLM's chat request has too: issue 25; they had
 # been accepted and ignored as unknown fields).
@@ -359,8 +378,12 @@ CHAT_UNSUPPORTED: tuple[str, ...] = ("use_beam_search", "length_penalty", "kv_tr
                                 "vllm_xargs", "chat_template",
                                 *(f"guided_{kind}" for kind in GUIDED_KINDS),
                                 "logits_processors", "mm_processor_kwargs")
+OPENAI_CHAT_UNSUPPORTED = ("modalities", "audio", "prediction", "web_search_options",
+                           "service_tier", "store", "verbosity")
+BATCH_UNSUPPORTED = ("stream",)
 COMPLETION_UNSUPPORTED = tuple(k for k in DEFAULT_ONLY if k not in (
-    "continue_final_message", "chat_template", "logits_processors", "mm_processor_kwargs"))
+    "continue_final_message", "chat_template", "logits_processors", "mm_processor_kwargs",
+    *OPENAI_CHAT_UNSUPPORTED, *BATCH_UNSUPPORTED))
 
 
 def unsupported(param: str, why: str) -> ApiError:

@@ -90,6 +90,7 @@ class Shape:
     stream: bool = False
     echo: bool = False  # completions: each prompt's text goes before its choices' text
     include_usage: bool = False
+    continuous_usage: bool = False  # vLLM's continuous_usage_stats: usage on every chunk
     include_performance: bool = False
     explicit_performance: bool = False
     include_config_hashes: bool = False
@@ -168,10 +169,22 @@ def _thinking_source(requested: Any, server_default: bool | None) -> ThinkingSou
     return "server_default" if server_default is not None else "template_default"
 
 
+# OpenAI's message roles (and its former "function"), which vLLM takes too
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+
+
 def render_prompt(state: AppState, messages: list[wire.ChatMessageInput], tools: Any,
-                  kwargs: dict[str, Any], add_generation_prompt: bool = True) -> str:
-    """The chat template over the messages (``render_messages``' fallbacks); a template error is
-    the client's messages or tools: 400 invalid_messages with the first error."""
+                  kwargs: dict[str, Any], add_generation_prompt: bool = True,
+                  param: str = "messages") -> str:
+    """The chat template over the messages (``render_messages``' fallbacks); a role outside
+    ``ROLES`` is a 400 naming it (``param``: where the messages are), as OpenAI and vLLM answer;
+    a template error is the client's messages or tools: 400 invalid_messages with the first
+    error."""
+    for i, m in enumerate(messages):
+        if m.role not in ROLES:
+            raise ApiError(400, "invalid_messages", f"{param}[{i}].role: unknown role "
+                           f"{m.role!r}; one of {', '.join(sorted(ROLES))}",
+                           param=f"{param}[{i}].role")
     try:
         return render_messages(state.backend.chat_template, messages, tools, kwargs,
                                add_generation_prompt)
@@ -247,8 +260,9 @@ def _grammar(state: AppState, req: Any, code: str, tools: Any, tool_choice: Any,
     """The structured-output constraint of a chat or batch request (a coroutine); it starts
     after the reasoning when the prompt starts in one. A request that sets none of the fields
     that can ask for one is unconstrained without entering handlers/constraints.py."""
+    llama = (opt(getattr(req, "grammar", None)), opt(getattr(req, "json_schema", None)))
     if opt(req.response_format) is None and opt(req.structured_outputs) is None \
-            and tool_choice is None:
+            and tool_choice is None and llama == (None, None):
         return _unconstrained()
     tokenizer = state.backend.tokenizer
     return constraint(
@@ -259,7 +273,7 @@ def _grammar(state: AppState, req: Any, code: str, tools: Any, tool_choice: Any,
         tool_format=tool_format(getattr(state.backend.chat_template, "source", None))
         if tools else "json",  # the format of tool calls, where the request has tools
         after=tuple(tokenizer.encode(CLOSE_TAG)) if in_reasoning else (),
-        deadline_s=state.config.grammar_compile_timeout_s)
+        deadline_s=state.config.grammar_compile_timeout_s, llama=llama)
 
 
 async def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> PreparedChat:
@@ -313,6 +327,8 @@ async def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> Prep
             model=model,
             stream=bool(opt(req.stream)),
             include_usage=bool(stream_options and opt(stream_options.include_usage)),
+            continuous_usage=bool(stream_options and opt(stream_options.include_usage)
+                                  and opt(stream_options.continuous_usage_stats)),
             include_performance=bool(include_perf),
             explicit_performance=include_perf is True,
             include_config_hashes=bool(opt(req.include_config_hashes)),
@@ -352,7 +368,7 @@ async def prepare_batch(state: AppState, req: wire.BatchCompletionRequest, code:
     prompts: list[Prompt] = []
     for p, messages in enumerate(req.prompts):
         started = time.perf_counter()
-        text = render_prompt(state, messages, tools, kwargs)
+        text = render_prompt(state, messages, tools, kwargs, param=f"prompts[{p}]")
         text, ids = encode_prompt(backend, text, f"prompts[{p}]", f"prompt {p}",
                                   special=opt(req.add_special_tokens) is True, keep=keep,
                                   side=opt(req.truncation_side))

@@ -185,7 +185,7 @@ class _Builder:
             schema = {} if spec["json_schema"] is True else spec["json_schema"]
             if not isinstance(schema, dict):
                 raise StructuralTagError(f"{path}.json_schema", "must be a JSON Schema object")
-            expansion = self.schema_grammar(schema, path)
+            expansion = self.schema_grammar(schema, f"{path}.json_schema")
             _validate(f"start: {expansion}", f"{path}.json_schema")
             return expansion
         if kind == "regex":

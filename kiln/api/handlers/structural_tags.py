@@ -56,8 +56,8 @@ def _opt_lit(text: str) -> str:
 def legacy_grammar(spec: Any, param: str, schema_grammar: Callable[[Any, str], str],
                    token_id: Callable[[str], int | None]) -> str:
     """The Lark text of a legacy structural tag. ``schema_grammar(schema, param)``: the
-    ``%json`` expansion of a structure's schema (raises on a bad one); ``token_id(text)``: the
-    id of ``text`` when the tokenizer holds it as one token, else None."""
+    ``%json`` expansion of a structure's schema, ``param`` its path (raises on a bad one);
+    ``token_id(text)``: the id of ``text`` when the tokenizer holds it as one token, else None."""
     if not isinstance(spec, dict):
         raise StructuralTagError(param, "a structural tag must be an object")
     structures, triggers = spec.get("structures"), spec.get("triggers")
@@ -87,7 +87,7 @@ def legacy_grammar(spec: Any, param: str, schema_grammar: Callable[[Any, str], s
             raise StructuralTagError(f"{where}.begin", f"begin {begin!r} starts with none of "
                                                        "the triggers")
         schema = item.get("schema")
-        rules.append(f"s{i}: {schema_grammar({} if schema is None else schema, where)}")
+        rules.append(f"s{i}: {schema_grammar({} if schema is None else schema, f'{where}.schema')}")
         tail = TAIL_TAG.search(end)
         end_id = token_id(tail.group(0)) if tail else None
         closing = _opt_lit(end) if end_id is None or tail is None else \
