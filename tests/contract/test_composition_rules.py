@@ -165,6 +165,12 @@ RULES = [
     Rule(M, "NullableNonNegativeNumber", "oneOf", valid=[None, 0, 2.5], invalid=[-0.1, "1"]),
     Rule(M, "NullableSamplingNumber", "oneOf", valid=[None, -3, 0.7], invalid=["0.7", True]),
     Rule(M, "NullablePenalty", "oneOf", valid=[None, -2, 0, 1.5, 2], invalid=[2.5, -3.75e287, "1", True]),
+    Rule(M, "NullableTemperature", "oneOf", valid=[None, 0, 0.7, 1e300],
+         invalid=[-1, -1e-9, "0.7", True]),
+    Rule(M, "NullableTopP", "oneOf", valid=[None, 0, 0.95, 1], invalid=[3, 1.0001, -0.5, True]),
+    Rule(M, "NullableMinP", "oneOf", valid=[None, 0, 0.05, 1], invalid=[1.5, -0.1, "0", True]),
+    Rule(M, "NullableRepetitionPenalty", "oneOf", valid=[None, 1e-3, 1, 1.3],
+         invalid=[0, -1.2, "1", True]),
     Rule(M, "NullableString", "oneOf", valid=[None, ""], invalid=[1, []]),
     Rule(M, "NullableAdapterSelector", "oneOf",  # null, "" (base), or an AdapterName
          valid=[None, "", "style", "my-adapter_2", "v1.2"],

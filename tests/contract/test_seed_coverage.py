@@ -53,6 +53,13 @@ NARROWED = {
     **{(d, f): ("NullableSamplingNumber", "NullablePenalty")
        for d in ("ChatCompletionRequest", "BatchCompletionRequest")
        for f in ("presence_penalty", "frequency_penalty")},
+    # issue 52: the ranges vLLM refuses outside of (a negative temperature, top_p 3, min_p
+    # past 1 and a repetition penalty of 0 or less had been accepted), top_p 0 still off
+    **{(d, f): ("NullableSamplingNumber", named)
+       for d in ("ChatCompletionRequest", "BatchCompletionRequest")
+       for f, named in (("temperature", "NullableTemperature"), ("top_p", "NullableTopP"),
+                        ("min_p", "NullableMinP"),
+                        ("repetition_penalty", "NullableRepetitionPenalty"))},
     # issue 28: the forms the constraint stage accepts, and the names the template reserves
     **{(d, "tool_choice"): ("any", "ToolChoice")
        for d in ("ChatCompletionRequest", "BatchCompletionRequest")},
@@ -142,6 +149,8 @@ REPLACED = {"TextCompletionRequest", "TextCompletionChoice", "TextCompletionResp
 # Definitions that are new in the contract (not in the seed).
 ADDED = {
     "NullablePenalty",  # OpenAI's +-2 penalty range (CHANGELOG.md, Tightened request fields)
+    # issue 52: the sampling ranges vLLM enforces (CHANGELOG.md)
+    "NullableTemperature", "NullableTopP", "NullableMinP", "NullableRepetitionPenalty",
     "ErrorDetail", "ErrorResponse", "HealthResponse", "ModelCard", "ModelList",
     "AdapterInfo", "AdapterList", "AdapterLoadRequest", "AdapterStatusResponse",
     "CompletionLogprobs", "ChatLogprobs", "ChatTokenLogprob", "ChatTopLogprob",
