@@ -4,7 +4,8 @@ Content streams eagerly. The streamer holds back a trailing proper prefix of ``<
 up to 64 whitespace characters before it (so the text before a call can be right-trimmed). Once
 ``<tool_call>`` appears, the text before it is emitted right-trimmed and the block is buffered
 until ``</tool_call>``; a block that parses becomes one complete tool call, one that does not is
-emitted as content verbatim (with the whitespace that preceded it). An output whose first
+emitted as content verbatim (with the whitespace that preceded it). A block still open at the
+end is the call as far as it was written, or nothing (``kiln.text.tools.partial_call``). An output whose first
 non-blank character is ``{`` is held while it could still be a bare-JSON call (Kiln's fallback).
 
 Everything streamed concatenates to :func:`kiln.text.tools.parse_tool_calls` of the full text,
@@ -26,6 +27,7 @@ from kiln.text.tools import (
     bare_call,
     parse_block,
     parse_with,
+    partial_call,
 )
 
 MAX_HELD_WHITESPACE = 64
@@ -69,7 +71,8 @@ class ToolCallStreamer:
         """Whether ``stop`` (a client's stop string that ended generation) completes the open
         `<tool_call>` block into a call that parses: then it is pushed back for parsing, as
         the non-streamed answer does; otherwise it must not reach the stream."""
-        return self._mode == _BLOCK and bool(parse_with(self._block + stop, self._tools).tool_calls)
+        return self._mode == _BLOCK and bool(
+            parse_with(self._block + stop, self._tools, partial=False).tool_calls)
 
     @property
     def emitted_calls(self) -> int:
@@ -94,7 +97,8 @@ class ToolCallStreamer:
         return events
 
     def finish(self) -> StreamEvents:
-        """End of generation: flush held text and any unterminated block as content."""
+        """End of generation: flush held text; an unterminated block is the call as far as it
+        was written (``partial_call``), or nothing, never content."""
         if not self._tools.enabled:
             return StreamEvents()
         if self._mode == _BARE:
@@ -103,9 +107,14 @@ class ToolCallStreamer:
             for call in parsed.tool_calls:
                 events.tool_calls.append((self._next_index, call))
                 self._next_index += 1
+        elif self._mode == _BLOCK:
+            events = StreamEvents()
+            call = partial_call(self._block[len(OPEN_TAG):], self._tools)
+            if call is not None:
+                events.tool_calls.append((self._next_index, call))
+                self._next_index += 1
         else:
-            rest = self._pending_ws + self._block if self._mode == _BLOCK else self._buf
-            events = StreamEvents(rest.rstrip() if self._next_index else rest)
+            events = StreamEvents(self._buf.rstrip() if self._next_index else self._buf)
         self._mode, self._buf, self._block, self._pending_ws = _TEXT, "", "", ""
         return events
 

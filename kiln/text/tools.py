@@ -17,13 +17,19 @@ Kiln's fallback: when no block parses and the whole answer is a JSON object
 
 Content is the text outside parsed calls. When at least one call parsed, the text just before
 each parsed block is right-trimmed, and so is the final content; with no calls the text is
-returned verbatim. A block that does not parse (bad JSON, no name, no closing tag) stays in the
-content exactly as written; parsing never raises.
+returned verbatim. A closed block that does not parse (bad JSON, no name) stays in the content
+exactly as written; parsing never raises.
+
+A trailing block with no closing tag (``max_tokens`` cut the call short, or the model ended
+inside it) never reaches the content (issue 52): it is the call as far as it was written
+(``partial_call``: the XML form's parameters so far, or the JSON form's name with its arguments
+text as it stands, as OpenAI reports a cut call), or nothing when not even a name was written.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -277,6 +283,28 @@ def parse_block(body: str, toolset: ToolSet) -> ToolCall | None:
     return _call_from_json(obj)
 
 
+_JSON_NAME = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)+)"'
+                        r'(\s*,\s*"(?:arguments|parameters)"\s*:\s*)?', re.DOTALL)
+
+
+def partial_call(body: str, toolset: ToolSet) -> ToolCall | None:
+    """The call in an unterminated block (the text after ``<tool_call>``) as far as it was
+    written: what ``parse_block`` makes of it, else the JSON form's name with the arguments text
+    as it stands (not valid JSON: the call was cut); None without a complete name."""
+    whole = parse_block(body, toolset)
+    if whole is not None or body.strip().startswith(_FUNC_OPEN):
+        return whole
+    head = _JSON_NAME.match(body)
+    if head is None:
+        return None
+    try:
+        name = json.loads(f'"{head[1]}"')
+    except ValueError:
+        return None
+    rest = body[head.end():].rstrip() if head[2] else ""
+    return ToolCall(id="call_" + uuid.uuid4().hex, name=name.strip(), arguments=rest)
+
+
 # the keys of a whole-answer call: Kiln's, and Llama 3.1-3.3's JSON tool calls (``parameters``)
 _BARE_KEYS = ({"name", "arguments"}, {"name", "parameters"})
 
@@ -303,8 +331,9 @@ def _parse_bare(text: str, toolset: ToolSet) -> ToolCall | None:
     return bare_call(obj, toolset)
 
 
-def parse_with(text: str, toolset: ToolSet) -> ParsedOutput:
-    """:func:`parse_tool_calls` with a prepared :class:`ToolSet`."""
+def parse_with(text: str, toolset: ToolSet, *, partial: bool = True) -> ParsedOutput:
+    """:func:`parse_tool_calls` with a prepared :class:`ToolSet`; ``partial=False`` leaves a
+    trailing unterminated block as text (reasoning that mentions a call)."""
     if not toolset.enabled:
         return ParsedOutput(text, [])
     pieces: list[str] = []
@@ -316,8 +345,16 @@ def parse_with(text: str, toolset: ToolSet) -> ParsedOutput:
             pieces.append(text[pos:])
             break
         end = text.find(CLOSE_TAG, start + len(OPEN_TAG))
-        if end < 0:
-            pieces.append(text[pos:])  # unterminated block: kept verbatim
+        if end < 0:  # a trailing unterminated block: the call so far, never content
+            if not partial:
+                pieces.append(text[pos:])
+                break
+            pieces.append(text[pos:start].rstrip())
+            cut = partial_call(text[start + len(OPEN_TAG):], toolset)
+            if cut is None:
+                return ParsedOutput("".join(pieces).rstrip() if calls else "".join(pieces),
+                                    calls)
+            calls.append(cut)
             break
         stop = end + len(CLOSE_TAG)
         call = parse_block(text[start + len(OPEN_TAG):end], toolset)
@@ -354,6 +391,8 @@ def parse_closed(text: str, tools: list[Any] | None, stop: str) -> ParsedOutput:
     return parse_tool_calls(text, tools)
 
 
-def parse_tool_calls(text: str, tools: list[Any] | None) -> ParsedOutput:
-    """Split a completion into content and tool calls (no parsing when no tools were offered)."""
-    return parse_with(text, ToolSet(tools))
+def parse_tool_calls(text: str, tools: list[Any] | None, *, partial: bool = True
+                     ) -> ParsedOutput:
+    """Split a completion into content and tool calls (no parsing when no tools were offered);
+    ``partial``: as in ``parse_with``."""
+    return parse_with(text, ToolSet(tools), partial=partial)

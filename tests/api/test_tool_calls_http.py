@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import msgspec
+import pytest
 from starlette.testclient import TestClient
 
 from kiln.api._generated import wire
@@ -141,8 +142,8 @@ def test_a_returned_tool_call_turn_renders_on_a_template_that_cannot_take_null()
 
 def test_a_call_cut_by_max_tokens_finishes_with_length() -> None:
     """A complete call followed by one that max_tokens cut short: the complete call is returned,
-    the cut text stays in content, and finish_reason says "length" (JSON, SSE and batch), so a
-    client learns that a call may be missing."""
+    the cut text never reaches the content (issue 52), and finish_reason says "length" (JSON,
+    SSE and batch), so a client learns that a call may be missing."""
     cut = TWO_CALLS.index("<tool_call>", TWO_CALLS.index("</tool_call>")) + 20
     body = {"messages": MSG, "tools": TOOLS, "max_tokens": cut}
     with client_with(TWO_CALLS) as c:
@@ -154,12 +155,40 @@ def test_a_call_cut_by_max_tokens_finishes_with_length() -> None:
     choice = plain["choices"][0]
     assert choice["finish_reason"] == "length"
     assert [t["function"]["name"] for t in choice["message"]["tool_calls"]] == ["get_weather"]
-    assert choice["message"]["content"].endswith(TWO_CALLS[cut - 20:cut])
+    assert choice["message"]["content"] == "Let me check."
+    assert "<tool_call>" not in stream.text and "<functio" not in stream.text
+    assert batch["completions"][0]["text"] == "Let me check."
     finishes = [e["choices"][0].get("finish_reason") for e in sse_events(stream.text)
                 if isinstance(e, dict) and e["choices"]]
     assert [f for f in finishes if f] == ["length"]
     assert batch["completions"][0]["finish_reason"] == "length"
     assert whole["choices"][0]["finish_reason"] == "tool_calls"  # not cut: as before
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_parallel_call_cut_inside_its_arguments_is_reported_as_far_as_written(
+        stream: bool) -> None:
+    """Issue 52: a second `<tool_call>` cut by max_tokens had been left in the content; it is
+    the second call with the arguments written so far, and finish_reason is "length"."""
+    cut = TWO_CALLS.index("Rome") + 2
+    body = {"messages": MSG, "tools": TOOLS, "max_tokens": cut, "stream": stream}
+    with client_with(TWO_CALLS) as c:
+        r = c.post(CHAT, json=body)
+    if stream:
+        events = [e for e in sse_events(r.text) if isinstance(e, dict) and e.get("choices")]
+        content = "".join(e["choices"][0]["delta"].get("content") or "" for e in events)
+        deltas = [tc for e in events for tc in e["choices"][0]["delta"].get("tool_calls") or []]
+        args = ["".join(d["function"].get("arguments", "") for d in deltas if d["index"] == i)
+                for i in (0, 1)]
+        finish = [e["choices"][0]["finish_reason"] for e in events
+                  if e["choices"][0].get("finish_reason")]
+    else:
+        message = r.json()["choices"][0]["message"]
+        content = message["content"] or ""
+        args = [t["function"]["arguments"] for t in message["tool_calls"]]
+        finish = [r.json()["choices"][0]["finish_reason"]]
+    assert content == "Let me check." and finish == ["length"]
+    assert [json.loads(a) for a in args] == [{"city": "Paris"}, {"city": "Ro"}]
 
 
 def test_a_clients_tool_call_close_stop_still_yields_the_call() -> None:

@@ -230,13 +230,25 @@ def test_malformed_block_is_kept_verbatim(block: str) -> None:
     assert out.content == "Intro \n" + block
 
 
-def test_unterminated_block_stays_in_content() -> None:
-    text = "Sure.\n<tool_call>\n{\"name\": \"search\", \"argu"
-    assert parse_tool_calls(text, TOOLS) == ParsedOutput(text, [])
+def test_an_unterminated_block_never_reaches_the_content() -> None:
+    """Issue 52: a call cut short (max_tokens) is the call as far as it was written, or nothing
+    when not even its name was; its text is never content."""
+    out = parse_tool_calls("Sure.\n<tool_call>\n{\"name\": \"search\", \"argu", TOOLS)
+    assert out.content == "Sure." and [(c.name, c.arguments) for c in out.tool_calls] == [
+        ("search", "")]
+    out = parse_tool_calls('<tool_call>\n{"name": "search", "arguments": {"q": "ca', TOOLS)
+    assert [(c.name, c.arguments) for c in out.tool_calls] == [("search", '{"q": "ca')]
     text2 = hermes("search", {"q": 1}) + "\n<tool_call>\n{\"name\": "
     out = parse_tool_calls(text2, TOOLS)
-    assert calls(out) == [("search", {"q": 1})]
-    assert out.content == '\n<tool_call>\n{"name":'
+    assert calls(out) == [("search", {"q": 1})] and out.content == ""
+    assert parse_tool_calls("Hm.\n<tool_call>\n{\"na", TOOLS) == ParsedOutput("Hm.", [])
+    xml = "<tool_call>\n<function=search>\n<parameter=q>\n2"
+    assert calls(parse_tool_calls(xml, TOOLS)) == [("search", {"q": "2"})]
+    # a whole call whose closing tag never came
+    closed = parse_tool_calls('<tool_call>{"name": "search", "arguments": {"q": 1}}', TOOLS)
+    assert calls(closed) == [("search", {"q": 1})] and closed.content == ""
+    # reasoning is parsed for complete calls only (partial=False)
+    assert parse_tool_calls("x <tool_call>{", TOOLS, partial=False).content == "x <tool_call>{"
 
 
 def test_bare_json_fallback_only_for_declared_names() -> None:

@@ -85,7 +85,8 @@ def extract_tool_calls(
     if calls:
         content = parsed.content
     elif reasoning:
-        from_reasoning = parse_tool_calls(reasoning, prepared.shape.tools)
+        # complete calls only: reasoning cut short while it mentions a call is still reasoning
+        from_reasoning = parse_tool_calls(reasoning, prepared.shape.tools, partial=False)
         if from_reasoning.tool_calls:
             calls = from_reasoning.tool_calls
             reasoning = from_reasoning.content or None
