@@ -161,3 +161,14 @@ def repetition_rules(code: str, on: dict[str, Any] | None = None) -> list[Rule]:
              left=field(f"{field_}.min_pattern_size"), op="<=",
              right=field(f"{field_}.max_pattern_size"), **({"when": on} if on else {})),
     ]
+
+
+def adapter_scale_rule(code: str) -> Rule:
+    """A composition scale whose numbers overflow (issue 52): the adapters' weights decide, so
+    a scale past 1 in size may be a 400 naming ``adapters[i].scale``."""
+    past_one = {"type": "object", "required": ["scale"],
+                "properties": {"scale": {"not": {"minimum": -1, "maximum": 1}}}}
+    return rule("model_dependent", "adapters", code, "kiln.engine.runner (NON_FINITE_MIX)",
+                "a composition scale that makes the logits non-finite, which the adapters' "
+                "weights decide: a 400 naming that scale",
+                when=has("adapters", {"type": "array", "contains": past_one}))

@@ -28,6 +28,7 @@ from kiln.api.handlers.prepare import TEMPLATE_FIELDS
 from kiln.api.openapi_rule_parts import (
     STREAM,
     Rule,
+    adapter_scale_rule,
     all_of,
     any_of,
     constraint_rules,
@@ -135,7 +136,7 @@ def chat_rules(b: Bounds, render: bool) -> list[Rule]:
         *constraint_rules(b, code, tools=True),
     ]
     if not render:
-        out += [*rollout_rules(code), rule(
+        out += [*rollout_rules(code), adapter_scale_rule(code), rule(
             "compare", "n", code, "kiln.api.state.submit_all",
             "a request's engine requests fit the server's admission gate at once",
             left=field("n", if_absent=1, if_null=1), op="<=", right=value(b.capacity))]
@@ -184,6 +185,7 @@ def batch_rules(b: Bounds) -> list[Rule]:
         *repetition_rules(code),
         *min_tokens_rules(code, field(["max_tokens", "max_completion_tokens"])),
         *constraint_rules(b, code, tools=True),
+        adapter_scale_rule(code),
     ]
 
 

@@ -12,6 +12,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from kiln.api._generated import wire
+from kiln.api.errors import ApiError
 
 DONE = b"data: [DONE]\n\n"
 KEEPALIVE = b": keep-alive\n\n"
@@ -22,9 +23,12 @@ def event(payload: Any) -> bytes:
     return b"data: " + _encoder.encode(payload) + b"\n\n"
 
 
-def generation_error(message: str) -> bytes:
+def generation_error(message: str, fault: ApiError | None = None) -> bytes:
     """The event that ends a stream whose generation failed (then `[DONE]`): the error
-    envelope, since the status line has already gone out as 200."""
+    envelope, since the status line has already gone out as 200; ``fault``: the request's own
+    (``kiln.api.state.request_fault``), sent as it is."""
+    if fault is not None:
+        return b"data: " + fault.body() + b"\n\n"
     return event(wire.ErrorResponse(error=wire.ErrorDetail(
         message=message, type="server_error", param=None, code="generation_error")))
 

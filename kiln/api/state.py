@@ -23,7 +23,7 @@ from kiln.api.backend import Backend
 from kiln.api.contract import Contract, contract
 from kiln.api.errors import ApiError
 from kiln.config import ServerConfig
-from kiln.engine.errors import NOTHING_ALLOWED, EngineError
+from kiln.engine.errors import NON_FINITE_MIX, NOTHING_ALLOWED, EngineError
 from kiln.engine.outputs import RequestMetrics, RequestOutput, RequestStream, TokenLogprobs
 from kiln.engine.request import Request as EngineRequest
 from kiln.engine.request import SamplingParams
@@ -334,9 +334,20 @@ async def until_disconnect(
     return task.result()
 
 
-def generation_failed(c: Completion, code: str) -> ApiError:
+def generation_failed(c: Completion, code: str, mix_param: str | None = None) -> ApiError:
     """A finished-with-error completion as the response's error: a 400 (``code``) when the
-    request's own logits processors and constraint left no token to sample, else a 500."""
-    if c.error == NOTHING_ALLOWED:
+    request's own logits processors and constraint left no token to sample, or when its adapter
+    mix made the logits non-finite (naming ``mix_param``, the field that chose the mix, e.g.
+    ``adapters[0].scale``), else a 500."""
+    return request_fault(c.error, code, mix_param) or ApiError(
+        500, "generation_error", f"generation failed: {c.error or 'unknown error'}")
+
+
+def request_fault(error: str | None, code: str, mix_param: str | None) -> ApiError | None:
+    """The 400 for an engine error that the request itself caused (``generation_failed``);
+    None for any other error. Streams send it as their error event."""
+    if error == NOTHING_ALLOWED:
         return ApiError(400, code, f"{NOTHING_ALLOWED}: the request can produce no token")
-    return ApiError(500, "generation_error", f"generation failed: {c.error or 'unknown error'}")
+    if error == NON_FINITE_MIX:
+        return ApiError(400, code, f"{mix_param}: {NON_FINITE_MIX}", param=mix_param)
+    return None

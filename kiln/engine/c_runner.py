@@ -28,7 +28,7 @@ from kiln_kernels.grammar.native import apply_token_bitmask_native
 from kiln_kernels.sampling.native import sample_rows, sampler_library
 
 from kiln.engine.config import EngineConfig, kv_blocks
-from kiln.engine.errors import NON_FINITE, EngineError
+from kiln.engine.errors import EngineError, non_finite
 from kiln.engine.grammar import GrammarRows, RowMasks, compiler_for
 from kiln.engine.lora_mix import LoraMix
 from kiln.engine.outputs import ModelRunnerOutput, SampledToken, ScheduledSeq, SchedulerOutput
@@ -148,7 +148,8 @@ class CRunner:
         logits = last if len(rows) == len(so.seqs) else numpy.ascontiguousarray(last[rows])
         errors: dict[str, str] = dict(masks.errors) if masks is not None else {}
         finite = numpy.isfinite(logits.sum(axis=1)).tolist()  # one sum per row finds them
-        errors.update({seqs[i].request_id: NON_FINITE for i, ok in enumerate(finite) if not ok})
+        errors.update({seqs[i].request_id: non_finite(seqs[i].lora)
+                       for i, ok in enumerate(finite) if not ok})
         if masks is not None and masks.rows:
             bits = numpy.ascontiguousarray(masks.bits, dtype=numpy.int32)
             if not apply_token_bitmask_native(logits, bits, [int(i) for i in masks.rows]):

@@ -17,6 +17,17 @@ NOTHING_ALLOWED = ("the request's logits processors (allowed_token_ids, min_toke
 # A row whose logits hold inf or NaN (an overflowing LoRA mix, a broken checkpoint) has no
 # distribution to sample: it ends in this error, never in a made-up token.
 NON_FINITE = "the model produced non-finite logits (inf or NaN); no token could be sampled"
+# The same under the request's adapter mix: its scales (or the adapters it chose) made the
+# numbers overflow, which the base model alone does not; the handlers answer 400 naming the
+# field that chose the mix, and the other rows of the step are unaffected.
+NON_FINITE_MIX = ("the request's adapter mix made the logits non-finite (inf or NaN); no token "
+                  "could be sampled")
+
+
+def non_finite(lora: object) -> str:
+    """The error of a row whose logits are not finite: ``NON_FINITE_MIX`` under an adapter mix
+    (``lora`` non-empty), else ``NON_FINITE``."""
+    return NON_FINITE_MIX if lora else NON_FINITE
 
 
 class EngineError(Exception):

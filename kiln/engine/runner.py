@@ -11,7 +11,7 @@ import torch
 
 from kiln.engine.block_pool import BlockPool
 from kiln.engine.config import EngineConfig, kv_blocks
-from kiln.engine.errors import NON_FINITE, NOTHING_ALLOWED
+from kiln.engine.errors import NOTHING_ALLOWED, non_finite
 from kiln.engine.grammar import GrammarRows, RowMasks, compiler_for
 from kiln.engine.logits_processors import apply_logits_processors
 from kiln.engine.lora_mix import LoraMix
@@ -151,7 +151,8 @@ class ModelRunner:
         # row finds them (~13 us for a 49k vocabulary).
         finite = torch.isfinite(logits.sum(dim=1)).tolist()
         keep = [i for i, ok in enumerate(finite) if ok and seqs[i].request_id not in errors]
-        errors.update({seqs[i].request_id: NON_FINITE for i, ok in enumerate(finite) if not ok})
+        errors.update({seqs[i].request_id: non_finite(seqs[i].lora)
+                       for i, ok in enumerate(finite) if not ok})
         if masks is not None and masks.rows:
             # row j of the masks belongs to step row masks.rows[j]; a grammar mask is never empty
             logits = self.sampler.constrain(logits, masks.bits, [int(i) for i in masks.rows])

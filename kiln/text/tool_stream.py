@@ -109,9 +109,9 @@ class ToolCallStreamer:
                 self._next_index += 1
         elif self._mode == _BLOCK:
             events = StreamEvents()
-            call = partial_call(self._block[len(OPEN_TAG):], self._tools)
-            if call is not None:
-                events.tool_calls.append((self._next_index, call))
+            cut = partial_call(self._block[len(OPEN_TAG):], self._tools)
+            if cut is not None:
+                events.tool_calls.append((self._next_index, cut))
                 self._next_index += 1
         else:
             events = StreamEvents(self._buf.rstrip() if self._next_index else self._buf)

@@ -11,6 +11,7 @@ from starlette.testclient import TestClient
 
 from kiln.api.contract import contract
 from kiln.model.loader import load_model
+from tests.api.test_chat_fake import sse_events
 from tests.e2e.app_client import app_client
 from tests.model.test_lora import write_peft
 from tests.tiny_models import write_tiny_qwen3
@@ -105,3 +106,26 @@ def test_an_adapter_past_the_rank_limit_is_a_400_for_scoring_too(
     assert chat_r.status_code == 400, chat_r.text
     assert score.status_code == 400, score.text
     assert score.json()["error"]["code"] == chat_r.json()["error"]["code"]
+
+
+HUGE = [{"name": "beta", "scale": 0.5}, {"name": "alpha", "scale": 1e30}]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_overflowing_scale_is_a_400_naming_it(client: TestClient, stream: bool) -> None:
+    """Issue 52, 3: a scale whose numbers overflow had been a 500 "the model produced non-finite
+    logits"; it is the request's fault: a 400 naming the largest scale of the composition (the
+    stream, already 200, ends in that error event)."""
+    r = client.post(CHAT, json={"messages": MSG, **GREEDY, "adapters": HUGE, "stream": stream})
+    if stream:
+        assert r.status_code == 200
+        error = next(e for e in sse_events(r.text) if isinstance(e, dict) and "error" in e)["error"]
+    else:
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+    assert (error["param"], error["type"], error["code"]) == (
+        "adapters[1].scale", "invalid_request_error", "chat_invalid_request")
+    batch = client.post("/v1/completions/batch", json={"prompts": [MSG], **GREEDY,
+                                                       "adapters": HUGE})
+    assert batch.status_code == 400 and batch.json()["error"]["param"] == "adapters[1].scale"
+    assert chat(client, adapters=HUGE[:1])["choices"][0]["finish_reason"] == "length"

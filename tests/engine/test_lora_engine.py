@@ -18,7 +18,7 @@ from kiln.adapters import AdapterNotFound, InvalidAdapterName
 from kiln.config import ServerConfig
 from kiln.engine.block_pool import ROOT_HASH
 from kiln.engine.config import EngineConfig
-from kiln.engine.errors import EngineError
+from kiln.engine.errors import NON_FINITE_MIX, EngineError
 from kiln.engine.loop import AsyncEngine, build_core
 from kiln.engine.lora_mix import LoraMix, mix_root_hash
 from kiln.engine.outputs import ModelRunnerOutput, RequestOutput, SchedulerOutput
@@ -28,6 +28,7 @@ from kiln.engine.scheduler import Scheduler
 from kiln.model import LoadedModel, load_model
 from kiln.model.lora import LORA_MODULES, AdapterLoadError, LoraAdapter, load_adapter
 from kiln.serving import EngineBackend
+from tests.engine.drive import drive, token_ids
 from tests.model.test_lora import merged, write_peft
 from tests.tiny_models import random_tensors, tiny_config, write_tiny_qwen3
 
@@ -379,3 +380,25 @@ def test_store_keeps_at_most_max_loaded_adapters(world: World, tmp_path: Path) -
     assert b.delta(0, "q_proj") is not None
     with pytest.raises(ValueError):
         AdapterStore(tmp_path, max_loaded=0)
+
+
+def test_an_overflowing_scale_ends_only_its_request(world: World) -> None:
+    """Issue 52, 3: a scale that makes a row's logits non-finite ends that request with the
+    mix's error (the handlers answer 400 naming the scale, tests/e2e/test_lora_http.py); the
+    rows beside it in the same steps, base and adapter alike, get their solo tokens."""
+    w = world
+    reqs = [request("base", prompt(1)), request("huge", prompt(2), ((w.a, 1e30),)),
+            request("lora", prompt(3), ((w.a, 1.0),))]
+    sched, runner = build_core(w.loaded, CONFIG)
+    rec = Recorder(runner)
+    outs = drive(sched, rec, reqs)
+    assert len(rec.mixes[0]) == 3  # the three shared the first forward pass
+    assert outs["huge"][-1].finish_reason == "error"
+    assert outs["huge"][-1].error == NON_FINITE_MIX and token_ids(outs["huge"]) == []
+    solo_sched, solo_runner = build_core(w.loaded, CONFIG)
+    for rid in ("base", "lora"):
+        r = next(q for q in reqs if q.request_id == rid)
+        alone = drive(solo_sched, solo_runner, [dataclasses.replace(r, request_id=rid + "-1")])
+        assert token_ids(outs[rid]) == token_ids(alone[rid + "-1"])
+        assert len(token_ids(outs[rid])) == MAX_TOKENS
+    assert sched.pool.num_used_blocks == 0

@@ -26,11 +26,13 @@ from kiln.api.state import (
     claim_request_id,
     collect_all,
     finish_reason,
+    generation_failed,
     json_response,
     submit_all,
     until_disconnect,
     usage,
 )
+from kiln.engine.errors import NON_FINITE_MIX
 from kiln.text.thinking import fold, split_reasoning
 from kiln.text.tools import closing_stop, parse_closed
 
@@ -51,6 +53,9 @@ async def create(request: Request) -> Response:
     jobs = submit_all(state, work, code="batch_too_large", cache_salt=run0.cache_salt,
                       priority=run0.priority)
     results = await until_disconnect(request, collect_all(jobs))
+    for done in results:  # the request's adapter mix overflowed: its fault, the whole request's
+        if done.finish_reason == "error" and done.error == NON_FINITE_MIX:
+            raise generation_failed(done, ERROR_CODE, run0.mix_param)
     k_prompt = shape.prompt_logprobs
     prompt_lists = [] if k_prompt is None else [  # vLLM's prompt_logprobs, per prompt
         await scored_prompt(state, prompt.ids, k_prompt, run.lora) for prompt, run in batch.items]

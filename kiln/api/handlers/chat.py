@@ -95,9 +95,9 @@ def extract_tool_calls(
     return reasoning, content, calls
 
 
-def _finish_reason(c: Completion) -> Finish:
+def _finish_reason(c: Completion, mix_param: str | None) -> Finish:
     if c.finish_reason == "error":
-        raise generation_failed(c, ERROR_CODE)
+        raise generation_failed(c, ERROR_CODE, mix_param)
     if c.finish_reason == "abort":  # the engine stopped it (shutdown): not a finished answer
         raise ApiError(503, "engine_not_running", c.error or "the engine stopped this request",
                        headers={"retry-after": "1"})
@@ -157,7 +157,7 @@ def response_body(
     budget = record(run.budget, run.budget_applied,
                     completions[0].thinking_outcome if run.budget_applied else None)
     for index, c in enumerate(completions):
-        finish = _finish_reason(c)
+        finish = _finish_reason(c, run.mix_param)
         kept = included_stop(shape.include_stop, c.finish_reason, c.stop_reason,
                              run.params[0].stop)
         reasoning, content = split_reasoning(c.text + kept, prompt.in_reasoning)

@@ -19,7 +19,7 @@ from kiln.api.handlers.logprobs import chat_content
 from kiln.api.handlers.perf import performance
 from kiln.api.handlers.prepare import PreparedChat
 from kiln.api.sse import DONE, event, generation_error
-from kiln.api.state import AppState, Completion, Finish, as_wire, finish_reason
+from kiln.api.state import AppState, Completion, Finish, as_wire, finish_reason, request_fault
 from kiln.api.state import usage as token_usage
 from kiln.engine.outputs import RequestOutput
 from kiln.text.thinking import Delta, ReasoningSplitter, record
@@ -218,7 +218,9 @@ async def frames(
         message = (final.error if final else None) or "generation ended without a result"
         if timed_out:  # docs/behavior.md §10: an error event, no finish chunk
             message = f"streaming generation timed out after {round(timeout * 1000)} ms"
-        yield generation_error(message)
+        fault = None if timed_out else request_fault(message, "chat_invalid_request",
+                                                      prepared.run.mix_param)
+        yield generation_error(message, fault)
         yield DONE
         return
     kept = included_stop(prepared.shape.include_stop, final.finish_reason, final.stop_reason,

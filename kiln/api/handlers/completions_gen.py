@@ -209,7 +209,8 @@ def prepare(state: AppState, req: Any, selection: Selection, model: str, *,
         completion_id=response_id(req, "cmpl"), prompts=tuple(records),
         run=Run(tuple(params), selection.lora, selection.label, budget,
                 any(p.thinking is not None for p in params),
-                cache_salt=opt(req.cache_salt), priority=int(opt(req.priority) or 0)),
+                cache_salt=opt(req.cache_salt), priority=int(opt(req.priority) or 0),
+                mix_param=selection.param),
         shape=Shape(
             model=model, stream=bool(opt(req.stream)), echo=echo,
             include_usage=bool(options is not None and opt(options.include_usage)),
@@ -278,9 +279,9 @@ def start(state: AppState, prep: Prepared, rid: str, arrived: float) -> list[Req
                       cache_salt=prep.run.cache_salt, priority=prep.run.priority)
 
 
-def finish_reason(c: Completion) -> Finish:
+def finish_reason(c: Completion, mix_param: str | None = None) -> Finish:
     if c.finish_reason == "error":
-        raise generation_failed(c, ERROR_CODE)
+        raise generation_failed(c, ERROR_CODE, mix_param)
     if c.finish_reason == "abort":
         raise ApiError(503, "engine_not_running", c.error or "the engine stopped this request",
                        headers={"retry-after": "1"})
@@ -303,7 +304,7 @@ def choice_body(state: AppState, prep: Prepared, index: int, p: int, c: Completi
                 ) -> wire.TextCompletionChoice:
     text = ((prep.prompts[p].text if prep.shape.echo else "") + c.text
             + stop_text(prep, c.finish_reason, c.stop_reason))
-    choice = wire.TextCompletionChoice(index=index, text=text, finish_reason=finish_reason(c),
+    choice = wire.TextCompletionChoice(index=index, text=text, finish_reason=finish_reason(c, prep.run.mix_param),
                                        logprobs=None, stop_reason=c.stop_reason)
     if prep.shape.logprobs is not None:
         lps = echo_logprobs(state, prep, p)

@@ -13,7 +13,7 @@ from kiln.api._generated import wire
 from kiln.api.handlers.completions_gen import Prepared, echo_logprobs, stop_text, usage
 from kiln.api.handlers.logprobs import CompletionLogprobs
 from kiln.api.sse import DONE, event, generation_error
-from kiln.api.state import AppState, Completion, Finish, finish_reason
+from kiln.api.state import AppState, Completion, Finish, finish_reason, request_fault
 from kiln.engine.outputs import RequestOutput, RequestStream
 
 _END = object()
@@ -136,7 +136,8 @@ async def frames(state: AppState, prep: Prepared, streams: list[RequestStream],
             if out.finished:
                 pending.discard(i)
                 if out.finish_reason in ("error", "abort"):
-                    yield generation_error(out.error or "generation failed")
+                    yield generation_error(out.error or "generation failed", request_fault(
+                        out.error, "completion_invalid_request", prep.run.mix_param))
                     yield DONE
                     return
                 completion_tokens += out.num_output_tokens

@@ -188,6 +188,7 @@ MAX_COMPOSED = MAX_MIX_ENTRIES  # the engine owns the limit
 class Selection:
     mix: tuple[tuple[str, float], ...]  # (adapter name, scale); empty = base
     lora: tuple[tuple[Any, float], ...]  # loaded adapters for the engine
+    param: str | None = None  # the field named when the mix makes the logits non-finite
 
     @property
     def label(self) -> str:
@@ -226,7 +227,15 @@ async def load_mix(backend: Backend, mix: list[tuple[str, float]], param: str) -
         ) from None
     except EngineError as exc:  # the engine is not running (adapters load on its thread)
         raise engine_error(exc) from None
-    return Selection(tuple((n, s) for n, (_, s) in zip(names, mix, strict=True)), lora)
+    return Selection(tuple((n, s) for n, (_, s) in zip(names, mix, strict=True)), lora,
+                     _blamed(param, [s for _, s in mix]))
+
+
+def _blamed(param: str, scales: list[float]) -> str:
+    """The field to name when this mix overflows: of a composition, the largest scale."""
+    if param != "adapters":
+        return param
+    return f"adapters[{max(range(len(scales)), key=lambda i: abs(scales[i]))}].scale"
 
 
 def _composition(adapters: Any) -> list[tuple[str, float]]:

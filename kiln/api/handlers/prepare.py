@@ -76,6 +76,7 @@ class Run:
     budget_applied: bool
     cache_salt: str | None = None  # vLLM's: different salts never share prefix-cache blocks
     priority: int = 0  # vLLM's scheduling priority (lower first)
+    mix_param: str | None = None  # the field that chose ``lora`` (``Selection.param``)
 
     @property
     def n(self) -> int:
@@ -322,7 +323,8 @@ async def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> Prep
                _thinking_source(req.chat_template_kwargs, cfg.default_thinking_enabled),
                tokenization_s, messages, kwargs),
         Run(params, selection.lora, selection.label, budget, spec is not None,
-            cache_salt=opt(req.cache_salt), priority=int(opt(req.priority) or 0)),
+            cache_salt=opt(req.cache_salt), priority=int(opt(req.priority) or 0),
+            mix_param=selection.param),
         Shape(
             model=model,
             stream=bool(opt(req.stream)),
@@ -394,7 +396,8 @@ async def prepare_batch(state: AppState, req: wire.BatchCompletionRequest, code:
                                thinking=spec, grammar=grammars[prompt.in_reasoning], **fields)
         items.append((prompt, Run(params, selection.lora, selection.label, budget,
                                   spec is not None, cache_salt=opt(req.cache_salt),
-                                  priority=int(opt(req.priority) or 0))))
+                                  priority=int(opt(req.priority) or 0),
+                                  mix_param=selection.param)))
     reasoning, fold = reasoning_shown(req, cfg.fold_reasoning_into_content, code)
     shape = Shape(
         model=model, reasoning=reasoning, fold=fold, logprobs=logprobs,
