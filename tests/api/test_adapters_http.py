@@ -65,7 +65,7 @@ def test_tri_state_selection(client: TestClient, backend: FakeBackend) -> None:
         "status": "loaded", "name": "style"}
     r = client.post(CHAT, json={"messages": MSG, "include_performance": True})
     assert lora_of(backend) == (("style", 1.0),)
-    assert r.json()["metadata"]["performance"]["adapter_used"] == "style"
+    assert r.json()["kiln_metadata"]["performance"]["adapter_used"] == "style"
     client.post(CHAT, json={"messages": MSG, "adapter": None})
     assert lora_of(backend) == ()
     client.post(CHAT, json={"messages": MSG, "adapter": ""})

@@ -111,7 +111,7 @@ def test_stream_events(client: TestClient) -> None:
     assert text == "Hello from the fake engine."
     finish = [c for c in chunks if c["choices"] and "finish_reason" in c["choices"][0]]
     assert len(finish) == 1 and finish[0]["choices"][0]["finish_reason"] == "stop"
-    assert "thinking_budget" in finish[0]["metadata"]
+    assert "thinking_budget" in finish[0]["kiln_metadata"]
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 28
     assert [t["token_index"] for t in timings] == list(range(len(timings)))
     for e in chunks:
@@ -130,12 +130,12 @@ def test_thinking_metadata_and_reasoning_split(backend: FakeBackend) -> None:
         body = c.post(CHAT, json=payload).json()
         msg = body["choices"][0]["message"]
         assert msg == {"role": "assistant", "content": "answer", "reasoning_content": "plan"}
-        meta = body["metadata"]
+        meta = body["kiln_metadata"]
         assert meta["thinking_enabled"] is True and meta["thinking_source"] == "request"
         assert meta["thinking_mode"] == "reasoning"
         folded = c.post(CHAT, json={**payload, "fold_reasoning_into_content": True}).json()
         assert folded["choices"][0]["message"]["content"] == "<think>\nplan</think>\n\nanswer"
-        assert folded["metadata"]["reasoning_folded_into_content"] is True
+        assert folded["kiln_metadata"]["reasoning_folded_into_content"] is True
         s = c.post(CHAT, json={**payload, "stream": True})
         chunks = [e for e in sse_events(s.text) if isinstance(e, dict) and e.get("choices")]
         deltas = [e["choices"][0]["delta"] for e in chunks]
@@ -159,8 +159,8 @@ def test_unknown_adapter_is_404(client: TestClient) -> None:
 def test_config_hashes_and_performance(client: TestClient) -> None:
     payload = {"messages": MSG, "include_config_hashes": True, "include_performance": True}
     body = client.post(CHAT, json=payload).json()
-    assert body["metadata"]["config_hashes"]["effective_config_hash"].startswith("sha256:")
-    perf = body["metadata"]["performance"]
+    assert body["kiln_metadata"]["config_hashes"]["effective_config_hash"].startswith("sha256:")
+    perf = body["kiln_metadata"]["performance"]
     assert perf["completion_tokens"] == body["usage"]["completion_tokens"]
     assert valid("ChatCompletionResponse", body)
 
@@ -251,7 +251,7 @@ def test_thinking_source(default: bool | None, kwargs: dict[str, Any] | None, so
     with TestClient(app) as c:
         r = c.post("/v1/chat/completions", json=body)
     assert r.status_code == 200, r.text
-    assert r.json()["metadata"]["thinking_source"] == source
+    assert r.json()["kiln_metadata"]["thinking_source"] == source
 
 
 def test_a_stream_past_the_request_timeout_ends_in_an_error_event() -> None:

@@ -87,7 +87,7 @@ def test_reasoning_left_out_is_never_folded(backend: FakeBackend) -> None:
         assert folded["content"].startswith("<think>")
         left = c.post(CHAT, json={"messages": MSG, "include_reasoning": False}).json()
         assert left["choices"][0]["message"] == {"role": "assistant", "content": "answer"}
-        assert left["metadata"]["reasoning_folded_into_content"] is False
+        assert left["kiln_metadata"]["reasoning_folded_into_content"] is False
         r = c.post(CHAT, json={"messages": MSG, "include_reasoning": False,
                                "fold_reasoning_into_content": True})
         assert r.status_code == 400, r.text

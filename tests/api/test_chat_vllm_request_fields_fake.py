@@ -42,7 +42,7 @@ def test_thinking_token_budget_is_kilns_budget(client: TestClient, backend: Fake
     body = chat(client, max_tokens=16, **THINK, **fields)
     spec = backend.submitted[-1].sampling.thinking
     assert (spec.max_tokens if spec is not None else None) == limit
-    record = body["metadata"]["thinking_budget"]
+    record = body["kiln_metadata"]["thinking_budget"]
     assert (record["configured"], record.get("max_tokens")) == (limit is not None, limit)
     assert record["tokens_source"] == ("request" if limit is not None else "request_unlimited")
 

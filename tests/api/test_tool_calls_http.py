@@ -45,7 +45,7 @@ def test_every_call_parsed_non_streaming() -> None:
         {"city": "Paris"}, {"city": "Rome"}
     ]
     assert all(c["id"].startswith("call_") and len(c["id"]) == 37 for c in calls)
-    assert body["metadata"]["final_content_empty"] is False
+    assert body["kiln_metadata"]["final_content_empty"] is False
 
 
 def test_parallel_tool_calls_false_keeps_first() -> None:

@@ -66,6 +66,11 @@ NARROWED = {
     **{(d, "chat_template_kwargs"): ("NullableTemplateKwargs", "RequestTemplateKwargs")
        for d in ("ChatCompletionRequest", "BatchCompletionRequest")},
 }
+# Fields the contract carries under another name (CHANGELOG.md, issue 52: the OpenAI SDK's
+# ChatCompletion.metadata is a string map, which Kiln's metadata object broke), as
+# (definition, seed name) -> contract name; everything else about them is the seed's.
+RENAMED = {(d, "metadata"): "kiln_metadata"
+           for d in ("ChatCompletionResponse", "ChatCompletionChunk")}
 # Composition branches the contract appends after the seed's (CHANGELOG.md, issue 28:
 # top_logprobs needs logprobs: true; issue 25: so does logprob_token_ids), as
 # (definition, keyword) -> how many.
@@ -280,9 +285,15 @@ def test_entrypoint_field_counts() -> None:
     assert len(seed_props("BatchCompletionRequest")) == 23
 
 
+def seed_name(definition: str, name: str) -> str:
+    """The seed's name of a contract property (RENAMED)."""
+    return next((s for (d, s), c in RENAMED.items() if d == definition and c == name), name)
+
+
 def seed_props(name: str) -> dict[str, Any]:
-    """A definition's properties without the documented additions."""
-    props: dict[str, Any] = defs()[name].get("properties", {})
+    """A definition's properties without the documented additions, by their seed names."""
+    props: dict[str, Any] = {seed_name(name, k): v
+                             for k, v in defs()[name].get("properties", {}).items()}
     if name in REPLACED:
         names = [f.name for f in seed().definitions[name].fields]
         return {k: props[k] for k in names if k in props}
@@ -316,7 +327,8 @@ def test_definition_shape(sdef: SeedDefinition) -> None:
     props = seed_props(sdef.name)
     assert list(props) == [f.name for f in sdef.fields]
     assert len(props) == sdef.field_count
-    assert cdef.get("required", []) == [f.name for f in sdef.fields if f.required]
+    assert [seed_name(sdef.name, k) for k in cdef.get("required", [])] == [
+        f.name for f in sdef.fields if f.required]
     if sdef.type_line.startswith("object."):
         assert cdef["type"] == "object"
         assert (cdef.get("additionalProperties") is False) == sdef.closed
@@ -358,7 +370,7 @@ def field_cases() -> list[tuple[str, SeedField]]:
     ("def_name", "sfield"), field_cases(), ids=lambda v: v if isinstance(v, str) else v.name
 )
 def test_field(def_name: str, sfield: SeedField) -> None:
-    prop = defs()[def_name]["properties"][sfield.name]
+    prop = defs()[def_name]["properties"][RENAMED.get((def_name, sfield.name), sfield.name)]
     if (def_name, sfield.name) in NARROWED:
         seed_type, contract_type = NARROWED[(def_name, sfield.name)]
         assert sfield.type == seed_type and render_type(prop) == contract_type

@@ -87,7 +87,7 @@ def test_raw_stream_events_validate(live_server: LiveServer) -> None:
     r = httpx.post(live_server.url + "/v1/chat/completions", json=body, timeout=HANG_S)
     chunks = check_stream(r.text)
     assert chunks[-1]["usage"]["completion_tokens"] >= 1
-    perf = chunks[-2]["metadata"]["performance"]
+    perf = chunks[-2]["kiln_metadata"]["performance"]
     # TTFT and the first token timing both count from the HTTP request's arrival (TTFT had
     # counted from the engine request's creation, after tokenization: 0.7-2.1 ms less)
     timings = [e for e in sse(r.text) if isinstance(e, dict) and e.get("object") == "kiln.token_timing"]

@@ -49,7 +49,7 @@ def test_thinking_token_budget_closes_thinking_after_n(client: TestClient, n_tok
     outcome = data["choices"][0]["thinking_budget"]
     assert (outcome["triggered"], outcome["closed"], outcome["thinking_tokens"]) == (
         True, True, n_tokens)
-    assert data["metadata"]["thinking_budget"]["max_tokens"] == n_tokens
+    assert data["kiln_metadata"]["thinking_budget"]["max_tokens"] == n_tokens
 
 
 def test_truncate_prompt_tokens_runs_the_end_of_the_prompt(client: TestClient) -> None:

@@ -88,7 +88,7 @@ def test_hashes_stable_across_restarts_and_sensitive(model_dir: Path, tmp_path: 
             data = rollout(c, **extra)
         rec = data["choices"][0]["rollout_provenance"]
         return {"policy": rec["behavior_policy"], "tokenizer": rec["tokenizer"],
-                "effective": data["metadata"]["config_hashes"]["effective_config_hash"]}
+                "effective": data["kiln_metadata"]["config_hashes"]["effective_config_hash"]}
 
     first = identity(model_dir)
     assert identity(model_dir) == first  # a restart changes nothing

@@ -34,7 +34,7 @@ def chat(client: TestClient, **kw: Any) -> dict[str, Any]:
 
 def test_assumption_the_template_starts_in_reasoning(tiny: TestClient) -> None:
     r = tiny.post(CHAT, json={"messages": MSG, "max_tokens": 1})
-    assert r.json()["metadata"]["thinking_enabled"] is True
+    assert r.json()["kiln_metadata"]["thinking_enabled"] is True
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])

@@ -55,10 +55,10 @@ def test_token_budget_forces_close_after_n(tiny: TestClient, n_tokens: int) -> N
     outcome = data["choices"][0]["thinking_budget"]
     assert outcome == {"triggered": True, "trigger": "tokens", "closed": True,
                        "thinking_tokens": n_tokens, "thinking_time_ms": outcome["thinking_time_ms"]}
-    record = data["metadata"]["thinking_budget"]
+    record = data["kiln_metadata"]["thinking_budget"]
     assert record["applied"] is True and record["configured"] is True
     assert record["max_tokens"] == n_tokens and record["tokens_source"] == "request"
-    assert data["metadata"]["thinking_enabled"] is True
+    assert data["kiln_metadata"]["thinking_enabled"] is True
 
 
 def test_budget_token_ids_in_stream_order(tiny: TestClient) -> None:
@@ -108,9 +108,9 @@ def test_budget_inert_without_thinking(tiny: TestClient) -> None:
             "chat_template_kwargs": {"enable_thinking": False}}
     data = post(tiny, body)
     assert "thinking_budget" not in data["choices"][0]
-    record = data["metadata"]["thinking_budget"]
+    record = data["kiln_metadata"]["thinking_budget"]
     assert record["configured"] is True and record["applied"] is False
-    assert data["metadata"]["thinking_source"] == "request"
+    assert data["kiln_metadata"]["thinking_source"] == "request"
 
 
 def test_streamed_record_on_finish_chunk(tiny: TestClient) -> None:
@@ -122,7 +122,7 @@ def test_streamed_record_on_finish_chunk(tiny: TestClient) -> None:
     events = [json.loads(line[6:]) for line in r.text.splitlines()
               if line.startswith("data: ") and line != "data: [DONE]"]
     finish = [e for e in events if e["choices"] and e["choices"][0].get("finish_reason")]
-    record = finish[0]["metadata"]["thinking_budget"]
+    record = finish[0]["kiln_metadata"]["thinking_budget"]
     assert record["applied"] is True and record["trigger"] == "tokens" and record["closed"] is True
     for e in events:
         assert contract().first_violation("ChatCompletionChunk", e) is None

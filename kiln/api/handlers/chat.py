@@ -212,7 +212,7 @@ def response_body(
         model=shape.model,
         choices=choices,
         usage=usage(prompt_tokens, completion_tokens, completions[0].num_cached_tokens),
-        metadata=metadata,
+        kiln_metadata=metadata,
     )
     if shape.return_token_ids:
         out.prompt_token_ids = prompt.ids

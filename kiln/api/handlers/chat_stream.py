@@ -69,7 +69,7 @@ class _Chunks:
             choice.stop_reason = stop_reason
         chunk = self.chunk([choice])
         if metadata is not None:
-            chunk.metadata = metadata
+            chunk.kiln_metadata = metadata
         if prompt_ids is not None:
             chunk.prompt_token_ids = prompt_ids
         return event(chunk)
