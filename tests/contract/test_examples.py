@@ -28,7 +28,7 @@ RENAMED_IN_EXAMPLES = {"ChatCompletionResponse": ("metadata", "kiln_metadata"),
                        "ChatCompletionChunk": ("metadata", "kiln_metadata")}
 
 
-def _renamed(name: str, example: Any) -> Any:
+def as_contract_example(name: str, example: Any) -> Any:
     old, new = RENAMED_IN_EXAMPLES.get(name, ("", ""))
     if not isinstance(example, dict) or old not in example:
         return example
@@ -39,7 +39,7 @@ def example_cases() -> list[tuple[str, int, Any]]:
     """Root ``x-kiln-examples`` (from the seed, with ``RENAMED_IN_EXAMPLES``) plus ``examples``
     of the added definitions."""
     cases = [
-        (name, i, _renamed(name, example))
+        (name, i, as_contract_example(name, example))
         for name, examples in main_schema()["x-kiln-examples"].items()
         for i, example in enumerate(examples)
     ]
