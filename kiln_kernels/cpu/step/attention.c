@@ -158,12 +158,14 @@ KILN_INLINE void pv_block(int CB, int QG, int F16, CacheWalk w, int64_t len, int
         for (int c = 0; c < CB; c++) vf_store(out[q] + 16 * (c0 + c), acc[q][c]);
 }
 
+/* pv_block for qg queries (the shapes that fit: no other is instantiated) */
+#define PV_FITS(CB, QG) ((CB) <= PV_CHUNKS && (CB) * (QG) <= PV_ACC)
 #define PV_QG(CB)                                                                           \
     switch (qg) {                                                                           \
-    case 4: pv_block(CB, 4, F16, w, len, c0, wq + q, out + q); break;                      \
-    case 3: pv_block(CB, 3, F16, w, len, c0, wq + q, out + q); break;                      \
-    case 2: pv_block(CB, 2, F16, w, len, c0, wq + q, out + q); break;                      \
-    default: pv_block(CB, 1, F16, w, len, c0, wq + q, out + q); break;                     \
+    case 4: if (PV_FITS(CB, 4)) pv_block(CB, 4, F16, w, len, c0, wq + q, out + q); break;  \
+    case 3: if (PV_FITS(CB, 3)) pv_block(CB, 3, F16, w, len, c0, wq + q, out + q); break;  \
+    case 2: if (PV_FITS(CB, 2)) pv_block(CB, 2, F16, w, len, c0, wq + q, out + q); break;  \
+    default: if (PV_FITS(CB, 1)) pv_block(CB, 1, F16, w, len, c0, wq + q, out + q); break; \
     }
 
 /* Up to 4 queries' V sums: the head's nc chunks in passes of up to PV_CHUNKS, each pass over
