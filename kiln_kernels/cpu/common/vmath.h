@@ -79,12 +79,13 @@ static inline void kiln_store_kv(void *dst, const float *src, int64_t n, int f16
 }
 
 /* cos x and sin x of a float32 x, each rounded to float32 once from a double evaluation: x
- * reduced by pi/2 in double (k = x * 2/pi to nearest, x - k pi/2 with pi/2 in three parts,
- * each step one fma: the reduced r within ~1e-16 of the true one for |x| < 2^30), then
- * Taylor polynomials in r^2 on |r| <= pi/4 (relative error < 3e-14), so the float results are
- * the correctly rounded cos and sin but for values within ~1e-14 of a rounding midpoint.
- * Only IEEE double operations and fma (__builtin_fma: correctly rounded, in hardware or
- * libm's), so the same bits on every build. */
+ * reduced by pi/2 in double (k = x * 2/pi to nearest, r = x - k pi/2 with pi/2 in three parts,
+ * each step one fma: r within a few double ulps of the true one for |x| < 2^30), then Taylor
+ * polynomials in r^2 on |r| <= pi/4 (truncation < 1e-16 relative), so the float results are
+ * the correctly rounded cos and sin but for values within ~1e-15 of a rounding midpoint (none
+ * in 3M random angles up to 131072, against float64 cos / sin). Only IEEE double
+ * operations and fma (__builtin_fma: correctly rounded, in hardware or libm's), no libm
+ * cos/sin, so the same bits on every build. */
 static inline void kiln_cos_sin(float x, float *c_out, float *s_out) {
     const double PIO2_1 = 1.5707963267948966;                  /* pi/2 in double */
     const double PIO2_2 = 6.1232339957367658e-17;              /* pi/2 - PIO2_1 */
