@@ -1,7 +1,8 @@
-/* Vector math shared by the C kernels, inline where it is used: dot products, e^x and ln x in 16
- * lanes (AVX-512; libm elsewhere), SiLU, the softmax's exp sums, IEEE half conversions and the
- * KV cache's row store. Each function is small and sits in the inner loops of the step and the
- * sampler, so every file that includes this one gets its own inlined copy. */
+/* Vector math shared by the C kernels, inline where it is used: dot products, SiLU, the
+ * softmax's exp sums, the KV cache's row store and the rotary table's cos / sin. Written once on
+ * the ISA layer (isa.h): each function runs one fixed order of operations on 16 logical lanes,
+ * so it gives the same bits on every build. Each function is small and sits in the inner loops
+ * of the step and the sampler, so every file that includes this one gets its own inlined copy. */
 #ifndef KILN_VMATH_H
 #define KILN_VMATH_H
 #include <math.h>
@@ -10,101 +11,58 @@
 
 #include "isa.h"
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-/* e^x for 16 lanes: x = n ln2 + r (|r| <= ln2 / 2), e^r by a degree-6 polynomial, times 2^n
- * (scalef). Relative error ~2e-7 for x <= 88 (the softmax range x <= 0 included); -inf gives 0,
- * x > 88.7 gives +inf. */
-static inline __m512 exp16(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);
-    __m512 p = _mm512_set1_ps(1.0f / 720);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
-}
+/* Compatibility for the sampler's files until they are ported onto the layer (isa.h's vf_exp
+ * and vf_log are the very polynomials these names had). */
+#define exp16 vf_exp
+#define log16 vf_log
 
-/* ln x for 16 positive normal lanes: x = 2^e m, m in [sqrt(1/2), sqrt(2)), ln m = 2 atanh(t),
- * t = (m - 1) / (m + 1), |t| < 0.172, by its series to t^9 (relative error < 1e-9 + rounding). */
-static inline __m512 log16(__m512 x) {
-    __m512 e = _mm512_getexp_ps(x);
-    __m512 m = _mm512_getmant_ps(x, _MM_MANT_NORM_1_2, _MM_MANT_SIGN_src);
-    const __mmask16 hi = _mm512_cmp_ps_mask(m, _mm512_set1_ps(1.41421356f), _CMP_GT_OQ);
-    m = _mm512_mask_mul_ps(m, hi, m, _mm512_set1_ps(0.5f));
-    e = _mm512_mask_add_ps(e, hi, e, _mm512_set1_ps(1.0f));
-    const __m512 one = _mm512_set1_ps(1.0f);
-    const __m512 t = _mm512_div_ps(_mm512_sub_ps(m, one), _mm512_add_ps(m, one));
-    const __m512 t2 = _mm512_mul_ps(t, t);
-    __m512 p = _mm512_set1_ps(1.0f / 9);
-    p = _mm512_fmadd_ps(p, t2, _mm512_set1_ps(1.0f / 7));
-    p = _mm512_fmadd_ps(p, t2, _mm512_set1_ps(1.0f / 5));
-    p = _mm512_fmadd_ps(p, t2, _mm512_set1_ps(1.0f / 3));
-    p = _mm512_fmadd_ps(p, t2, one);
-    const __m512 lnm = _mm512_mul_ps(_mm512_add_ps(t, t), p);
-    return _mm512_fmadd_ps(e, _mm512_set1_ps(0.693147182f),
-                           _mm512_fmadd_ps(e, _mm512_set1_ps(-1.90465421e-9f), lnm));
-}
-#endif
-
-/* sum a[i] * b[i] (vectorized; one fixed order per n). */
+/* sum a[i] * b[i]: 16 lanes fma-accumulated from zero in order (the tail zero-filled), then
+ * vf_hsum's tree. One fixed order for every n, on every build. */
 static inline float kiln_dot(const float *a, const float *b, int64_t n) {
-    float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-    for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
-    return s;
-}
-
-/* out[i] = silu(g[i]) * u[i] = g[i] / (1 + e^-g[i]) * u[i]. */
-static inline void kiln_silu_mul(const float *g, const float *u, float *out, int64_t n) {
+    vf acc = vf_zero();
     int64_t i = 0;
-#if defined(__AVX512F__)
-    const __m512 one = _mm512_set1_ps(1.0f);
-    for (; i + 16 <= n; i += 16) {
-        const __m512 x = _mm512_loadu_ps(g + i);
-        const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), x));
-        _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_div_ps(x, _mm512_add_ps(one, e)),
-                                                _mm512_loadu_ps(u + i)));
-    }
-#endif
-    for (; i < n; i++) out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    for (; i + 16 <= n; i += 16) acc = vf_fma(vf_load(a + i), vf_load(b + i), acc);
+    if (i < n) acc = vf_fma(vf_load_n(a + i, n - i), vf_load_n(b + i, n - i), acc);
+    return vf_hsum(acc);
 }
 
-/* scores[p] = exp(scores[p] - top) for p < len; returns their sum. */
+/* out[i] = silu(g[i]) * u[i] = g[i] / (1 + e^-g[i]) * u[i] (the layer's e^x). */
+static inline void kiln_silu_mul(const float *g, const float *u, float *out, int64_t n) {
+    const vf one = vf_set1(1.0f);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const vf x = vf_load(g + i);
+        const vf e = vf_exp(vf_sub(vf_zero(), x));
+        vf_store(out + i, vf_mul(vf_div(x, vf_add(one, e)), vf_load(u + i)));
+    }
+    if (i < n) {
+        const vf x = vf_load_n(g + i, n - i);
+        const vf e = vf_exp(vf_sub(vf_zero(), x));
+        vf_store_n(out + i, vf_mul(vf_div(x, vf_add(one, e)), vf_load_n(u + i, n - i)), n - i);
+    }
+}
+
+/* scores[p] = exp(scores[p] - top) for p < len (the layer's e^x); returns their sum: 16 lanes
+ * added in order (the tail's unused lanes zero), then vf_hsum's tree. */
 static inline float kiln_exp_shift_sum(float *scores, int64_t len, float top) {
+    vf acc = vf_zero();
+    const vf vt = vf_set1(top);
     int64_t p = 0;
-    float sum = 0.0f;
-#if defined(__AVX512F__)
-    __m512 acc = _mm512_setzero_ps();
-    const __m512 vt = _mm512_set1_ps(top);
     for (; p + 16 <= len; p += 16) {
-        const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(scores + p), vt));
-        _mm512_storeu_ps(scores + p, e);
-        acc = _mm512_add_ps(acc, e);
+        const vf e = vf_exp(vf_sub(vf_load(scores + p), vt));
+        vf_store(scores + p, e);
+        acc = vf_add(acc, e);
     }
     if (p < len) {
-        const __mmask16 k = (__mmask16)((1u << (len - p)) - 1);
-        const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, scores + p), vt));
-        _mm512_mask_storeu_ps(scores + p, k, e);
-        acc = _mm512_add_ps(acc, _mm512_maskz_mov_ps(k, e));
-        p = len;
+        const vf e = vf_maskz(vm_first(len - p), vf_exp(vf_sub(vf_load_n(scores + p, len - p), vt)));
+        vf_store_n(scores + p, e, len - p);
+        acc = vf_add(acc, e);
     }
-    sum = _mm512_reduce_add_ps(acc);
-#endif
-    for (; p < len; p++) {
-        scores[p] = expf(scores[p] - top);
-        sum += scores[p];
-    }
-    return sum;
+    return vf_hsum(acc);
 }
 
-/* n floats into a KV cache row: float32 (f16 = 0) or IEEE half (f16 = 1). */
+/* n floats into a KV cache row: float32 (f16 = 0) or IEEE half (f16 = 1, rounded to nearest
+ * even). */
 static inline void kiln_store_kv(void *dst, const float *src, int64_t n, int f16) {
     if (!f16) {
         memcpy(dst, src, (size_t)n * sizeof(float));
@@ -112,13 +70,58 @@ static inline void kiln_store_kv(void *dst, const float *src, int64_t n, int f16
     }
     uint16_t *h = (uint16_t *)dst;
     int64_t i = 0;
-#if defined(__AVX512F__)
-    for (; i + 16 <= n; i += 16)
-        _mm256_storeu_si256((__m256i *)(h + i),
-                            _mm512_cvtps_ph(_mm512_loadu_ps(src + i),
-                                            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-#endif
-    for (; i < n; i++) h[i] = kiln_float_to_half(src[i]);
+    for (; i + 16 <= n; i += 16) vf_store_f16(h + i, vf_load(src + i));
+    if (i < n) {
+        uint16_t t[16];
+        vf_store_f16(t, vf_load_n(src + i, n - i));
+        memcpy(h + i, t, (size_t)(n - i) * sizeof(uint16_t));
+    }
+}
+
+/* cos x and sin x of a float32 x, each rounded to float32 once from a double evaluation: x
+ * reduced by pi/2 in double (k = x * 2/pi to nearest, r = x - k pi/2 with pi/2 in three parts,
+ * each step one fma: r within a few double ulps of the true one for |x| < 2^30), then Taylor
+ * polynomials in r^2 on |r| <= pi/4 (truncation < 1e-16 relative), so the float results are
+ * the correctly rounded cos and sin but for values within ~1e-15 of a rounding midpoint (none
+ * in 3M random angles up to 131072, against float64 cos / sin). Only IEEE double
+ * operations and fma (__builtin_fma: correctly rounded, in hardware or libm's), no libm
+ * cos/sin, so the same bits on every build. */
+static inline void kiln_cos_sin(float x, float *c_out, float *s_out) {
+    const double PIO2_1 = 1.5707963267948966;                  /* pi/2 in double */
+    const double PIO2_2 = 6.1232339957367658e-17;              /* pi/2 - PIO2_1 */
+    const double PIO2_3 = -1.4973849048591698e-33;             /* the next part */
+    const double TWO_OVER_PI = 0.6366197723675814;
+    const double SHIFTER = 6755399441055744.0;                 /* 1.5 * 2^52: round to integer */
+    const double xd = (double)x;
+    const double k = (xd * TWO_OVER_PI + SHIFTER) - SHIFTER; /* |x| < 2^50 */
+    double r = __builtin_fma(-k, PIO2_1, xd);
+    r = __builtin_fma(-k, PIO2_2, r);
+    r = __builtin_fma(-k, PIO2_3, r);
+    const int64_t q = (int64_t)k & 3;
+    const double r2 = r * r;
+    /* sin r = r (1 - r^2/3! + ... - r^14/15!); cos r = 1 - r^2/2! + ... + r^16/16! */
+    double sp = -1.0 / 1307674368000.0;                      /* -1/15! */
+    sp = __builtin_fma(sp, r2, 1.0 / 6227020800.0);          /* 1/13! */
+    sp = __builtin_fma(sp, r2, -1.0 / 39916800.0);           /* -1/11! */
+    sp = __builtin_fma(sp, r2, 1.0 / 362880.0);              /* 1/9! */
+    sp = __builtin_fma(sp, r2, -1.0 / 5040.0);               /* -1/7! */
+    sp = __builtin_fma(sp, r2, 1.0 / 120.0);                 /* 1/5! */
+    sp = __builtin_fma(sp, r2, -1.0 / 6.0);                  /* -1/3! */
+    const double s = __builtin_fma(sp * r2, r, r);
+    double cp = 1.0 / 20922789888000.0;                      /* 1/16! */
+    cp = __builtin_fma(cp, r2, -1.0 / 87178291200.0);        /* -1/14! */
+    cp = __builtin_fma(cp, r2, 1.0 / 479001600.0);           /* 1/12! */
+    cp = __builtin_fma(cp, r2, -1.0 / 3628800.0);            /* -1/10! */
+    cp = __builtin_fma(cp, r2, 1.0 / 40320.0);               /* 1/8! */
+    cp = __builtin_fma(cp, r2, -1.0 / 720.0);                /* -1/6! */
+    cp = __builtin_fma(cp, r2, 1.0 / 24.0);                  /* 1/4! */
+    cp = __builtin_fma(cp, r2, -0.5);                        /* -1/2! */
+    const double c = __builtin_fma(cp, r2, 1.0);
+    /* x = k pi/2 + r: quadrant q of (cos, sin) = (c, s), (-s, c), (-c, -s), (s, -c) */
+    const double cq = q == 0 ? c : q == 1 ? -s : q == 2 ? -c : s;
+    const double sq = q == 0 ? s : q == 1 ? c : q == 2 ? -s : -c;
+    *c_out = (float)cq;
+    *s_out = (float)sq;
 }
 
 #endif

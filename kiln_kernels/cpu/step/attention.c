@@ -1,20 +1,30 @@
 /* Attention over the paged KV cache for the C step (cpu_step.c): per (rows of one sequence, KV
- * head, part of the context), the rows read each cached K/V row once. Scores 16 positions at a
- * time with one reduction tree (AVX-512), a vector exp (vmath.h), V accumulated in registers;
- * parts of a long context merged by kiln_attend_merge; a scalar path for other CPUs and head
- * sizes. Every query's numbers depend only on its own row and context. */
+ * head, part of the context), the rows read each cached K/V row once. Written once on the ISA
+ * layer (isa.h): scores 16 positions at a time with its reduction tree (vf_hsum16), the
+ * layer's exp (vmath.h), V accumulated with fma in registers; parts of a long context merged by
+ * kiln_attend_merge; a scalar path (one fixed order too) for head sizes that are not a multiple
+ * of 16 or over 256. Every query's numbers depend only on its own row and context, and are the
+ * same bits on every build: the register blocking below (a speed choice, by KILN_VREGS) never
+ * changes any output's order of operations. */
 #include <math.h>
 #include <stdint.h>
 
 #include "cpu_step.h"
 #include "vmath.h"
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
+/* Register blocking by the register file (KILN_VREGS vf): positions whose score accumulators
+ * are live at once (a vf_hsum16 takes 16, kept in memory between blocks); V accumulators
+ * (queries x 16-float chunks) live in a V pass, and the most chunks of a head per pass. */
+#if KILN_VREGS >= 32
+#define SCORE_BLOCK 16
+#define PV_ACC 16
+#define PV_CHUNKS 8
+#else
+#define SCORE_BLOCK 4
+#define PV_ACC 4
+#define PV_CHUNKS 2
 #endif
 
-/* Softmax attention of the G query heads that share KV head `kvh` over positions
- * 0..ctx_lens[m]-1 of row m's sequence: each cached K/V row is read once for the group. */
 /* Cache row `slot` of KV head kvh as float32: in place, or converted into buf (hd floats). */
 static const float *kv_row(const KilnCpuStepModel *md, const void *cache, int64_t slot,
                            int64_t kvh, float *buf) {
@@ -25,6 +35,10 @@ static const float *kv_row(const KilnCpuStepModel *md, const void *cache, int64_
     return buf;
 }
 
+/* Softmax attention of the G query heads that share KV head `kvh` over positions
+ * 0..ctx_lens[m]-1 of row m's sequence, for the head sizes attend_impl does not take: one
+ * fixed order on every build (kiln_dot's, the layer's exp, elementwise sums in position
+ * order). */
 static void attend_rows_scalar(const KilnCpuStepModel *md, const KilnCpuStepRows *st, int64_t m,
                                int64_t kvh, const float *q, int64_t G, const void *kc,
                                const void *vc, float *scores, float *out) {
@@ -48,7 +62,6 @@ static void attend_rows_scalar(const KilnCpuStepModel *md, const KilnCpuStepRows
     for (int64_t g = 0; g < G; g++) {
         float *sg = scores + g * stride;
         const float sum = kiln_exp_shift_sum(sg, len, mx[g]);
-#pragma omp simd
         for (int64_t p = 0; p < len; p++) sg[p] /= sum;
         for (int64_t i = 0; i < hd; i++) out[g * hd + i] = 0.0f;
     }
@@ -59,31 +72,10 @@ static void attend_rows_scalar(const KilnCpuStepModel *md, const KilnCpuStepRows
             for (int64_t g = 0; g < G; g++) {
                 const float w = scores[g * stride + p0 + o];
                 float *og = out + g * hd;
-#pragma omp simd
                 for (int64_t i = 0; i < hd; i++) og[i] += w * v[i];
             }
         }
     }
-}
-
-#if defined(__AVX512F__)
-/* The 16 horizontal sums of v[0..15], in order (a transpose-and-add tree: 45 ops). */
-static inline __m512 hsum16(const __m512 *v) {
-    __m512 a[8], b[4];
-    for (int i = 0; i < 8; i++)
-        a[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
-                             _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-    for (int i = 0; i < 4; i++) {
-        const __m512d x = _mm512_castps_pd(a[2 * i]), y = _mm512_castps_pd(a[2 * i + 1]);
-        b[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
-                             _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
-    }
-    /* b[i] holds, per 128-bit lane L, the lane-L partial sums of v[4i..4i+3]. */
-    const __m512 c0 = _mm512_add_ps(_mm512_shuffle_f32x4(b[0], b[1], 0x88),
-                                    _mm512_shuffle_f32x4(b[0], b[1], 0xDD));
-    const __m512 c1 = _mm512_add_ps(_mm512_shuffle_f32x4(b[2], b[3], 0x88),
-                                    _mm512_shuffle_f32x4(b[2], b[3], 0xDD));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(c0, c1, 0x88), _mm512_shuffle_f32x4(c0, c1, 0xDD));
 }
 
 /* The cache row of position p: walk (block, offset) without a division per position. `sb`,
@@ -100,23 +92,22 @@ static inline const char *walk_at(const CacheWalk *w) {
 
 /* 16 cache values from chunk c of a row: float32, or IEEE half (F16, a constant after
  * inlining) widened exactly. */
-static inline __attribute__((always_inline)) __m512 kv_load(const char *row, int64_t c,
-                                                           int F16) {
-    if (F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(row + 32 * c)));
-    return _mm512_loadu_ps((const float *)row + 16 * c);
+KILN_INLINE vf kv_load(const char *row, int64_t c, int F16) {
+    if (F16) return vf_load_f16(row + 32 * c);
+    return vf_load((const float *)row + 16 * c);
 }
 
 static inline void walk_next(CacheWalk *w) {
     if (++w->off == w->bs) w->off = 0, w->b++;
 }
 
-/* Prefetch the `lines` cache lines of the row at w (the cache rows of a head are strided and
- * split at block ends). An asm statement, not _mm_prefetch: GCC 12 at -O1 and above deletes a
- * loop whose body is only __builtin_prefetch, which had silently dropped every prefetch here
- * (restoring them measured 4-9% faster steps at contexts of 100-1,000, tests/bench: A/B). */
-static inline void walk_prefetch(const CacheWalk *w, int64_t lines) {
-    const char *r = walk_at(w);
-    for (int64_t i = 0; i < lines; i++) __asm__ volatile("prefetcht0 %0" : : "m"(r[64 * i]));
+/* Prefetch `lines` cache lines from byte `off` of the row at w (the cache rows of a head are
+ * strided and split at block ends). kiln_prefetch is an asm statement: GCC 12 at -O1 and above
+ * deletes a loop whose body is only __builtin_prefetch, which had silently dropped every
+ * prefetch here (restoring them measured 4-9% faster steps at contexts of 100-1,000). */
+static inline void walk_prefetch(const CacheWalk *w, int64_t off, int64_t lines) {
+    const char *r = walk_at(w) + off;
+    for (int64_t i = 0; i < lines; i++) kiln_prefetch(r + 64 * i);
 }
 
 /* V rows prefetched this far ahead in the V pass. The K pass prefetches no V: doing so (this
@@ -124,72 +115,82 @@ static inline void walk_prefetch(const CacheWalk *w, int64_t lines) {
  * contexts of 700-1,500 (A/B of the C step, interleaved builds), and equal at context 100. */
 #define PF_AHEAD 16 /* positions */
 
-/* out[q] = sum_p wq[q][p] * V[p] for QG queries over positions 0..len-1 (weights past a
- * query's own context are 0), NC 16-float chunks per head: each V row is loaded once for all
- * QG queries, the QG x NC accumulators stay in registers. */
-static inline __attribute__((always_inline)) void pv_group(int NC, int QG, int F16,
-                                                           CacheWalk w, int64_t len,
-                                                           float *const *wq,
-                                                           float *const *out) {
-    __m512 acc[16][16];
+/* acc[o] = sum_c q chunk c * K row o chunk c (fma from chunk 0's product, chunks in order)
+ * for SB positions: the accumulators stay in registers over the head's chunks. */
+KILN_INLINE void score_block(int SB, int F16, const float *qg, int64_t nc,
+                             const char *const *rows, vf *acc) {
+    vf a[16];
+    const vf q0 = vf_load(qg);
+    for (int o = 0; o < SB; o++) a[o] = vf_mul(q0, kv_load(rows[o], 0, F16));
+    for (int64_t c = 1; c < nc; c++) {
+        const vf qc = vf_load(qg + 16 * c);
+        for (int o = 0; o < SB; o++) a[o] = vf_fma(qc, kv_load(rows[o], c, F16), a[o]);
+    }
+    for (int o = 0; o < SB; o++) acc[o] = a[o];
+}
+
+/* out[q][16 (c0 + c) ..] = sum_p wq[q][p] * V[p] chunk c0 + c (fma from zero, positions in
+ * order) for QG queries and CB chunks (weights past a query's own context are 0): each V chunk
+ * is loaded once for all QG queries, the QG x CB accumulators stay in registers. */
+KILN_INLINE void pv_block(int CB, int QG, int F16, CacheWalk w, int64_t len, int64_t c0,
+                          float *const *wq, float *const *out) {
+    vf acc[4][8];
     for (int q = 0; q < QG; q++)
-        for (int c = 0; c < NC; c++) acc[q][c] = _mm512_setzero_ps();
+        for (int c = 0; c < CB; c++) acc[q][c] = vf_zero();
+    const int64_t cbytes = F16 ? 32 : 64, off = c0 * cbytes, lines = (CB * cbytes + 63) / 64;
     CacheWalk ahead = w;
     for (int64_t p = 0; p < len && p < PF_AHEAD; p++) walk_next(&ahead);
     for (int64_t p = 0; p < len; p++) {
         if (p + PF_AHEAD < len) {
-            walk_prefetch(&ahead, F16 ? (NC + 1) / 2 : NC);
+            walk_prefetch(&ahead, off, lines);
             walk_next(&ahead);
         }
         const char *v = walk_at(&w);
         walk_next(&w);
-        __m512 vv[16];
-        for (int c = 0; c < NC; c++) vv[c] = kv_load(v, c, F16);
+        vf vv[8];
+        for (int c = 0; c < CB; c++) vv[c] = kv_load(v, c0 + c, F16);
         for (int q = 0; q < QG; q++) {
-            const __m512 s = _mm512_set1_ps(wq[q][p]);
-            for (int c = 0; c < NC; c++) acc[q][c] = _mm512_fmadd_ps(s, vv[c], acc[q][c]);
+            const vf s = vf_set1(wq[q][p]);
+            for (int c = 0; c < CB; c++) acc[q][c] = vf_fma(s, vv[c], acc[q][c]);
         }
     }
     for (int q = 0; q < QG; q++)
-        for (int c = 0; c < NC; c++) _mm512_storeu_ps(out[q] + 16 * c, acc[q][c]);
+        for (int c = 0; c < CB; c++) vf_store(out[q] + 16 * (c0 + c), acc[q][c]);
 }
 
-/* Any head size that is a multiple of 16: one query at a time, accumulators in memory. */
-static void pv_one(int64_t nc, int f16, CacheWalk w, int64_t len, const float *wq,
-                   float *out) {
-    for (int64_t c = 0; c < nc; c++) _mm512_storeu_ps(out + 16 * c, _mm512_setzero_ps());
-    for (int64_t p = 0; p < len; p++) {
-        const char *v = walk_at(&w);
-        walk_next(&w);
-        const __m512 s = _mm512_set1_ps(wq[p]);
-        for (int64_t c = 0; c < nc; c++)
-            _mm512_storeu_ps(out + 16 * c,
-                             _mm512_fmadd_ps(s, f16 ? kv_load(v, c, 1) : kv_load(v, c, 0),
-                                             _mm512_loadu_ps(out + 16 * c)));
-    }
-}
-
-#define PV_CASES(NC)                                                                        \
-    switch (n) {                                                                            \
-    case 4: pv_group(NC, 4, F16, w, len, wq, out); break;                                  \
-    case 3: pv_group(NC, 3, F16, w, len, wq, out); break;                                  \
-    case 2: pv_group(NC, 2, F16, w, len, wq, out); break;                                  \
-    default: pv_group(NC, 1, F16, w, len, wq, out); break;                                 \
+/* pv_block for qg queries (the shapes that fit: no other is instantiated) */
+#define PV_FITS(CB, QG) ((CB) <= PV_CHUNKS && (CB) * (QG) <= PV_ACC)
+#define PV_QG(CB)                                                                           \
+    switch (qg) {                                                                           \
+    case 4: if (PV_FITS(CB, 4)) pv_block(CB, 4, F16, w, len, c0, wq + q, out + q); break;  \
+    case 3: if (PV_FITS(CB, 3)) pv_block(CB, 3, F16, w, len, c0, wq + q, out + q); break;  \
+    case 2: if (PV_FITS(CB, 2)) pv_block(CB, 2, F16, w, len, c0, wq + q, out + q); break;  \
+    default: if (PV_FITS(CB, 1)) pv_block(CB, 1, F16, w, len, c0, wq + q, out + q); break; \
     }
 
-/* Up to 4 queries at once (QG x NC <= 16 accumulators). */
-static inline __attribute__((always_inline)) void pv_queries(int64_t nc, int64_t n, int F16,
-                                                             CacheWalk w, int64_t len,
-                                                             float *const *wq,
-                                                             float *const *out) {
-    if (nc == 4) {
-        PV_CASES(4)
-    } else if (nc == 8) {
-        int64_t q = 0;
-        for (; q + 2 <= n; q += 2) pv_group(8, 2, F16, w, len, wq + q, out + q);
-        if (q < n) pv_group(8, 1, F16, w, len, wq + q, out + q);
-    } else {
-        for (int64_t q = 0; q < n; q++) pv_one(nc, F16, w, len, wq[q], out[q]);
+/* Up to 4 queries' V sums: the head's nc chunks in passes of up to PV_CHUNKS, each pass over
+ * groups of queries that fit PV_ACC accumulators. */
+KILN_INLINE void pv_queries(int64_t nc, int64_t n, int F16, CacheWalk w, int64_t len,
+                            float *const *wq, float *const *out) {
+    for (int64_t c0 = 0; c0 < nc;) {
+        const int64_t left = nc - c0;
+        const int cb = left >= 8 && PV_CHUNKS >= 8 ? 8 : left >= 4 && PV_CHUNKS >= 4 ? 4
+                     : left >= 2 && PV_CHUNKS >= 2 ? 2 : 1;
+        const int64_t qmax = PV_ACC / cb > 4 ? 4 : PV_ACC / cb < 1 ? 1 : PV_ACC / cb;
+        for (int64_t q = 0; q < n;) {
+            const int64_t qg = n - q < qmax ? n - q : qmax;
+            if (cb == 8) {
+                PV_QG(8)
+            } else if (cb == 4) {
+                PV_QG(4)
+            } else if (cb == 2) {
+                PV_QG(2)
+            } else {
+                PV_QG(1)
+            }
+            q += qg;
+        }
+        c0 += cb;
     }
 }
 
@@ -209,11 +210,11 @@ int64_t kiln_attend_part(const KilnCpuStepModel *md) {
 /* Attention of R consecutive rows of one sequence (query heads kvh*G.. of each; row r's
  * queries at q + r*ldq), positions [p0, p1) of their contexts, for head_dim a multiple of 16
  * (<= 256): scores 16 positions at a time with one reduction tree, each cached K row read once
- * for the R*G queries, softmax with exp16, then V read once per group of up to 4 queries.
+ * for the R*G queries, softmax with the layer's exp, then V read once per group of queries.
  * A row whose context fits one part (ctx <= ATTEND_PART; then p0 = 0) gets its normalized
  * output at out + r*ldo; a longer row gets, per query, the part's record at
  * part + r*part_row + g*part_head: [max score, sum of exp(score - max), sum of exp * V]. */
-static inline __attribute__((always_inline)) void attend_impl(
+KILN_INLINE void attend_impl(
         const KilnCpuStepModel *md, const KilnCpuStepRows *st, int64_t m0, int64_t R, int64_t kvh,
         const float *q, int64_t ldq, int64_t G, const char *kc, const char *vc, float *scores,
         float *out, int64_t ldo, int64_t p0, int64_t p1, float *part, int64_t part_row,
@@ -227,12 +228,12 @@ static inline __attribute__((always_inline)) void attend_impl(
         longest = st->ctx_lens[m0 + r] > longest ? st->ctx_lens[m0 + r] : longest;
     const int64_t end = longest < p1 ? longest : p1;
     if (end <= p0) return;
-    const __m512 scale = _mm512_set1_ps(md->scale);
+    const vf scale = vf_set1(md->scale);
     CacheWalk kw = walk_from(md, kc, kvh, bt, esize, p0);
     {
         CacheWalk first = kw;
         for (int64_t o = 0; o < 16 && p0 + o < end; o++) {
-            walk_prefetch(&first, lines);
+            walk_prefetch(&first, 0, lines);
             walk_next(&first);
         }
     }
@@ -241,10 +242,10 @@ static inline __attribute__((always_inline)) void attend_impl(
         CacheWalk ahead = kw;
         for (int64_t o = 0; o < 16 && c0 + o < end; o++) walk_next(&ahead);
         for (int64_t o = 16; o < 32 && c0 + o < end; o++) {
-            walk_prefetch(&ahead, lines);
+            walk_prefetch(&ahead, 0, lines);
             walk_next(&ahead);
         }
-        const char *rows[16];
+        const char *rows[16] = {0};
         for (int64_t o = 0; o < 16; o++) {
             if (c0 + o < end) {
                 rows[o] = walk_at(&kw);
@@ -257,20 +258,19 @@ static inline __attribute__((always_inline)) void attend_impl(
             const int64_t len = st->ctx_lens[m0 + r] < end ? st->ctx_lens[m0 + r] : end;
             if (c0 >= len) continue;
             const int64_t n = (len - c0 < 16) ? len - c0 : 16; /* never past the part */
-            const __mmask16 k = (__mmask16)(n == 16 ? 0xFFFF : (1u << n) - 1);
             for (int64_t g = 0; g < G; g++) {
                 const float *qg = q + r * ldq + g * hd;
-                __m512 acc[16];
-                /* chunk c of 16 positions at a time: 16 independent chains of loads */
-                const __m512 q0 = _mm512_loadu_ps(qg);
-                for (int o = 0; o < 16; o++) acc[o] = _mm512_mul_ps(q0, kv_load(rows[o], 0, F16));
-                for (int64_t c = 1; c < nc; c++) {
-                    const __m512 qc = _mm512_loadu_ps(qg + 16 * c);
-                    for (int o = 0; o < 16; o++)
-                        acc[o] = _mm512_fmadd_ps(qc, kv_load(rows[o], c, F16), acc[o]);
+                /* 16 positions' dot products (lane o of the sums: position c0 + o); blocks of
+                 * SCORE_BLOCK positions past n are not scored (their lanes are not stored) */
+                vf acc[16];
+                for (int o0 = 0; o0 < 16; o0 += SCORE_BLOCK) {
+                    if (o0 < n) {
+                        score_block(SCORE_BLOCK, F16, qg, nc, rows + o0, acc + o0);
+                    } else {
+                        for (int o = o0; o < o0 + SCORE_BLOCK; o++) acc[o] = vf_zero();
+                    }
                 }
-                _mm512_mask_storeu_ps(scores + (r * G + g) * stride + c0, k,
-                                      _mm512_mul_ps(hsum16(acc), scale));
+                vf_store_n(scores + (r * G + g) * stride + c0, vf_mul(vf_hsum16(acc), scale), n);
             }
         }
     }
@@ -286,12 +286,11 @@ static inline __attribute__((always_inline)) void attend_impl(
                 rec[0] = -INFINITY, rec[1] = 0.0f;
                 continue;
             }
-            __m512 vm = _mm512_set1_ps(-INFINITY);
-            for (int64_t p = p0; p < e; p += 16) {
-                const __mmask16 k = (__mmask16)(e - p >= 16 ? 0xFFFF : (1u << (e - p)) - 1);
-                vm = _mm512_max_ps(vm, _mm512_mask_loadu_ps(vm, k, sg + p));
-            }
-            const float mx = _mm512_reduce_max_ps(vm);
+            vf vmx = vf_set1(-INFINITY);
+            for (int64_t p = p0; p < e; p += 16)
+                vmx = vf_max(vmx, vf_select(vm_first(e - p), vf_load_n(sg + p, e - p),
+                                            vf_set1(-INFINITY)));
+            const float mx = vf_hmax(vmx);
             const float sum = kiln_exp_shift_sum(sg + p0, e - p0, mx);
             if (whole) {
                 const float inv = 1.0f / sum;
@@ -340,7 +339,7 @@ void kiln_attend_seq(const KilnCpuStepModel *md, const KilnCpuStepRows *st, int6
 }
 
 /* Out = the merged parts of a long row's query: sum_j e^(m_j - M) o_j / sum_j e^(m_j - M) s_j
- * (M = max_j m_j), parts in order. */
+ * (M = max_j m_j), parts in order (the layer's one-lane e^x). */
 void kiln_attend_merge(const float *part, int64_t nparts, int64_t hd, float *out) {
     const int64_t rec = hd + 2;
     float top = -INFINITY;
@@ -350,32 +349,10 @@ void kiln_attend_merge(const float *part, int64_t nparts, int64_t hd, float *out
     for (int64_t j = 0; j < nparts; j++) {
         const float *r = part + j * rec;
         if (r[1] == 0.0f) continue;
-        const float w = expf(r[0] - top);
+        const float w = kiln_exp(r[0] - top);
         denom += w * r[1];
         for (int64_t i = 0; i < hd; i++) out[i] += w * r[2 + i];
     }
     const float inv = 1.0f / denom;
     for (int64_t i = 0; i < hd; i++) out[i] *= inv;
 }
-#else
-int64_t kiln_attend_part(const KilnCpuStepModel *md) {
-    (void)md;
-    return INT64_MAX;
-}
-
-void kiln_attend_seq(const KilnCpuStepModel *md, const KilnCpuStepRows *st, int64_t m0,
-                     int64_t R, int64_t kvh, const float *q, int64_t ldq, int64_t G,
-                     const void *kc, const void *vc, float *scores, float *out, int64_t ldo,
-                     int64_t p0, int64_t p1, float *part, int64_t part_row,
-                     int64_t part_head) {
-    (void)p1, (void)part, (void)part_row, (void)part_head;
-    if (p0 > 0) return; /* one part: kiln_attend_part() */
-    for (int64_t r = 0; r < R; r++)
-        attend_rows_scalar(md, st, m0 + r, kvh, q + r * ldq, G, kc, vc,
-                           scores + r * G * st->max_ctx, out + r * ldo);
-}
-
-void kiln_attend_merge(const float *part, int64_t nparts, int64_t hd, float *out) {
-    (void)part, (void)nparts, (void)hd, (void)out; /* never called: one part */
-}
-#endif

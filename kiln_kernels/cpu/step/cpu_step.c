@@ -14,9 +14,6 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-#if defined(__SSE__)
-#include <xmmintrin.h>
-#endif
 
 #include "cpu_step.h"
 #include "quant.h"
@@ -61,16 +58,20 @@ static void rms_norm(const float *x, const float *w, float *out, int64_t n, floa
 }
 
 /* A row's rotary table cs [head_dim] = cos | sin of pos * inv_freq[i], i < head_dim / 2: the
- * float32 angle the torch path forms (kiln.model.layers.RotaryEmbedding.cos_sin), with libm's
- * cosf/sinf where torch takes its own vectorised ones (they may round an angle's cos or sin 1
- * ulp apart: an elementwise rounding, within tests/numerics.py's bound between the paths). */
+ * float32 angle the torch path forms (kiln.model.layers.RotaryEmbedding.cos_sin), its cos and
+ * sin by vmath.h's kiln_cos_sin (correctly rounded but for near-midpoint values, the same bits
+ * on every build) where torch takes its own vectorised ones (they may round an angle's cos or
+ * sin 1 ulp apart: an elementwise rounding, within tests/numerics.py's bound between the
+ * paths). */
 static void rotary_table(const float *inv_freq, int64_t pos, float *cs, int64_t hd) {
     const int64_t half = hd / 2;
-    for (int64_t i = 0; i < half; i++) {
-        const float angle = (float)pos * inv_freq[i];
-        cs[i] = cosf(angle);
-        cs[half + i] = sinf(angle);
-    }
+    for (int64_t i = 0; i < half; i++) kiln_cos_sin((float)pos * inv_freq[i], cs + i, cs + half + i);
+}
+
+/* cos | sin of n float32 angles (kiln_cos_sin), for its test against torch's
+ * (tests/kernels/test_isa_step.py). */
+void kiln_rotary_cos_sin(const float *angle, int64_t n, float *cos_out, float *sin_out) {
+    for (int64_t i = 0; i < n; i++) kiln_cos_sin(angle[i], cos_out + i, sin_out + i);
 }
 
 /* NEOX rotate_half rotary on one head vector, in place, by a row's table cs (rotary_table). */
@@ -204,14 +205,12 @@ int64_t kiln_cpu_step(const KilnCpuStepModel *md, const KilnCpuStepRows *st, int
             if (st->ids) kiln_weight_row(md->embed, st->ids[m], x + m * H);
             rotary_table(md->inv_freq, st->ctx_lens[m] - 1, rope + m * hd, hd);
         }
-#if defined(__SSE__)
         /* Flush denormals to zero on every thread for the step (restored at its end): peaked
          * softmax weights underflow, and each denormal operand costs a microcode assist (a
          * peaked 130-position attention task measured 38 us against 2 us). Values this small
-         * (< 1.2e-38) do not move any float32 result that is not itself that small. */
-        const unsigned int csr = _mm_getcsr();
-        _mm_setcsr(csr | 0x8040); /* FTZ | DAZ */
-#endif
+         * (< 1.2e-38) do not move any float32 result that is not itself that small; every
+         * build flushes alike (isa.h). */
+        const uint64_t fp_saved = kiln_fp_flush_enter();
         for (int64_t l = 0; l < md->layers; l++) {
             const int64_t *row = md->table + l * md->fields;
 #pragma omp for schedule(static)
@@ -245,9 +244,7 @@ int64_t kiln_cpu_step(const KilnCpuStepModel *md, const KilnCpuStepRows *st, int
         for (int64_t j = 0; j < st->L; j++)
             rms_norm(x + st->logit_rows[j] * H, md->final_norm, picked + j * H, H, md->eps);
         kiln_gemm_weight(md->head, picked, st->L, st->logits);
-#if defined(__SSE__)
-        _mm_setcsr(csr);
-#endif
+        kiln_fp_flush_leave(fp_saved);
     }
     return -1;
 }
