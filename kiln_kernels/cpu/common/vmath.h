@@ -2,7 +2,7 @@
  * softmax's exp sums, the KV cache's row store and the rotary table's cos / sin. Written once on
  * the ISA layer (isa.h): each function runs one fixed order of operations on 16 logical lanes,
  * so it gives the same bits on every build. Each function is small and sits in the inner loops
- * of the step and the sampler, so every file that includes this one gets its own inlined copy. */
+ * of the step, so every file that includes this one gets its own inlined copy. */
 #ifndef KILN_VMATH_H
 #define KILN_VMATH_H
 #include <math.h>
@@ -10,11 +10,6 @@
 #include <string.h>
 
 #include "isa.h"
-
-/* Compatibility for the sampler's files until they are ported onto the layer (isa.h's vf_exp
- * and vf_log are the very polynomials these names had). */
-#define exp16 vf_exp
-#define log16 vf_log
 
 /* sum a[i] * b[i]: 16 lanes fma-accumulated from zero in order (the tail zero-filled), then
  * vf_hsum's tree. One fixed order for every n, on every build. */
