@@ -23,19 +23,11 @@ def test_the_kernels_build_where_a_compiler_exists(flags: tuple[str, ...]) -> No
     if _compiler() is None:
         pytest.skip("no C compiler on this machine: Kiln falls back to the torch path")
     lib = build.load(flags)  # raises KernelBuildError with the compiler output on failure
-    # the native build takes the AVX-512 paths exactly where the CPU has them; portable never
-    wants_512 = flags == build.NATIVE_FLAGS and _has_avx512()
-    assert lib.kiln_quant_simd() == (512 if wants_512 else 0)
-
-
-def _has_avx512() -> bool:
-    try:
-        text = open("/proc/cpuinfo", encoding="utf-8").read()
-    except OSError:
-        return False
-    flags = next((line.split(":", 1)[1].split() for line in text.splitlines()
-                  if line.startswith("flags")), [])
-    return "avx512f" in flags  # what gemm.c tests (__AVX512F__ under -march=native)
+    # the native build is the ISA layer's build the loader chose (common/isa.h); portable plain C
+    isa = build.chosen_isa() if flags == build.NATIVE_FLAGS else "plain"
+    assert lib.kiln_isa_name().decode() == isa
+    # the products' register width in bits
+    assert lib.kiln_quant_simd() == {"avx512": 512, "avx2": 256, "neon": 128, "plain": 0}[isa]
 
 
 def test_the_attention_kernel_keeps_its_prefetches() -> None:
@@ -44,7 +36,7 @@ def test_the_attention_kernel_keeps_its_prefetches() -> None:
     cc = _compiler()
     if cc is None:
         pytest.skip("no C compiler on this machine")
-    if build.load(build.NATIVE_FLAGS).kiln_quant_simd() != 512:
+    if build.chosen_isa() != "avx512":
         pytest.skip("the AVX-512 attention path is not built on this CPU")
     flags = [f for f in build.NATIVE_FLAGS if f not in ("-shared", "-fPIC")]
     source = build.HERE / "step" / "attention.c"

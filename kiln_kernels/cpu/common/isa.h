@@ -911,4 +911,56 @@ KILN_INLINE void kiln_fp_flush_leave(uint64_t saved) {
 #endif
 }
 
+/* ---- matmul: masks from bits, one half, eight halves (matmul/blocks*.h) */
+/* lane j set where bit j of b is */
+KILN_INLINE vm vm_from_bits(unsigned b) {
+#if defined(KILN_ISA_AVX512)
+    return (__mmask16)b;
+#elif defined(KILN_ISA_AVX2)
+    const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+    const __m256i lo = _mm256_set1_epi32((int32_t)(b & 0xFFu)), hi = _mm256_set1_epi32((int32_t)((b >> 8) & 0xFFu));
+    vm r = { _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(lo, bit), bit)),
+             _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(hi, bit), bit)) };
+    return r;
+#elif defined(KILN_ISA_NEON)
+    static const int32_t bit[16] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768};
+    const int32x4_t v = vdupq_n_s32((int32_t)(b & 0xFFFFu));
+    vm r; for (int k = 0; k < 4; k++) r.q[k] = vtstq_s32(v, vld1q_s32(bit + 4 * k));
+    return r;
+#else
+    return (vm)(b & 0xFFFFu);
+#endif
+}
+
+/* The IEEE half at p (any alignment) as float32: exact, the same bits as kiln_half_to_float. */
+KILN_INLINE float kiln_half_load(const void *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+#if defined(KILN_ISA_AVX512) || defined(KILN_ISA_AVX2)
+    return _cvtsh_ss(h);
+#elif defined(KILN_ISA_NEON)
+    return vgetq_lane_f32(vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(h))), 0);
+#else
+    return kiln_half_to_float(h);
+#endif
+}
+
+/* lanes 0..7 = the 8 IEEE halves in b (little-endian), widened exactly; lanes 8..15 = 0 */
+KILN_INLINE vf vf_from_f16x8(vb b) {
+#if defined(KILN_ISA_AVX512)
+    return _mm512_zextps256_ps512(_mm256_cvtph_ps(b));
+#elif defined(KILN_ISA_AVX2)
+    vf r = { _mm256_cvtph_ps(b), _mm256_setzero_ps() }; return r;
+#elif defined(KILN_ISA_NEON)
+    const uint16x8_t h = vreinterpretq_u16_u8(b);
+    vf r = { { vcvt_f32_f16(vreinterpret_f16_u16(vget_low_u16(h))),
+               vcvt_f32_f16(vreinterpret_f16_u16(vget_high_u16(h))), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f) } };
+    return r;
+#else
+    vf r;
+    KILN_L(r.f[j] = j < 8 ? kiln_half_to_float((uint16_t)(b.b[2 * j] | b.b[2 * j + 1] << 8)) : 0.0f);
+    return r;
+#endif
+}
+
 #endif

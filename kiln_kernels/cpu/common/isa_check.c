@@ -147,6 +147,13 @@ int main(int argc, char **argv) {
     }
     fold("load_store_n", OUT, 17 * 64);
     fold("vi_load_n", IO, 17 * 64);
+    /* matmul: vm_from_bits, kiln_half_load, vf_from_f16x8 */
+    EACH vf_store(OUT + i, vf_select(vm_from_bits((unsigned)I[i]), vf_load(A + i), vf_load(B + i)));
+    fold("vm_from_bits", OUT, sizeof OUT);
+    for (int i = 0; i < N; i++) OUT[i] = kiln_half_load(BY + (i % (N - 1)));
+    fold("half_load", OUT, sizeof OUT);
+    EACH vf_store(OUT + i, vf_from_f16x8(vb_load(BY + i)));
+    fold("f16x8", OUT, sizeof OUT);
     kiln_fp_flush_leave(saved);
     printf("%s %016llx\n", KILN_ISA_NAME, (unsigned long long)total);
     return 0;

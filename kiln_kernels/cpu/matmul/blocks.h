@@ -1,5 +1,5 @@
 /* Every weight format of the products (ids in quant.h): its tile geometry, the scalar weight
- * (the portable path, row lookups) and the in-register unpack (AVX-512), which give the same
+ * (row lookups) and the in-register unpack (isa.h's 16 lanes, every build), which give the same
  * float32 values: gguf-py's, bit for bit (each format's arithmetic is exact but for at most one
  * rounding, done alike by both). Included by gemm.c. */
 #ifndef KILN_BLOCKS_H
@@ -8,24 +8,9 @@
 #include <string.h>
 
 #include "quant.h"
-#include "vmath.h"
+#include "isa.h" /* the ISA layer: the only file that names an instruction set */
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-static inline float kiln_half(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, sizeof h);
-    return _cvtsh_ss(h);
-}
-#else
-static inline float kiln_half(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, sizeof h);
-    return kiln_half_to_float(h);
-}
-#endif
-
-#include "blocks_legacy.h" /* first: kiln_iota */
+#include "blocks_legacy.h"
 #include "blocks_k.h"
 #include "blocks_float.h"
 #include "blocks_iq.h"
@@ -88,7 +73,7 @@ static inline __attribute__((always_inline)) void kf_prep(int fmt, const uint8_t
         if (fmt == KF_Q6_K) k_prep(1, blk + Q6_K_BLOCK * (r0 + r), s[r]);
         if (fmt == KF_Q2_K) k_prep23(0, blk + Q2_K_BLOCK * (r0 + r), s[r]);
         if (fmt == KF_Q3_K) k_prep23(1, blk + Q3_K_BLOCK * (r0 + r), s[r]);
-        if (fmt == KF_IQ4_NL) s[r][0] = kiln_half(blk + IQ4_NL_BLOCK * (r0 + r));
+        if (fmt == KF_IQ4_NL) s[r][0] = kiln_half_load(blk + IQ4_NL_BLOCK * (r0 + r));
         if (fmt == KF_IQ4_XS)
             for (int b = 0; b < 8; b++) s[r][b] = iq4_xs_scale(blk + IQ4_XS_BLOCK * (r0 + r), b);
     }
@@ -104,13 +89,8 @@ static inline __attribute__((always_inline)) void kf_prep(int fmt, const uint8_t
                 const int at = per * r + i;
                 lanes[at / 4] |= (uint64_t)h << (16 * (at % 4));
             }
-        float f[8];
-#if defined(__AVX512F__)
-        _mm256_storeu_ps(f, _mm256_cvtph_ps(_mm_set_epi64x((long long)lanes[1],
-                                                           (long long)lanes[0])));
-#else
-        for (int i = 0; i < 8; i++) f[i] = kiln_half_to_float((uint16_t)(lanes[i / 4] >> (16 * (i % 4))));
-#endif
+        float f[16];
+        vf_store(f, vf_from_f16x8(vb_from_u64(lanes[0], lanes[1])));
         for (int r = 0; r < RR; r++) {
             s[r][0] = f[per * r];
             s[r][1] = f[per * r + per - 1];
@@ -118,12 +98,11 @@ static inline __attribute__((always_inline)) void kf_prep(int fmt, const uint8_t
     }
 }
 
-#if defined(__AVX512F__)
 /* Weights 32j..32j+15 (lo) and 32j+16..32j+31 (hi) of row r of tile block blk (s: that row's
  * kf_prep scales). */
 static inline __attribute__((always_inline)) void kf_unpack(int fmt, const uint8_t *blk, int r,
-                                                           int j, const float *s, __m512 *lo,
-                                                           __m512 *hi) {
+                                                           int j, const float *s, vf *lo,
+                                                           vf *hi) {
     switch (fmt) {
     case KF_Q4: u_q4(blk, r, lo, hi); break;
     case KF_Q8: u_q8(blk, r, lo, hi); break;
@@ -141,6 +120,4 @@ static inline __attribute__((always_inline)) void kf_unpack(int fmt, const uint8
     default: u_f32(blk, r, lo, hi); break;
     }
 }
-#endif
-
 #endif

@@ -4,7 +4,7 @@
 #ifndef KILN_BLOCKS_FLOAT_H
 #define KILN_BLOCKS_FLOAT_H
 
-static inline float w_f16(const uint8_t *blk, int r, int j) { return kiln_half(blk + 64 * r + 2 * j); }
+static inline float w_f16(const uint8_t *blk, int r, int j) { return kiln_half_load(blk + 64 * r + 2 * j); }
 
 static inline float w_bf16(const uint8_t *blk, int r, int j) {
     uint16_t h;
@@ -21,29 +21,25 @@ static inline float w_f32(const uint8_t *blk, int r, int j) {
     return f;
 }
 
-#if defined(__AVX512F__)
-static inline __attribute__((always_inline)) void u_f16(const uint8_t *blk, int r, __m512 *lo,
-                                                       __m512 *hi) {
+static inline __attribute__((always_inline)) void u_f16(const uint8_t *blk, int r, vf *lo,
+                                                       vf *hi) {
     const uint8_t *p = blk + 64 * r;
-    *lo = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
-    *hi = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32)));
+    *lo = vf_load_f16(p);
+    *hi = vf_load_f16(p + 32);
 }
 
-static inline __attribute__((always_inline)) void u_bf16(const uint8_t *blk, int r, __m512 *lo,
-                                                        __m512 *hi) {
+static inline __attribute__((always_inline)) void u_bf16(const uint8_t *blk, int r, vf *lo,
+                                                        vf *hi) {
     const uint8_t *p = blk + 64 * r;
-    *lo = _mm512_castsi512_ps(_mm512_slli_epi32(
-        _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
-    *hi = _mm512_castsi512_ps(_mm512_slli_epi32(
-        _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p + 32))), 16));
+    *lo = vf_load_bf16(p);
+    *hi = vf_load_bf16(p + 32);
 }
 
-static inline __attribute__((always_inline)) void u_f32(const uint8_t *blk, int r, __m512 *lo,
-                                                       __m512 *hi) {
+static inline __attribute__((always_inline)) void u_f32(const uint8_t *blk, int r, vf *lo,
+                                                       vf *hi) {
     const float *p = (const float *)(blk + 128 * r);
-    *lo = _mm512_loadu_ps(p);
-    *hi = _mm512_loadu_ps(p + 16);
+    *lo = vf_load(p);
+    *hi = vf_load(p + 16);
 }
-#endif
 
 #endif

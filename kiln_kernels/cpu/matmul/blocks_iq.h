@@ -26,12 +26,12 @@ static inline float iq4_xs_scale(const uint8_t *p, int b) {
     uint16_t h;
     memcpy(&h, p + 2, sizeof h);
     const int ls = ((p[4 + b / 2] >> (4 * (b & 1))) & 0x0F) | (((h >> (2 * b)) & 3) << 4);
-    return kiln_half(p) * (float)(ls - 32);
+    return kiln_half_load(p) * (float)(ls - 32);
 }
 
 static inline float w_iq4_nl(const uint8_t *blk, int r, int j) {
     const uint8_t *p = blk + IQ4_NL_BLOCK * r;
-    return kiln_half(p) * iq4_value(p + 2, j);
+    return kiln_half_load(p) * iq4_value(p + 2, j);
 }
 
 static inline float w_iq4_xs(const uint8_t *blk, int r, int e) {
@@ -39,16 +39,14 @@ static inline float w_iq4_xs(const uint8_t *blk, int r, int e) {
     return iq4_xs_scale(p, e / 32) * iq4_value(p + 8 + 16 * (e / 32), e % 32);
 }
 
-#if defined(__AVX512F__)
-/* The 32 weights whose indices are the 16 bytes at qs, scale d: vpermps on the low 4 bits of
+/* The 32 weights whose indices are the 16 bytes at qs, scale d: looked up on the low 4 bits of
  * each lane of the table d * value (16 exact products). */
-static inline __attribute__((always_inline)) void u_iq4(const uint8_t *qs, float d, __m512 *lo,
-                                                       __m512 *hi) {
-    const __m512 tab = _mm512_mul_ps(_mm512_set1_ps(d), _mm512_loadu_ps(kiln_iq4_values));
-    const __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)qs));
-    *lo = _mm512_permutexvar_ps(idx, tab);
-    *hi = _mm512_permutexvar_ps(_mm512_srli_epi32(idx, 4), tab);
+static inline __attribute__((always_inline)) void u_iq4(const uint8_t *qs, float d, vf *lo,
+                                                       vf *hi) {
+    const vf tab = vf_mul(vf_set1(d), vf_load(kiln_iq4_values));
+    const vi idx = vi_load_u8(qs);
+    *lo = vf_lookup16(tab, idx);
+    *hi = vf_lookup16(tab, vi_srl(idx, 4));
 }
-#endif
 
 #endif

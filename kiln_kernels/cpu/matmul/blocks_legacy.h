@@ -39,87 +39,73 @@ static inline int q5_value(const uint8_t *p, int j) {
 
 static inline float w_q5_0(const uint8_t *blk, int r, int j) {
     const uint8_t *p = blk + Q5_0_BLOCK * r;
-    return kiln_half(p) * (float)(q5_value(p + 2, j) - 16);
+    return kiln_half_load(p) * (float)(q5_value(p + 2, j) - 16);
 }
 
 static inline float w_q5_1(const uint8_t *blk, int r, int j) {
     const uint8_t *p = blk + Q5_1_BLOCK * r;
-    return kiln_half(p) * (float)q5_value(p + 4, j) + kiln_half(p + 2);
+    return kiln_half_load(p) * (float)q5_value(p + 4, j) + kiln_half_load(p + 2);
 }
 
-#if defined(__AVX512F__)
-static inline __m512 kiln_iota(void) {
-    return _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-}
-
-/* The 16 values d * j + m (j = 0..15): vpermps indexes it with the low 4 bits of each lane. */
-static inline __m512 q4_table(float d, float mn) {
-    return _mm512_fmadd_ps(_mm512_set1_ps(d), kiln_iota(), _mm512_set1_ps(mn));
-}
-
-static inline __attribute__((always_inline)) void u_q4(const uint8_t *blk, int r, __m512 *lo,
-                                                      __m512 *hi) {
+/* Weights 0..15 and 16..31 of row r: the 16 values d * j + m (j = 0..15, one FMA each, the
+ * scalar weight's one rounding) looked up by the low 4 bits of each lane. */
+static inline __attribute__((always_inline)) void u_q4(const uint8_t *blk, int r, vf *lo,
+                                                      vf *hi) {
     const float *sc = (const float *)blk;
-    const __m512 tab = q4_table(sc[2 * r], sc[2 * r + 1]);
-    const __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 32 + 16 * r)));
-    *lo = _mm512_permutexvar_ps(idx, tab);
-    *hi = _mm512_permutexvar_ps(_mm512_srli_epi32(idx, 4), tab);
+    const vf tab = vf_fma(vf_set1(sc[2 * r]), vf_iota(), vf_set1(sc[2 * r + 1]));
+    const vi idx = vi_load_u8(blk + 32 + 16 * r);
+    *lo = vf_lookup16(tab, idx);
+    *hi = vf_lookup16(tab, vi_srl(idx, 4));
 }
 
-static inline __attribute__((always_inline)) void u_q8(const uint8_t *blk, int r, __m512 *lo,
-                                                      __m512 *hi) {
-    const __m512 vd = _mm512_set1_ps(((const float *)blk)[r]);
+static inline __attribute__((always_inline)) void u_q8(const uint8_t *blk, int r, vf *lo,
+                                                      vf *hi) {
+    const vf vd = vf_set1(((const float *)blk)[r]);
     const uint8_t *q = blk + 16 + 32 * r;
-    *lo = _mm512_mul_ps(vd, _mm512_cvtepi32_ps(
-                                _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q))));
-    *hi = _mm512_mul_ps(vd, _mm512_cvtepi32_ps(
-                                _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 16)))));
+    *lo = vf_mul(vd, vf_from_i(vi_load_i8(q)));
+    *hi = vf_mul(vd, vf_from_i(vi_load_i8(q + 16)));
 }
 
 /* Q5_0: weights 0..15 and 16..31 (qh at p, qs at p + 4) from two 16-entry tables
- * (lo_tab: q = 0..15, hi_tab: q = 16..31): vpermps on the low 4 bits from lo_tab, then again
- * from hi_tab in the lanes whose fifth bit (a mask loaded from qh) is set. */
-static inline __attribute__((always_inline)) void u_q5(const uint8_t *p, __m512 lo_tab,
-                                                      __m512 hi_tab, __m512 *lo, __m512 *hi) {
+ * (lo_tab: q = 0..15, hi_tab: q = 16..31): looked up on the low 4 bits from lo_tab, and from
+ * hi_tab in the lanes whose fifth bit (a mask from qh) is set. */
+static inline __attribute__((always_inline)) void u_q5(const uint8_t *p, vf lo_tab, vf hi_tab,
+                                                      vf *lo, vf *hi) {
     uint16_t ml, mh;
     memcpy(&ml, p, 2);
     memcpy(&mh, p + 2, 2);
-    const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 4)));
-    const __m512i bh = _mm512_srli_epi32(b, 4);
-    *lo = _mm512_mask_permutexvar_ps(_mm512_permutexvar_ps(b, lo_tab), (__mmask16)ml, b, hi_tab);
-    *hi = _mm512_mask_permutexvar_ps(_mm512_permutexvar_ps(bh, lo_tab), (__mmask16)mh, bh,
-                                     hi_tab);
+    const vi b = vi_load_u8(p + 4);
+    const vi bh = vi_srl(b, 4);
+    *lo = vf_select(vm_from_bits(ml), vf_lookup16(hi_tab, b), vf_lookup16(lo_tab, b));
+    *hi = vf_select(vm_from_bits(mh), vf_lookup16(hi_tab, bh), vf_lookup16(lo_tab, bh));
 }
 
 static inline __attribute__((always_inline)) void u_q5_0(const uint8_t *blk, int r,
-                                                        const float *s, __m512 *lo, __m512 *hi) {
-    const __m512 vd = _mm512_set1_ps(s[0]); /* kf_prep: d */
-    const __m512 lo_tab = _mm512_mul_ps(vd, _mm512_sub_ps(kiln_iota(), _mm512_set1_ps(16.0f)));
-    u_q5(blk + Q5_0_BLOCK * r + 2, lo_tab, _mm512_mul_ps(vd, kiln_iota()), lo, hi); /* exact */
+                                                        const float *s, vf *lo, vf *hi) {
+    const vf vd = vf_set1(s[0]); /* kf_prep: d */
+    const vf lo_tab = vf_mul(vd, vf_sub(vf_iota(), vf_set1(16.0f)));
+    u_q5(blk + Q5_0_BLOCK * r + 2, lo_tab, vf_mul(vd, vf_iota()), lo, hi); /* exact */
 }
 
 /* Q5_1 another way: the 5-bit values as floats (the nibbles, 16 or-ed in where qh's bit is
  * set), then d * q + m as one FMA (d * q is exact: gguf-py's one rounding, as the table's). It
  * spends one shuffle-port op a half where the tables spend two vpermps and their products:
- * one-row products 0.324-0.326 -> 0.276-0.278 ms on bench_formats' matrix (one thread,
+ * one-row products 0.324-0.326 -> 0.276-0.278 ms on bench_formats' matrix (AVX-512, one thread,
  * alternated, 2026-12-02); for Q5_0 it was no faster (0.26 ms either way) and 3% slower at
  * M = 8, so Q5_0 keeps its tables. */
 static inline __attribute__((always_inline)) void u_q5_1(const uint8_t *blk, int r,
-                                                        const float *s, __m512 *lo, __m512 *hi) {
+                                                        const float *s, vf *lo, vf *hi) {
     const uint8_t *p = blk + Q5_1_BLOCK * r + 4; /* qh, then qs */
-    const __m512 vd = _mm512_set1_ps(s[0]), vm = _mm512_set1_ps(s[1]); /* kf_prep: d, m */
+    const vf vd = vf_set1(s[0]), vmn = vf_set1(s[1]); /* kf_prep: d, m */
     uint16_t ml, mh;
     memcpy(&ml, p, 2);
     memcpy(&mh, p + 2, 2);
-    const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 4)));
-    const __m512i q0 = _mm512_and_si512(b, _mm512_set1_epi32(15));
-    const __m512i q1 = _mm512_srli_epi32(b, 4);
-    const __m512i bit = _mm512_set1_epi32(16);
-    *lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_mask_or_epi32(q0, (__mmask16)ml, q0, bit)),
-                          vd, vm);
-    *hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_mask_or_epi32(q1, (__mmask16)mh, q1, bit)),
-                          vd, vm);
+    const vi b = vi_load_u8(p + 4);
+    const vi q0 = vi_and(b, vi_set1(15));
+    const vi q1 = vi_srl(b, 4);
+    const vi bit = vi_set1(16);
+    *lo = vf_fma(vf_from_i(vi_select(vm_from_bits(ml), vi_or(q0, bit), q0)), vd, vmn);
+    *hi = vf_fma(vf_from_i(vi_select(vm_from_bits(mh), vi_or(q1, bit), q1)), vd, vmn);
 }
-#endif
 
 #endif

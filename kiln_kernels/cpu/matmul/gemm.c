@@ -10,8 +10,9 @@
  *
  * Every (m, n) output is accumulated in the same order whatever M is and however tiles are split
  * across threads (one vector accumulator: acc += w[0:16] * x[0:16], then acc += w[16:32] *
- * x[16:32], block by block, then one fixed reduction tree, reduce4), so a row's result never
- * depends on the rest of the batch.
+ * x[16:32], block by block, then one fixed reduction tree, isa.h's vf_hsum4), so a row's result
+ * never depends on the rest of the batch, the blocking or the ISA build (common/isa.h: one
+ * algorithm on every build, the same bits).
  * Register blocking (block_pass): up to 8 activation rows x 2 or 4 tile rows per pass (9-12
  * rows: 6 x 4, then the rest x 4), so every dequantized weight vector feeds up to 8 FMAs from
  * registers (measured here, 8 rows in L2: 4.0
@@ -28,35 +29,78 @@
 
 #define PREFETCH 3072 /* bytes ahead in the tile stream (measured: 2-4 KiB is best here) */
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
+/* The FMAs of one 32-weight block for an (MR x RR) register block: acc[i][r] = lo[r] * x0_i +
+ * acc, then hi[r] * x1_i + that; x0_i, x1_i = x[i][k..k+16), x[i][k+16..k+32). The order of each
+ * output's operations is fixed; only the order in which the outputs are visited depends on the
+ * register file: with 32 vf (AVX-512) all rows' weights are unpacked first and each x vector is
+ * loaded once for RR FMAs (today's scheme); with 8 vf (AVX2's 16 ymm, NEON, plain) a weight row
+ * is unpacked and used at once (its lo and hi take 2 vf, the x vectors come from memory), so
+ * the accumulators can have the rest. UNPACK(r, lo, hi) writes row r's weights. */
+#if KILN_VREGS >= 32
+#define KILN_ROWS_FIRST 0
+#else
+#define KILN_ROWS_FIRST 1
+#endif
 
-/* The sums of four vectors, each by the same tree whatever its neighbours: lane j + lane j+8,
- * then + (j+4), + (j+2), + (j+1). Returns [sum a, sum b, sum c, sum d]. */
-static inline __attribute__((always_inline)) __m128 reduce4(__m512 a, __m512 b, __m512 c,
-                                                           __m512 d) {
-    /* ab = [a j+(j+8) for j < 8 | b likewise] */
-    const __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44),
-                                    _mm512_shuffle_f32x4(a, b, 0xEE));
-    const __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, 0x44),
-                                    _mm512_shuffle_f32x4(c, d, 0xEE));
-    /* v = [a, b, c, d] 4 lanes each: + (j+4) */
-    __m512 v = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88),
-                             _mm512_shuffle_f32x4(ab, cd, 0xDD));
-    v = _mm512_add_ps(v, _mm512_permute_ps(v, 0x4E));
-    v = _mm512_add_ps(v, _mm512_permute_ps(v, 0xB1));
-    const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
-    return _mm512_castps512_ps128(_mm512_permutexvar_ps(idx, v));
+#define FMA_BLOCK(MR, RR, xb, K, k, acc, UNPACK)                                              \
+    do {                                                                                      \
+        if (KILN_ROWS_FIRST) {                                                                \
+            _Pragma("GCC unroll 4") for (int r = 0; r < (RR); r++) {                          \
+                vf lo_, hi_;                                                                  \
+                UNPACK(r, lo_, hi_);                                                          \
+                _Pragma("GCC unroll 8") for (int i = 0; i < (MR); i++)                        \
+                    acc[i][r] = vf_fma(lo_, vf_load((xb) + i * (K) + (k)), acc[i][r]);        \
+                _Pragma("GCC unroll 8") for (int i = 0; i < (MR); i++)                        \
+                    acc[i][r] = vf_fma(hi_, vf_load((xb) + i * (K) + (k) + 16), acc[i][r]);   \
+            }                                                                                 \
+        } else {                                                                              \
+            vf lo_[4], hi_[4];                                                                \
+            _Pragma("GCC unroll 4") for (int r = 0; r < (RR); r++) UNPACK(r, lo_[r], hi_[r]); \
+            _Pragma("GCC unroll 8") for (int i = 0; i < (MR); i++) {                          \
+                const vf x0 = vf_load((xb) + i * (K) + (k));                                  \
+                _Pragma("GCC unroll 4") for (int r = 0; r < (RR); r++)                        \
+                    acc[i][r] = vf_fma(lo_[r], x0, acc[i][r]);                                \
+            }                                                                                 \
+            _Pragma("GCC unroll 8") for (int i = 0; i < (MR); i++) {                          \
+                const vf x1 = vf_load((xb) + i * (K) + (k) + 16);                             \
+                _Pragma("GCC unroll 4") for (int r = 0; r < (RR); r++)                        \
+                    acc[i][r] = vf_fma(hi_[r], x1, acc[i][r]);                                \
+            }                                                                                 \
+        }                                                                                     \
+    } while (0)
+
+/* The MR x RR outputs' sums (vf_hsum4: each the same tree whatever its neighbours) to
+ * y[(m0 + i) * N + n0 + r0 + r]. */
+static inline __attribute__((always_inline)) void store_sums(int MR, int RR, vf (*acc)[4],
+                                                            float *y, int64_t N, int64_t m0,
+                                                            int64_t n0) {
+    if (RR == 4) {
+        for (int i = 0; i < MR; i++)
+            vf_hsum4(acc[i][0], acc[i][1], acc[i][2], acc[i][3], y + (m0 + i) * N + n0);
+        return;
+    }
+    float out[32];
+    const vf z = vf_zero();
+#pragma GCC unroll 8
+    for (int t = 0; t < MR * RR; t += 4) {
+        vf v[4];
+        for (int u = 0; u < 4; u++)
+            v[u] = t + u < MR * RR ? acc[(t + u) / RR][(t + u) % RR] : z;
+        vf_hsum4(v[0], v[1], v[2], v[3], out + t);
+    }
+    for (int i = 0; i < MR; i++)
+        for (int r = 0; r < RR; r++) y[(m0 + i) * N + n0 + r] = out[i * RR + r];
 }
+
 /* A (MR x RR) register block: activation rows [m0, m0 + MR) against tile rows [r0, r0 + RR),
  * over all K. Every output (m, n) is one accumulator: acc += lo * x[0:16]; acc += hi * x[16:32],
  * 32 weights at a time, then one reduction, whatever MR/RR/M are. */
 static inline __attribute__((always_inline)) void block_pass(
         int fmt, int MR, int RR, const float *x, int64_t K, int64_t m0, int r0,
         const uint8_t *tile, float *y, int64_t N, int64_t n0) {
-    __m512 acc[8][4];
+    vf acc[8][4];
     for (int i = 0; i < MR; i++)
-        for (int r = 0; r < RR; r++) acc[i][r] = _mm512_setzero_ps();
+        for (int r = 0; r < RR; r++) acc[i][r] = vf_zero();
     const int64_t subs = kf_qk(fmt) / 32, tb = kf_tile(fmt), per32 = tb / subs;
     const float *xb = x + m0 * K;
     float s[4][32]; /* kf_prep: each row's float scales of the (super-)block */
@@ -66,37 +110,13 @@ static inline __attribute__((always_inline)) void block_pass(
 #pragma GCC unroll 8
         for (int j = 0; j < subs; j++) { /* unrolled: the sub-block's offsets are constants */
             const int64_t b = sb * subs + j;
-            for (int64_t o = 0; o < per32; o += 64)
-                _mm_prefetch((const char *)(tile + b * per32 + PREFETCH + o), _MM_HINT_T0);
-            __m512 lo[4], hi[4];
-            for (int r = 0; r < RR; r++) kf_unpack(fmt, blk, r0 + r, j, s[r], &lo[r], &hi[r]);
-            for (int i = 0; i < MR; i++) {
-                const __m512 x0 = _mm512_loadu_ps(xb + i * K + b * 32);
-                for (int r = 0; r < RR; r++) acc[i][r] = _mm512_fmadd_ps(lo[r], x0, acc[i][r]);
-            }
-            for (int i = 0; i < MR; i++) {
-                const __m512 x1 = _mm512_loadu_ps(xb + i * K + b * 32 + 16);
-                for (int r = 0; r < RR; r++) acc[i][r] = _mm512_fmadd_ps(hi[r], x1, acc[i][r]);
-            }
+            for (int64_t o = 0; o < per32; o += 64) kiln_prefetch(tile + b * per32 + PREFETCH + o);
+#define UNPACK_TILE(r, lo, hi) kf_unpack(fmt, blk, r0 + (r), j, s[r], &(lo), &(hi))
+            FMA_BLOCK(MR, RR, xb, K, b * 32, acc, UNPACK_TILE);
+#undef UNPACK_TILE
         }
     }
-    if (RR == 4) {
-        for (int i = 0; i < MR; i++)
-            _mm_storeu_ps(y + (m0 + i) * N + n0 + r0,
-                          reduce4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));
-    } else {
-        int i = 0;
-        for (; i + 2 <= MR; i += 2) {
-            const __m128 s = reduce4(acc[i][0], acc[i][1], acc[i + 1][0], acc[i + 1][1]);
-            _mm_storel_pi((__m64 *)(y + (m0 + i) * N + n0 + r0), s);
-            _mm_storeh_pi((__m64 *)(y + (m0 + i + 1) * N + n0 + r0), s);
-        }
-        if (i < MR) {
-            const __m512 z = _mm512_setzero_ps();
-            _mm_storel_pi((__m64 *)(y + (m0 + i) * N + n0 + r0),
-                          reduce4(acc[i][0], acc[i][1], z, z));
-        }
-    }
+    store_sums(MR, RR, acc, y, N, m0, n0 + r0);
 }
 
 #define PASS(MR, RR)                                                                        \
@@ -104,11 +124,18 @@ static inline __attribute__((always_inline)) void block_pass(
         block_pass(fmt, MR, RR, x, K, m0, r0, tile, y, N, n0)
 
 /* Many rows (M >= PANEL_MIN): the tile's 4 weight rows are dequantized once into an L1 panel
- * (the same values unpack() gives), then PANEL_MR rows at a time run against it with every
- * output's operations in block_pass's order (lo then hi FMA per block, then reduce4), so each
- * output has the same bits as on the register-blocked path: a row never depends on M. */
+ * (the same values kf_unpack gives), then PANEL_MR rows (x PANEL_RR weight rows) at a time run
+ * against it with every output's operations in block_pass's order (lo then hi FMA per block,
+ * then vf_hsum4), so each output has the same bits as on the register-blocked path: a row never
+ * depends on M. */
 #define PANEL_MIN 32
+#if KILN_VREGS >= 32
 #define PANEL_MR 6
+#define PANEL_RR 4
+#else
+#define PANEL_MR 4
+#define PANEL_RR 1
+#endif
 
 static float *panel_buffer(int64_t floats) {
     static __thread float *buf;
@@ -121,27 +148,21 @@ static float *panel_buffer(int64_t floats) {
     return buf;
 }
 
-static inline __attribute__((always_inline)) void panel_pass(int MR, const float *x, int64_t K,
-                                                            int64_t m0, const float *panel,
-                                                            float *y, int64_t N, int64_t n0) {
-    __m512 acc[PANEL_MR][4];
+static inline __attribute__((always_inline)) void panel_pass(int MR, int RR, const float *x,
+                                                            int64_t K, int64_t m0, int r0,
+                                                            const float *panel, float *y,
+                                                            int64_t N, int64_t n0) {
+    vf acc[PANEL_MR][4];
     for (int i = 0; i < MR; i++)
-        for (int r = 0; r < 4; r++) acc[i][r] = _mm512_setzero_ps();
+        for (int r = 0; r < RR; r++) acc[i][r] = vf_zero();
     const float *xb = x + m0 * K;
     for (int64_t k = 0; k < K; k += 32) {
-        for (int i = 0; i < MR; i++) {
-            const __m512 x0 = _mm512_loadu_ps(xb + i * K + k);
-            for (int r = 0; r < 4; r++)
-                acc[i][r] = _mm512_fmadd_ps(_mm512_load_ps(panel + r * K + k), x0, acc[i][r]);
-        }
-        for (int i = 0; i < MR; i++) {
-            const __m512 x1 = _mm512_loadu_ps(xb + i * K + k + 16);
-            for (int r = 0; r < 4; r++)
-                acc[i][r] = _mm512_fmadd_ps(_mm512_load_ps(panel + r * K + k + 16), x1, acc[i][r]);
-        }
+#define UNPACK_PANEL(r, lo, hi)                                                               \
+        ((lo) = vf_load(panel + (r0 + (r)) * K + k), (hi) = vf_load(panel + (r0 + (r)) * K + k + 16))
+        FMA_BLOCK(MR, RR, xb, K, k, acc, UNPACK_PANEL);
+#undef UNPACK_PANEL
     }
-    for (int i = 0; i < MR; i++)
-        _mm_storeu_ps(y + (m0 + i) * N + n0, reduce4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));
+    store_sums(MR, RR, acc, y, N, m0, n0 + r0);
 }
 
 /* Returns 0 when no panel could be allocated (the caller then takes the register path). */
@@ -154,25 +175,30 @@ static inline __attribute__((always_inline)) int tile_panel(int fmt, const float
     float s[4][32];
     for (int64_t b = 0; b < K / 32; b++)
         for (int r = 0; r < 4; r++) {
-            __m512 lo, hi;
+            vf lo, hi;
             if (b % subs == 0 && r == 0) kf_prep(fmt, tile + (b / subs) * tb, 0, 4, s);
             kf_unpack(fmt, tile + (b / subs) * tb, r, (int)(b % subs), s[r], &lo, &hi);
-            _mm512_store_ps(panel + r * K + 32 * b, lo);
-            _mm512_store_ps(panel + r * K + 32 * b + 16, hi);
+            vf_store(panel + r * K + 32 * b, lo);
+            vf_store(panel + r * K + 32 * b + 16, hi);
         }
-    for (int64_t m0 = 0; m0 < M; m0 += PANEL_MR) {
-        switch (M - m0 >= PANEL_MR ? PANEL_MR : M - m0) {
-        case 6: panel_pass(6, x, K, m0, panel, y, N, n0); break;
-        case 5: panel_pass(5, x, K, m0, panel, y, N, n0); break;
-        case 4: panel_pass(4, x, K, m0, panel, y, N, n0); break;
-        case 3: panel_pass(3, x, K, m0, panel, y, N, n0); break;
-        case 2: panel_pass(2, x, K, m0, panel, y, N, n0); break;
-        default: panel_pass(1, x, K, m0, panel, y, N, n0); break;
+    for (int r0 = 0; r0 < 4; r0 += PANEL_RR)
+        for (int64_t m0 = 0; m0 < M; m0 += PANEL_MR) {
+            switch (M - m0 >= PANEL_MR ? PANEL_MR : M - m0) {
+#if PANEL_MR > 4
+            case 6: panel_pass(6, PANEL_RR, x, K, m0, r0, panel, y, N, n0); break;
+            case 5: panel_pass(5, PANEL_RR, x, K, m0, r0, panel, y, N, n0); break;
+#endif
+            case 4: panel_pass(4, PANEL_RR, x, K, m0, r0, panel, y, N, n0); break;
+            case 3: panel_pass(3, PANEL_RR, x, K, m0, r0, panel, y, N, n0); break;
+            case 2: panel_pass(2, PANEL_RR, x, K, m0, r0, panel, y, N, n0); break;
+            default: panel_pass(1, PANEL_RR, x, K, m0, r0, panel, y, N, n0); break;
+            }
         }
-    }
     return 1;
 }
 
+#if KILN_VREGS >= 32
+/* 32 vf (AVX-512): up to 8 activation rows x 2 or 4 tile rows per pass. */
 static inline __attribute__((always_inline)) void tile_all(int fmt, const float *x, int64_t M,
                                                           int64_t K, const uint8_t *tile,
                                                           float *y, int64_t N, int64_t n0) {
@@ -197,25 +223,36 @@ static inline __attribute__((always_inline)) void tile_all(int fmt, const float 
     default: break;
     }
 }
-
-int kiln_quant_simd(void) { return 512; }
-
 #else
-/* Portable path: the same weights; one fixed summation order per output. */
-static void tile_all(int fmt, const float *x, int64_t M, int64_t K, const uint8_t *tile,
-                     float *y, int64_t N, int64_t n0) {
-    const int64_t qk = kf_qk(fmt), tb = kf_tile(fmt);
-    for (int64_t m = 0; m < M; m++)
-        for (int r = 0; r < 4; r++) {
-            float acc = 0.0f;
-            for (int64_t k = 0; k < K; k++)
-                acc += kf_weight(fmt, tile + (k / qk) * tb, r, (int)(k % qk)) * x[m * K + k];
-            y[m * N + n0 + r] = acc;
-        }
+/* 8 vf (AVX2's 16 ymm, NEON's 32 q, plain): at most 4 accumulators (8 ymm) a pass, a weight row
+ * unpacked and used at once (KILN_ROWS_FIRST). */
+static inline __attribute__((always_inline)) void tile_all(int fmt, const float *x, int64_t M,
+                                                          int64_t K, const uint8_t *tile,
+                                                          float *y, int64_t N, int64_t n0) {
+    if (M >= PANEL_MIN && tile_panel(fmt, x, M, K, tile, y, N, n0)) return;
+    int64_t m0 = 0;
+    for (; m0 + 4 <= M; m0 += 4) PASS(4, 1);
+    switch (M - m0) {
+    case 3: PASS(3, 1); break;
+    case 2: PASS(2, 2); break;
+    case 1: PASS(1, 4); break;
+    default: break;
+    }
 }
-
-int kiln_quant_simd(void) { return 0; }
 #endif
+
+/* The width of the ISA layer's registers in bits (512 AVX-512, 256 AVX2, 128 NEON, 0 plain C). */
+int kiln_quant_simd(void) {
+#if defined(KILN_ISA_AVX512)
+    return 512;
+#elif defined(KILN_ISA_AVX2)
+    return 256;
+#elif defined(KILN_ISA_NEON)
+    return 128;
+#else
+    return 0;
+#endif
+}
 
 /* The ISA layer's build (common/isa.h): "avx512", "avx2", "neon" or "plain". */
 const char *kiln_isa_name(void) { return KILN_ISA_NAME; }
