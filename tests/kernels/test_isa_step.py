@@ -53,7 +53,10 @@ def _caches(w: CpuStepWeights, dtype: str, seed: int) -> tuple[list[Any], list[A
 
 def _step(rows_of: list[tuple[int, int]]) -> dict[str, np.ndarray]:
     """Sequence i's rows at positions start..start+n-1 (its blocks i*TABLE..)."""
-    lens, tables, slots, first = [], [], [], []
+    lens: list[int] = []
+    tables: list[list[int]] = []
+    slots: list[int] = []
+    first: list[int] = []
     for i, (start, n) in enumerate(rows_of):
         table = [i * TABLE + b for b in range(TABLE)]
         head = len(lens)
@@ -141,7 +144,7 @@ def test_rotary_cos_sin() -> None:
     for theta in (1e4, 1e6):
         inv = (1.0 / theta ** (np.arange(0, 128, 2, dtype=np.float32) / 128)).astype(np.float32)
         angles.append((pos.astype(np.float32)[:, None] * inv[None, :]).ravel())
-    angle = np.concatenate(angles + [np.float32([0.0, 1e-30, -1.0, np.pi, -7.5e5])])
+    angle = np.concatenate([*angles, np.array([0.0, 1e-30, -1.0, np.pi, -7.5e5], np.float32)])
     angle = angle.astype(np.float32)
     c, s = _cos_sin(ISAS[0], angle)
     for isa in ISAS[1:]:
