@@ -963,4 +963,25 @@ KILN_INLINE vf vf_from_f16x8(vb b) {
 #endif
 }
 
+/* lane j = d * (idx_j & 15) + m, one rounding (a 16-entry table of an affine map: one
+ * permute of the table on AVX-512, the arithmetic elsewhere; the same fma either way) */
+KILN_INLINE vf vf_affine16(float d, float m, vi idx) {
+#if defined(KILN_ISA_AVX512)
+    return _mm512_permutexvar_ps(idx, _mm512_fmadd_ps(_mm512_set1_ps(d), vf_iota(), _mm512_set1_ps(m)));
+#else
+    return vf_fma(vf_set1(d), vf_from_i(vi_and(idx, vi_set1(15))), vf_set1(m));
+#endif
+}
+
+/* lane j = d * (idx_j & 31) + m, one rounding (a 32-entry table of an affine map) */
+KILN_INLINE vf vf_affine32(float d, float m, vi idx) {
+#if defined(KILN_ISA_AVX512)
+    const __m512 vd = _mm512_set1_ps(d), vmn = _mm512_set1_ps(m), io = vf_iota();
+    return _mm512_permutex2var_ps(_mm512_fmadd_ps(vd, io, vmn), idx,
+                                  _mm512_fmadd_ps(vd, _mm512_add_ps(io, _mm512_set1_ps(16.0f)), vmn));
+#else
+    return vf_fma(vf_set1(d), vf_from_i(vi_and(idx, vi_set1(31))), vf_set1(m));
+#endif
+}
+
 #endif

@@ -154,6 +154,10 @@ int main(int argc, char **argv) {
     fold("half_load", OUT, sizeof OUT);
     EACH vf_store(OUT + i, vf_from_f16x8(vb_load(BY + i)));
     fold("f16x8", OUT, sizeof OUT);
+    EACH vf_store(OUT + i, vf_affine16(A[i], B[i], vi_load(I + i)));
+    fold("affine16", OUT, sizeof OUT);
+    EACH vf_store(OUT + i, vf_affine32(A[i], B[i], vi_load(I + i)));
+    fold("affine32", OUT, sizeof OUT);
     kiln_fp_flush_leave(saved);
     printf("%s %016llx\n", KILN_ISA_NAME, (unsigned long long)total);
     return 0;

@@ -154,26 +154,22 @@ static inline __attribute__((always_inline)) void k_prep23(int q3, const uint8_t
 static inline __attribute__((always_inline)) void u_q4_k(const uint8_t *blk, int r, int j,
                                                         const float *s, vf *lo, vf *hi) {
     const uint8_t *q = blk + Q4_K_BLOCK * r + 16 + 32 * (j / 2);
-    const vf tab = vf_fma(vf_set1(s[j]), vf_iota(), vf_set1(s[8 + j]));
     vi a = vi_load_u8(q);
     vi b = vi_load_u8(q + 16);
     if (j & 1) {
         a = vi_srl(a, 4);
         b = vi_srl(b, 4);
     }
-    *lo = vf_lookup16(tab, a); /* the lookup reads the low 4 bits */
-    *hi = vf_lookup16(tab, b);
+    *lo = vf_affine16(s[j], s[8 + j], a); /* (d * sc) * q - dmin * m: the low 4 bits */
+    *hi = vf_affine16(s[j], s[8 + j], b);
 }
 
 static inline __attribute__((always_inline)) void u_q5_k(const uint8_t *blk, int r, int j,
                                                         const float *s, vf *lo, vf *hi) {
     const uint8_t *p = blk + Q5_K_BLOCK * r;
-    const vf vd = vf_set1(s[j]), vmn = vf_set1(s[8 + j]);
-    const vf lo_tab = vf_fma(vd, vf_iota(), vmn);
-    const vf hi_tab = vf_fma(vd, vf_add(vf_iota(), vf_set1(16.0f)), vmn);
     const uint8_t *q = p + 48 + 32 * (j / 2);
     /* The 5-bit index (nibble | bit j of qh << 4) is formed on the 16 bytes before they are
-     * widened: one widening and one two-table lookup per 16 weights (it had widened qh too and
+     * widened: one widening and one vf_affine32 per 16 weights (it had widened qh too and
      * tested it in 32-bit lanes: M = 1 products 0.178 -> 0.147 ms, bench.bench_formats). A
      * 16-bit shift moves the bits within each byte; what crosses from the other byte is masked
      * off. */
@@ -184,7 +180,7 @@ static inline __attribute__((always_inline)) void u_q5_k(const uint8_t *blk, int
         const vb qh = vb_load(p + 16 + 16 * h);
         const vb b = j >= 4 ? vb_srl16(qh, j - 4) : vb_sll16(qh, 4 - j);
         v = vb_or(vb_and(v, nib), vb_and(b, five));
-        const vf w = vf_lookup32(lo_tab, hi_tab, vi_from_u8(v));
+        const vf w = vf_affine32(s[j], s[8 + j], vi_from_u8(v)); /* (d * sc) * q - dmin * m */
         if (h) *hi = w; else *lo = w;
     }
 }
@@ -211,25 +207,30 @@ static inline __attribute__((always_inline)) void u_q6_k(const uint8_t *blk, int
 }
 
 /* Q2_K: the 16 weights of group 2j + h are (d * sc) * q - dmin * m for q = 2 bits of qs
- * (one FMA per table entry, the same single rounding as the scalar weight). */
+ * (one FMA, vf_affine16: the same single rounding as the scalar weight). */
 static inline __attribute__((always_inline)) void u_q2_k(const uint8_t *blk, int r, int j,
                                                         const float *s, vf *lo, vf *hi) {
     const uint8_t *q = blk + Q2_K_BLOCK * r + 16 + 32 * (j / 4);
     const vi three = vi_set1(3);
     for (int h = 0; h < 2; h++) {
-        const vf tab = vf_fma(vf_set1(s[2 * j + h]), vf_iota(), vf_set1(s[16 + 2 * j + h]));
         vi v = vi_load_u8(q + 16 * h);
         if (j & 3) v = vi_srl(v, 2 * (j & 3));
-        const vf w = vf_lookup16(tab, vi_and(v, three));
+        const vf w = vf_affine16(s[2 * j + h], s[16 + 2 * j + h], vi_and(v, three));
         if (h) *hi = w; else *lo = w;
     }
 }
 
-/* Q3_K: index q = 2 bits of qs | the hmask bit << 2 (0..7), w = (d * sc) * (q - 4). */
+/* Q3_K: index q = 2 bits of qs | the hmask bit << 2 (0..7), w = (d * sc) * (q - 4) =
+ * (d * sc) * q - 4 (d * sc), every term exact. Two ways to the same bits, picked by the register
+ * file (a speed choice, as the blocking): with 32 vf (AVX-512) the 2-bit fields are widened and
+ * the hmask bit or-ed in under a mask, then a table lookup; with 8 vf q is formed on the 16 bytes
+ * before they are widened (the 16-bit shifts' crossing bits masked off), one widening per 16
+ * weights (AVX2, one row: 0.75 -> 0.37 ms; on AVX-512 0.28 -> 0.34 ms, so not there). */
 static inline __attribute__((always_inline)) void u_q3_k(const uint8_t *blk, int r, int j,
                                                         const float *s, vf *lo, vf *hi) {
     const uint8_t *p = blk + Q3_K_BLOCK * r;
     const uint8_t *q = p + 32 + 32 * (j / 4);
+#if KILN_VREGS >= 32
     const vi three = vi_set1(3), four = vi_set1(4);
     const vi bit = vi_set1(1 << j);
     const vf centred = vf_sub(vf_iota(), vf_set1(4.0f));
@@ -238,11 +239,22 @@ static inline __attribute__((always_inline)) void u_q3_k(const uint8_t *blk, int
         vi v = vi_load_u8(q + 16 * h);
         if (j & 3) v = vi_srl(v, 2 * (j & 3));
         v = vi_and(v, three);
-        const vi m = vi_load_u8(p + 16 * h);
-        v = vi_select(vi_test(m, bit), vi_or(v, four), v);
+        v = vi_select(vi_test(vi_load_u8(p + 16 * h), bit), vi_or(v, four), v);
         const vf w = vf_lookup16(tab, v);
         if (h) *hi = w; else *lo = w;
     }
+#else
+    const vb three = vb_set1(3), four = vb_set1(4);
+    for (int h = 0; h < 2; h++) {
+        vb v = vb_load(q + 16 * h);
+        if (j & 3) v = vb_srl16(v, 2 * (j & 3));
+        const vb m = vb_load(p + 16 * h);
+        const vb b = j >= 2 ? vb_srl16(m, j - 2) : j == 1 ? vb_sll16(m, 1) : vb_sll16(m, 2);
+        const vi idx = vi_from_u8(vb_or(vb_and(v, three), vb_and(b, four)));
+        const vf w = vf_affine16(s[2 * j + h], -4.0f * s[2 * j + h], idx);
+        if (h) *hi = w; else *lo = w;
+    }
+#endif
 }
 
 #endif

@@ -47,15 +47,14 @@ static inline float w_q5_1(const uint8_t *blk, int r, int j) {
     return kiln_half_load(p) * (float)q5_value(p + 4, j) + kiln_half_load(p + 2);
 }
 
-/* Weights 0..15 and 16..31 of row r: the 16 values d * j + m (j = 0..15, one FMA each, the
- * scalar weight's one rounding) looked up by the low 4 bits of each lane. */
+/* Weights 0..15 and 16..31 of row r: d * q + m for q = the low 4 bits of each lane (one FMA,
+ * the scalar weight's one rounding: vf_affine16, a table lookup where that is cheaper). */
 static inline __attribute__((always_inline)) void u_q4(const uint8_t *blk, int r, vf *lo,
                                                       vf *hi) {
     const float *sc = (const float *)blk;
-    const vf tab = vf_fma(vf_set1(sc[2 * r]), vf_iota(), vf_set1(sc[2 * r + 1]));
     const vi idx = vi_load_u8(blk + 32 + 16 * r);
-    *lo = vf_lookup16(tab, idx);
-    *hi = vf_lookup16(tab, vi_srl(idx, 4));
+    *lo = vf_affine16(sc[2 * r], sc[2 * r + 1], idx);
+    *hi = vf_affine16(sc[2 * r], sc[2 * r + 1], vi_srl(idx, 4));
 }
 
 static inline __attribute__((always_inline)) void u_q8(const uint8_t *blk, int r, vf *lo,
@@ -66,9 +65,18 @@ static inline __attribute__((always_inline)) void u_q8(const uint8_t *blk, int r
     *hi = vf_mul(vd, vf_from_i(vi_load_i8(q + 16)));
 }
 
-/* Q5_0: weights 0..15 and 16..31 (qh at p, qs at p + 4) from two 16-entry tables
- * (lo_tab: q = 0..15, hi_tab: q = 16..31): looked up on the low 4 bits from lo_tab, and from
- * hi_tab in the lanes whose fifth bit (a mask from qh) is set. */
+/* Q5_0 / Q5_1: w = d * (q - 16) (exact) or d * q + m (d * q exact: one rounding, an FMA's). Two
+ * ways to the same bits, picked by the register file (a speed choice, as the blocking):
+ * with 32 vf (AVX-512, where a lookup is one permute and a mask one kmov) Q5_0 looks up two
+ * 16-entry tables and selects by qh's bits, Q5_1 converts the 5-bit values and does the FMA
+ * (one-row products 0.324-0.326 -> 0.276-0.278 ms against Q5_1's tables; for Q5_0 it was no
+ * faster and 3% slower at M = 8, bench_formats, 2026-12-02); with 8 vf (AVX2, NEON, plain) the
+ * fifth bits are spread to bytes in integer registers and or-ed into the 16 bytes before they
+ * are widened, then vf_affine32's FMA (AVX2, one row: Q5_0 0.95 -> 0.44 ms, Q5_1 0.59 ->
+ * 0.46 ms against the masks; on AVX-512 that way was 0.27 -> 0.40 ms). */
+#if KILN_VREGS >= 32
+/* weights 0..15 and 16..31 (qh at p, qs at p + 4) from lo_tab (q = 0..15) and hi_tab
+ * (q = 16..31): looked up on the low 4 bits, hi_tab's where the fifth bit is set */
 static inline __attribute__((always_inline)) void u_q5(const uint8_t *p, vf lo_tab, vf hi_tab,
                                                       vf *lo, vf *hi) {
     uint16_t ml, mh;
@@ -87,12 +95,6 @@ static inline __attribute__((always_inline)) void u_q5_0(const uint8_t *blk, int
     u_q5(blk + Q5_0_BLOCK * r + 2, lo_tab, vf_mul(vd, vf_iota()), lo, hi); /* exact */
 }
 
-/* Q5_1 another way: the 5-bit values as floats (the nibbles, 16 or-ed in where qh's bit is
- * set), then d * q + m as one FMA (d * q is exact: gguf-py's one rounding, as the table's). It
- * spends one shuffle-port op a half where the tables spend two vpermps and their products:
- * one-row products 0.324-0.326 -> 0.276-0.278 ms on bench_formats' matrix (AVX-512, one thread,
- * alternated, 2026-12-02); for Q5_0 it was no faster (0.26 ms either way) and 3% slower at
- * M = 8, so Q5_0 keeps its tables. */
 static inline __attribute__((always_inline)) void u_q5_1(const uint8_t *blk, int r,
                                                         const float *s, vf *lo, vf *hi) {
     const uint8_t *p = blk + Q5_1_BLOCK * r + 4; /* qh, then qs */
@@ -101,11 +103,44 @@ static inline __attribute__((always_inline)) void u_q5_1(const uint8_t *blk, int
     memcpy(&ml, p, 2);
     memcpy(&mh, p + 2, 2);
     const vi b = vi_load_u8(p + 4);
-    const vi q0 = vi_and(b, vi_set1(15));
-    const vi q1 = vi_srl(b, 4);
-    const vi bit = vi_set1(16);
+    const vi q0 = vi_and(b, vi_set1(15)), q1 = vi_srl(b, 4), bit = vi_set1(16);
     *lo = vf_fma(vf_from_i(vi_select(vm_from_bits(ml), vi_or(q0, bit), q0)), vd, vmn);
     *hi = vf_fma(vf_from_i(vi_select(vm_from_bits(mh), vi_or(q1, bit), q1)), vd, vmn);
 }
+#else
+/* 0x10 in byte j where bit j of the byte b is set (each byte keeps its own bit of b's copy,
+ * carried up to bit 7, shifted to bit 4) */
+static inline uint64_t q5_spread(uint32_t b) {
+    const uint64_t x = ((uint64_t)(b & 0xFFu) * 0x0101010101010101ull) & 0x8040201008040201ull;
+    return ((x + 0x7F7F7F7F7F7F7F7Full) & 0x8080808080808080ull) >> 3;
+}
+
+/* the 5-bit values (qh at p, qs at p + 4) of weights 0..15 (*lo) and 16..31 (*hi) */
+static inline __attribute__((always_inline)) void q5_values(const uint8_t *p, vi *lo, vi *hi) {
+    const uint32_t qh = kiln_u32(p);
+    const vb qs = vb_load(p + 4), nib = vb_set1(0x0F);
+    *lo = vi_from_u8(vb_or(vb_and(qs, nib), vb_from_u64(q5_spread(qh), q5_spread(qh >> 8))));
+    *hi = vi_from_u8(vb_or(vb_and(vb_srl16(qs, 4), nib),
+                           vb_from_u64(q5_spread(qh >> 16), q5_spread(qh >> 24))));
+}
+
+/* d * q - 16 d: both terms exact, so the one rounding gives the exact d * (q - 16) */
+static inline __attribute__((always_inline)) void u_q5_0(const uint8_t *blk, int r,
+                                                        const float *s, vf *lo, vf *hi) {
+    vi a, b;
+    q5_values(blk + Q5_0_BLOCK * r + 2, &a, &b);
+    const float d = s[0]; /* kf_prep: d */
+    *lo = vf_affine32(d, -16.0f * d, a);
+    *hi = vf_affine32(d, -16.0f * d, b);
+}
+
+static inline __attribute__((always_inline)) void u_q5_1(const uint8_t *blk, int r,
+                                                        const float *s, vf *lo, vf *hi) {
+    vi a, b;
+    q5_values(blk + Q5_1_BLOCK * r + 4, &a, &b);
+    *lo = vf_affine32(s[0], s[1], a); /* kf_prep: d, m */
+    *hi = vf_affine32(s[0], s[1], b);
+}
+#endif
 
 #endif
