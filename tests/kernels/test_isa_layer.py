@@ -5,6 +5,7 @@ build."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -77,3 +78,18 @@ def test_the_loader_picks_the_best_build_or_a_forced_lower_one() -> None:
     assert loader.isa_forced({"KILN_CPU_ISA": "avx2"}) and not loader.isa_forced({})
     flags = loader.isa_flags("avx2")
     assert "-ffp-contract=off" in flags and "-march=native" not in flags
+
+
+_ISA_WORDS = re.compile(r"__AVX|__SSE|__ARM_NEON|__aarch64__|immintrin|arm_neon|\b_mm\d*_|KILN_ISA_(?:AVX|NEON)|\bv\w+q_[fsu]\d+\b")
+
+
+def test_no_kernel_outside_the_layer_names_an_isa() -> None:
+    """isa.h is the only C file of the kernels that names an instruction set."""
+    offenders = []
+    for path in sorted(loader.HERE.rglob("*.[ch]")):
+        if path.name == "isa.h":
+            continue
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if _ISA_WORDS.search(line):
+                offenders.append(f"{path.relative_to(loader.HERE)}:{n}: {line.strip()}")
+    assert offenders == []

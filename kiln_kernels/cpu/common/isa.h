@@ -15,7 +15,7 @@
  * The build is picked by the compiler's target flags (kiln_kernels/cpu/loader.py: from the
  * CPU's flags, or forced lower by KILN_CPU_ISA); KILN_ISA_PLAIN forces the plain build.
  * kiln_isa_name() (gemm.c) names it. Register budget for the kernels' blocking:
- * KILN_VREGS, how many vf fit the register file. */
+ * KILN_VREGS, how many vf fit the register file; KILN_ISA_BITS, a register's width (0: plain C). */
 #ifndef KILN_ISA_H
 #define KILN_ISA_H
 #include <stdint.h>
@@ -25,16 +25,19 @@
 #if !defined(KILN_ISA_PLAIN) && defined(__AVX512F__)
 #define KILN_ISA_AVX512 1
 #define KILN_ISA_NAME "avx512"
+#define KILN_ISA_BITS 512
 #define KILN_VREGS 32
 #include <immintrin.h>
 #elif !defined(KILN_ISA_PLAIN) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define KILN_ISA_AVX2 1
 #define KILN_ISA_NAME "avx2"
+#define KILN_ISA_BITS 256
 #define KILN_VREGS 8
 #include <immintrin.h>
 #elif !defined(KILN_ISA_PLAIN) && defined(__aarch64__) && defined(__ARM_NEON)
 #define KILN_ISA_NEON 1
 #define KILN_ISA_NAME "neon"
+#define KILN_ISA_BITS 128
 #define KILN_VREGS 8
 #include <arm_neon.h>
 #else
@@ -42,6 +45,7 @@
 #define KILN_ISA_PLAIN 1
 #endif
 #define KILN_ISA_NAME "plain"
+#define KILN_ISA_BITS 0
 #define KILN_VREGS 8
 #endif
 

@@ -245,17 +245,7 @@ static inline __attribute__((always_inline)) void tile_all(int fmt, const float 
 #endif
 
 /* The width of the ISA layer's registers in bits (512 AVX-512, 256 AVX2, 128 NEON, 0 plain C). */
-int kiln_quant_simd(void) {
-#if defined(KILN_ISA_AVX512)
-    return 512;
-#elif defined(KILN_ISA_AVX2)
-    return 256;
-#elif defined(KILN_ISA_NEON)
-    return 128;
-#else
-    return 0;
-#endif
-}
+int kiln_quant_simd(void) { return KILN_ISA_BITS; }
 
 /* The ISA layer's build (common/isa.h): "avx512", "avx2", "neon" or "plain". */
 const char *kiln_isa_name(void) { return KILN_ISA_NAME; }
