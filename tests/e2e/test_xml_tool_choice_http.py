@@ -14,6 +14,7 @@ from starlette.testclient import TestClient
 
 from kiln.api.app import build_app
 from kiln.api.contract import contract
+from kiln.api.handlers import xml_tools
 from kiln.config import ServerConfig
 from kiln.model.loader import load_model
 from kiln.serving import EngineBackend
@@ -112,3 +113,62 @@ def test_batch_forces_an_xml_call_on_every_item(client: TestClient) -> None:
         assert item["finish_reason"] == "tool_calls", item
         assert [c["function"]["name"] for c in item["tool_calls"]] == ["get_weather"]
         jsonschema.validate(json.loads(item["tool_calls"][0]["function"]["arguments"]), PARAMS)
+
+
+# A raw-text parameter: random weights write prose in it (issue 52.2).
+SEARCH_PARAMS: dict[str, Any] = {"type": "object", "properties": {
+    "query": {"type": "string"}, "limit": {"type": "integer", "minimum": 1, "maximum": 9}},
+    "required": ["query", "limit"]}
+SEARCH = [{"type": "function", "function": {"name": "search", "parameters": SEARCH_PARAMS}}]
+SEARCH_HEAD = "<tool_call>\n<function=search>\n<parameter=query>\n"
+
+
+@pytest.mark.parametrize("choice", [{"type": "function", "function": {"name": "search"}},
+                                    "required"])
+def test_a_string_parameter_has_an_end_and_the_forced_call_completes(
+        client: TestClient, monkeypatch: pytest.MonkeyPatch, choice: Any) -> None:
+    """Issue 52.2: random weights wrote `<parameter=query>` and then prose until max_tokens
+    (finish_reason "length"). With the raw-text cap (small here) the value ends, the call
+    completes and comes back as `tool_calls` valid against the schema."""
+    monkeypatch.setattr(xml_tools, "RAW_VALUE_MAX_TOKENS", 8, raising=False)
+    for seed in (1, 2):
+        data = chat(client, seed=seed, tools=SEARCH, tool_choice=choice, max_tokens=200,
+                    parallel_tool_calls=False, logprobs=True)
+        choice_ = data["choices"][0]
+        written = "".join(t["token"] for t in choice_["logprobs"]["content"])
+        assert written.startswith(SEARCH_HEAD) and "\n</parameter>\n<parameter=limit>\n" in written
+        assert choice_["finish_reason"] == "tool_calls", written
+        calls = choice_["message"]["tool_calls"]
+        assert [c["function"]["name"] for c in calls] == ["search"]
+        args = json.loads(calls[0]["function"]["arguments"])
+        jsonschema.validate(args, SEARCH_PARAMS)
+        assert written.startswith(SEARCH_HEAD + args["query"] + "\n</parameter>\n")
+        assert not choice_["message"].get("content")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_max_tokens_inside_a_forced_call_reports_the_call_so_far(client: TestClient,
+                                                                 stream: bool) -> None:
+    """Issue 52.2: max_tokens reached inside a forced XML call finishes with "length" and the
+    call as far as it was written in `tool_calls` (as vLLM reports it), never in the content."""
+    body = {"messages": MSG, "tools": SEARCH, "max_tokens": 40, "seed": 1, "stream": stream,
+            "tool_choice": {"type": "function", "function": {"name": "search"}}}
+    r = client.post(CHAT, json=body)
+    assert r.status_code == 200, r.text
+    if stream:
+        events = [e for e in sse_events(r.text) if isinstance(e, dict) and e.get("choices")]
+        deltas = [e["choices"][0]["delta"] for e in events]
+        content = "".join(d.get("content") or "" for d in deltas)
+        calls = [tc for d in deltas for tc in d.get("tool_calls") or []]
+        names = [c["function"]["name"] for c in calls if c["function"].get("name")]
+        args = "".join(c["function"].get("arguments", "") for c in calls)
+        finish = [e["choices"][0]["finish_reason"] for e in events
+                  if e["choices"][0].get("finish_reason")]
+    else:
+        choice = r.json()["choices"][0]
+        content = choice["message"].get("content") or ""
+        names = [c["function"]["name"] for c in choice["message"]["tool_calls"]]
+        args = choice["message"]["tool_calls"][0]["function"]["arguments"]
+        finish = [choice["finish_reason"]]
+    assert finish == ["length"] and names == ["search"] and content == ""
+    assert set(json.loads(args)) == {"query"}  # cut inside the query: limit not yet written
