@@ -160,3 +160,133 @@ def test_many_tools_of_raw_text_compile_and_drive_quickly() -> None:
                call("f7", ("p0", "hello"), ("p19", "two\nlines")))
     assert d.m.is_accepting()
     assert time.monotonic() - start < 10
+
+
+# Issue 52.2: a raw-text parameter with minLength/maxLength. The bound used to be intersected
+# with `~/…</parameter>…/` in one lexeme, whose lexer ran out of step fuel ("too many
+# expressions constructed") computing a mask a few dozen characters into the value, i.e. the
+# request failed mid-generation; minLength 5000 did not compile ("fuel exhausted").
+TEXT = ("Some <b>bold</b> text\n</param x </parameter_ <</parameter é日本😀 \t--  "
+        "and more words to go on with. ") * 400
+
+
+def _bounded(*bounds: dict[str, Any], nullable: bool = False) -> list[dict[str, Any]]:
+    """One tool, ``f``, whose string parameters ``s0``, ``s1``… carry ``bounds``."""
+    def prop(b: dict[str, Any]) -> dict[str, Any]:
+        s = {"type": "string", **b}
+        return {"anyOf": [s, {"type": "null"}]} if nullable else s
+    props = {f"s{j}": prop(b) for j, b in enumerate(bounds)}
+    return [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": props, "required": list(props)}}}]
+
+
+def _fill(d: Driver, text: str) -> str:
+    """Write as much of ``text`` as the mask lets through: its tokens, then (where a token
+    would overrun the bound) one character at a time; the text written."""
+    before = d.text()
+    d.write(text)
+    for ch in text[len(d.text()) - len(before):]:
+        if d.write(ch) < len(d.tok.tokenize_str(ch)):
+            break
+    return d.text()[len(before):]
+
+
+def _closes(d: Driver, rest: str) -> bool:
+    """Whether all of ``rest`` can be written now (``d`` moves on as far as it fits)."""
+    return d.write(rest) == len(d.tok.tokenize_str(rest))
+
+
+@pytest.mark.parametrize("high", [64, 1000, 10_000])
+@pytest.mark.parametrize("nullable", [False, True])
+def test_a_max_length_value_ends_at_max_length(high: int, nullable: bool) -> None:
+    """The value takes exactly maxLength characters of prose (never more: then only the close
+    fits), the call closes, and the argument is those characters; a second parameter with
+    another bound after it, so that two bounded lexemes share the lexer."""
+    d = _drive(xml_grammar("required", tools=_bounded({"maxLength": high}, {"maxLength": 40},
+                                                      nullable=nullable)),
+               "<tool_call>\n<function=f>\n<parameter=s0>\n")
+    value = _fill(d, TEXT)
+    assert value == TEXT[:high]
+    assert d.forced() == "\n</parameter>\n<parameter=s1>"  # then "\n" and the value
+    assert _fill(d, "\n" + TEXT[7:]) == "\n" + TEXT[7:47]
+    assert _closes(d, "\n</parameter>\n</function>\n</tool_call>") and d.m.is_accepting()
+    args = json.loads(parse_tool_calls(d.text(), _bounded()).tool_calls[0].arguments)
+    assert args == {"s0": TEXT[:high], "s1": TEXT[7:47]}
+
+
+@pytest.mark.parametrize(("low", "high"), [(40, None), (40, 50), (3000, None), (2000, 2500)])
+def test_a_min_length_value_cannot_close_early(low: int, high: int | None) -> None:
+    """Short of minLength the closing tag does not fit (`\\n</parameter>` is refused after a
+    value of low - 1 characters), at minLength it does."""
+    bounds = {"minLength": low} if high is None else {"minLength": low, "maxLength": high}
+    grammar = xml_grammar("required", tools=_bounded(bounds))
+    head = "<tool_call>\n<function=f>\n<parameter=s0>\n"
+    short = _drive(grammar, head + TEXT[:low - 1])
+    assert not _closes(short, "\n</parameter>\n</function>")
+    enough = _drive(grammar, head + TEXT[:low])
+    assert _closes(enough, "\n</parameter>\n</function>\n</tool_call>")
+    assert enough.m.is_accepting()
+
+
+def test_a_bounded_value_still_cannot_hold_the_closing_tag() -> None:
+    d = _drive(xml_grammar("required", tools=_bounded({"maxLength": 100})),
+               "<tool_call>\n<function=f>\n<parameter=s0>\n")
+    assert _fill(d, "a</parameter>b") == "a</parameter"
+    assert d.forced() == ""  # `>` refused; `\n</parameter>` (or more value) may follow
+
+
+@pytest.mark.parametrize(("bounds", "named"), [
+    ([{"maxLength": 100_000}], "parameter 's0': maxLength 100000"),
+    ([{"minLength": 5000}], "parameter 's0': minLength 5000"),
+    ([{"minLength": 5000, "maxLength": 6000}], "parameter 's0': minLength 5000"),
+    ([{"maxLength": 8000}, {"maxLength": 7000}], "parameter 's1': maxLength 7000"),
+    ([{"minLength": 2000}, {"minLength": 1500}], "parameter 's1': minLength 1500"),
+    ([{"minLength": 9, "maxLength": 8}], "parameter 's0': minLength 9 is above maxLength 8"),
+    ([{"maxLength": -1}], "parameter 's0': maxLength must be a non-negative integer"),
+    ([{"minLength": 2.5}], "parameter 's0': minLength must be a non-negative integer"),
+])
+def test_a_bound_past_what_the_grammar_can_count_is_refused(bounds: list[dict[str, Any]],
+                                                            named: str) -> None:
+    """Refused before generation (a 400 naming `tools`, the function, the parameter and the
+    bound), never a lexer failure partway through the value."""
+    with pytest.raises(Exception) as info:
+        xml_grammar("required", tools=_bounded(*bounds))
+    assert getattr(info.value, "param", None) == "tools"
+    assert "function 'f'" in str(info.value) and named in str(info.value), str(info.value)
+
+
+def test_the_length_budget_is_shared_by_the_tools_and_counts_a_bound_once() -> None:
+    """The budget spans every tool of the grammar (one lexer), and the same bounds on several
+    parameters are one lexeme (counted once)."""
+    half = xml_tools.BOUND_CHARS // 2 + 1
+    tool = _bounded({"maxLength": half})[0]
+    other = json.loads(json.dumps(tool).replace('"f"', '"g"').replace(str(half), str(half + 1)))
+    with pytest.raises(Exception) as info:
+        xml_grammar("required", tools=[tool, other])
+    assert "function 'g', parameter 's0': maxLength" in str(info.value)
+    assert xml_grammar({"type": "function", "function": {"name": "g"}}, tools=[tool, other])
+    same = _bounded(*[{"maxLength": half}] * 5)
+    assert xml_grammar("required", tools=same)
+
+
+@pytest.mark.parametrize(("low", "high"), [(3000, None), (0, 12_000)])
+def test_the_largest_bounds_compile_and_drive(low: int, high: int | None) -> None:
+    """The budget's own limits work: the grammar compiles and the first masks of the value
+    are computed (BOUND_CHARS and MIN_LENGTH_CHARS, each the whole budget on one parameter)."""
+    bounds = {"minLength": low} if high is None else {"maxLength": high}
+    d = _drive(xml_grammar("required", tools=_bounded(bounds)),
+               "<tool_call>\n<function=f>\n<parameter=s0>\n")
+    assert len(_fill(d, TEXT[:200])) == 200
+
+
+def test_the_no_close_regex_is_text_without_the_closing_tag() -> None:
+    """xml_tools._NO_CLOSE (written out, without `~`) against its definition, on strings made
+    of the tag's pieces."""
+    import random
+    import re
+    rx = re.compile(xml_tools._NO_CLOSE.replace("\\/", "/"), re.DOTALL)
+    tag, rnd = "</parameter>", random.Random(5)
+    pieces = [*"</parameter>x\n", *(tag[:k] for k in range(1, 13))]
+    for _ in range(20_000):
+        s = "".join(rnd.choice(pieces) for _ in range(rnd.randint(0, 12)))
+        assert bool(rx.fullmatch(s)) == (tag not in s), s

@@ -172,3 +172,30 @@ def test_max_tokens_inside_a_forced_call_reports_the_call_so_far(client: TestCli
         finish = [choice["finish_reason"]]
     assert finish == ["length"] and names == ["search"] and content == ""
     assert set(json.loads(args)) == {"query"}  # cut inside the query: limit not yet written
+
+
+def test_a_bounded_raw_text_parameter_is_honoured(client: TestClient) -> None:
+    """Issue 52.2: minLength/maxLength on a raw-text parameter hold under the engine's masks,
+    and the call completes (tests/api/test_xml_tool_cap.py drives the bounds that used to fail
+    partway through a value)."""
+    params = json.loads(json.dumps(SEARCH_PARAMS))
+    params["properties"]["query"].update(minLength=90, maxLength=120)
+    tools = [{"type": "function", "function": {"name": "search", "parameters": params}}]
+    data = chat(client, seed=3, tools=tools, tool_choice="required", max_tokens=400,
+                parallel_tool_calls=False)
+    choice = data["choices"][0]
+    assert choice["finish_reason"] == "tool_calls", choice
+    args = json.loads(choice["message"]["tool_calls"][0]["function"]["arguments"])
+    jsonschema.validate(args, params)
+    assert 90 <= len(args["query"]) <= 120
+
+
+def test_a_bound_past_the_length_budget_is_a_400(client: TestClient) -> None:
+    params = json.loads(json.dumps(SEARCH_PARAMS))
+    params["properties"]["query"]["maxLength"] = 100_000
+    tools = [{"type": "function", "function": {"name": "search", "parameters": params}}]
+    r = client.post(CHAT, json={"messages": MSG, "tools": tools, "tool_choice": "required"})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "tools"
+    assert "function 'search', parameter 'query': maxLength 100000" in err["message"]

@@ -222,6 +222,7 @@ def from_tool_choice(tools: Any, tool_choice: Any, parallel: bool,
                        f"tool_choice names function {name!r}, which is not among the tools")
         names, many = [name], False
     rules = []
+    budget = xml_tools.LengthBudget()  # the length bounds of all the tools, one lexer
     for i, name in enumerate(names):
         schema = closed(functions[name])
         if not isinstance(schema, dict):
@@ -232,7 +233,7 @@ def from_tool_choice(tools: Any, tool_choice: Any, parallel: bool,
             raise _bad("tools", f"function {name!r}: {e}") from None
         if fmt == "xml":
             try:
-                rules.extend(xml_tools.call_rules(i, name, schema, dict(JSON_OPTIONS)))
+                rules.extend(xml_tools.call_rules(i, name, schema, dict(JSON_OPTIONS), budget))
             except xml_tools.Refused as e:
                 raise _bad("tools", str(e)) from None
             continue
