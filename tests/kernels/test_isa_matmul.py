@@ -67,3 +67,18 @@ def test_rows_are_the_same_bits_on_every_isa(ggml_type: str) -> None:
     for isa in ISAS:
         y = quant_gemm(pw.fmt, x, pw.tiles, flags=loader.isa_flags(isa))  # [k, 12]
         assert np.array_equal(y.T[ids].contiguous().numpy(), want), (ggml_type, isa)
+
+
+@pytest.mark.parametrize("ggml_type", ["Q4_0", "Q6_K", "BF16"])
+def test_many_rows_taken_part_by_part_are_each_rows_own_product(ggml_type: str) -> None:
+    """A prefill's rows go through the tiles a part at a time (gemm.c, rows_per_part: parts of
+    64 rows at K = 3072, the last under 96 whole): each row's outputs are its product alone."""
+    k, m, n = 3072, 270, 8
+    pw = pack_ggml(random_raw(ggml_type, n, k, seed=5), ggml_type)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(9))
+    for isa in ISAS:
+        flags = loader.isa_flags(isa)
+        whole = _bits(quant_gemm(pw.fmt, x, pw.tiles, flags=flags))
+        alone = np.concatenate([_bits(quant_gemm(pw.fmt, x[i:i + 1], pw.tiles, flags=flags))
+                                for i in range(m)])
+        assert np.array_equal(whole, alone), isa

@@ -293,23 +293,47 @@ static void tile_any(int fmt, const float *x, int64_t M, int64_t K, const uint8_
 }
 
 /* x float32 [M][K], w tiles [N/4][K/qk][tile], y float32 [M][N]. */
+/* Many rows (a prefill) are taken ROWS_L2_BYTES of x at a time, every tile against those rows
+ * before the next ones: each tile's passes stream its rows of x (once per weight row on 8-vf
+ * builds), which then come from L2 rather than L3 or memory (the whole of x is megabytes at a
+ * 512-token chunk). A row's outputs do not change: each output's operations are the same
+ * whichever rows share its pass (the panel and register paths give the same bits), and a last
+ * part under PANEL_MIN rows joins the one before it. */
+#define ROWS_L2_BYTES (192 * 1024)
+
+static int64_t rows_per_part(int64_t M, int64_t K) {
+    int64_t rows = ROWS_L2_BYTES / (4 * K);
+    if (rows < 2 * PANEL_MIN) rows = 2 * PANEL_MIN;
+    return M < rows + PANEL_MIN ? M : rows;
+}
+
 void kiln_gemm_tiles(int fmt, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N,
                      float *y) {
     const int64_t stride = (K / kf_qk(fmt)) * kf_tile(fmt);
+    for (int64_t m0 = 0; m0 < M;) {
+        const int64_t rows = rows_per_part(M - m0, K);
 #pragma omp for schedule(static)
-    for (int64_t g = 0; g < N / 4; g++) tile_any(fmt, x, M, K, w + g * stride, y, N, 4 * g);
+        for (int64_t g = 0; g < N / 4; g++)
+            tile_any(fmt, x + m0 * K, rows, K, w + g * stride, y + m0 * N, N, 4 * g);
+        m0 += rows;
+    }
 }
 
 void kiln_gemm_weight(const KilnWeight *w, const float *x, int64_t M, float *y) {
     int64_t N = 0;
     for (int64_t p = 0; p < w->parts; p++) N += w->rows[p];
+    for (int64_t m0 = 0; m0 < M;) { /* rows a part at a time, as kiln_gemm_tiles */
+        const int64_t rows = rows_per_part(M - m0, w->K);
 #pragma omp for schedule(static)
-    for (int64_t g = 0; g < N / 4; g++) {
-        int64_t p = 0, first = 0; /* the part holding tile g, and its first tile */
-        while (g - first >= w->rows[p] / 4) first += w->rows[p++] / 4;
-        const int fmt = (int)w->fmt[p];
-        const int64_t stride = (w->K / kf_qk(fmt)) * kf_tile(fmt);
-        tile_any(fmt, x, M, w->K, w->data[p] + (g - first) * stride, y, N, 4 * g);
+        for (int64_t g = 0; g < N / 4; g++) {
+            int64_t p = 0, first = 0; /* the part holding tile g, and its first tile */
+            while (g - first >= w->rows[p] / 4) first += w->rows[p++] / 4;
+            const int fmt = (int)w->fmt[p];
+            const int64_t stride = (w->K / kf_qk(fmt)) * kf_tile(fmt);
+            tile_any(fmt, x + m0 * w->K, rows, w->K, w->data[p] + (g - first) * stride,
+                     y + m0 * N, N, 4 * g);
+        }
+        m0 += rows;
     }
 }
 
