@@ -218,7 +218,8 @@ def _parse_xml(body: str, toolset: ToolSet) -> ToolCall | None:
     if not name or "\n" in name or "<" in name:
         return None
     rest = text[name_end + 1:]
-    func_close = rest.find(_FUNC_CLOSE)
+    # the last </function>: a value may hold the text (code, markup); the grammar allows it
+    func_close = rest.rfind(_FUNC_CLOSE)
     if func_close >= 0:
         if rest[func_close + len(_FUNC_CLOSE):].strip():
             return None  # a second function or stray text in one block

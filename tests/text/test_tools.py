@@ -154,6 +154,14 @@ def test_xml_values_keep_inner_newlines_and_strip_only_one() -> None:
     assert calls(out) == [("run_code", {"src": "\nline1\n  line2\n"})]
 
 
+def test_xml_values_may_hold_the_function_close_tag() -> None:
+    src = "print('</function>')\n</function>"
+    out = parse_tool_calls(xml("run_code", {"src": src}), TOOLS)
+    assert calls(out) == [("run_code", {"src": src})]
+    two = xml("run_code", {"src": "1"}).replace("</function>", "</function>\n<function=x>", 1)
+    assert parse_tool_calls(two, TOOLS).tool_calls == []  # still not two functions in one block
+
+
 def test_xml_typed_params_follow_schema() -> None:
     params = {
         "city": "42",  # string in the schema: stays a string
