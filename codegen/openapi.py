@@ -11,9 +11,11 @@ import re
 from pathlib import Path
 from typing import Any
 
-from codegen.paths import MAIN_SCHEMA, Layout
+from codegen.paths import API_SCHEMAS, MAIN_SCHEMA, Layout
 
-SIBLING_PREFIX = {"thinking-budget-v1.schema.json": "ThinkingBudget_"}
+# a sibling's definitions are named with its prefix; the API files' names carry their own
+SIBLING_PREFIX = {"thinking-budget-v1.schema.json": "ThinkingBudget_",
+                  **{name: "" for name in API_SCHEMAS}}
 SSE_EVENT = "ChatCompletionStreamEvent"
 
 
@@ -148,10 +150,16 @@ def build_openapi(layout: Layout) -> dict[str, Any]:
         if path.exists():
             sibling = json.loads(path.read_text(encoding="utf-8"))
             for name, definition in sibling.get("$defs", {}).items():
+                if prefix + name in schemas:
+                    raise BundleError(f"{filename} defines {name}, which is defined already")
                 schemas[prefix + name] = _rewrite(definition, filename)
     schemas[SSE_EVENT] = _sse_event_schema(main)
     routes = json.loads(layout.routes.read_text(encoding="utf-8"))
-    examples = main.get("x-kiln-examples", {})
+    examples = dict(main.get("x-kiln-examples", {}))
+    for filename in API_SCHEMAS:
+        path = layout.contract_dir / filename
+        if path.exists():
+            examples.update(json.loads(path.read_text(encoding="utf-8")).get("x-kiln-examples", {}))
     paths: dict[str, Any] = {}
     for route in routes:
         paths.setdefault(route["path"], {})[route["method"].lower()] = _operation(route, examples)

@@ -9,6 +9,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 MAIN_SCHEMA = "kiln-inference-v1.schema.json"
 SIBLING_SCHEMAS = ("thinking-budget-v1.schema.json",)
+# The agent clients' APIs (OpenAI's Responses, Anthropic's Messages): files of their own, every
+# definition named with the API's prefix; each of their definitions becomes a struct and an
+# OpenAPI schema under its own name.
+API_SCHEMAS = ("responses-v1.schema.json", "messages-v1.schema.json")
 ROUTES = "routes.json"
 
 
@@ -28,7 +32,7 @@ class Layout:
         return self.contract_dir / ROUTES
 
     def contract_files(self) -> list[Path]:
-        names = [MAIN_SCHEMA, *SIBLING_SCHEMAS, ROUTES]
+        names = [MAIN_SCHEMA, *SIBLING_SCHEMAS, *API_SCHEMAS, ROUTES]
         return [self.contract_dir / n for n in names if (self.contract_dir / n).exists()]
 
 

@@ -12,7 +12,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+from codegen.paths import API_SCHEMAS, MAIN_SCHEMA
+
 ASSERTION_ONLY = frozenset({"not", "if", "then", "else"})
+# A definition marked `"x-kiln-struct": "raw"` is a union msgspec cannot decode (OpenAI's
+# Responses input item may leave out its `type` tag): the struct holds it as a plain object,
+# which the validator has checked against the whole definition before the handler reads it.
+RAW = "x-kiln-struct"
 _REQUIRED_ONLY = frozenset({"required"})
 
 
@@ -30,6 +36,8 @@ def strip_assertions(node: Any) -> Any:
         return [strip_assertions(item) for item in node]
     if not isinstance(node, dict):
         return node
+    if node.get(RAW) == "raw":
+        return {"description": node.get("description", "")}  # any value: the validator has checked it
     out: dict[str, Any] = {}
     for key, value in node.items():
         if key in ASSERTION_ONLY:
@@ -91,6 +99,24 @@ def closed_objects(schemas: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return dict(sorted(closed.items()))
 
 
+def _merge_api_defs(docs: dict[str, dict[str, Any]], dest: Path) -> None:
+    """The API files' (API_SCHEMAS) definitions join the main file's in its view, where the
+    generator writes a struct for every definition (a sibling's are written only where the main
+    file refers to them). Their refs are local to their file, so they hold in the main one; a
+    name defined twice fails generation. The contract itself is unchanged."""
+    main = docs.get(MAIN_SCHEMA)
+    if main is None:
+        return
+    view = strip_assertions(main)
+    for name in API_SCHEMAS:
+        for key, definition in docs.get(name, {}).get("$defs", {}).items():
+            if key in view["$defs"]:
+                raise ValueError(f"{name} defines {key}, which is defined already")
+            view["$defs"][key] = strip_assertions(definition)
+    (dest / MAIN_SCHEMA).write_text(json.dumps(view, indent=2, ensure_ascii=False) + "\n",
+                                    encoding="utf-8")
+
+
 def write_view(files: list[Path], dest: Path) -> Path:
     """Write the stripped copies of the schema files and the closed map; return the map path."""
     dest.mkdir(parents=True, exist_ok=True)
@@ -104,6 +130,7 @@ def write_view(files: list[Path], dest: Path) -> Path:
             json.dumps(strip_assertions(doc), indent=2, ensure_ascii=False) + "\n",
             encoding="utf-8",
         )
+    _merge_api_defs(docs, dest)
     closed_path = dest / "closed-objects.json"
     closed_path.write_text(json.dumps(closed_objects(docs), indent=2) + "\n", encoding="utf-8")
     return closed_path

@@ -152,6 +152,16 @@ SETTINGS: tuple[Setting, ...] = (
     _s("grammar_compile_timeout_s", "float", DEFAULT_GRAMMAR_COMPILE_TIMEOUT_S,
        "a structured-output constraint (response_format, structured_outputs, forced "
        "tool_choice) must compile within this many seconds, else 400 naming the field"),
+    # stored responses (the Responses API's store, previous_response_id)
+    _s("data_dir", "str", None,
+       "directory of Kiln's SQLite database (stored responses survive a restart)",
+       shown="none: stored responses are kept in memory"),
+    _s("responses_max_count", "int", 1000,
+       "stored responses kept; the oldest is evicted past it"),
+    _s("responses_max_mb", "int", 64,
+       "MiB of stored responses kept; the oldest are evicted past it"),
+    _s("responses_max_age_s", "float", 7 * 24 * 3600.0,
+       "a stored response older than this (seconds) is evicted", shown="604800 (7 days)"),
     # read outside ServerConfig
     _s("quant_kernels", "bool", True,
        "on the CPU, keep GGUF and bf16/f16 weights in their stored format and run the "
@@ -223,6 +233,10 @@ class ServerConfig:
     default_sampling_preset: str | None = _default("default_sampling_preset")
     max_logprobs: int = _default("max_logprobs")
     grammar_compile_timeout_s: float = _default("grammar_compile_timeout_s")
+    data_dir: str | None = _default("data_dir")
+    responses_max_count: int = _default("responses_max_count")
+    responses_max_mb: int = _default("responses_max_mb")
+    responses_max_age_s: float = _default("responses_max_age_s")
     extra: Mapping[str, Any] = field(default_factory=dict)
     def __repr__(self) -> str:  # never print API keys
         shown = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "api_keys"}
@@ -271,6 +285,11 @@ class ServerConfig:
                               f"{self.grammar_compile_timeout_s}")
         if self.max_logprobs < 0:
             raise ConfigError(f"max_logprobs must be >= 0, got {self.max_logprobs}")
+        if self.responses_max_count <= 0 or self.responses_max_mb <= 0:
+            raise ConfigError("responses_max_count and responses_max_mb must be positive")
+        if not 0 < self.responses_max_age_s < math.inf:
+            raise ConfigError(f"responses_max_age_s must be > 0 and finite, got "
+                              f"{self.responses_max_age_s}")
         if self.log_level not in (*setting("log_level").choices, "trace"):  # trace: env only
             raise ConfigError(f"unknown log level {self.log_level!r}")
 

@@ -94,7 +94,8 @@ class InternalErrorMiddleware(_HttpMiddleware):
             log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
             if started:  # part of a response is out: nothing well-formed can follow
                 raise
-            err = _error_response(ApiError(500, "internal_error", "internal server error"))
+            err = _error_response(ApiError(500, "internal_error", "internal server error"),
+                                  scope.get("path", ""))
             await err(scope, receive, send)
 
 
@@ -137,15 +138,14 @@ def _templates() -> list[tuple[re.Pattern[str], str]]:
     return out
 
 
-def _error_response(err: ApiError) -> Response:
-    return Response(
-        err.body(), status_code=err.status, media_type="application/json", headers=err.headers
-    )
+def _error_response(err: ApiError, path: str) -> Response:
+    return Response(err.body_for(path), status_code=err.status, media_type="application/json",
+                    headers=err.headers)
 
 
 async def _api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
-    return _error_response(exc)
+    return _error_response(exc, request.url.path)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -159,19 +159,38 @@ async def _http_error(request: Request, exc: Exception) -> Response:
         err.headers.update(exc.headers or {})
     else:
         err = ApiError(exc.status_code, "http_error", str(exc.detail))
-    return _error_response(err)
+    return _error_response(err, request.url.path)
 
 
 def _routes(state: AppState) -> list[Route]:
-    routes = []
+    """One Starlette route per path (its 405 then lists every method the path has), in the
+    table's order, each method to its handler."""
+    by_path: dict[str, dict[str, Endpoint]] = {}
+    names: dict[str, str] = {}
     for route in ROUTES:
         endpoint: Endpoint | None = HANDLERS.get((route.method, route.path))
         if endpoint is None:
             raise RuntimeError(f"no handler for {route.method} {route.path}")
+        by_path.setdefault(route.path, {})[route.method] = endpoint
+        names.setdefault(route.path, route.operation_id)
+    routes = []
+    for template, methods in by_path.items():
         # path parameters take the rest of the path, so "a/b" reaches the handler (and its 400)
-        path = re.sub(r"{([^}:]+)}", r"{\1:path}", route.path)
-        routes.append(Route(path, endpoint, methods=[route.method], name=route.operation_id))
+        path = re.sub(r"{([^}:]+)}", r"{\1:path}", template)
+        routes.append(Route(path, _by_method(methods), methods=list(methods),
+                            name=names[template]))
     return routes
+
+
+def _by_method(methods: dict[str, Endpoint]) -> Endpoint:
+    if len(methods) == 1:
+        return next(iter(methods.values()))
+
+    async def endpoint(request: Request) -> Response:
+        method = "GET" if request.method == "HEAD" else request.method  # Starlette's HEAD
+        return await methods[method](request)
+
+    return endpoint
 
 
 def build_app(config: ServerConfig, backend: Backend) -> Starlette:

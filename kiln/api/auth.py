@@ -55,7 +55,7 @@ class ApiKeyMiddleware:
         else:
             await self.app(scope, receive, send)
             return
-        body = error.body()
+        body = error.body_for(scope.get("path", ""))
         await send({
             "type": "http.response.start",
             "status": 401,

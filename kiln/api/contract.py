@@ -28,6 +28,7 @@ from kiln.api.errors import ApiError
 
 MAIN_FILE = "kiln-inference-v1.schema.json"
 SIBLING_FILES = ("thinking-budget-v1.schema.json",)
+API_FILES = ("responses-v1.schema.json", "messages-v1.schema.json")  # their own routes' requests
 
 T = TypeVar("T")
 
@@ -127,7 +128,7 @@ class Contract:
 
     def __init__(self) -> None:
         self.main = _load(MAIN_FILE)
-        self.siblings = {name: _load(name) for name in SIBLING_FILES}
+        self.siblings = {name: _load(name) for name in (*SIBLING_FILES, *API_FILES)}
         resources_ = [(self.main["$id"], self.main)]
         resources_ += [(doc["$id"], doc) for doc in self.siblings.values()]
         self._registry = jsonschema_rs.Registry(resources_)
@@ -136,15 +137,27 @@ class Contract:
 
     @cached_property
     def definitions(self) -> dict[str, Any]:
-        defs: dict[str, Any] = self.main["$defs"]
+        """Every definition a route may name: the main file's and the API files'."""
+        defs: dict[str, Any] = dict(self.main["$defs"])
+        for name in API_FILES:
+            defs.update(self.siblings[name]["$defs"])
         return defs
+
+    @cached_property
+    def _home(self) -> dict[str, str]:
+        """A definition's file's ``$id``."""
+        home = {d: self.main["$id"] for d in self.main["$defs"]}
+        for name in API_FILES:
+            doc = self.siblings[name]
+            home.update({d: doc["$id"] for d in doc["$defs"]})
+        return home
 
     def validator(self, definition: str) -> Any:
         found = self._validators.get(definition)
         if found is None:
             if definition not in self.definitions:
                 raise KeyError(f"contract has no definition {definition!r}")
-            ref = {"$ref": f"{self.main['$id']}#/$defs/{definition}"}
+            ref = {"$ref": f"{self._home[definition]}#/$defs/{definition}"}
             found = jsonschema_rs.Draft202012Validator(ref, registry=self._registry)
             self._validators[definition] = found
         return found

@@ -1,7 +1,9 @@
 """Typed API errors and the one place that renders the error envelope.
 
 Every error leaves the server as JSON `{"error": {"message", "type", "param", "code"}}`
-(the OpenAI shape, which OpenAI SDKs parse), with Kiln's codes in `code`.
+(the OpenAI shape, which OpenAI SDKs parse), with Kiln's codes in `code`; on Anthropic's routes
+(`/v1/messages...`) as Anthropic's `{"type": "error", "error": {"type", "message"}}`, which
+Anthropic's SDKs parse. `body_for(path)` picks the shape: the one place that decides it.
 """
 
 from __future__ import annotations
@@ -61,6 +63,40 @@ class ApiError(Exception):
 
     def body(self) -> bytes:
         return msgspec.json.encode(self.envelope())
+
+    def anthropic_envelope(self) -> dict[str, Any]:
+        kind = _ANTHROPIC_TYPES.get(self.status, "api_error" if self.status >= 500
+                                    else "invalid_request_error")
+        message = self.message if self.param is None or self.param in self.message \
+            else f"{self.param}: {self.message}"
+        return {"type": "error", "error": {"type": kind, "message": message}}
+
+    def body_for(self, path: str) -> bytes:
+        """The error in the shape of the API that ``path`` belongs to."""
+        if is_anthropic(path):
+            return msgspec.json.encode(self.anthropic_envelope())
+        return self.body()
+
+
+ANTHROPIC_PREFIX = "/v1/messages"
+
+
+def is_anthropic(path: str) -> bool:
+    return path == ANTHROPIC_PREFIX or path.startswith(ANTHROPIC_PREFIX + "/")
+
+
+# Anthropic's error types by status (its API reference's table)
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    408: "timeout_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
 
 
 def bad_request(code: str, message: str, param: str | None = None) -> ApiError:

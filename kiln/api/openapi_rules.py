@@ -41,6 +41,7 @@ from kiln.api.openapi_rule_parts import (
     unsupported_fields,
     value,
 )
+from kiln.api.openapi_rules_agents import messages_rules, responses_rules
 from kiln.api.openapi_rules_completions import completion_rules
 from kiln.api.served_openapi import Bounds
 
@@ -214,4 +215,7 @@ def operation_rules(b: Bounds) -> dict[tuple[str, str], list[Rule]]:
         ("POST", "/v1/completions/render"): completion_rules(b, render=True),
         ("POST", "/v1/completions/batch"): batch_rules(b),
         ("POST", "/tokenize"): tokenize_rules(b),
+        ("POST", "/v1/responses"): responses_rules(b),
+        ("POST", "/v1/messages"): messages_rules(b, counting=False),
+        ("POST", "/v1/messages/count_tokens"): messages_rules(b, counting=True),
     }

@@ -22,6 +22,7 @@ from kiln.api._generated import wire
 from kiln.api.backend import Backend
 from kiln.api.contract import Contract, contract
 from kiln.api.errors import ApiError
+from kiln.api.response_store import ResponseStore
 from kiln.config import ServerConfig
 from kiln.engine.errors import NON_FINITE_MIX, NOTHING_ALLOWED, EngineError
 from kiln.engine.outputs import RequestMetrics, RequestOutput, RequestStream, TokenLogprobs
@@ -59,9 +60,11 @@ class AppState:
     contract: Contract = field(default_factory=contract)
     started: float = field(default_factory=time.time)
     gate: Gate = field(init=False)
+    responses: ResponseStore = field(init=False)  # the Responses API's stored responses
 
     def __post_init__(self) -> None:
         self.gate = Gate(self.config.max_num_seqs + self.config.max_waiting_requests)
+        self.responses = ResponseStore.from_config(self.config)
 
 
 def app_state(request: HttpRequest) -> AppState:

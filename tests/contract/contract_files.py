@@ -15,6 +15,7 @@ from referencing.jsonschema import DRAFT202012
 CONTRACT_DIR = Path(__file__).resolve().parents[2] / "contract"
 MAIN_FILE = "kiln-inference-v1.schema.json"
 TB_FILE = "thinking-budget-v1.schema.json"
+API_FILES = ("responses-v1.schema.json", "messages-v1.schema.json")  # the agent clients' APIs
 
 
 @cache
@@ -30,6 +31,14 @@ def main_schema() -> dict[str, Any]:
 def tb_schema() -> dict[str, Any]:
     schema: dict[str, Any] = load(TB_FILE)
     return schema
+
+
+def api_defs() -> dict[str, Any]:
+    """Every definition of the API files, by name (the names carry the API's prefix)."""
+    out: dict[str, Any] = {}
+    for name in API_FILES:
+        out.update(load(name)["$defs"])
+    return out
 
 
 def routes() -> list[dict[str, Any]]:

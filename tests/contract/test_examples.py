@@ -12,6 +12,7 @@ from tests.contract.contract_files import (
     CONTRACT_DIR,
     MAIN_FILE,
     TB_FILE,
+    api_defs,
     main_schema,
     py_validator,
     routes,
@@ -208,7 +209,7 @@ def test_root_one_of_is_the_six_entrypoints() -> None:
 
 def test_routes() -> None:
     table = routes()
-    defs = main_schema()["$defs"]
+    defs = {**main_schema()["$defs"], **api_defs()}
     seen = set()
     for route in table:
         assert set(route) - {"path_parameters"} == {
@@ -229,7 +230,10 @@ def test_routes() -> None:
             for media_type, name in response["media_types"].items():
                 assert name is None or name in defs, (route["path"], status, media_type)
             if status.startswith(("4", "5")) and route["path"] != "/health":
-                assert response["media_types"] == {"application/json": "ErrorResponse"}
+                # Anthropic's routes answer errors in Anthropic's shape
+                error = "MessagesErrorResponse" if route["path"].startswith("/v1/messages") \
+                    else "ErrorResponse"
+                assert response["media_types"] == {"application/json": error}
         assert route["streaming"] == (
             "text/event-stream" in route["responses"]["200"]["media_types"]
         )
@@ -251,6 +255,12 @@ def test_routes() -> None:
         ("GET", "/tokenizer_info"),
         ("POST", "/v1/completions/render"),
         ("POST", "/v1/chat/completions/render"),
+        ("POST", "/v1/responses"),
+        ("GET", "/v1/responses/{response_id}"),
+        ("DELETE", "/v1/responses/{response_id}"),
+        ("GET", "/v1/responses/{response_id}/input_items"),
+        ("POST", "/v1/messages"),
+        ("POST", "/v1/messages/count_tokens"),
     }
     chat = next(r for r in table if r["path"] == "/v1/chat/completions")
     assert chat["responses"]["200"]["media_types"] == {

@@ -7,7 +7,18 @@ from collections.abc import Awaitable, Callable
 from starlette.requests import Request
 from starlette.responses import Response
 
-from kiln.api.handlers import adapters, batch, chat, completions, meta, models, render, tokenizer
+from kiln.api.handlers import (
+    adapters,
+    batch,
+    chat,
+    completions,
+    messages,
+    meta,
+    models,
+    render,
+    responses,
+    tokenizer,
+)
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 
@@ -15,6 +26,12 @@ HANDLERS: dict[tuple[str, str], Endpoint] = {
     ("POST", "/v1/chat/completions"): chat.create,
     ("POST", "/v1/completions"): completions.create,
     ("POST", "/v1/completions/batch"): batch.create,
+    ("POST", "/v1/responses"): responses.create,
+    ("GET", "/v1/responses/{response_id}"): responses.retrieve,
+    ("DELETE", "/v1/responses/{response_id}"): responses.delete,
+    ("GET", "/v1/responses/{response_id}/input_items"): responses.list_input_items,
+    ("POST", "/v1/messages"): messages.create,
+    ("POST", "/v1/messages/count_tokens"): messages.count_tokens,
     ("POST", "/v1/completions/render"): render.completion,
     ("POST", "/v1/chat/completions/render"): render.chat,
     ("GET", "/v1/models"): models.list_models,

@@ -5,15 +5,21 @@ metadata, the optional usage chunk, then `[DONE]`. Each choice chunk carries the
 
 Stop strings never reach this layer (the engine holds them back); the reasoning splitter holds
 back partial `</think>` tags. Closing this generator (client disconnect) aborts the engine request.
+
+`chunks` is the stream as typed records, a list per engine output; `frames` writes them as SSE.
+The Responses and Messages streams (`responses_stream`, `messages_stream`) read `chunks` too and
+tell the same generation in their own events: one streaming path for every API.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass
 
 from kiln.api._generated import wire
+from kiln.api.errors import ApiError
 from kiln.api.handlers.extras import included_stop
 from kiln.api.handlers.logprobs import chat_content
 from kiln.api.handlers.perf import performance
@@ -27,6 +33,18 @@ from kiln.text.tool_stream import StreamEvents, ToolCallStreamer
 from kiln.text.tools import ToolCall, closing_stop
 
 ARGUMENT_FRAGMENT = 16  # characters of arguments JSON per streamed tool-call delta
+
+
+@dataclass(frozen=True)
+class StreamFault:
+    """The generation failed mid-stream (the status line is out): the stream's last record.
+    ``fault``: the request's own error, sent as it is; else a server-side generation error."""
+
+    message: str
+    fault: ApiError | None = None
+
+
+Item = wire.ChatCompletionChunk | wire.StreamingTokenTiming | StreamFault
 
 
 def _ms(t: float, start: float) -> float:
@@ -56,7 +74,7 @@ class _Chunks:
     def choice(self, delta: wire.Delta, finish: Finish | None = None,
                stop_reason: str | int | None = None,
                metadata: wire.StreamingTerminalMetadata | None = None,
-               prompt_ids: list[int] | None = None) -> bytes:
+               prompt_ids: list[int] | None = None) -> wire.ChatCompletionChunk:
         choice = wire.ChunkChoice(index=0, delta=delta)
         if self.pending:
             choice.logprobs = wire.ChatLogprobs(content=self.pending)
@@ -72,31 +90,31 @@ class _Chunks:
             chunk.kiln_metadata = metadata
         if prompt_ids is not None:
             chunk.prompt_token_ids = prompt_ids
-        return event(chunk)
+        return chunk
 
-    def deltas(self, d: Delta) -> list[bytes]:
-        out = []
+    def deltas(self, d: Delta) -> list[Item]:
+        out: list[Item] = []
         if d.reasoning and self.reasoning:
             out.append(self.choice(wire.Delta(reasoning_content=d.reasoning)))
         if d.content:
             out.append(self.choice(wire.Delta(content=d.content)))
         return out
 
-    def tool_call(self, index: int, call: ToolCall) -> list[bytes]:
+    def tool_call(self, index: int, call: ToolCall) -> list[Item]:
         """Index, id and name first; then argument fragments that concatenate to the JSON."""
         head = {"index": index, "id": call.id, "type": "function",
                 "function": {"name": call.name, "arguments": ""}}
-        out = [self.choice(wire.Delta(tool_calls=[head]))]
+        out: list[Item] = [self.choice(wire.Delta(tool_calls=[head]))]
         args = call.arguments
         for start in range(0, len(args), ARGUMENT_FRAGMENT):
             piece = {"index": index, "function": {"arguments": args[start:start + ARGUMENT_FRAGMENT]}}
             out.append(self.choice(wire.Delta(tool_calls=[piece])))
         return out
 
-    def usage(self, prompt: int, completion: int, cached: int) -> bytes:
+    def usage(self, prompt: int, completion: int, cached: int) -> wire.ChatCompletionChunk:
         chunk = self.chunk([])
         chunk.usage = token_usage(prompt, completion, cached)
-        return event(chunk)
+        return chunk
 
 
 class _ToolFilter:
@@ -111,7 +129,7 @@ class _ToolFilter:
         self.chunks = chunks
         self.calls = 0
 
-    def frames(self, delta: Delta, final: bool = False) -> list[bytes]:
+    def frames(self, delta: Delta, final: bool = False) -> list[Item]:
         if self.streamer is None:
             return self.chunks.deltas(delta)
         events = StreamEvents()
@@ -130,10 +148,11 @@ class _ToolFilter:
         return out
 
 
-def _timing(index: int, token_id: int, ready: float, received: float, start: float) -> bytes:
+def _timing(index: int, token_id: int, ready: float, received: float,
+            start: float) -> wire.StreamingTokenTiming:
     now = time.monotonic()
     handler_queue = max(0.0, received - ready)
-    return event(wire.StreamingTokenTiming(
+    return wire.StreamingTokenTiming(
         object="kiln.token_timing",
         source="batching_engine",
         token_index=index,
@@ -148,7 +167,13 @@ def _timing(index: int, token_id: int, ready: float, received: float, start: flo
         client_delivery_ms=_ms(now, received),
         blocking_phase=None,
         blocking_phase_ms=None,
-    ))
+    )
+
+
+def _frame(item: Item) -> bytes:
+    if isinstance(item, StreamFault):
+        return generation_error(item.message, item.fault)
+    return event(item)
 
 
 async def frames(
@@ -158,6 +183,25 @@ async def frames(
     outputs: AsyncIterator[RequestOutput],
     started: float,
 ) -> AsyncIterator[bytes]:
+    """The chat SSE stream: one write per engine output, then `[DONE]`."""
+    source = chunks(state, prepared, completion_id, outputs, started)
+    try:
+        async for batch in source:
+            yield b"".join(_frame(item) for item in batch)
+    finally:
+        await source.aclose()
+    yield DONE
+
+
+async def chunks(
+    state: AppState,
+    prepared: PreparedChat,
+    completion_id: str,
+    outputs: AsyncIterator[RequestOutput],
+    started: float,
+) -> AsyncGenerator[list[Item], None]:
+    """The stream as records, a list per engine output (one write each); a failure ends it
+    with a `StreamFault`."""
     shape = prepared.shape
     chunks = _Chunks(completion_id, shape.model, shape.return_token_ids, shape.reasoning)
     splitter = ReasoningSplitter(prepared.prompt.in_reasoning)
@@ -166,10 +210,10 @@ async def frames(
     tally = Completion()  # records the request's metrics when it finishes
     if shape.continuous_usage:
         chunks.running = (len(prepared.prompt.ids), tally)
-    yield chunks.choice(wire.Delta(role="assistant"), prompt_ids=(
-        prepared.prompt.ids if shape.return_token_ids else None))
+    yield [chunks.choice(wire.Delta(role="assistant"), prompt_ids=(
+        prepared.prompt.ids if shape.return_token_ids else None))]
     if shape.echo_text:  # echo: the final assistant message's content, before what follows it
-        yield chunks.choice(wire.Delta(content=shape.echo_text))
+        yield [chunks.choice(wire.Delta(content=shape.echo_text))]
     final: RequestOutput | None = None
     emitted = 0
     timeout = state.config.request_timeout_s
@@ -206,7 +250,7 @@ async def frames(
                     batch.append(_timing(emitted, token_id, ready, received, start_mono))
                     emitted += 1
             if batch:
-                yield b"".join(batch)
+                yield batch
             if out.finished:
                 final = out
                 break
@@ -220,20 +264,18 @@ async def frames(
             message = f"streaming generation timed out after {round(timeout * 1000)} ms"
         fault = None if timed_out else request_fault(message, "chat_invalid_request",
                                                       prepared.run.mix_param)
-        yield generation_error(message, fault)
-        yield DONE
+        yield [StreamFault(message, fault)]
         return
     kept = included_stop(prepared.shape.include_stop, final.finish_reason, final.stop_reason,
                          prepared.run.params[0].stop)
+    tail_items: list[Item] = []
     if kept:  # include_stop_str_in_output: the stop string is text like the rest
-        for frame in tools.frames(splitter.push(kept)):
-            yield frame
+        tail_items.extend(tools.frames(splitter.push(kept)))
     stop = "" if kept else closing_stop(final.finish_reason, final.stop_reason)
     tail = splitter.flush()
     if stop and not tail.reasoning and tools.closes_with(tail.content + stop):
         tail = Delta(reasoning=tail.reasoning, content=tail.content + stop)
-    for frame in tools.frames(tail, final=True):
-        yield frame
+    tail_items.extend(tools.frames(tail, final=True))
     prompt_tokens = len(prepared.prompt.ids)
     outcome = final.thinking_outcome if prepared.run.budget_applied else None
     metadata = wire.StreamingTerminalMetadata(thinking_budget=as_wire(
@@ -252,7 +294,8 @@ async def frames(
     finish = finish_reason(final.finish_reason)
     if tools.calls and finish != "length":  # max_tokens may have cut a further call short
         finish = "tool_calls"
-    yield chunks.choice(wire.Delta(), finish, final.stop_reason, metadata=metadata)
+    tail_items.append(chunks.choice(wire.Delta(), finish, final.stop_reason, metadata=metadata))
     if prepared.shape.include_usage:
-        yield chunks.usage(prompt_tokens, final.num_output_tokens, final.num_cached_tokens)
-    yield DONE
+        tail_items.append(chunks.usage(prompt_tokens, final.num_output_tokens,
+                                       final.num_cached_tokens))
+    yield tail_items
