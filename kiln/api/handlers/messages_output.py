@@ -48,7 +48,7 @@ def message_body(message_id: str, model: str, turn: Turn, omit_thinking: bool = 
     if turn.reasoning:
         content.append({"type": "thinking", "thinking": "" if omit_thinking else turn.reasoning,
                         "signature": signature(turn.reasoning)})
-    if turn.text or not turn.calls:
+    if turn.text or not (turn.calls or turn.reasoning):  # an empty answer is one empty text
         content.append({"type": "text", "text": turn.text})
     for call in turn.calls:
         content.append({"type": "tool_use", "id": call.id, "name": call.name,

@@ -105,7 +105,7 @@ async def frames(message_id: str, model: str, prompt_tokens: int,
                     return
                 if isinstance(event, TurnEnd):
                     turn = event.turn
-                    if blocks.index < 0 and not turn.calls:  # an empty answer is one empty text
+                    if blocks.index < 0:  # an empty answer is one empty text block
                         out += blocks.open("text", {"type": "text", "text": ""})
                     out += blocks.close()
                     out.append(sse("message_delta", {

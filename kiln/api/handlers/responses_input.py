@@ -197,8 +197,8 @@ def reasoning_fields(reasoning: dict[str, Any] | None) -> dict[str, Any]:
     if effort is None:
         return {}
     on, budget = EFFORT_BUDGET[effort]
-    out: dict[str, Any] = {"chat_template_kwargs": {"enable_thinking": on},
-                           "reasoning_effort": effort}
+    out: dict[str, Any] = {"chat_template_kwargs": {"enable_thinking": on,
+                                                    "reasoning_effort": effort}}
     if budget is not None:
         out["thinking_budget_tokens"] = budget
     return out

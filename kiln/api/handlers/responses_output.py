@@ -74,7 +74,7 @@ def output_items(ids: Ids, turn: Turn, sealed: bool, max_tool_calls: int | None
     out: list[dict[str, Any]] = []
     if turn.reasoning:
         out.append(reasoning_item(ids, turn.reasoning, sealed))
-    if turn.text or not turn.calls:
+    if turn.text or not (turn.calls or turn.reasoning):  # an empty answer: one empty message
         out.append(message_item(ids, turn.text, [logprob(e) for e in turn.logprobs or ()]))
     calls = turn.calls if max_tool_calls is None else turn.calls[:max_tool_calls]
     for i, call in enumerate(calls):

@@ -178,7 +178,7 @@ async def frames(obj: dict[str, Any], ids: Ids, events: AsyncIterator[list[Event
                     yield b"".join(out)
                     return
                 if isinstance(event, TurnEnd):
-                    if items.index < 0 and not event.turn.calls:
+                    if items.index < 0:
                         out += items.open_message()  # an empty answer is one empty message
                     out += items.close()
                     done = finish(event)
