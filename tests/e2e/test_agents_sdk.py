@@ -46,7 +46,7 @@ def test_agent_with_a_function_tool(live_server: LiveServer) -> None:
 
     async def both() -> tuple[Any, Any]:  # one event loop: the client's connections live in it
         first = await agents.Runner.run(forced, "What is the weather in Paris?")
-        again = first.to_input_list() + [{"role": "user", "content": "Say it in a sentence."}]
+        again = [*first.to_input_list(), {"role": "user", "content": "Say it in a sentence."}]
         return first, await agents.Runner.run(answer, again)
 
     result, follow = asyncio.run(both())
