@@ -49,7 +49,8 @@ def test_evicted_is_a_404_that_says_so(loaded: LoadedModel) -> None:
         assert r.status_code == 404 and "evicted" in r.json()["error"]["message"]
         check("ErrorResponse", r.json())
         assert c.get(f"/v1/responses/{ids[2]}").status_code == 200
-        sdk = openai.OpenAI(base_url="http://testserver/v1", api_key="unused", http_client=c,
+        transport: Any = c  # Starlette's TestClient is an httpx client
+        sdk = openai.OpenAI(base_url="http://testserver/v1", api_key="unused", http_client=transport,
                             timeout=HANG_S, max_retries=0)
         with pytest.raises(openai.NotFoundError, match="evicted"):
             sdk.responses.create(model=loaded.served_name,
