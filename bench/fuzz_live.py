@@ -48,7 +48,9 @@ MAX_GENERATION_PROMPT_TOKENS = 64
 # Scoring cost grows faster than linearly with prompt length on a CPU (4096 tokens: ~40 s).
 MAX_SCORING_PROMPT_TOKENS = int(os.environ.get("KILN_FUZZ_MAX_PROMPT_TOKENS", "512"))
 SKIP_LOG_ENV = "KILN_FUZZ_SKIP_LOG"  # where filter_case notes each body it keeps out (JSON lines)
-GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions/batch")
+GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions/batch", "/v1/messages")
+# the Responses API names its limit max_output_tokens
+OUTPUT_TOKENS_PATHS = ("/v1/responses",)
 
 # -- schemathesis hooks --------------------------------------------------------------------------
 
@@ -62,6 +64,11 @@ def _is_int(value: object) -> TypeGuard[int]:
 
 def cap_body(path: str, body: dict[str, Any]) -> dict[str, Any]:
     """A copy of a valid generation body with bounded cost (few tokens, few choices)."""
+    if path in OUTPUT_TOKENS_PATHS:
+        out = dict(body)
+        limit = out.get("max_output_tokens")
+        out["max_output_tokens"] = min(limit, MAX_TOKENS) if _is_int(limit) else MAX_TOKENS
+        return out
     if path not in GENERATION_PATHS:
         return body
     out = dict(body)
@@ -72,6 +79,9 @@ def cap_body(path: str, body: dict[str, Any]) -> dict[str, Any]:
             capped = True
     if not capped:
         out["max_tokens"] = MAX_TOKENS
+    thinking = out.get("thinking")
+    if path == "/v1/messages" and isinstance(thinking, dict) and thinking.get("type") == "enabled":
+        out["thinking"] = {"type": "disabled"}  # its budget (>= 1024) must stay below max_tokens
     if _is_int(out.get("n")):
         out["n"] = min(out["n"], MAX_N)
     _cap_min_tokens(out)

@@ -206,7 +206,13 @@ def chat_body(req: dict[str, Any], *, counting: bool = False) -> dict[str, Any]:
             and thinking["budget_tokens"] >= max_tokens:
         raise ApiError(400, CODE, "thinking.budget_tokens must be less than max_tokens",
                        param="thinking.budget_tokens")
-    body: dict[str, Any] = {"model": req["model"], "messages": chat_messages(req)}
+    messages = chat_messages(req)
+    body: dict[str, Any] = {"model": req["model"], "messages": messages}
+    last = messages[-1] if messages else None
+    if last is not None and last["role"] == "assistant" and not last.get("tool_calls"):
+        # a final assistant message is Anthropic's prefill: the answer continues it
+        body["continue_final_message"] = True
+        body["add_generation_prompt"] = False
     tools = chat_tools(req)
     choice, parallel = chat_tool_choice(req.get("tool_choice"))
     if tools is not None:
