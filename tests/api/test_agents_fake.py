@@ -48,7 +48,7 @@ def test_auth_per_api(keyed: TestClient) -> None:
 
 
 def test_messages_refusals_name_the_field(client: TestClient) -> None:
-    cases = [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"mcp_servers": [{"type": "url", "url": "https://x.example", "name": "x"}]},
          "mcp_servers"),
         ({"speed": "fast"}, "speed"),
