@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import gzip
 import http.server
 import json
 import os
+import re
 import shutil
 import socketserver
 import subprocess
@@ -192,15 +194,18 @@ class RecordingProxy:
         return h.rfile.read(length) if length else b""
 
     def handle(self, h: http.server.BaseHTTPRequestHandler) -> None:
+        """Two lines per exchange: the request as it arrives (phase "request"), then the answer
+        (phase "response", same seq) when it ends, so a request still running when its client
+        is stopped is on record."""
         with self._lock:
             self._seq += 1
             seq = self._seq
         started = time.monotonic()
         raw = self._read_body(h)
         headers = {k.lower(): v for k, v in h.headers.items()}
-        record: dict[str, Any] = {
-            "seq": seq, "client": self.label, "time": datetime.now(UTC).isoformat(),
-            "method": h.command, "path": h.path,
+        request: dict[str, Any] = {
+            "phase": "request", "seq": seq, "client": self.label,
+            "time": datetime.now(UTC).isoformat(), "method": h.command, "path": h.path,
             "headers": {k: ("<redacted>" if k in SECRET_HEADERS else v)
                         for k, v in headers.items()},
             "body_bytes": len(raw),
@@ -208,45 +213,50 @@ class RecordingProxy:
         if raw:
             try:
                 plain = _decode_request_body(raw, headers.get("content-encoding", ""))
-                record["body"] = json.loads(plain)
+                request["body"] = json.loads(plain)
             except (ValueError, OSError, ImportError) as e:
-                record["body_unparsed"] = raw[:4000].decode("utf-8", "replace")
-                record["body_parse_error"] = str(e)
+                request["body_unparsed"] = raw[:4000].decode("utf-8", "replace")
+                request["body_parse_error"] = str(e)
+        self._write(request)
+        record: dict[str, Any] = {"phase": "response", "seq": seq, "client": self.label}
         forward = {k: v for k, v in headers.items() if k not in HOP_HEADERS}
         forward["accept-encoding"] = "identity"  # bodies pass unchanged and are readable here
+        reader: _SSEReader | None = None
         try:
             with self._client.stream(h.command, self.upstream + h.path, headers=forward,
                                      content=raw) as response:
                 record["status"] = response.status_code
+                record["first_byte_s"] = round(time.monotonic() - started, 3)
                 record["response_headers"] = dict(response.headers)
-                ctype = response.headers.get("content-type", "")
-                sse = ctype.startswith("text/event-stream")
-                h.send_response(response.status_code)
-                for k, v in response.headers.multi_items():
-                    if k.lower() not in HOP_HEADERS:
-                        h.send_header(k, v)
+                sse = response.headers.get("content-type", "").startswith("text/event-stream")
                 no_body = h.command == "HEAD" or response.status_code in (204, 304)
-                if not no_body:
-                    h.send_header("Transfer-Encoding", "chunked")
-                h.end_headers()
                 reader = _SSEReader() if sse else None
                 kept = bytearray()
-                for chunk in response.iter_raw():
-                    if not chunk:
-                        continue
-                    if reader is not None:
-                        reader.feed(chunk)
-                    elif len(kept) < ERROR_BODY_CHARS:
-                        kept += chunk
+                try:
+                    h.send_response(response.status_code)
+                    for k, v in response.headers.multi_items():
+                        if k.lower() not in HOP_HEADERS:
+                            h.send_header(k, v)
                     if not no_body:
-                        h.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                        h.send_header("Transfer-Encoding", "chunked")
+                    h.end_headers()
+                    for chunk in response.iter_raw():
+                        if not chunk:
+                            continue
+                        if reader is not None:
+                            reader.feed(chunk)
+                        elif len(kept) < ERROR_BODY_CHARS:
+                            kept += chunk
+                        if not no_body:
+                            h.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                            h.wfile.flush()
+                    if not no_body:
+                        h.wfile.write(b"0\r\n\r\n")
                         h.wfile.flush()
-                if not no_body:
-                    h.wfile.write(b"0\r\n\r\n")
-                    h.wfile.flush()
-                if reader is not None:
-                    record.update(reader.record())
-                else:
+                except OSError as e:  # the client went away: the upstream stream is closed
+                    record["client_disconnected"] = f"{type(e).__name__}: {e}"
+                    h.close_connection = True
+                if reader is None:
                     text = bytes(kept[:ERROR_BODY_CHARS]).decode("utf-8", "replace")
                     try:
                         record["response_body"] = json.loads(text)
@@ -258,8 +268,30 @@ class RecordingProxy:
                 with contextlib.suppress(OSError):
                     h.send_error(502, "upstream failed")
             h.close_connection = True
-        record["seconds"] = round(time.monotonic() - started, 3)
-        self._write(record)
+        finally:
+            if reader is not None:
+                record.update(reader.record())
+            record["seconds"] = round(time.monotonic() - started, 3)
+            self._write(record)
+
+
+def load_exchanges(path: Path) -> list[dict[str, Any]]:
+    """proxy.jsonl's request and response lines joined by seq; a request with no response line
+    (its client stopped while it ran) has "unfinished": true."""
+    by_seq: dict[int, dict[str, Any]] = {}
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        entry = json.loads(line)
+        phase = entry.pop("phase", None)
+        merged = by_seq.setdefault(entry["seq"], {})
+        if phase == "response":
+            merged.update({k: v for k, v in entry.items() if k != "client"})
+        else:
+            merged.update(entry)
+    for entry in by_seq.values():
+        entry.setdefault("unfinished", "status" not in entry and "proxy_error" not in entry)
+    return [by_seq[k] for k in sorted(by_seq) if "method" in by_seq[k]]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -339,11 +371,117 @@ def summarize_request(record: dict[str, Any]) -> dict[str, Any]:
         out["sse_last_event"] = record["sse_last_event"]
         if record["sse_last_event"] in ("error", "response.failed", "response.incomplete"):
             out["sse_last_events"] = record["sse_last_events"]
-    for key in ("proxy_error", "body_parse_error"):
+    for key in ("proxy_error", "body_parse_error", "client_disconnected", "first_byte_s"):
         if key in record:
             out[key] = record[key]
+    if record.get("unfinished"):
+        out["unfinished"] = True
+    if record.get("client_disconnected") and "sse_last_events" in record:
+        out["sse_last_events"] = record["sse_last_events"]
     out["seconds"] = record.get("seconds")
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# replaying a refused request: every field Kiln refuses in it, not only the first
+
+
+_PATH_TOKEN = re.compile(r"([A-Za-z_][\w-]*)|\[(\d+)\]")
+_LEADING_PATH = re.compile(r"^([A-Za-z_][\w\-]*(?:\[\d+\]|\.[A-Za-z_][\w\-]*)*)[:\s]")
+_UNEXPECTED = re.compile(r"Additional properties are not allowed \((.+?) (?:was|were) unexpected\)")
+
+
+def _parse_path(text: str) -> list[str | int]:
+    return [m[1] if m[1] else int(m[2]) for m in _PATH_TOKEN.finditer(text)]
+
+
+def _error_of(text: str) -> tuple[str, str | None]:
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return text[:2000], None
+    err = doc.get("error", doc) if isinstance(doc, dict) else {}
+    if not isinstance(err, dict):
+        return str(err)[:2000], None
+    return str(err.get("message", text))[:2000], err.get("param")
+
+
+def _remove(body: dict[str, Any], message: str, param: str | None) -> str | None:
+    """Take out of `body` what the refusal names; a description of what went, else None."""
+    unexpected = _UNEXPECTED.search(message)
+    if unexpected:
+        where = param or (message.split(": ", 1)[0] if not message.startswith("Additional")
+                          else "")
+        node: Any = body
+        for step in _parse_path(where):
+            node = node[step]
+        keys = re.findall(r"'([^']+)'", unexpected[1])
+        for key in keys:
+            node.pop(key, None)
+        return ", ".join(f"{where + '.' if where else ''}{k}" for k in keys)
+    lead = param or (m[1] if (m := _LEADING_PATH.match(message)) else None)
+    if not lead:
+        return None
+    path = _parse_path(lead)
+    last_index = max((i for i, p in enumerate(path) if isinstance(p, int)), default=None)
+    target = path[:last_index + 1] if last_index is not None else path[:1]
+    node = body
+    try:
+        for step in target[:-1]:
+            node = node[step]
+        del node[target[-1]]
+    except (KeyError, IndexError, TypeError):
+        return None
+    return "".join(f"[{p}]" if isinstance(p, int) else (f".{p}" if i else p)
+                   for i, p in enumerate(target))
+
+
+def replay_refused(upstream: str, record: dict[str, Any], *, max_steps: int = 12,
+                   timeout_s: float = CLIENT_TIMEOUT_S) -> list[dict[str, Any]]:
+    """POST a refused request's body to Kiln again (its route, headers, `stream` as sent),
+    each time without what the last refusal named, until Kiln answers 200 or names nothing
+    that can be taken out. The refusals in order: every field of this body Kiln refuses."""
+    body = copy.deepcopy(record["body"])
+    headers = {k: v for k, v in record.get("headers", {}).items()
+               if k in ("content-type", "anthropic-version", "anthropic-beta")}
+    steps: list[dict[str, Any]] = []
+    with httpx.Client(timeout=httpx.Timeout(timeout_s, connect=10), trust_env=False) as client:
+        for _ in range(max_steps):
+            step: dict[str, Any] = {}
+            started = time.monotonic()
+            try:
+                with client.stream("POST", upstream + record["path"], json=body,
+                                   headers=headers) as response:
+                    step["status"] = response.status_code
+                    reader = _SSEReader()
+                    kept = bytearray()
+                    for chunk in response.iter_raw():
+                        if response.headers.get("content-type", "").startswith(
+                                "text/event-stream"):
+                            reader.feed(chunk)
+                        elif len(kept) < ERROR_BODY_CHARS:
+                            kept += chunk
+            except httpx.HTTPError as e:
+                step["error"] = f"{type(e).__name__}: {e}"
+                steps.append(step)
+                break
+            step["seconds"] = round(time.monotonic() - started, 3)
+            if step["status"] == 200:
+                sse = reader.record()
+                step.update({"sse_event_counts": sse["sse_event_counts"],
+                             "sse_last_events": sse["sse_last_events"][-2:]}
+                            if sse["sse_event_count"]
+                            else {"response_body": bytes(kept).decode("utf-8", "replace")[-2000:]})
+                steps.append(step)
+                break
+            message, param = _error_of(bytes(kept).decode("utf-8", "replace"))
+            step.update(message=message, param=param)
+            removed = _remove(body, message, param)
+            step["removed_for_next_try"] = removed
+            steps.append(step)
+            if removed is None:
+                break
+    return steps
 
 
 # ---------------------------------------------------------------------------------------------
@@ -477,7 +615,7 @@ def client_report(result: dict[str, Any], records: list[dict[str, Any]]) -> dict
     ok = [r for r in model_requests if r.get("status") == 200]
     non_200 = [{"seq": r["seq"], "method": r["method"], "path": r["path"],
                 "status": r.get("status"), "response_body": r.get("response_body"),
-                "proxy_error": r.get("proxy_error")}
+                "proxy_error": r.get("proxy_error"), "unfinished": r.get("unfinished")}
                for r in records if r.get("status") != 200]
     stream_errors = [{"seq": r["seq"], "path": r["path"], "last_events": r["sse_last_events"]}
                      for r in records
@@ -561,9 +699,7 @@ def main(argv: list[str] | None = None) -> int:
                     result = runners[name](bin_dir, work, model, proxy.url,
                                            args.client_timeout_s)
                     time.sleep(1.0)  # a request still being logged by the proxy's thread
-                    records = [json.loads(line) for line in proxy_log.read_text().splitlines()
-                               if line.strip()]
-                    mine = [r for r in records if r.get("client") == name]
+                    mine = [r for r in load_exchanges(proxy_log) if r.get("client") == name]
                     summary["clients"][name] = client_report(result, mine)
                     c = summary["clients"][name]
                     print(f"{name}: exit {c['exit_code']}, completed {c['completed']}, "
