@@ -111,6 +111,8 @@ class _SSEReader:
             elif line.startswith("data:"):
                 data_lines.append(line[5:].strip())
         data = "\n".join(data_lines)
+        if name == "message" and not data_lines:
+            return  # a comment (keep-alive)
         if name == "message" and data:  # unnamed events: name them by their JSON type
             with contextlib.suppress(ValueError, AttributeError):
                 name = str(json.loads(data).get("type", "message"))
@@ -455,10 +457,17 @@ def replay_refused(upstream: str, record: dict[str, Any], *, max_steps: int = 12
                     step["status"] = response.status_code
                     reader = _SSEReader()
                     kept = bytearray()
+                    sse = response.headers.get("content-type", "").startswith(
+                        "text/event-stream")
                     for chunk in response.iter_raw():
-                        if response.headers.get("content-type", "").startswith(
-                                "text/event-stream"):
+                        if sse:
                             reader.feed(chunk)
+                            if any(n.endswith(("delta", "completed", "failed", "error",
+                                               "message_stop"))
+                                   for n in reader.names):
+                                step["note"] = ("accepted; the replay stopped reading at the "
+                                                "first content delta or end event")
+                                break  # accepted: generation began (or ended), enough here
                         elif len(kept) < ERROR_BODY_CHARS:
                             kept += chunk
             except httpx.HTTPError as e:
@@ -467,10 +476,10 @@ def replay_refused(upstream: str, record: dict[str, Any], *, max_steps: int = 12
                 break
             step["seconds"] = round(time.monotonic() - started, 3)
             if step["status"] == 200:
-                sse = reader.record()
-                step.update({"sse_event_counts": sse["sse_event_counts"],
-                             "sse_last_events": sse["sse_last_events"][-2:]}
-                            if sse["sse_event_count"]
+                sse_seen = reader.record()
+                step.update({"sse_event_counts": sse_seen["sse_event_counts"],
+                             "sse_last_events": sse_seen["sse_last_events"][-2:]}
+                            if sse_seen["sse_event_count"]
                             else {"response_body": bytes(kept).decode("utf-8", "replace")[-2000:]})
                 steps.append(step)
                 break
@@ -531,11 +540,32 @@ def client_env(home: Path, extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def codex_config(model: str, proxy_url: str) -> str:
+# The clients as installed, then each with the client-side settings that take out what Kiln
+# refused in the first run (docs: bench/agent_clients.md). Kiln is served with
+# --model-alias CLAUDE_ALIAS so Claude Code can name a model it knows the capabilities of.
+CLAUDE_ALIAS = "claude-sonnet-4-6"
+RUNS: dict[str, dict[str, Any]] = {
+    "codex": {"client": "codex", "timeout_scale": 1.0},
+    "claude": {"client": "claude", "timeout_scale": 1.0},
+    # the hosted web_search tool and the multi_agent_v1 namespace tool off (client settings)
+    "codex-trimmed": {"client": "codex", "timeout_scale": 1.0,
+                      "config": 'web_search = "disabled"\n', "flags": ["--disable", "multi_agent"]},
+    # a model name Claude Code knows (no mid-conversation system message), thinking off (no
+    # `thinking: adaptive`, no `context_management`), 256 output tokens (a 135M model rarely
+    # stops by itself; the context window is 8,192 tokens)
+    "claude-as-sonnet": {"client": "claude", "timeout_scale": 2.0, "model": CLAUDE_ALIAS,
+                         "env": {"MAX_THINKING_TOKENS": "0",
+                                 "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "256"}},
+}
+DEFAULT_RUNS = ("codex", "claude")
+
+
+def codex_config(model: str, proxy_url: str, extra: str = "") -> str:
     return (f'model = {json.dumps(model)}\n'
             'model_provider = "kiln"\n'
             'approval_policy = "never"\n'
             'sandbox_mode = "read-only"\n'
+            f'{extra}'
             '\n'
             '[model_providers.kiln]\n'
             'name = "kiln"\n'
@@ -544,41 +574,43 @@ def codex_config(model: str, proxy_url: str) -> str:
             'env_key = "KILN_API_KEY"\n')
 
 
-def run_codex(bin_dir: Path, work: Path, model: str, proxy_url: str,
-              timeout_s: float) -> dict[str, Any]:
-    home = work / "codex-home"
+def run_codex(name: str, spec: dict[str, Any], bin_dir: Path, work: Path, model: str,
+              proxy_url: str, timeout_s: float) -> dict[str, Any]:
+    home = work / f"{name}-home"
     codex_home = home / ".codex"
     codex_home.mkdir(parents=True)
-    (codex_home / "config.toml").write_text(codex_config(model, proxy_url))
-    cwd = work / "codex-cwd"
+    config = codex_config(model, proxy_url, spec.get("config", ""))
+    (codex_home / "config.toml").write_text(config)
+    cwd = work / f"{name}-cwd"
     cwd.mkdir()
-    last = work / "codex-last-message.txt"
+    last = work / f"{name}-last-message.txt"
     env = client_env(home, {"CODEX_HOME": str(codex_home), "KILN_API_KEY": "unused"})
     cmd = [str(bin_dir / "codex"), "exec", "--skip-git-repo-check", "--ephemeral",
-           "--sandbox", "read-only", "--color", "never", "--json", "-C", str(cwd),
-           "-o", str(last), PROMPT]
-    result = run_client("codex", cmd, env=env, cwd=cwd, timeout_s=timeout_s)
-    result["config_toml"] = codex_config(model, proxy_url)
+           "--sandbox", "read-only", "--color", "never", "--json", *spec.get("flags", []),
+           "-C", str(cwd), "-o", str(last), PROMPT]
+    result = run_client(name, cmd, env=env, cwd=cwd, timeout_s=timeout_s)
+    result["config_toml"] = config
     result["last_message"] = last.read_text(errors="replace")[-TAIL_CHARS:] if last.exists() \
         else None
     return result
 
 
-def run_claude(bin_dir: Path, work: Path, model: str, proxy_url: str,
-               timeout_s: float) -> dict[str, Any]:
-    home = work / "claude-home"
+def run_claude(name: str, spec: dict[str, Any], bin_dir: Path, work: Path, model: str,
+               proxy_url: str, timeout_s: float) -> dict[str, Any]:
+    home = work / f"{name}-home"
     home.mkdir()
-    cwd = work / "claude-cwd"
+    cwd = work / f"{name}-cwd"
     cwd.mkdir()
+    model = spec.get("model", model)
     extra = {"ANTHROPIC_BASE_URL": proxy_url, "ANTHROPIC_API_KEY": "unused",
              "ANTHROPIC_MODEL": model, "ANTHROPIC_SMALL_FAST_MODEL": model,
              "ANTHROPIC_DEFAULT_HAIKU_MODEL": model, "DISABLE_TELEMETRY": "1",
              "DISABLE_AUTOUPDATER": "1", "DISABLE_ERROR_REPORTING": "1",
              "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-             "CLAUDE_CONFIG_DIR": str(home / ".claude")}
+             "CLAUDE_CONFIG_DIR": str(home / ".claude"), **spec.get("env", {})}
     env = client_env(home, extra)
     cmd = [str(bin_dir / "claude"), "-p", PROMPT, "--output-format", "json"]
-    result = run_client("claude", cmd, env=env, cwd=cwd, timeout_s=timeout_s)
+    result = run_client(name, cmd, env=env, cwd=cwd, timeout_s=timeout_s)
     result["env"] = {k: v for k, v in extra.items() if k != "ANTHROPIC_API_KEY"}
     return result
 
@@ -650,8 +682,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="npm prefix to install into, or reuse when both binaries are "
                              "there (default: a temporary one, removed)")
     parser.add_argument("--client-timeout-s", type=float, default=CLIENT_TIMEOUT_S)
-    parser.add_argument("--only", choices=("codex", "claude"), action="append", default=None,
-                        help="run only this client (repeatable; default: both)")
+    parser.add_argument("--run", choices=sorted(RUNS), action="append", default=None,
+                        help="a run to make (repeatable; default: codex and claude as "
+                             "installed, then, with --variants, codex-trimmed and "
+                             "claude-as-sonnet)")
+    parser.add_argument("--variants", action="store_true",
+                        help="also run each client with the client-side settings that avoid "
+                             "the refusals of the first runs")
+    parser.add_argument("--no-replay", action="store_true",
+                        help="do not replay refused requests to Kiln to list every refusal")
     parser.add_argument("--kiln-arg", action="append", default=[],
                         help="an extra argument for `kiln serve` (repeatable)")
     args = parser.parse_args(argv)
@@ -664,7 +703,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     proxy_log = out / "proxy.jsonl"
     proxy_log.write_text("")
-    clients = args.only or ["codex", "claude"]
+    runs = args.run or [*DEFAULT_RUNS, *(n for n in RUNS if n not in DEFAULT_RUNS and args.variants)]
     summary: dict[str, Any] = {"date": datetime.now(UTC).isoformat(timespec="seconds"),
                                "prompt": PROMPT, "out": str(out),
                                "node": subprocess.run(["node", "--version"], capture_output=True,
@@ -679,36 +718,59 @@ def main(argv: list[str] | None = None) -> int:
         summary["versions"] = {"codex": version(bin_dir / "codex", env0),
                                "claude": version(bin_dir / "claude", env0)}
         print(f"versions: {summary['versions']}", flush=True)
+        kiln_args = [*args.kiln_arg]
+        if any("model" in RUNS[n] for n in runs):
+            kiln_args += ["--model-alias", CLAUDE_ALIAS]
         print("starting kiln serve (the default model)", flush=True)
-        with running_server(args.kiln_arg, log_path=out / "kiln.log",
+        with running_server(kiln_args, log_path=out / "kiln.log",
                             startup_timeout_s=SERVER_START_TIMEOUT_S) as server:
             models = httpx.get(server.url + "/v1/models", timeout=30, trust_env=False).json()
             model = str(models["data"][0]["id"])
             summary["kiln"] = {"url": server.url, "model": model,
                                "command": testing.serve_command(
-                                   ["--log-level", "warning", *args.kiln_arg],
-                                   port=server.port)}
+                                   ["--log-level", "warning", "--drain-timeout-s", "5",
+                                    *kiln_args], port=server.port)}
             print(f"kiln serve at {server.url}, model {model!r}", flush=True)
             with RecordingProxy(server.url, proxy_log) as proxy:
                 print(f"recording proxy at {proxy.url} -> {proxy_log}", flush=True)
                 summary["proxy"] = proxy.url
                 runners = {"codex": run_codex, "claude": run_claude}
-                for name in clients:
+                for name in runs:
+                    spec = RUNS[name]
+                    timeout_s = args.client_timeout_s * spec["timeout_scale"]
                     proxy.label = name
-                    print(f"running {name} (bound {args.client_timeout_s:.0f} s)", flush=True)
-                    result = runners[name](bin_dir, work, model, proxy.url,
-                                           args.client_timeout_s)
+                    print(f"running {name} (bound {timeout_s:.0f} s)", flush=True)
+                    result = runners[spec["client"]](name, spec, bin_dir, work, model,
+                                                     proxy.url, timeout_s)
                     time.sleep(1.0)  # a request still being logged by the proxy's thread
                     mine = [r for r in load_exchanges(proxy_log) if r.get("client") == name]
-                    summary["clients"][name] = client_report(result, mine)
-                    c = summary["clients"][name]
-                    print(f"{name}: exit {c['exit_code']}, completed {c['completed']}, "
-                          f"routes {c['routes']}", flush=True)
+                    report = client_report(result, mine)
+                    if not args.no_replay:
+                        for entry in report["non_200"]:
+                            record = next(r for r in mine if r["seq"] == entry["seq"])
+                            if (isinstance(record.get("body"), dict)
+                                    and entry["path"].split("?")[0] in MODEL_ROUTES
+                                    and entry["status"] == 400):
+                                print(f"  replaying refused request {entry['seq']}", flush=True)
+                                entry["replay"] = replay_refused(server.url, record)
+                    summary["clients"][name] = report
+                    print(f"{name}: exit {report['exit_code']}, completed "
+                          f"{report['completed']}, routes {report['routes']}", flush=True)
                 proxy.label = "after"
             summary["kiln_log_tail"] = server.log_tail()
+    summary["verdict"] = {
+        name: {"completed": c["completed"], "exit_code": c["exit_code"],
+               "non_200": [f"{e['status']} {e['method']} {e['path']}: "
+                           f"{_error_of(json.dumps(e['response_body']))[0]}"
+                           for e in c["non_200"]],
+               "replayed_refusals": [f"{st['status']} {st.get('message', '')}"
+                                     for e in c["non_200"] for st in e.get("replay", [])
+                                     if st.get("status") != 200]}
+        for name, c in summary["clients"].items()}
 
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     print(json.dumps(summary, indent=2))
+    print(json.dumps(summary["verdict"], indent=2))
     print(f"\nwritten: {out / 'summary.json'}, {proxy_log}, {out / 'kiln.log'}")
     return 0
 

@@ -109,6 +109,7 @@ def messages_rules(b: Bounds, counting: bool) -> list[Rule]:
     assistant_bad = _contains(_typed(_not("text", "thinking", "tool_use")))
     result_bad = _contains(_typed(_not("text")))
     bad_message = {"anyOf": [
+        all_of(has("role", {"const": "system"}), has("content", result_bad)),
         all_of(has("role", {"const": "user"}), has("content", user_bad)),
         all_of(has("role", {"const": "assistant"}), has("content", assistant_bad)),
         has("content", _contains(all_of(_typed({"const": "tool_result"}),
@@ -117,6 +118,12 @@ def messages_rules(b: Bounds, counting: bool) -> list[Rule]:
     out = [
         *[rule("refused_when", name, code, f"{where}.refuse_unsupported", why,
                when=has(name, TRUTHY)) for name, why in messages_input.REFUSED.items()],
+        rule("refused_when", "context_management", code, f"{where}.refuse_unsupported",
+             "edits other than clearing thinking", when=has("context_management", {
+                 "type": "object", "not": {"properties": {"edits": {"type": "array", "items": {
+                     "type": "object", "required": ["type"], "properties": {"type": {
+                         "type": "string", "pattern": "^(" + "|".join(
+                             messages_input.CONTEXT_EDITS) + ")"}}}}}}})),
         rule("refused_when", "speed", code, f"{where}.refuse_unsupported", "one speed",
              when=has("speed", {"const": "fast"})),
         rule("refused_when", "inference_geo", code, f"{where}.refuse_unsupported",

@@ -130,3 +130,27 @@ def test_a_final_assistant_message_is_continued(client: TestClient, backend: Fak
     assert r.status_code == 200, r.text
     prompt = backend.tokenizer.decode(backend.submitted[-1].prompt_token_ids)
     assert prompt.endswith("Well,")
+
+
+def test_what_the_coding_agents_send(client: TestClient, backend: FakeBackend) -> None:
+    """Claude Code's system turn inside messages and its clear-thinking edit; Codex CLI's
+    client_metadata and developer messages (bench/agent_clients.md records what each sent)."""
+    body = {**MSG, "messages": [{"role": "user", "content": "Hi"},
+                                {"role": "system", "content": "Agents: claude, Explore."}],
+            "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+            "output_config": {"effort": "high"}, "thinking": {"type": "adaptive"}}
+    r = client.post("/v1/messages", json=body)
+    assert r.status_code == 200, r.text
+    prompt = backend.tokenizer.decode(backend.submitted[-1].prompt_token_ids)
+    assert "Agents: claude, Explore." in prompt
+    edits = {"edits": [{"type": "clear_tool_uses_20250919"}]}
+    r = client.post("/v1/messages", json={**MSG, "context_management": edits})
+    assert r.status_code == 400 and "context_management.edits[0]" in r.json()["error"]["message"]
+    r = client.post("/v1/responses", json={**RESP, "client_metadata": {"turn_id": "7"},
+                                           "input": [{"type": "message", "role": "developer",
+                                                      "content": [{"type": "input_text",
+                                                                   "text": "Be terse."}]},
+                                                     {"role": "user", "content": "Hi"}],
+                                           "reasoning": {"summary": "auto"}, "store": False,
+                                           "include": ["reasoning.encrypted_content"]})
+    assert r.status_code == 200, r.text

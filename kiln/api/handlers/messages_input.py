@@ -20,8 +20,11 @@ CODE = "messages_invalid_request"
 REFUSED = {
     "mcp_servers": "Kiln connects to no MCP server; run the tools in the client",
     "container": "Kiln has no code-execution container",
-    "context_management": "Kiln does not edit the context; send the messages to run",
 }
+# context_management edits Kiln honours: which past thinking the prompt keeps is the chat
+# template's to say (Qwen-style templates render none of it), so clearing thinking changes no
+# prompt Kiln renders; clearing tool results would, and is refused.
+CONTEXT_EDITS = ("clear_thinking_",)
 SERVICE_TIERS = ("auto", "standard_only")  # one tier here: both mean it
 # output_config.effort -> Kiln's thinking budget in tokens (None: bounded by max_tokens only),
 # where thinking is on and the request gives no budget of its own (docs/agents.md)
@@ -107,7 +110,11 @@ def chat_messages(req: dict[str, Any]) -> list[dict[str, Any]]:
     if system:
         out.append({"role": "system", "content": _text_of(system, "system")})
     for i, m in enumerate(req["messages"]):
-        out.extend(_user(m, i) if m["role"] == "user" else [_assistant(m, i)])
+        if m["role"] == "system":  # an instruction at its place in the conversation
+            out.append({"role": "system",
+                        "content": _text_of(m["content"], f"messages[{i}].content")})
+        else:
+            out.extend(_user(m, i) if m["role"] == "user" else [_assistant(m, i)])
     return out
 
 
@@ -185,6 +192,12 @@ def refuse_unsupported(req: dict[str, Any]) -> None:
     for name, why in REFUSED.items():
         if req.get(name):
             raise refuse(name, why)
+    edits = (req.get("context_management") or {}).get("edits") or []
+    for i, edit in enumerate(edits):
+        kind = str(edit.get("type", "")) if isinstance(edit, dict) else ""
+        if not kind.startswith(CONTEXT_EDITS):
+            raise refuse(f"context_management.edits[{i}]", f"Kiln does not apply the edit "
+                         f"{kind or edit!r} to the conversation; send the messages to run")
     tier = req.get("service_tier")
     if tier is not None and tier not in SERVICE_TIERS:
         raise refuse("service_tier", "one service tier here")
