@@ -13,6 +13,10 @@ it made (the body's top-level field names, tool names, `stream`, `include`, `rea
 `thinking`, ...), every non-200 with Kiln's answer, and whether it completed (exit 0 and at
 least one model request answered 200).
 
+`--variants` adds a run of each client with client-side settings that avoid what Kiln refused
+(RUNS); each refused request is replayed to Kiln without what the refusal named, until Kiln
+answers 200, to list every refusal in it (`--no-replay` turns that off).
+
 No verdict here depends on speed: every wait is a hang bound. Without `npm` or `node` it prints
 "skipped: ..." and exits 0. See bench/agent_clients.md for a run's results."""
 

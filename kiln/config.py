@@ -152,6 +152,10 @@ SETTINGS: tuple[Setting, ...] = (
     _s("grammar_compile_timeout_s", "float", DEFAULT_GRAMMAR_COMPILE_TIMEOUT_S,
        "a structured-output constraint (response_format, structured_outputs, forced "
        "tool_choice) must compile within this many seconds, else 400 naming the field"),
+    # a training loop's routes
+    _s("enable_weight_updates", "bool", False,
+       "serve the training loop's routes: /pause, /resume, /is_paused, /reset_prefix_cache "
+       "(vLLM's names), behind --api-key when set"),
     # stored responses (the Responses API's store, previous_response_id)
     _s("data_dir", "str", None,
        "directory of Kiln's SQLite database (stored responses survive a restart)",
@@ -233,6 +237,7 @@ class ServerConfig:
     default_sampling_preset: str | None = _default("default_sampling_preset")
     max_logprobs: int = _default("max_logprobs")
     grammar_compile_timeout_s: float = _default("grammar_compile_timeout_s")
+    enable_weight_updates: bool = _default("enable_weight_updates")
     data_dir: str | None = _default("data_dir")
     responses_max_count: int = _default("responses_max_count")
     responses_max_mb: int = _default("responses_max_mb")

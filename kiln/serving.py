@@ -146,6 +146,15 @@ class EngineBackend:
     def abort_all(self, message: str) -> None:
         self.engine.abort_all(message)
 
+    async def pause(self, mode: str) -> int:
+        return await self.engine.pause(mode)
+
+    async def resume(self) -> None:
+        await self.engine.resume()
+
+    async def reset_prefix_cache(self) -> int:
+        return await self.engine.reset_prefix_cache()
+
     def identity(self) -> dict[str, str]:
         if self._identity is None:
             self._identity = content_identity(self.loaded.config.record(),

@@ -28,6 +28,8 @@ def _presented_key(scope: Scope) -> str | None:
 
 # vLLM's tokenizer routes sit outside /v1; they run the tokenizer, so the key guards them too.
 TOKENIZER_ROUTES = frozenset({"/tokenize", "/detokenize", "/tokenizer_info"})
+# a training loop's routes (vLLM's names) change what every client gets: guarded as well
+TRAINING_ROUTES = frozenset({"/pause", "/resume", "/is_paused", "/reset_prefix_cache"})
 
 
 class ApiKeyMiddleware:
@@ -37,7 +39,8 @@ class ApiKeyMiddleware:
         self.protect_metrics = protect_metrics
 
     def protects(self, path: str) -> bool:
-        return path.startswith("/v1/") or path == "/v1" or path in TOKENIZER_ROUTES or (
+        return path.startswith("/v1/") or path == "/v1" or path in TOKENIZER_ROUTES or \
+            path in TRAINING_ROUTES or (
             self.protect_metrics and path == "/metrics"
         )
 

@@ -112,6 +112,16 @@ class Backend(Protocol):
 
     def stats(self) -> dict[str, float]: ...
 
+    async def pause(self, mode: str) -> int:
+        """Pause scheduling between steps (abort | wait | keep); the number aborted."""
+        ...
+
+    async def resume(self) -> None: ...
+
+    async def reset_prefix_cache(self) -> int:
+        """Forget every cached prefix block; how many were forgotten."""
+        ...
+
     def identity(self) -> dict[str, str]:
         """Content hashes of the model, tokenizer and template (for fingerprints)."""
         ...

@@ -157,11 +157,14 @@ class BlockPool:
         blk.key = (parent_hash, tuple(token_ids))
         self._cached[block_hash] = block_id
 
-    def reset_prefix_cache(self) -> None:
-        """Forget every cached hash of unreferenced blocks (e.g. after weights change)."""
-        for bid in list(self._free):
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached hash, of free blocks and of blocks in use alike (a block in use
+        stays its request's, but is never found by another and goes first when freed): after a
+        reset no prompt reuses a block computed before it. Returns how many were forgotten."""
+        forgotten = len(self._cached)
+        for bid in list(self._cached.values()):
             blk = self._blocks[bid]
-            if blk.hash is not None:
-                self._cached.pop(blk.hash, None)
-                blk.hash = None
-                blk.key = None
+            blk.hash = None
+            blk.key = None
+        self._cached.clear()
+        return forgotten

@@ -200,6 +200,24 @@ class AsyncEngine:
             self._cv.notify()
         return call.future
 
+    def pause(self, mode: str) -> asyncio.Future[int]:
+        """Pause the scheduler between steps (vLLM's /pause: abort | wait | keep); resolves with
+        the number of requests aborted. "wait" returns at once: the caller watches ``stats``'
+        "paused" for the running requests to finish."""
+        def run() -> int:
+            outputs = self.scheduler.pause(mode)
+            self._process_and_publish(outputs)
+            return len(outputs)
+        return self.run_exclusive(run)
+
+    def resume(self) -> asyncio.Future[None]:
+        return self.run_exclusive(self.scheduler.resume)
+
+    def reset_prefix_cache(self) -> asyncio.Future[int]:
+        """Forget every cached prefix block (blocks in use stay theirs); resolves with the
+        number of cached blocks forgotten."""
+        return self.run_exclusive(self.scheduler.pool.reset_prefix_cache)
+
     def stats(self) -> dict[str, float]:
         """The scheduler's gauges, with scoring jobs counted as running (or waiting for the one
         scoring slot): an engine busy scoring must not look idle to a load balancer."""

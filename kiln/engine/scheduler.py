@@ -63,6 +63,31 @@ class Scheduler:
         self.prefix_cache_query_tokens = 0
         self.prefix_cache_hit_tokens = 0
         self.num_preemptions = 0
+        # a training loop's pause (vLLM's /pause): "keep" schedules nothing (running requests
+        # keep their KV and resume where they were); "wait" admits nothing new while the running
+        # requests finish; None: serving
+        self.pause_mode: str | None = None
+
+    # -- pause and resume --------------------------------------------------------------------
+    def pause(self, mode: str) -> list[RequestOutput]:
+        """Pause in ``mode`` (abort | wait | keep); "abort" finishes every request first (their
+        outputs returned) and then holds new ones like "keep"."""
+        out: list[RequestOutput] = []
+        if mode == "abort":
+            out = self.finish_all("abort", error="aborted: the server was paused (mode abort)")
+            mode = "keep"
+        if mode not in ("wait", "keep"):
+            raise ValueError(f"unknown pause mode {mode!r}")
+        self.pause_mode = mode
+        return out
+
+    def resume(self) -> None:
+        self.pause_mode = None
+
+    @property
+    def paused(self) -> bool:
+        """Nothing runs: paused to keep, or paused to wait with nothing left running."""
+        return self.pause_mode == "keep" or (self.pause_mode == "wait" and not self._running)
 
     # -- admission -------------------------------------------------------------------------
     @property
@@ -129,6 +154,9 @@ class Scheduler:
 
     # -- schedule ----------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
+        if self.pause_mode == "keep":
+            return SchedulerOutput(seqs=[], block_size=self.block_size, num_batched_tokens=0,
+                                   preempted_ids=[])
         now = self._clock()
         budget = self.config.max_num_batched_tokens
         seqs: list[ScheduledSeq] = []
@@ -155,7 +183,7 @@ class Scheduler:
                 seqs.append(st.scheduled(n, is_new=False, now=now))
                 scheduled.add(st.request_id)
                 budget -= n
-        if not preempted:
+        if not preempted and self.pause_mode is None:  # paused to wait: nothing new admitted
             if seqs and not prefills:  # only decodes so far: admissions get the short budget
                 budget, capped = min(budget, self.config.max_prefill_tokens_while_decoding), True
             self._admit(budget, seqs, now, capped, preempted)
@@ -367,7 +395,9 @@ class Scheduler:
     # -- introspection -------------------------------------------------------------------------
     @property
     def has_work(self) -> bool:
-        return bool(self._running or self._waiting)
+        if self.pause_mode == "keep":
+            return False
+        return bool(self._running or (self._waiting and self.pause_mode is None))
 
     @property
     def num_running(self) -> int:
@@ -387,4 +417,5 @@ class Scheduler:
             "prefix_cache_query_tokens": float(self.prefix_cache_query_tokens),
             "prefix_cache_hit_tokens": float(self.prefix_cache_hit_tokens),
             "num_preemptions": float(self.num_preemptions),
+            "paused": float(self.paused),
         }

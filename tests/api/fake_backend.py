@@ -97,7 +97,19 @@ class FakeBackend:
         return self.plan
 
     def stats(self) -> dict[str, float]:
-        return {"running": 0.0, "waiting": 0.0}
+        return {"running": 0.0, "waiting": 0.0, "paused": float(self.paused is not None)}
+
+    paused: str | None = None  # the training routes' pause mode (the double runs nothing)
+
+    async def pause(self, mode: str) -> int:
+        self.paused = mode
+        return 0
+
+    async def resume(self) -> None:
+        self.paused = None
+
+    async def reset_prefix_cache(self) -> int:
+        return 0
 
     def identity(self) -> dict[str, str]:
         h = "sha256:" + hashlib.sha256(b"fake").hexdigest()

@@ -119,7 +119,8 @@ def test_health_shows_the_compute_plan() -> None:
     backend.plan = plan
     with make(backend) as c:
         body = c.get("/health").json()
-    assert body == {"status": "ok", "model": "fake-model", "compute_plan": plan}
+    assert body == {"status": "ok", "model": "fake-model", "compute_plan": plan,
+                    "scheduler": "serving"}
 
 
 def test_batch_item_failure_keeps_others() -> None:

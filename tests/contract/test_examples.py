@@ -261,6 +261,10 @@ def test_routes() -> None:
         ("GET", "/v1/responses/{response_id}/input_items"),
         ("POST", "/v1/messages"),
         ("POST", "/v1/messages/count_tokens"),
+        ("POST", "/pause"),
+        ("POST", "/resume"),
+        ("GET", "/is_paused"),
+        ("POST", "/reset_prefix_cache"),
     }
     chat = next(r for r in table if r["path"] == "/v1/chat/completions")
     assert chat["responses"]["200"]["media_types"] == {

@@ -18,6 +18,7 @@ from kiln.api.handlers import (
     render,
     responses,
     tokenizer,
+    training,
 )
 
 Endpoint = Callable[[Request], Awaitable[Response]]
@@ -40,6 +41,10 @@ HANDLERS: dict[tuple[str, str], Endpoint] = {
     ("POST", "/v1/adapters/load"): adapters.load,
     ("POST", "/v1/adapters/unload"): adapters.unload,
     ("DELETE", "/v1/adapters/{name}"): adapters.delete,
+    ("POST", "/pause"): training.pause,
+    ("POST", "/resume"): training.resume,
+    ("GET", "/is_paused"): training.is_paused,
+    ("POST", "/reset_prefix_cache"): training.reset_prefix_cache,
     ("POST", "/tokenize"): tokenizer.tokenize,
     ("POST", "/detokenize"): tokenizer.detokenize,
     ("GET", "/tokenizer_info"): tokenizer.info,

@@ -20,6 +20,10 @@ async def health(request: Request) -> Response:
     plan = backend.compute_plan() if status == "ok" else None
     if plan is not None:
         body["compute_plan"] = plan
+    if status == "ok":  # a training loop's pause (handlers/training.py)
+        paused = bool(backend.stats().get("paused", 0.0))
+        body["scheduler"] = "paused" if paused else (
+            "pausing" if state.pause_mode is not None else "serving")
     if status != "ok":
         body["detail"] = (
             "the model is loading" if status == "loading" else "the engine is not running"
