@@ -170,3 +170,13 @@ def test_an_adapter_named_like_the_model_is_not_a_second_card(adapter_dir: Path)
         missing = c.post(CHAT, json={"messages": MSG, "model": "nope"}).json()["error"]
     assert ids == ["fake-model", "broken1", "math", "style"]
     assert missing["message"].endswith("available: fake-model, broken1, math, style")
+
+
+def test_agent_apis_run_the_adapter_model_names(client: TestClient, backend: FakeBackend) -> None:
+    """Responses and Messages run as chat runs: `model` naming an adapter runs under it."""
+    r = client.post("/v1/responses", json={"input": "hi", "model": "math"})
+    assert r.status_code == 200 and r.json()["model"] == "math"
+    assert lora_of(backend) == (("math", 1.0),)
+    r = client.post("/v1/messages", json={"model": "style", "max_tokens": 64, "messages": MSG})
+    assert r.status_code == 200 and r.json()["model"] == "style"
+    assert lora_of(backend) == (("style", 1.0),)
