@@ -154,8 +154,8 @@ SETTINGS: tuple[Setting, ...] = (
        "tool_choice) must compile within this many seconds, else 400 naming the field"),
     # a training loop's routes
     _s("enable_weight_updates", "bool", False,
-       "serve the training loop's routes: /pause, /resume, /is_paused, /reset_prefix_cache "
-       "(vLLM's names), behind --api-key when set"),
+       "serve the training loop's routes: /pause, /resume, /is_paused, /reset_prefix_cache, "
+       "/sleep, /wake_up, /is_sleeping (vLLM's names), behind --api-key when set"),
     # stored responses (the Responses API's store, previous_response_id)
     _s("data_dir", "str", None,
        "directory of Kiln's SQLite database (stored responses survive a restart)",

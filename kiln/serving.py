@@ -155,6 +155,9 @@ class EngineBackend:
     async def reset_prefix_cache(self) -> int:
         return await self.engine.reset_prefix_cache()
 
+    async def sleep(self) -> tuple[int, int]:
+        return await self.engine.sleep()
+
     def identity(self) -> dict[str, str]:
         if self._identity is None:
             self._identity = content_identity(self.loaded.config.record(),

@@ -29,7 +29,8 @@ def _presented_key(scope: Scope) -> str | None:
 # vLLM's tokenizer routes sit outside /v1; they run the tokenizer, so the key guards them too.
 TOKENIZER_ROUTES = frozenset({"/tokenize", "/detokenize", "/tokenizer_info"})
 # a training loop's routes (vLLM's names) change what every client gets: guarded as well
-TRAINING_ROUTES = frozenset({"/pause", "/resume", "/is_paused", "/reset_prefix_cache"})
+TRAINING_ROUTES = frozenset({"/pause", "/resume", "/is_paused", "/reset_prefix_cache", "/sleep",
+                             "/wake_up", "/is_sleeping"})
 
 
 class ApiKeyMiddleware:

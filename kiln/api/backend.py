@@ -122,6 +122,11 @@ class Backend(Protocol):
         """Forget every cached prefix block; how many were forgotten."""
         ...
 
+    async def sleep(self) -> tuple[int, int]:
+        """Abort everything, hold new requests, give the KV cache's memory back: (requests
+        aborted, bytes released). ``resume`` wakes it."""
+        ...
+
     def identity(self) -> dict[str, str]:
         """Content hashes of the model, tokenizer and template (for fingerprints)."""
         ...

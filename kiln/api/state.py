@@ -62,6 +62,7 @@ class AppState:
     gate: Gate = field(init=False)
     responses: ResponseStore = field(init=False)  # the Responses API's stored responses
     pause_mode: str | None = None  # the training routes' pause in force (handlers/training.py)
+    sleeping: bool = False  # POST /sleep until POST /wake_up
 
     def __post_init__(self) -> None:
         self.gate = Gate(self.config.max_num_seqs + self.config.max_waiting_requests)

@@ -113,6 +113,14 @@ class CRunner:
             self.program = None  # type: ignore[assignment]  # the torch runner's from now on
         return self._torch
 
+    def release_kv(self) -> int:
+        """Give the KV cache's memory back (its maps stay, zero again); the bytes released.
+        The torch runner, if it took over, holds the same maps."""
+        from kiln.model.c_model import map_of, release_pages
+
+        maps = [m for m in (map_of(a) for a in self.kv.k + self.kv.v) if m is not None]
+        return release_pages(maps)
+
     def scoring_job(self, pool: BlockPool, prompt_ids: Sequence[int], top_k: int,
                     mix: LoraMix = ()) -> ScoringJob:
         """Prompt scoring: the torch runner's (``ModelRunner.scoring_job``)."""

@@ -218,6 +218,18 @@ class AsyncEngine:
         number of cached blocks forgotten."""
         return self.run_exclusive(self.scheduler.pool.reset_prefix_cache)
 
+    def sleep(self) -> asyncio.Future[tuple[int, int]]:
+        """vLLM's sleep, level 1: every request aborted and new ones held (a pause), the prefix
+        cache forgotten, and the KV cache's memory given back (``release_kv``); resolves with
+        (requests aborted, bytes released). ``resume`` wakes it; blocks are zero again."""
+        def run() -> tuple[int, int]:
+            outputs = self.scheduler.pause("abort", why="the server was put to sleep")
+            self._process_and_publish(outputs)
+            self.scheduler.pool.reset_prefix_cache()
+            release = getattr(self.executor, "release_kv", None)
+            return len(outputs), int(release()) if release is not None else 0
+        return self.run_exclusive(run)
+
     def stats(self) -> dict[str, float]:
         """The scheduler's gauges, with scoring jobs counted as running (or waiting for the one
         scoring slot): an engine busy scoring must not look idle to a load balancer."""

@@ -95,6 +95,10 @@ class ModelRunner:
                 dtype=self.dtype, device=self.device, triton=self.plan.torch_lora == "triton")
         return self._lora_slots
 
+    def release_kv(self) -> int:
+        """Give the KV cache's memory back (``KVCache.release``); the bytes released."""
+        return self.kv.release()
+
     def scoring_job(self, pool: BlockPool, prompt_ids: Sequence[int], top_k: int,
                     mix: LoraMix = ()) -> ScoringJob:
         """A prompt-scoring job over this runner's model and KV cache, borrowing its blocks from

@@ -69,12 +69,13 @@ class Scheduler:
         self.pause_mode: str | None = None
 
     # -- pause and resume --------------------------------------------------------------------
-    def pause(self, mode: str) -> list[RequestOutput]:
+    def pause(self, mode: str, why: str = "the server was paused (mode abort)"
+              ) -> list[RequestOutput]:
         """Pause in ``mode`` (abort | wait | keep); "abort" finishes every request first (their
-        outputs returned) and then holds new ones like "keep"."""
+        outputs returned, ``why`` their error) and then holds new ones like "keep"."""
         out: list[RequestOutput] = []
         if mode == "abort":
-            out = self.finish_all("abort", error="aborted: the server was paused (mode abort)")
+            out = self.finish_all("abort", error=f"aborted: {why}")
             mode = "keep"
         if mode not in ("wait", "keep"):
             raise ValueError(f"unknown pause mode {mode!r}")

@@ -96,6 +96,24 @@ def kv_block_bytes(cfg: ModelConfig, block_size: int, itemsize: int) -> int:
     return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * itemsize
 
 
+def map_of(array: Any) -> mmap.mmap | None:
+    """The anonymous map under a KV array (``kv_arrays``' view of it), else None."""
+    seen = array
+    while seen is not None and not isinstance(seen, mmap.mmap):
+        # numpy's views lead to the buffer it was made from, a memoryview of the map
+        seen = seen.obj if isinstance(seen, memoryview) else getattr(seen, "base", None)
+    return seen
+
+
+def release_pages(maps: Sequence[mmap.mmap]) -> int:
+    """Give the KV maps' memory back to the system, keeping the maps (every array and the C
+    program keep their addresses): MADV_REMOVE frees a shared anonymous map's pages, which
+    read as zeros again, as when first mapped. Returns the bytes the maps span."""
+    for m in maps:
+        m.madvise(mmap.MADV_REMOVE)
+    return sum(len(m) for m in maps)
+
+
 def kv_map(size: int, maps: int) -> mmap.mmap:
     """An anonymous map of ``size`` bytes for one of a KV cache's ``maps`` buffers: zero pages,
     resident only once written, page-aligned (the C step's loads need 64 bytes). Python's

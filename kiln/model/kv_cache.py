@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kiln.model.c_model import kv_block_bytes, kv_map
+from kiln.model.c_model import kv_block_bytes, kv_map, map_of, release_pages
 from kiln.model.config import ModelConfig
 
 if TYPE_CHECKING:
@@ -42,6 +42,7 @@ class KVCache:
         self.device = device
         self.heads_major = heads_major
         self.zero_pages = zero_pages
+        self.maps: list[Any] = []  # zero_pages: the anonymous maps under the tensors
         self.k: list[torch.Tensor] = [self._alloc(cfg) for _ in range(cfg.num_layers)]
         self.v: list[torch.Tensor] = [self._alloc(cfg) for _ in range(cfg.num_layers)]
 
@@ -51,6 +52,7 @@ class KVCache:
         if self.zero_pages:
             # the tensor keeps the map alive (kiln.model.c_model.kv_map: zero pages)
             pages = kv_map(nb * bs * nkv * hd * _element_size(self.dtype), 2 * cfg.num_layers)
+            self.maps.append(pages)
             t = torch.frombuffer(pages, dtype=self.dtype).view(shape)
         else:
             t = torch.zeros(shape, dtype=self.dtype, device=self.device)
@@ -71,7 +73,13 @@ class KVCache:
         cache.device = torch.device("cpu")
         cache.heads_major = heads_major
         cache.zero_pages = zero_pages
+        cache.maps = [m for m in (map_of(a) for a in [*k, *v]) if m is not None]
         return cache
+
+    def release(self) -> int:
+        """Give the cache's memory back, keeping its tensors (zero again); the bytes released,
+        0 where it is not held in anonymous maps (a GPU's)."""
+        return release_pages(self.maps) if self.zero_pages else 0
 
     @staticmethod
     def bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:

@@ -111,6 +111,10 @@ class FakeBackend:
     async def reset_prefix_cache(self) -> int:
         return 0
 
+    async def sleep(self) -> tuple[int, int]:
+        self.paused = "keep"
+        return 0, 0
+
     def identity(self) -> dict[str, str]:
         h = "sha256:" + hashlib.sha256(b"fake").hexdigest()
         return {"tokenizer_config_hash": h, "chat_template_hash": h, "model_config_hash": h}

@@ -36,3 +36,20 @@ def test_pause_resume_and_reset() -> None:
         assert c.post("/pause", headers=auth).json()["mode"] == "abort"  # vLLM's default
         r = c.post("/reset_prefix_cache", headers=auth)
         assert contract().first_violation("TrainingResetPrefixCacheResponse", r.json()) is None
+
+
+def test_sleep_and_wake_up() -> None:
+    backend = FakeBackend()
+    with TestClient(build_app(ServerConfig(enable_weight_updates=True), backend)) as c:
+        assert c.post("/sleep?level=2").status_code == 400  # the weights' memory: not built
+        r = c.post("/sleep")
+        assert r.status_code == 200 and r.json()["sleeping"] is True and r.json()["level"] == 1
+        assert contract().first_violation("TrainingSleepResponse", r.json()) is None
+        assert c.post("/sleep").status_code == 409
+        assert c.post("/pause").status_code == 409 and c.post("/resume").status_code == 409
+        assert c.get("/is_sleeping").json() == {"is_sleeping": True}
+        assert c.get("/health").json()["scheduler"] == "sleeping"
+        r = c.post("/wake_up")
+        assert r.json() == {"sleeping": False, "level": None, "aborted": 0, "released_bytes": 0}
+        assert c.post("/wake_up").status_code == 409
+        assert backend.paused is None and c.get("/health").json()["scheduler"] == "serving"

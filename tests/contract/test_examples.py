@@ -265,6 +265,9 @@ def test_routes() -> None:
         ("POST", "/resume"),
         ("GET", "/is_paused"),
         ("POST", "/reset_prefix_cache"),
+        ("POST", "/sleep"),
+        ("POST", "/wake_up"),
+        ("GET", "/is_sleeping"),
     }
     chat = next(r for r in table if r["path"] == "/v1/chat/completions")
     assert chat["responses"]["200"]["media_types"] == {

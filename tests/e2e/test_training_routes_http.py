@@ -69,3 +69,64 @@ def test_reset_prefix_cache(client: TestClient) -> None:
     third = client.post("/v1/chat/completions", json=BODY).json()
     assert third["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     assert third["choices"][0]["message"] == first["choices"][0]["message"]
+
+
+def resident_bytes(maps: list[Any]) -> int:
+    """Resident bytes of these anonymous maps, from /proc/self/smaps (their own ranges only)."""
+    import ctypes
+    from pathlib import Path
+
+    starts = {ctypes.addressof(ctypes.c_char.from_buffer(m)) for m in maps}
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()
+        if head and "-" in head[0] and not head[0].endswith(":"):
+            lo, hi = (int(x, 16) for x in head[0].split("-"))
+            inside = any(lo <= a < hi for a in starts)
+        elif inside and head and head[0] == "Rss:":
+            total += int(head[1]) * 1024
+    return total
+
+
+def test_sleep_on_the_torch_free_engine() -> None:
+    """`kiln serve`'s own start (the C runner over the default GGUF, no torch)."""
+    from kiln.api.app import build_app
+    from kiln.config import ServerConfig
+    from kiln.serving import EngineBackend
+
+    config = ServerConfig(kv_memory_mb=64, enable_weight_updates=True)
+    with TestClient(build_app(config, EngineBackend.from_config(config))) as c:
+        assert type(c.app.state.kiln.backend.engine.executor).__name__ == "CRunner"  # type: ignore[attr-defined]
+        test_sleep_gives_the_kv_cache_back_and_wake_serves_the_same(c)
+
+
+def test_sleep_gives_the_kv_cache_back_and_wake_serves_the_same(client: TestClient) -> None:
+    from kiln.model.c_model import map_of
+
+    engine = client.app.state.kiln.backend.engine  # type: ignore[attr-defined]
+    kv = engine.executor.kv  # the torch runner's KVCache, or the C runner's arrays
+    maps = kv.maps if hasattr(kv, "maps") else [m for m in (map_of(a) for a in kv.k + kv.v)
+                                                if m is not None]
+    assert maps
+    long = {**BODY, "messages": [{"role": "user", "content": "Tell me a story. " * 120}]}
+    want = client.post("/v1/chat/completions", json=long).json()["choices"][0]["message"]
+    before = resident_bytes(maps)
+    assert before > 0
+    r = client.post("/sleep").json()
+    assert r["sleeping"] is True and r["released_bytes"] == sum(len(m) for m in maps)
+    after = resident_bytes(maps)
+    assert after <= before // 10, (before, after)  # the drop is the cache's resident size
+    assert client.get("/is_sleeping").json() == {"is_sleeping": True}
+    assert client.get("/health").json()["scheduler"] == "sleeping"
+    assert client.post("/resume").status_code == 409
+    got: list[Any] = []
+    sent = threading.Thread(target=lambda: got.append(
+        client.post("/v1/chat/completions", json=long)))
+    sent.start()
+    sent.join(timeout=1.0)
+    assert sent.is_alive()  # held while asleep
+    assert client.post("/wake_up").json()["sleeping"] is False
+    sent.join()
+    assert got[0].status_code == 200
+    assert got[0].json()["choices"][0]["message"] == want
+    assert got[0].json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0

@@ -22,7 +22,7 @@ async def health(request: Request) -> Response:
         body["compute_plan"] = plan
     if status == "ok":  # a training loop's pause (handlers/training.py)
         paused = bool(backend.stats().get("paused", 0.0))
-        body["scheduler"] = "paused" if paused else (
+        body["scheduler"] = "sleeping" if state.sleeping else "paused" if paused else (
             "pausing" if state.pause_mode is not None else "serving")
     if status != "ok":
         body["detail"] = (
