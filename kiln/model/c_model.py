@@ -108,9 +108,13 @@ def map_of(array: Any) -> mmap.mmap | None:
 def release_pages(maps: Sequence[mmap.mmap]) -> int:
     """Give the KV maps' memory back to the system, keeping the maps (every array and the C
     program keep their addresses): MADV_REMOVE frees a shared anonymous map's pages, which
-    read as zeros again, as when first mapped. Returns the bytes the maps span."""
+    read as zeros again, as when first mapped. Returns the bytes the maps span (0 where the
+    system has no MADV_REMOVE, Linux's: nothing is released there)."""
+    remove = getattr(mmap, "MADV_REMOVE", None)
+    if remove is None:
+        return 0
     for m in maps:
-        m.madvise(mmap.MADV_REMOVE)
+        m.madvise(remove)
     return sum(len(m) for m in maps)
 
 
