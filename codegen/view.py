@@ -99,6 +99,16 @@ def closed_objects(schemas: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return dict(sorted(closed.items()))
 
 
+def _local_refs(node: Any) -> Any:
+    """An API file's refs to the main file's definitions, made local (they sit beside them)."""
+    if isinstance(node, list):
+        return [_local_refs(v) for v in node]
+    if not isinstance(node, dict):
+        return node
+    return {k: (v.removeprefix(MAIN_SCHEMA) if k == "$ref" and isinstance(v, str)
+                else _local_refs(v)) for k, v in node.items()}
+
+
 def _merge_api_defs(docs: dict[str, dict[str, Any]], dest: Path) -> None:
     """The API files' (API_SCHEMAS) definitions join the main file's in its view, where the
     generator writes a struct for every definition (a sibling's are written only where the main
@@ -112,7 +122,7 @@ def _merge_api_defs(docs: dict[str, dict[str, Any]], dest: Path) -> None:
         for key, definition in docs.get(name, {}).get("$defs", {}).items():
             if key in view["$defs"]:
                 raise ValueError(f"{name} defines {key}, which is defined already")
-            view["$defs"][key] = strip_assertions(definition)
+            view["$defs"][key] = _local_refs(strip_assertions(definition))
     (dest / MAIN_SCHEMA).write_text(json.dumps(view, indent=2, ensure_ascii=False) + "\n",
                                     encoding="utf-8")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kiln.api.handlers import messages_input, responses_input
+from kiln.api.handlers import messages_input, responses_input, rollout
 from kiln.api.openapi_rule_parts import Rule, all_of, any_of, field, has, rule, value
 from kiln.api.served_openapi import Bounds
 
@@ -42,6 +42,29 @@ def _shared(code: str, b: Bounds, conversation: str, where: str, extra_text: lis
              "kiln.api.handlers.params.select", "the model names the base model or an adapter",
              when=has("model", {"type": "string", "not": {"enum": list(b.model_names)}})),
     ]
+
+
+def _rollout_rules(code: str, tools: str) -> list[Rule]:
+    """rollout_provenance: chat's conditions, on the chat body the input stage writes."""
+    on, where = has("rollout_provenance", {"const": True}), "kiln.api.handlers.chat_turn.rollout"
+    out = [
+        rule("refused_when", "rollout_provenance", code, where, "non-streaming",
+             when=all_of(on, has("stream", {"const": True}))),
+        rule("refused_when", "rollout_provenance", code, where, "without tools",
+             when=all_of(on, any_of(has(tools, {"type": "array", "minItems": 1}),
+                                    has("tool_choice", {"not": {"type": "null"}})))),
+        rule("refused_when", "repetition_penalty", code, "kiln.api.handlers.rollout.check",
+             "rollout_provenance records a positive repetition_penalty",
+             when=all_of(on, has("repetition_penalty", {"type": "number", "maximum": 0}))),
+    ]
+    for name, (low, high) in rollout.RANGES.items():
+        bound: dict[str, Any] = {"type": "number", "minimum": low}
+        if high != float("inf"):
+            bound["maximum"] = high
+        out.append(rule("refused_when", name, code, "kiln.api.handlers.rollout.check",
+                        "rollout_provenance records sampling values in range",
+                        when=all_of(on, has(name, {"type": "number", "not": bound}))))
+    return out
 
 
 def responses_rules(b: Bounds) -> list[Rule]:
@@ -99,6 +122,7 @@ def responses_rules(b: Bounds) -> list[Rule]:
              "where a thinking budget applies, max_output_tokens fits the close sequence",
              when=has("reasoning", has("effort", _not(None, "none")))),
         *_shared(code, b, "input", where, ["instructions"]),
+        *_rollout_rules(code, "tools"),
     ]
     return out
 
@@ -156,6 +180,7 @@ def messages_rules(b: Bounds, counting: bool) -> list[Rule]:
              when=any_of(has("thinking", _typed({"enum": ["enabled", "adaptive"]})),
                          has("output_config", has("effort", TRUTHY)))),
         *_shared(code, b, "messages", where, ["system"]),
+        *([] if counting else _rollout_rules(code, "tools")),
     ]
     if not counting:
         out.append(rule("compare", "thinking.budget_tokens", code, f"{where}.chat_body",

@@ -204,3 +204,27 @@ def test_refused_fields_are_400(live_server: LiveServer, model: str) -> None:
         assert r.status_code in (400, 404), r.text
         check("ErrorResponse", r.json())
         assert r.json()["error"]["param"] == param, r.text
+
+
+def test_rollout_provenance_is_chats(live_server: LiveServer, model: str) -> None:
+    """rollout_provenance on the agent APIs: chat's record of the same turn."""
+    body = {"model": model, "input": "Name a fruit.", "max_output_tokens": 8, "seed": 11,
+            "temperature": 0.7, "rollout_provenance": True}
+    resp = raw(live_server, body)
+    chat = httpx.post(live_server.url + "/v1/chat/completions", timeout=HANG_S, json={
+        "model": model, "messages": [{"role": "user", "content": "Name a fruit."}],
+        "max_tokens": 8, "seed": 11, "temperature": 0.7, "rollout_provenance": True}).json()
+    record = chat["choices"][0]["rollout_provenance"]
+    check("RolloutProvenanceV1", resp["rollout_provenance"])
+    assert resp["rollout_provenance"]["input_token_ids"] == record["input_token_ids"]
+    assert resp["rollout_provenance"]["action_tokens"] == record["action_tokens"]
+    msg = httpx.post(live_server.url + "/v1/messages", timeout=HANG_S, json={
+        "model": model, "max_tokens": 8, "seed": 11, "temperature": 0.7,
+        "rollout_provenance": True, "messages": [{"role": "user", "content": "Name a fruit."}]})
+    assert msg.status_code == 200, msg.text
+    check("MessagesResponse", msg.json())
+    assert msg.json()["rollout_provenance"]["action_tokens"] == record["action_tokens"]
+    refused = httpx.post(live_server.url + "/v1/responses", timeout=HANG_S,
+                         json={**body, "stream": True})
+    assert refused.status_code == 400
+    assert refused.json()["error"]["param"] == "rollout_provenance"

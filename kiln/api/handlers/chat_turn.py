@@ -18,6 +18,7 @@ from starlette.requests import Request
 from kiln.api._generated import wire
 from kiln.api.errors import ApiError
 from kiln.api.handlers import chat, chat_stream
+from kiln.api.handlers import rollout as chat_rollout
 from kiln.api.handlers.params import opt
 from kiln.api.handlers.prepare import PreparedChat, prepare_chat
 from kiln.api.state import AppState, collect_all, submit, submit_all, until_disconnect
@@ -45,6 +46,7 @@ class Turn:
     cached_tokens: int
     reasoning_tokens: int
     logprobs: tuple[wire.ChatTokenLogprob, ...] | None  # the answer's tokens (not reasoning)
+    provenance: dict[str, Any] | None = None  # rollout_provenance: chat's record of the turn
 
 
 @dataclass(frozen=True)
@@ -115,10 +117,25 @@ async def prepare(state: AppState, body: dict[str, Any], code: str) -> PreparedC
     return await prepare_chat(state, chat_request(body, code))
 
 
+def rollout(body: dict[str, Any], code: str) -> None:
+    """`rollout_provenance: true` on an agent API: chat's record, under chat's conditions
+    (the contract states them for chat; here they are checked on the chat body written)."""
+    if not body.get("rollout_provenance"):
+        return
+    if body.get("stream"):
+        raise ApiError(400, code, "rollout_provenance needs a non-streaming request",
+                       param="rollout_provenance")
+    if body.get("tools") or body.get("tool_choice") is not None:
+        raise ApiError(400, code, "rollout_provenance cannot be combined with tools",
+                       param="rollout_provenance")
+
+
 async def run(request: Request, state: AppState, prepared: PreparedChat, rid: str,
               arrived: float, started: float, code: str) -> Turn:
     """Run the prepared turn to its end, as chat's non-streaming path does."""
     run_, prompt = prepared.run, prepared.prompt
+    if prepared.shape.rollout:
+        chat_rollout.check(state, prepared)
     streams = submit_all(state, [(f"{rid}-0", prompt.ids, run_.params[0], run_.lora)], arrived,
                          code=code, cache_salt=run_.cache_salt, priority=run_.priority)
     completions = await until_disconnect(request, collect_all(streams))
@@ -133,11 +150,13 @@ async def run(request: Request, state: AppState, prepared: PreparedChat, rid: st
     chosen = opt(choice.logprobs)
     if chosen is not None:
         logprobs = tuple((chosen.content or [])[n_reasoning:])
+    record = opt(choice.rollout_provenance)
     return Turn(reasoning=reasoning, text=message.content or "", calls=calls,
                 finish=str(choice.finish_reason), stop_string=_stop_string(c.stop_reason),
                 prompt_tokens=len(prompt.ids), output_tokens=c.num_output_tokens,
                 cached_tokens=c.num_cached_tokens, reasoning_tokens=n_reasoning,
-                logprobs=logprobs)
+                logprobs=logprobs,
+                provenance=msgspec.to_builtins(record) if record is not None else None)
 
 
 @dataclass

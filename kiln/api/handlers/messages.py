@@ -36,6 +36,7 @@ async def create(request: Request) -> Response:
     state = app_state(request)
     raw = await _read(request, "MessagesCreateRequest", wire.MessagesCreateRequest)
     body = messages_input.chat_body(raw)
+    chat_turn.rollout(body, CODE)
     rid = claim_request_id(request, None)
     message_id = f"msg_{rid}"
     if raw.get("stream"):

@@ -251,4 +251,8 @@ def chat_body(req: dict[str, Any], *, counting: bool = False) -> dict[str, Any]:
     for name in SAMPLING:
         if req.get(name) is not None:
             body[name] = req[name]
+    if req.get("rollout_provenance"):
+        body["rollout_provenance"] = True
+        if req.get("stream"):
+            body["stream"] = True  # refused by chat_turn.rollout, naming the field
     return body

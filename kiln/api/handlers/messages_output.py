@@ -53,7 +53,10 @@ def message_body(message_id: str, model: str, turn: Turn, omit_thinking: bool = 
     for call in turn.calls:
         content.append({"type": "tool_use", "id": call.id, "name": call.name,
                         "input": tool_input(call.arguments)})
-    return {"id": message_id, "type": "message", "role": "assistant", "model": model,
-            "content": content, "stop_reason": stop_reason(turn),
-            "stop_sequence": turn.stop_string if turn.finish == "stop" else None,
-            "usage": usage(turn)}
+    out = {"id": message_id, "type": "message", "role": "assistant", "model": model,
+           "content": content, "stop_reason": stop_reason(turn),
+           "stop_sequence": turn.stop_string if turn.finish == "stop" else None,
+           "usage": usage(turn)}
+    if turn.provenance is not None:
+        out["rollout_provenance"] = turn.provenance
+    return out

@@ -102,6 +102,7 @@ async def create(request: Request) -> Response:
     history = conversation(state, raw.get("previous_response_id"))
     items = input_items(raw, ids.response)
     body = chat_body(raw, history, items)
+    chat_turn.rollout(body, CODE)
     rid = claim_request_id(request, None)
     sealed = "reasoning.encrypted_content" in (raw.get("include") or [])
     if raw.get("stream"):

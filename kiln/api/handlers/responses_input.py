@@ -259,6 +259,10 @@ def chat_body(req: dict[str, Any], history: list[dict[str, Any]],
     for name in SAMPLING:
         if req.get(name) is not None:
             body[name] = req[name]
+    if req.get("rollout_provenance"):
+        body["rollout_provenance"] = True
+        if req.get("stream"):
+            body["stream"] = True  # refused by chat_turn.rollout, naming the field
     body.update(logprob_fields(req))
     return body
 

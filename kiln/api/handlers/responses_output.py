@@ -130,6 +130,8 @@ def finished(obj: dict[str, Any], ids: Ids, turn: Turn, req: dict[str, Any]
     out = dict(obj)
     out["output"] = output_items(ids, turn, sealed, req.get("max_tool_calls"))
     out["usage"] = usage(turn)
+    if turn.provenance is not None:
+        out["rollout_provenance"] = turn.provenance
     if turn.finish == "length":
         out["status"] = "incomplete"
         out["incomplete_details"] = {"reason": "max_output_tokens"}
