@@ -37,6 +37,7 @@ BENCHES = {
     "startup": "bench.bench_startup",
     "structured": "bench.bench_structured",
     "grammar_engines": "bench.bench_grammar_engines",
+    "sleep": "bench.bench_sleep",
 }
 
 
