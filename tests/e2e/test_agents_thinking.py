@@ -113,3 +113,20 @@ def test_effort_none_turns_thinking_off(tiny: TestClient) -> None:
         "reasoning": {"effort": "none"}}), "ResponsesObject")
     assert [o["type"] for o in data["output"]] == ["message"]
     assert data["usage"]["output_tokens_details"]["reasoning_tokens"] == 0
+
+
+def test_the_anthropic_sdk_sends_the_budget(tiny: TestClient) -> None:
+    """The same budgeted turn through Anthropic's SDK (the SDK takes no temperature: extra_body)."""
+    import anthropic
+
+    transport: Any = tiny  # Starlette's TestClient is an httpx client
+    sdk = anthropic.Anthropic(base_url="http://testserver", api_key="unused",
+                              http_client=transport, max_retries=0)
+    m = sdk.messages.create(model="tq3", max_tokens=MAX, messages=[{"role": "user",
+                                                                     "content": ASK}],
+                            thinking={"type": "enabled", "budget_tokens": BUDGET},
+                            extra_body={"temperature": 0})
+    want = chat(tiny, BUDGET)
+    assert [b.type for b in m.content] == ["thinking", "text"]
+    assert m.content[0].thinking == want["reasoning_content"]  # type: ignore[union-attr]
+    assert m.content[1].text == want["content"]  # type: ignore[union-attr]
