@@ -15,6 +15,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from kiln.model.loader import load_model
+from tests import HANG_S
 from tests.e2e.app_client import app_client
 from tests.e2e.named_sse import check, named_events
 from tests.tiny_models import write_tiny_qwen3
@@ -121,7 +122,7 @@ def test_the_anthropic_sdk_sends_the_budget(tiny: TestClient) -> None:
 
     transport: Any = tiny  # Starlette's TestClient is an httpx client
     sdk = anthropic.Anthropic(base_url="http://testserver", api_key="unused",
-                              http_client=transport, max_retries=0)
+                              http_client=transport, max_retries=0, timeout=HANG_S)
     m = sdk.messages.create(model="tq3", max_tokens=MAX, messages=[{"role": "user",
                                                                      "content": ASK}],
                             thinking={"type": "enabled", "budget_tokens": BUDGET},
