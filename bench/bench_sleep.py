@@ -7,11 +7,9 @@ only (smaps, MADV_REMOVE). Prints one line and writes bench/results/sleep.json."
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import re
 from pathlib import Path
-from typing import Any
 
 from starlette.testclient import TestClient
 
@@ -19,6 +17,7 @@ from kiln.api.app import build_app
 from kiln.config import ServerConfig
 from kiln.model.c_model import map_of
 from kiln.serving import EngineBackend
+from kiln.testing import map_resident_bytes
 
 MIB = 1024 * 1024
 
@@ -26,19 +25,6 @@ MIB = 1024 * 1024
 def vm_rss() -> int:
     found = re.search(r"VmRSS:\s+(\d+)", Path("/proc/self/status").read_text())
     return int(found[1]) * 1024 if found else 0
-
-
-def resident(maps: list[Any]) -> int:
-    starts = {ctypes.addressof(ctypes.c_char.from_buffer(m)) for m in maps}
-    total, inside = 0, False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        head = line.split()
-        if head and "-" in head[0] and not head[0].endswith(":"):
-            lo, hi = (int(x, 16) for x in head[0].split("-"))
-            inside = any(lo <= a < hi for a in starts)
-        elif inside and head and head[0] == "Rss:":
-            total += int(head[1]) * 1024
-    return total
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,9 +39,9 @@ def main(argv: list[str] | None = None) -> int:
         for i in range(args.prompts):
             c.post("/v1/chat/completions", json={"max_tokens": 4, "messages": [
                 {"role": "user", "content": f"Story {i}: " + "word " * 1500}]})
-        rss_before, kv_before = vm_rss(), resident(maps)
+        rss_before, kv_before = vm_rss(), map_resident_bytes(maps)
         released = c.post("/sleep").json()["released_bytes"]
-        rss_after, kv_after = vm_rss(), resident(maps)
+        rss_after, kv_after = vm_rss(), map_resident_bytes(maps)
         c.post("/wake_up")
     out = {"kv_maps_mib": sum(len(m) for m in maps) / MIB, "kv_resident_before_mib":
            kv_before / MIB, "kv_resident_after_mib": kv_after / MIB,

@@ -1,6 +1,7 @@
 """A live `python -m kiln serve` for tests and benchmarks: start it on a free 127.0.0.1 port with
 the given flags and environment, wait until /health answers, stop it (SIGTERM, then SIGKILL),
-keep its output in a log file.
+keep its output in a log file; and ``map_resident_bytes``, what of the KV cache's maps is
+resident (the sleep test and bench_sleep).
 
 Why it lives in the package: tests/ and bench/ both start servers, and neither may import the
 other (a test must not depend on benchmark code, and benchmarks are not built on test code), so
@@ -138,3 +139,20 @@ def running_server(args: Sequence[str] = (), *, log_path: Path,
         yield server
     finally:
         stop(server, grace_s)
+
+
+def map_resident_bytes(maps: Sequence[object]) -> int:
+    """Resident bytes of these anonymous maps (the KV cache's, ``kiln.model.c_model.map_of``),
+    read from this process's /proc/self/smaps over the maps' own address ranges (Linux)."""
+    import ctypes
+
+    starts = {ctypes.addressof(ctypes.c_char.from_buffer(m)) for m in maps}  # type: ignore[arg-type]
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()
+        if head and "-" in head[0] and not head[0].endswith(":"):
+            lo, hi = (int(x, 16) for x in head[0].split("-"))
+            inside = any(lo <= a < hi for a in starts)
+        elif inside and head and head[0] == "Rss:":
+            total += int(head[1]) * 1024
+    return total

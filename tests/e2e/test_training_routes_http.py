@@ -12,6 +12,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from kiln.model.loader import load_model
+from kiln.testing import map_resident_bytes
 from tests.e2e.app_client import app_client
 
 BODY: dict[str, Any] = {"messages": [{"role": "user", "content": "Count to twenty."}],
@@ -71,23 +72,6 @@ def test_reset_prefix_cache(client: TestClient) -> None:
     assert third["choices"][0]["message"] == first["choices"][0]["message"]
 
 
-def resident_bytes(maps: list[Any]) -> int:
-    """Resident bytes of these anonymous maps, from /proc/self/smaps (their own ranges only)."""
-    import ctypes
-    from pathlib import Path
-
-    starts = {ctypes.addressof(ctypes.c_char.from_buffer(m)) for m in maps}
-    total, inside = 0, False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        head = line.split()
-        if head and "-" in head[0] and not head[0].endswith(":"):
-            lo, hi = (int(x, 16) for x in head[0].split("-"))
-            inside = any(lo <= a < hi for a in starts)
-        elif inside and head and head[0] == "Rss:":
-            total += int(head[1]) * 1024
-    return total
-
-
 def test_sleep_on_the_torch_free_engine() -> None:
     """`kiln serve`'s own start (the C runner over the default GGUF, no torch)."""
     from kiln.api.app import build_app
@@ -110,11 +94,11 @@ def test_sleep_gives_the_kv_cache_back_and_wake_serves_the_same(client: TestClie
     assert maps
     long = {**BODY, "messages": [{"role": "user", "content": "Tell me a story. " * 120}]}
     want = client.post("/v1/chat/completions", json=long).json()["choices"][0]["message"]
-    before = resident_bytes(maps)
+    before = map_resident_bytes(maps)
     assert before > 0
     r = client.post("/sleep").json()
     assert r["sleeping"] is True and r["released_bytes"] == sum(len(m) for m in maps)
-    after = resident_bytes(maps)
+    after = map_resident_bytes(maps)
     assert after <= before // 10, (before, after)  # the drop is the cache's resident size
     assert client.get("/is_sleeping").json() == {"is_sleeping": True}
     assert client.get("/health").json()["scheduler"] == "sleeping"
