@@ -155,7 +155,11 @@ SETTINGS: tuple[Setting, ...] = (
     # a training loop's routes
     _s("enable_weight_updates", "bool", False,
        "serve the training loop's routes: /pause, /resume, /is_paused, /reset_prefix_cache, "
-       "/sleep, /wake_up, /is_sleeping (vLLM's names), behind --api-key when set"),
+       "/sleep, /wake_up, /is_sleeping, /update_weights_from_disk, /inference/v1/generate "
+       "(vLLM's and SGLang's names), behind --api-key when set"),
+    _s("weight_version", "str", "default",
+       "the name of the weights served at start, reported on every response (SGLang's "
+       "--weight-version); POST /update_weights_from_disk names the weights it loads"),
     # stored responses (the Responses API's store, previous_response_id)
     _s("data_dir", "str", None,
        "directory of Kiln's SQLite database (stored responses survive a restart)",
@@ -238,6 +242,7 @@ class ServerConfig:
     max_logprobs: int = _default("max_logprobs")
     grammar_compile_timeout_s: float = _default("grammar_compile_timeout_s")
     enable_weight_updates: bool = _default("enable_weight_updates")
+    weight_version: str = _default("weight_version")
     data_dir: str | None = _default("data_dir")
     responses_max_count: int = _default("responses_max_count")
     responses_max_mb: int = _default("responses_max_mb")
@@ -381,4 +386,5 @@ def engine_config(config: ServerConfig) -> EngineConfig:
         enable_prefix_caching=config.enable_prefix_caching,
         max_model_len=config.max_model_len,
         max_lora_slots=config.max_lora_slots,
+        weight_version=config.weight_version,
     )

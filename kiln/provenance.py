@@ -159,8 +159,12 @@ def rollout_record(
     seed: int,
     adapter: Mapping[str, str] | None = None,
     template_invocation: Mapping[str, Any] | None = None,
+    weight_version: str | None = None,
+    weight_versions: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
-    """A RolloutProvenanceV1 record in the contract's field order."""
+    """A RolloutProvenanceV1 record in the contract's field order. ``weight_version``: the
+    name of the weights that made the last action token; ``weight_versions``: every span, given
+    only when the rollout ran across a weight update (two or more)."""
     n = len(prompt_ids)
     policy: dict[str, Any] = {
         "served_model_id": identity.served_model_id,
@@ -170,6 +174,10 @@ def rollout_record(
         policy["adapter"] = dict(adapter)
     policy["inference_config_sha256"] = identity.inference_config_sha256
     policy["implementation"] = identity.implementation
+    if weight_version is not None:
+        policy["weight_version"] = weight_version
+    if len(weight_versions) > 1:
+        policy["weight_versions"] = [dict(span) for span in weight_versions]
     record: dict[str, Any] = {
         "schema": PROVENANCE_SCHEMA,
         "input_token_ids": [*prompt_ids, *(a.token_id for a in actions)],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import threading
 import time
@@ -16,7 +17,9 @@ from kiln.engine.lora_mix import mix_entries_problem
 from kiln.engine.outputs import PositionScore, RequestStream
 from kiln.engine.request import Request
 from kiln.model.loader import Loaded, load_model
+from kiln.model.swap import load_beside
 from kiln.provenance import PolicyIdentity, content_identity, policy_identity
+from kiln.weight_update import WeightUpdate, WeightUpdateBusy, WeightUpdateTimeout, on_own_thread
 
 if TYPE_CHECKING:
     from kiln.model.lora import LoraAdapter
@@ -46,6 +49,10 @@ class EngineBackend:
         self._policy_lock = threading.Lock()
         self._policy_done = False
         self._started = False
+        self._started_with = loaded  # the weights served at start (policy_identity's)
+        self._identities: dict[str, PolicyIdentity | None] = {}  # updates' (update_weights)
+        self._updating = False
+        self._config = config
         self.adapter_store = AdapterStore(_adapter_dir(config, loaded),
                                           max_loaded=config.max_cpu_loras)
 
@@ -158,6 +165,70 @@ class EngineBackend:
     async def sleep(self) -> tuple[int, int]:
         return await self.engine.sleep()
 
+    @property
+    def weight_version(self) -> str:
+        return self.engine.weight_version
+
+    async def update_weights(self, model_path: str, version: str | None, mode: str,
+                             timeout_s: float) -> WeightUpdate:
+        """Load ``model_path`` beside the serving weights (a thread of its own: the engine
+        serves meanwhile), then swap it in between two steps: ``abort`` ends every request
+        first, ``keep`` lets running ones continue on the new weights, ``wait`` admits nothing
+        new until the running ones finished (within ``timeout_s``, else WeightUpdateTimeout and
+        nothing changed). Raises WeightUpdateBusy while another update runs, WeightUpdateError
+        (nothing changed) for a checkpoint that cannot take the serving one's place."""
+        if self._updating:
+            raise WeightUpdateBusy("another weight update is in flight")
+        self._updating = True
+        try:
+            return await self._update_weights(model_path, version, mode, timeout_s)
+        finally:
+            self._updating = False
+
+    async def _update_weights(self, model_path: str, version: str | None, mode: str,
+                              timeout_s: float) -> WeightUpdate:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        runner = self.engine.executor
+        handed = getattr(runner, "handed_over", None)  # a CRunner's: C step until handed over
+        layout = "heads-major" if handed is not None else runner.plan.kv_layout  # type: ignore[attr-defined]
+        new = await on_own_thread(functools.partial(
+            load_beside, self.loaded, model_path, version=version, torch_free=handed is False,
+            kv_layout=layout, dtype=None if self._config.dtype == "auto" else self._config.dtype,
+            device=self._config.device, identity=self._identity_of))
+        loaded_s = loop.time() - started
+        paused_here = False
+        if mode == "wait":
+            if self.engine.scheduler.pause_mode is None:
+                await self.engine.pause("wait")
+                paused_here = True
+            deadline = loop.time() + timeout_s
+            while not self.engine.stats().get("paused", 0.0):
+                if loop.time() > deadline:
+                    if paused_here:
+                        await self.engine.resume()
+                    raise WeightUpdateTimeout(
+                        f"the running requests did not finish within {timeout_s:g} s; the "
+                        "serving weights are unchanged")
+                await asyncio.sleep(0.02)
+        aborted = await self.engine.update_weights(new.model, new.version, abort=mode == "abort")
+        if paused_here:
+            await self.engine.resume()
+        self._identities[new.version] = new.identity
+        self.loaded = new.loaded
+        return WeightUpdate(version=new.version, aborted=aborted, load_s=loaded_s,
+                            total_s=loop.time() - started)
+
+    def _identity_of(self, loaded: Loaded) -> PolicyIdentity | None:
+        backend = self.tokenizer.backend
+        return policy_identity(
+            served_model_id=self.model_id, source=Path(loaded.source),
+            model_config=loaded.config.record(), dtype=loaded.dtype_name,
+            kv_cache_dtype=self.kv_cache_dtype, backend=loaded.device_type,
+            runtime=f"torch-{torch_version()}",
+            vocab=lambda: backend.get_vocab(with_added_tokens=True),
+            tokenizer_json=backend.to_str, chat_template=self.chat_template.source)
+
     def identity(self) -> dict[str, str]:
         if self._identity is None:
             self._identity = content_identity(self.loaded.config.record(),
@@ -165,9 +236,15 @@ class EngineBackend:
                                               self.chat_template.source)
         return self._identity
 
-    def policy_identity(self) -> PolicyIdentity | None:
-        """Computed once (hashing the weight files takes a moment), then cached; ``start`` begins
-        it on a thread of its own, and a caller that comes first waits for that computation."""
+    def policy_identity(self, version: str | None = None) -> PolicyIdentity | None:
+        """The identity of the weights named ``version`` (None: those serving now). The start's
+        is computed once (hashing the weight files takes a moment), then cached; ``start``
+        begins it on a thread of its own, and a caller that comes first waits for that
+        computation. An update's is computed as it loads (``update_weights``)."""
+        if version is None:
+            version = self.weight_version
+        if version in self._identities:
+            return self._identities[version]
         with self._policy_lock:
             if not self._policy_done:
                 self._policy = self._compute_policy()
@@ -175,14 +252,7 @@ class EngineBackend:
             return self._policy
 
     def _compute_policy(self) -> PolicyIdentity | None:
-        backend = self.tokenizer.backend
-        return policy_identity(
-            served_model_id=self.model_id, source=Path(self.loaded.source),
-            model_config=self.loaded.config.record(), dtype=self.loaded.dtype_name,
-            kv_cache_dtype=self.kv_cache_dtype, backend=self.loaded.device_type,
-            runtime=f"torch-{torch_version()}",
-            vocab=lambda: backend.get_vocab(with_added_tokens=True),
-            tokenizer_json=backend.to_str, chat_template=self.chat_template.source)
+        return self._identity_of(self._started_with)
 
     async def score(
         self, prompt_ids: list[int], top_k: int, lora: tuple[tuple[Any, float], ...] = ()

@@ -13,6 +13,7 @@ from kiln.adapters import AdapterStore
 from kiln.engine.outputs import PositionScore, RequestStream
 from kiln.engine.request import Request
 from kiln.provenance import PolicyIdentity
+from kiln.weight_update import WeightUpdate
 
 __all__ = ["Backend", "ChatTemplatePort", "PositionScore", "TokenizerPort"]
 
@@ -127,10 +128,22 @@ class Backend(Protocol):
         aborted, bytes released). ``resume`` wakes it."""
         ...
 
+    @property
+    def weight_version(self) -> str:
+        """The name of the weights serving now (--weight-version, or an update's)."""
+        ...
+
+    async def update_weights(self, model_path: str, version: str | None, mode: str,
+                             timeout_s: float) -> WeightUpdate:
+        """Load ``model_path`` beside the serving weights and swap it in (abort | wait | keep);
+        raises WeightUpdateError / WeightUpdateBusy / WeightUpdateTimeout, changing nothing."""
+        ...
+
     def identity(self) -> dict[str, str]:
         """Content hashes of the model, tokenizer and template (for fingerprints)."""
         ...
 
-    def policy_identity(self) -> PolicyIdentity | None:
-        """Content-addressed identity for rollout provenance; None when it cannot be had."""
+    def policy_identity(self, version: str | None = None) -> PolicyIdentity | None:
+        """Content-addressed identity for rollout provenance of the weights named ``version``
+        (None: those serving now); None when it cannot be had."""
         ...

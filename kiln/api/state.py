@@ -25,7 +25,13 @@ from kiln.api.errors import ApiError
 from kiln.api.response_store import ResponseStore
 from kiln.config import ServerConfig
 from kiln.engine.errors import NON_FINITE_MIX, NOTHING_ALLOWED, EngineError
-from kiln.engine.outputs import RequestMetrics, RequestOutput, RequestStream, TokenLogprobs
+from kiln.engine.outputs import (
+    RequestMetrics,
+    RequestOutput,
+    RequestStream,
+    TokenLogprobs,
+    WeightSpan,
+)
 from kiln.engine.request import Request as EngineRequest
 from kiln.engine.request import SamplingParams
 from kiln.text.thinking import Outcome
@@ -171,6 +177,10 @@ class Completion:
     forced: list[bool] = field(default_factory=list)
     tops: list[TokenLogprobs | None] = field(default_factory=list)  # when logprobs were asked
     thinking_outcome: Outcome | None = None
+    # which weights made which output tokens (kiln.engine.outputs.WeightSpan), and the name of
+    # the weights serving when the request ended (None: it never reached the engine)
+    weight_spans: tuple[WeightSpan, ...] = ()
+    weight_version: str | None = None
 
     def observe(self) -> None:
         """Record this finished request in the Prometheus metrics."""
@@ -204,6 +214,8 @@ class Completion:
             self.metrics = out.metrics
             self.error = out.error
             self.thinking_outcome = out.thinking_outcome
+            self.weight_spans = out.weight_spans
+            self.weight_version = out.weight_version
             self.observe()
 
 

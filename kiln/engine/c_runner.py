@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from kiln.engine.block_pool import BlockPool
     from kiln.engine.runner import ModelRunner
     from kiln.engine.scoring import ScoringJob
+    from kiln.model.base import CausalLM
     from kiln.model.c_model import CModel
     from kiln.text.tokenizer import Tokenizer
 
@@ -97,21 +98,46 @@ class CRunner:
         """The torch engine's runner over this model's tiles, KV cache and matchers, built on
         first use (imports torch: ~0.65 s, once)."""
         if self._torch is None:
-            from kiln.engine.runner import ModelRunner
-            from kiln.model.kv_cache import KVCache
             from kiln.model.loader import torch_model
 
             log.info("a request needs torch: the torch runner takes over")
-            model = torch_model(self.model)
-            kv = KVCache.over(self.kv.k, self.kv.v, self.block_size, heads_major=True,
-                              zero_pages=True)
-            import torch
-
-            self._torch = ModelRunner(model, self.model.config, self.config, torch.float32,
-                                      torch.device("cpu"), self.tokenizer, kv=kv,
-                                      grammar=self.grammar)
-            self.program = None  # type: ignore[assignment]  # the torch runner's from now on
+            self._hand_over(torch_model(self.model))
+        assert self._torch is not None
         return self._torch
+
+    def _hand_over(self, model: CausalLM) -> None:
+        import torch
+
+        from kiln.engine.runner import ModelRunner
+        from kiln.model.kv_cache import KVCache
+
+        kv = KVCache.over(self.kv.k, self.kv.v, self.block_size, heads_major=True,
+                          zero_pages=True)
+        self._torch = ModelRunner(model, self.model.config, self.config, torch.float32,
+                                  torch.device("cpu"), self.tokenizer, kv=kv,
+                                  grammar=self.grammar)
+        self.program = None  # type: ignore[assignment]  # the torch runner's from now on
+
+    def swap_weights(self, model: CModel | CausalLM) -> None:
+        """Serve ``model`` (same architecture and shapes, checked by the caller) from the next
+        step on, over the same KV cache and matchers: a ``CModel`` is bound to the KV arrays
+        (or, once handed over, becomes the torch runner's ``CausalLM``); a ``CausalLM`` (an HF
+        folder loaded with torch) is handed over to at once."""
+        from kiln.model.c_model import CModel
+
+        if isinstance(model, CModel):
+            self.model = model
+            if self._torch is None:
+                self.program = model.bind(self.kv.k, self.kv.v)
+                return
+            from kiln.model.loader import torch_model
+
+            self._torch.swap_weights(torch_model(model))
+            return
+        if self._torch is None:
+            self._hand_over(model)
+        else:
+            self._torch.swap_weights(model)
 
     def release_kv(self) -> int:
         """Give the KV cache's memory back (its maps stay, zero again); the bytes released.

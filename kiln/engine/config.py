@@ -37,6 +37,9 @@ class EngineConfig:
     # most this many; a request that would exceed it waits), and the largest rank accepted.
     max_lora_slots: int = 8
     max_lora_rank: int = 256
+    # the name of the weights served at start (SGLang's --weight-version); an update from disk
+    # names its own (kiln.engine.loop: AsyncEngine.update_weights)
+    weight_version: str = "default"
 
     def __post_init__(self) -> None:
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens",

@@ -230,6 +230,29 @@ class AsyncEngine:
             return len(outputs), int(release()) if release is not None else 0
         return self.run_exclusive(run)
 
+    def update_weights(self, model: Any, version: str, abort: bool) -> asyncio.Future[int]:
+        """Serve ``model`` (a ``CModel`` or ``CausalLM`` of the serving architecture and shapes:
+        the caller checked) from the next step on, named ``version``; resolves with the number
+        of requests aborted. Between two steps: with ``abort`` every request (running or
+        waiting) finishes first; without, running requests continue on the new weights over
+        the KV the old ones computed (SGLang's and vLLM's keep), their later tokens in a new
+        ``WeightSpan``. Either way the prefix cache is forgotten (``weights_changed``)."""
+        def run() -> int:
+            aborted: list[RequestOutput] = []
+            if abort:
+                aborted = self.scheduler.finish_all(
+                    "abort", error="aborted: the weights were updated (mode abort)")
+                self._process_and_publish(aborted)
+            self.executor.swap_weights(model)  # type: ignore[attr-defined]
+            self.scheduler.weights_changed(version)
+            return len(aborted)
+        return self.run_exclusive(run)
+
+    @property
+    def weight_version(self) -> str:
+        """The name of the weights serving now."""
+        return self.scheduler.weight_version
+
     def stats(self) -> dict[str, float]:
         """The scheduler's gauges, with scoring jobs counted as running (or waiting for the one
         scoring slot): an engine busy scoring must not look idle to a load balancer."""

@@ -18,6 +18,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from kiln.engine.block_pool import ROOT_HASH, block_hashes, salted_root
 from kiln.engine.lora_mix import LoraMix, mix_root_hash
@@ -221,6 +222,11 @@ class RequestState:
     # otherwise, so KV computed under one mix is never reused under another. (The pool's
     # collision key of block 0 keeps ROOT_HASH as its parent, as BlockPool.lookup expects.)
     root_hash: int = field(init=False, default=ROOT_HASH)
+    # [version, start, end) per run of output tokens made by one set of weights (WeightSpan)
+    weight_spans: list[list[Any]] = field(default_factory=list)
+    # False once the weights changed under this request's computed KV (a keep-mode update):
+    # its later full blocks hold KV of two weights and are never offered to the prefix cache
+    cacheable: bool = True
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.request.prompt_token_ids)
@@ -306,6 +312,15 @@ class RequestState:
             output_token_ids=self.output_token_ids,  # read-only until update_from_output
             lora=self.request.lora,
         )
+
+    def note_weights(self, version: str) -> None:
+        """The weights named ``version`` made this request's latest output token."""
+        n = len(self.output_token_ids)
+        spans = self.weight_spans
+        if spans and spans[-1][0] == version:
+            spans[-1][2] = n
+        else:
+            spans.append([version, spans[-1][2] if spans else 0, n])
 
     def output(self, new: tuple[Sequence[int], Sequence[float], Sequence[bool]],
                reason: str | None, stop_reason: str | int | None,

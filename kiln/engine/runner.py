@@ -95,6 +95,12 @@ class ModelRunner:
                 dtype=self.dtype, device=self.device, triton=self.plan.torch_lora == "triton")
         return self._lora_slots
 
+    def swap_weights(self, model: CausalLM) -> None:
+        """Serve ``model`` from the next step on, over the same KV cache, matchers and adapter
+        slots (an adapter's weights are its own): the caller checked that its architecture,
+        shapes and compute plan's KV layout are the serving model's."""
+        self.model = model
+
     def release_kv(self) -> int:
         """Give the KV cache's memory back (``KVCache.release``); the bytes released."""
         return self.kv.release()

@@ -22,7 +22,13 @@ from kiln.engine.block_pool import BlockPool
 from kiln.engine.config import EngineConfig
 from kiln.engine.errors import EngineError
 from kiln.engine.lora_mix import AdapterAdmission, LoraMix, check_mix
-from kiln.engine.outputs import ModelRunnerOutput, RequestOutput, ScheduledSeq, SchedulerOutput
+from kiln.engine.outputs import (
+    ModelRunnerOutput,
+    RequestOutput,
+    ScheduledSeq,
+    SchedulerOutput,
+    WeightSpan,
+)
 from kiln.engine.repetition import REPETITION, repeats
 from kiln.engine.request import (
     Request,
@@ -67,6 +73,8 @@ class Scheduler:
         # keep their KV and resume where they were); "wait" admits nothing new while the running
         # requests finish; None: serving
         self.pause_mode: str | None = None
+        # the name of the weights serving now (AsyncEngine.update_weights changes it)
+        self.weight_version = config.weight_version
 
     # -- pause and resume --------------------------------------------------------------------
     def pause(self, mode: str, why: str = "the server was paused (mode abort)"
@@ -84,6 +92,16 @@ class Scheduler:
 
     def resume(self) -> None:
         self.pause_mode = None
+
+    def weights_changed(self, version: str) -> int:
+        """New weights serve from the next step on, named ``version``: every cached prefix block
+        is forgotten (none computed with the old weights is reused), and a running request,
+        whose KV the old weights computed, offers no later block to the cache either. -> the
+        cached blocks forgotten."""
+        self.weight_version = version
+        for st in self._running:
+            st.cacheable = False
+        return self.pool.reset_prefix_cache()
 
     @property
     def paused(self) -> bool:
@@ -317,6 +335,7 @@ class Scheduler:
             if st.metrics.prefill_end_time is None:
                 st.metrics.prefill_end_time = now
             token, logprob, forced = st.accept(tok.token_id, tok.logprob, now * 1000.0)
+            st.note_weights(self.weight_version)
             st.metrics.record_step_token(now, prefill, st.preempted_since_token)
             st.preempted_since_token = False
             out = self._on_token(st, ([token], [logprob], [forced]))
@@ -326,6 +345,8 @@ class Scheduler:
         return outputs
 
     def _register_full_blocks(self, st: RequestState) -> None:
+        if not st.cacheable:
+            return
         full = min(st.num_computed_tokens // self.block_size, len(st.block_hashes))
         for i in range(st.num_registered_blocks, full):
             self.pool.cache_block(st.block_ids[i], st.block_hashes[i], st.parent_hash(i),
@@ -388,6 +409,8 @@ class Scheduler:
         st.metrics.finalize(self._clock())
         out = st.output(new, reason, stop_reason, self._clock)
         out.error = error
+        out.weight_spans = tuple(WeightSpan(*s) for s in st.weight_spans)
+        out.weight_version = st.weight_spans[-1][0] if st.weight_spans else self.weight_version
         if st.thinking is not None:
             out.thinking_outcome = st.thinking.outcome(len(st.output_token_ids),
                                                        self._clock() * 1000.0)

@@ -17,6 +17,7 @@ from kiln.engine.errors import EngineError
 from kiln.engine.outputs import RequestMetrics, RequestOutput, RequestStream, TokenLogprobs
 from kiln.engine.request import Request
 from kiln.provenance import PolicyIdentity
+from kiln.weight_update import WeightUpdate, WeightUpdateError
 
 VOCAB = 1000
 EOS = 2
@@ -115,6 +116,19 @@ class FakeBackend:
         self.paused = "keep"
         return 0, 0
 
+    weight_version = "default"
+    updates: tuple[tuple[str, str | None, str], ...] = ()  # (model_path, version, mode) each
+
+    async def update_weights(self, model_path: str, version: str | None, mode: str,
+                             timeout_s: float) -> WeightUpdate:
+        """The double loads nothing: a path named 'missing*' is refused as a bad checkpoint;
+        anything else becomes the serving weights' name."""
+        if Path(model_path).name.startswith("missing"):
+            raise WeightUpdateError(f"model_path {model_path!r} does not exist")
+        self.updates = (*self.updates, (model_path, version, mode))
+        self.weight_version = version or "sha256:" + hashlib.sha256(model_path.encode()).hexdigest()
+        return WeightUpdate(version=self.weight_version, aborted=0, load_s=0.0, total_s=0.0)
+
     def identity(self) -> dict[str, str]:
         h = "sha256:" + hashlib.sha256(b"fake").hexdigest()
         return {"tokenizer_config_hash": h, "chat_template_hash": h, "model_config_hash": h}
@@ -126,7 +140,7 @@ class FakeBackend:
                 raise ValueError(f"{name}: lora_A shape does not match the model")
         return tuple(mix)
 
-    def policy_identity(self) -> PolicyIdentity | None:
+    def policy_identity(self, version: str | None = None) -> PolicyIdentity | None:
         h = "sha256:" + hashlib.sha256(b"fake-policy").hexdigest()
         return PolicyIdentity(
             served_model_id=self.model_id, base_model_sha256=h, inference_config_sha256=h,

@@ -120,7 +120,7 @@ def test_health_shows_the_compute_plan() -> None:
     with make(backend) as c:
         body = c.get("/health").json()
     assert body == {"status": "ok", "model": "fake-model", "compute_plan": plan,
-                    "scheduler": "serving"}
+                    "scheduler": "serving", "weight_version": "default"}
 
 
 def test_batch_item_failure_keeps_others() -> None:

@@ -268,6 +268,7 @@ def test_routes() -> None:
         ("POST", "/sleep"),
         ("POST", "/wake_up"),
         ("GET", "/is_sleeping"),
+        ("POST", "/update_weights_from_disk"),
     }
     chat = next(r for r in table if r["path"] == "/v1/chat/completions")
     assert chat["responses"]["200"]["media_types"] == {

@@ -144,6 +144,11 @@ ADDED_FIELDS = {
     ("BatchCompletionRequest", "stream"),
     ("StreamOptions", "continuous_usage_stats"),
     ("Usage", "prompt_tokens_details"),
+    # issue 51: the weights' name on every response, spans across a keep-mode update
+    *((d, "weight_version") for d in ("ChatCompletionResponse", "ChatCompletionChunk",
+                                      "BatchCompletionItem", "RolloutBehaviorPolicyIdentityV1")),
+    *((d, "weight_versions") for d in ("Choice", "ChunkChoice", "BatchCompletionItem",
+                                       "RolloutBehaviorPolicyIdentityV1")),
 }
 # Definitions that vLLM's completions request (seed vllm-completion-request.schema.json) has
 # replaced: tests/contract/test_vllm_seed_coverage.py checks them against that seed. Here they
@@ -168,6 +173,7 @@ ADDED = {
     "AdapterName", "NullableAdapterSelector", "TokenId",  # issue 28: bounds the server enforces
     "ToolChoice", "RequestTemplateKwargs",  # issue 28: rules the server enforces
     "ComputePlan", "ComputeImplementation",  # issue 24: /health shows the compute plan
+    "WeightVersion", "WeightVersionSpan",  # issue 51: the served weights' name and spans
 }
 
 

@@ -48,6 +48,7 @@ HANDLERS: dict[tuple[str, str], Endpoint] = {
     ("POST", "/sleep"): training.sleep,
     ("POST", "/wake_up"): training.wake_up,
     ("GET", "/is_sleeping"): training.is_sleeping,
+    ("POST", "/update_weights_from_disk"): training.update_weights_from_disk,
     ("POST", "/tokenize"): tokenizer.tokenize,
     ("POST", "/detokenize"): tokenizer.detokenize,
     ("GET", "/tokenizer_info"): tokenizer.info,

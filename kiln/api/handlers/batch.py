@@ -32,6 +32,7 @@ from kiln.api.state import (
     until_disconnect,
     usage,
 )
+from kiln.api.weight_versions import spans_wire, version_of
 from kiln.engine.errors import NON_FINITE_MIX
 from kiln.text.thinking import fold, split_reasoning
 from kiln.text.tools import closing_stop, parse_closed
@@ -98,7 +99,12 @@ def _item(state: AppState, shape: Shape, p: int, c: int, done: Completion, promp
     if shape.fold and reasoning:
         content = fold(reasoning, content)
     item = wire.BatchCompletionItem(prompt_index=p, completion_index=c, text=content,
-                                    finish_reason=finish_reason(done.finish_reason), usage=item_usage)
+                                    finish_reason=finish_reason(done.finish_reason), usage=item_usage,
+                                    weight_version=version_of(done.weight_spans,
+                                                              done.weight_version,
+                                                              state.backend.weight_version))
+    if (spans := spans_wire(done.weight_spans)) is not None:
+        item.weight_versions = spans
     if reasoning is not None and shape.reasoning:
         item.reasoning_content = reasoning
     if done.stop_reason is not None:  # vLLM's: a stop string or token id, repetition_detected

@@ -37,6 +37,7 @@ from kiln.api.state import (
     until_disconnect,
     usage,
 )
+from kiln.api.weight_versions import spans_wire, version_of
 from kiln.text.thinking import fold, record, split_reasoning
 from kiln.text.tools import ParsedOutput, ToolCall, closing_stop, parse_closed, parse_tool_calls
 
@@ -181,6 +182,8 @@ def response_body(
                 state.backend.tokenizer, prompt.ids, c.token_ids, c.tops, as_ids=shape.as_ids))
         if run.budget_applied and c.thinking_outcome is not None:
             choice.thinking_budget = as_wire(c.thinking_outcome.wire())
+        if (spans := spans_wire(c.weight_spans)) is not None:
+            choice.weight_versions = spans
         if shape.rollout:
             choice.rollout_provenance = as_wire(rollout.record(
                 state, prepared, prompt.messages, c, shape.echo_text + text,
@@ -213,6 +216,8 @@ def response_body(
         choices=choices,
         usage=usage(prompt_tokens, completion_tokens, completions[0].num_cached_tokens),
         kiln_metadata=metadata,
+        weight_version=version_of(completions[-1].weight_spans, completions[-1].weight_version,
+                                  state.backend.weight_version),
     )
     if shape.return_token_ids:
         out.prompt_token_ids = prompt.ids

@@ -27,6 +27,7 @@ from kiln.api.handlers.prepare import PreparedChat
 from kiln.api.sse import DONE, event, generation_error
 from kiln.api.state import AppState, Completion, Finish, as_wire, finish_reason, request_fault
 from kiln.api.state import usage as token_usage
+from kiln.api.weight_versions import spans_wire, version_of
 from kiln.engine.outputs import RequestOutput
 from kiln.text.thinking import Delta, ReasoningSplitter, record
 from kiln.text.tool_stream import StreamEvents, ToolCallStreamer
@@ -294,7 +295,12 @@ async def chunks(
     finish = finish_reason(final.finish_reason)
     if tools.calls and finish != "length":  # max_tokens may have cut a further call short
         finish = "tool_calls"
-    tail_items.append(chunks.choice(wire.Delta(), finish, final.stop_reason, metadata=metadata))
+    closing = chunks.choice(wire.Delta(), finish, final.stop_reason, metadata=metadata)
+    closing.weight_version = version_of(final.weight_spans, final.weight_version,
+                                        state.backend.weight_version)
+    if (spans := spans_wire(final.weight_spans)) is not None:
+        closing.choices[0].weight_versions = spans
+    tail_items.append(closing)
     if prepared.shape.include_usage:
         tail_items.append(chunks.usage(prompt_tokens, final.num_output_tokens,
                                        final.num_cached_tokens))

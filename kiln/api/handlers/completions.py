@@ -186,6 +186,7 @@ async def _score(request: Request, state: AppState, req: Any, selection: Selecti
         choices=[wire.TextCompletionChoice(index=0, text="", finish_reason="length",
                                            prompt_logprobs=logprobs)],
         usage=usage(len(ids), 0),
+        weight_version=backend.weight_version,  # the scores' weights: scoring runs alone
     ))
 
 

@@ -59,6 +59,7 @@ from kiln.api.state import (
 )
 from kiln.api.state import finish_reason as wire_finish
 from kiln.api.state import usage as token_usage
+from kiln.api.weight_versions import spans_wire, version_of
 from kiln.engine.outputs import RequestStream
 from kiln.engine.request import GrammarSpec, SamplingParams
 from kiln.text.thinking import prompt_starts_in_reasoning, resolve
@@ -315,6 +316,8 @@ def choice_body(state: AppState, prep: Prepared, index: int, p: int, c: Completi
         choice.token_ids = c.token_ids
     if prep.prompt_logprobs is not None:
         choice.prompt_logprobs = prep.prompt_lists[p]
+    if (spans := spans_wire(c.weight_spans)) is not None:
+        choice.weight_versions = spans
     return choice
 
 
@@ -354,4 +357,6 @@ async def respond(request: Request, state: AppState, prep: Prepared, rid: str, a
         model=prep.shape.model, system_fingerprint=fingerprint, choices=choices,
         usage=usage(prep, sum(c.num_output_tokens for c in completions),
                     [c.num_cached_tokens for c in completions]),
+        weight_version=version_of(completions[-1].weight_spans, completions[-1].weight_version,
+                                  state.backend.weight_version),
     ))

@@ -14,6 +14,7 @@ from kiln.api.handlers.completions_gen import Prepared, echo_logprobs, stop_text
 from kiln.api.handlers.logprobs import CompletionLogprobs
 from kiln.api.sse import DONE, event, generation_error
 from kiln.api.state import AppState, Completion, Finish, finish_reason, request_fault
+from kiln.api.weight_versions import spans_wire, version_of
 from kiln.engine.outputs import RequestOutput, RequestStream
 
 _END = object()
@@ -50,10 +51,12 @@ class _Stream:
         self.choices: list[_Choice] = []  # continuous_usage_stats: their tallies so far
 
     def frame(self, choices: list[wire.TextCompletionChunkChoice],
-              usage: wire.Usage | None = None) -> bytes:
+              usage: wire.Usage | None = None, weight_version: str | None = None) -> bytes:
         chunk = wire.TextCompletionChunk(id=self.prep.completion_id, object="text_completion",
                                          created=self.created, model=self.prep.shape.model,
                                          choices=choices)
+        if weight_version is not None:  # on a choice's finishing chunk
+            chunk.weight_version = weight_version
         if usage is None and self.prep.shape.continuous_usage:
             usage = _usage(self.prep, [c.tally for c in self.choices])
         if usage is not None:
@@ -61,7 +64,8 @@ class _Stream:
         return event(chunk)
 
     def chunk(self, ch: _Choice, finish: Finish | None = None,
-              stop_reason: str | int | None = None) -> bytes:
+              stop_reason: str | int | None = None, ended: RequestOutput | None = None
+              ) -> bytes:
         choice = wire.TextCompletionChunkChoice(index=ch.index, text=ch.text, logprobs=None,
                                                 finish_reason=finish, stop_reason=stop_reason)
         if ch.logprobs is not None:
@@ -74,7 +78,14 @@ class _Stream:
                 choice.prompt_token_ids = ch.prompt
             choice.token_ids = ch.ids
         ch.text, ch.ids, ch.sent_first = "", [], True
-        return self.frame([choice])
+        version = None
+        if finish is not None:
+            spans = ended.weight_spans if ended is not None else ()
+            version = version_of(spans, ended.weight_version if ended is not None else None,
+                                 self.state.backend.weight_version)
+            if (wire_spans := spans_wire(spans)) is not None:
+                choice.weight_versions = wire_spans
+        return self.frame([choice], weight_version=version)
 
     def add(self, ch: _Choice, out: RequestOutput) -> None:
         ch.tally.add(out)
@@ -143,7 +154,7 @@ async def frames(state: AppState, prep: Prepared, streams: list[RequestStream],
                 completion_tokens += out.num_output_tokens
                 cached[i] = out.num_cached_tokens
                 ch.text += stop_text(prep, out.finish_reason, out.stop_reason)
-                yield sse.chunk(ch, finish_reason(out.finish_reason), out.stop_reason)
+                yield sse.chunk(ch, finish_reason(out.finish_reason), out.stop_reason, out)
                 continue
             since[i] += len(out.new_token_ids)
             first = not ch.sent_first

@@ -24,6 +24,7 @@ async def health(request: Request) -> Response:
         paused = bool(backend.stats().get("paused", 0.0))
         body["scheduler"] = "sleeping" if state.sleeping else "paused" if paused else (
             "pausing" if state.pause_mode is not None else "serving")
+        body["weight_version"] = backend.weight_version
     if status != "ok":
         body["detail"] = (
             "the model is loading" if status == "loading" else "the engine is not running"

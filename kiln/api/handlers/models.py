@@ -22,6 +22,7 @@ def model_cards(backend: Backend) -> list[dict[str, Any]]:
             "parent": None,
             "root": backend.model_id,
             "max_model_len": backend.max_model_len,
+            "weight_version": backend.weight_version,
         }
     ]
     for name in adapter_names(backend):

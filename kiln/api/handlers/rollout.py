@@ -8,6 +8,7 @@ from typing import Any
 from kiln.api.errors import ApiError
 from kiln.api.handlers.prepare import PreparedChat
 from kiln.api.state import AppState, Completion
+from kiln.api.weight_versions import spans_json, version_of
 from kiln.provenance import ActionToken, adapter_identity, rollout_record
 
 ERROR = "chat_invalid_request"
@@ -66,7 +67,8 @@ def record(
     final_content: str,
     kwargs: dict[str, Any],
 ) -> dict[str, Any]:
-    identity = state.backend.policy_identity()
+    version = version_of(done.weight_spans, done.weight_version, state.backend.weight_version)
+    identity = state.backend.policy_identity(version)  # the weights that made the tokens
     assert identity is not None  # checked at admission
     params = prepared.run.params[0]
     actions = [
@@ -106,4 +108,6 @@ def record(
         seed=done.seed,
         adapter=adapter_identity(prepared.run.lora),
         template_invocation=invocation,
+        weight_version=version,
+        weight_versions=spans_json(done.weight_spans),
     )

@@ -1,6 +1,8 @@
-"""A training loop's routes, under vLLM's names, served with --enable-weight-updates (a 404
-that says so otherwise): POST /pause (?mode=abort|wait|keep), POST /resume, GET /is_paused,
-POST /reset_prefix_cache, POST /sleep (?level=1), POST /wake_up, GET /is_sleeping. The engine
+"""A training loop's routes, under vLLM's and SGLang's names, served with
+--enable-weight-updates (a 404 that says so otherwise): POST /pause (?mode=abort|wait|keep),
+POST /resume, GET /is_paused, POST /reset_prefix_cache, POST /sleep (?level=1),
+POST /wake_up, GET /is_sleeping, POST /update_weights_from_disk (kiln.serving:
+`EngineBackend.update_weights`). The engine
 applies each between two steps (kiln.engine.loop: `AsyncEngine.pause`, `resume`,
 `reset_prefix_cache`, `sleep`); the scheduler holds the pause (kiln.engine.scheduler:
 `Scheduler.pause`); sleeping gives the KV cache's pages back (kiln.model.c_model:
@@ -13,8 +15,11 @@ import asyncio
 from starlette.requests import Request
 from starlette.responses import Response
 
+from kiln.api._generated import wire
 from kiln.api.errors import ApiError
+from kiln.api.handlers.params import opt
 from kiln.api.state import AppState, app_state, json_response
+from kiln.weight_update import WeightUpdateBusy, WeightUpdateError, WeightUpdateTimeout
 
 CODE = "training_invalid_request"
 MODES = ("abort", "wait", "keep")
@@ -113,3 +118,71 @@ async def wake_up(request: Request) -> Response:
 async def is_sleeping(request: Request) -> Response:
     state = _enabled(request)
     return json_response({"is_sleeping": state.sleeping})
+
+
+UPDATE_MODES = ("abort", "wait", "keep")
+# SGLang's fields Kiln has no use for, accepted at their no-op value only: (field, that value)
+NO_OP_FIELDS = (("is_async", False), ("torch_empty_cache", False),
+                ("recapture_cuda_graph", False), ("token_step", 0), ("flush_cache", True))
+
+
+def _update_mode(req: wire.TrainingUpdateWeightsRequest) -> str:
+    """The running-request mode: ``mode``, or SGLang's abort_all_requests (true: abort), or
+    SGLang's default (the running requests finish first: wait)."""
+    mode: str | None = opt(req.mode)
+    abort_all = opt(req.abort_all_requests)
+    if mode is None:
+        return "abort" if abort_all else "wait"
+    if abort_all and mode != "abort":
+        raise ApiError(400, CODE, f"abort_all_requests=true is mode abort, not {mode!r}",
+                       param="abort_all_requests")
+    return mode
+
+
+async def update_weights_from_disk(request: Request) -> Response:
+    """SGLang's route: load ``model_path`` beside the serving weights, then swap it in between
+    two steps (``EngineBackend.update_weights``: abort | wait | keep); the prefix cache is
+    flushed, adapters stay loaded. Refused with nothing changed: a bad or mismatched
+    checkpoint (400), another update in flight or a sleeping server (409), a wait that outlasts
+    the request timeout (408)."""
+    state = _enabled(request)
+    req = await state.contract.read(request, state.config.max_body_bytes,
+                                    "TrainingUpdateWeightsRequest",
+                                    wire.TrainingUpdateWeightsRequest, CODE)
+    for name, value in NO_OP_FIELDS:
+        given = opt(getattr(req, name))
+        if given is not None and given != value:
+            raise ApiError(400, CODE, f"{name}={given!r} is not supported (only {value!r}): "
+                           + ("the prefix cache is always flushed" if name == "flush_cache"
+                              else "the update loads, swaps and returns in this call"
+                              if name == "is_async" else "this server has no such step"),
+                           param=name)
+    load_format = opt(req.load_format)
+    if load_format not in (None, "auto"):
+        raise ApiError(400, CODE, f"load_format {load_format!r} is not supported: the format "
+                       "is read from the file (null or \"auto\")", param="load_format")
+    mode = _update_mode(req)
+    _awake(state, "POST /update_weights_from_disk")
+    backend = state.backend
+    try:
+        done = await backend.update_weights(req.model_path, opt(req.weight_version), mode,
+                                            state.config.request_timeout_s)
+    except WeightUpdateBusy as exc:
+        raise ApiError(409, "update_in_flight", str(exc)) from None
+    except WeightUpdateTimeout as exc:
+        raise ApiError(408, "request_timeout", str(exc)) from None
+    except WeightUpdateError as exc:
+        raise ApiError(400, CODE, f"the serving weights are unchanged: {exc.message}",
+                       param=exc.param) from None
+    kept = 0
+    if mode == "keep":
+        kept = int(backend.stats().get("running", 0.0))
+    if opt(req.keep_pause):
+        await backend.pause("keep")
+        state.pause_mode = "keep"
+    message = (f"serving {done.version} from {req.model_path} (mode {mode}; loaded in "
+               f"{done.load_s:.2f} s, serving after {done.total_s:.2f} s)")
+    return json_response({"success": True, "message": message, "num_paused_requests": kept,
+                          "weight_version": done.version, "mode": mode,
+                          "aborted": done.aborted, "load_s": round(done.load_s, 4),
+                          "total_s": round(done.total_s, 4)})
