@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from kiln.adapters import AdapterStore, validate_name
 from kiln.config import ServerConfig, engine_config
+from kiln.engine.errors import EngineError
 from kiln.engine.loop import AsyncEngine, build_on_engine_thread
 from kiln.engine.lora_mix import mix_entries_problem
 from kiln.engine.outputs import PositionScore, RequestStream
@@ -19,7 +20,13 @@ from kiln.engine.request import Request
 from kiln.model.loader import Loaded, load_model
 from kiln.model.swap import load_beside
 from kiln.provenance import PolicyIdentity, content_identity, policy_identity
-from kiln.weight_update import WeightUpdate, WeightUpdateBusy, WeightUpdateTimeout, on_own_thread
+from kiln.weight_update import (
+    WeightUpdate,
+    WeightUpdateBusy,
+    WeightUpdateError,
+    WeightUpdateTimeout,
+    on_own_thread,
+)
 
 if TYPE_CHECKING:
     from kiln.model.lora import LoraAdapter
@@ -197,13 +204,18 @@ class EngineBackend:
             kv_layout=layout, dtype=None if self._config.dtype == "auto" else self._config.dtype,
             device=self._config.device, identity=self._identity_of))
         loaded_s = loop.time() - started
+        if new.fresh_runner and mode == "keep":
+            raise WeightUpdateError(
+                f"{model_path!r} runs another compute plan than the serving weights (its KV "
+                "cache is laid out otherwise): no request can continue on it; use mode abort "
+                "or wait")
         paused_here = False
         if mode == "wait":
             if self.engine.scheduler.pause_mode is None:
                 await self.engine.pause("wait")
                 paused_here = True
             deadline = loop.time() + timeout_s
-            while not self.engine.stats().get("paused", 0.0):
+            while self.engine.scheduler.num_running:  # a keep pause in force: until /resume
                 if loop.time() > deadline:
                     if paused_here:
                         await self.engine.resume()
@@ -211,9 +223,15 @@ class EngineBackend:
                         f"the running requests did not finish within {timeout_s:g} s; the "
                         "serving weights are unchanged")
                 await asyncio.sleep(0.02)
-        aborted = await self.engine.update_weights(new.model, new.version, abort=mode == "abort")
-        if paused_here:
-            await self.engine.resume()
+        try:
+            aborted = await self.engine.update_weights(
+                new.model, new.version, abort=mode == "abort",
+                fresh=new.loaded if new.fresh_runner else None)
+        except EngineError as exc:
+            raise WeightUpdateError(exc.message) from None
+        finally:
+            if paused_here:
+                await self.engine.resume()
         self._identities[new.version] = new.identity
         self.loaded = new.loaded
         return WeightUpdate(version=new.version, aborted=aborted, load_s=loaded_s,

@@ -230,20 +230,37 @@ class AsyncEngine:
             return len(outputs), int(release()) if release is not None else 0
         return self.run_exclusive(run)
 
-    def update_weights(self, model: Any, version: str, abort: bool) -> asyncio.Future[int]:
+    def update_weights(self, model: Any, version: str, abort: bool,
+                       fresh: Loaded | None = None) -> asyncio.Future[int]:
         """Serve ``model`` (a ``CModel`` or ``CausalLM`` of the serving architecture and shapes:
         the caller checked) from the next step on, named ``version``; resolves with the number
         of requests aborted. Between two steps: with ``abort`` every request (running or
         waiting) finishes first; without, running requests continue on the new weights over
         the KV the old ones computed (SGLang's and vLLM's keep), their later tokens in a new
-        ``WeightSpan``. Either way the prefix cache is forgotten (``weights_changed``)."""
+        ``WeightSpan``. Either way the prefix cache is forgotten (``weights_changed``).
+        ``fresh``: ``model``'s Loaded, whose compute plan needs a runner and KV cache of its
+        own (built here first; EngineError and nothing changed when it does not hold the
+        scheduler's blocks, or when a request still holds KV without ``abort``)."""
         def run() -> int:
+            runner = None
+            if fresh is not None:
+                if not abort and self.scheduler.num_running:
+                    raise EngineError("weights_in_use", "requests still hold KV of the "
+                                      "serving runner; a fresh runner needs them finished", 409)
+                _, runner = build_core(fresh, self.scheduler.config)
+                if runner.num_blocks != self.scheduler.pool.num_blocks:
+                    raise EngineError("weights_mismatch", f"the new weights' KV cache holds "
+                                      f"{runner.num_blocks} blocks, the serving one "
+                                      f"{self.scheduler.pool.num_blocks}", 400)
             aborted: list[RequestOutput] = []
             if abort:
                 aborted = self.scheduler.finish_all(
                     "abort", error="aborted: the weights were updated (mode abort)")
                 self._process_and_publish(aborted)
-            self.executor.swap_weights(model)  # type: ignore[attr-defined]
+            if runner is not None:
+                self.executor = runner
+            else:
+                self.executor.swap_weights(model)  # type: ignore[attr-defined]
             self.scheduler.weights_changed(version)
             return len(aborted)
         return self.run_exclusive(run)

@@ -8,9 +8,12 @@ the swap is the engine's, between two steps (``AsyncEngine.update_weights``), so
 refused here — another architecture or shapes, a bad or truncated file — leaves the old weights
 serving untouched.
 
-What must match: the model config (architecture, every shape, rotary and norm constants: the
-KV cache, the adapters and the tokenizer stay the serving model's), and for a torch model its
-dtype and its compute plan's KV layout (the cache is laid out for the serving plan).
+An update changes the weights only: the tokenizer, the chat template, the sampling defaults (a
+folder's generation_config.json) and the adapters stay the serving model's. What must match:
+the model config (architecture, every shape, rotary and norm constants) and, for a torch model, its dtype. A model
+whose compute plan lays the KV cache out otherwise (an HF folder the torch path runs, replacing
+a GGUF the C step runs) gets a runner of its own (``NewWeights.fresh_runner``), which no request
+can continue on (the backend refuses mode keep for it).
 """
 
 from __future__ import annotations
@@ -32,6 +35,9 @@ class NewWeights:
     version: str
     model: Any  # what the engine's runner swaps in: a CModel or a CausalLM
     identity: PolicyIdentity | None
+    # its compute plan lays the KV cache out otherwise than the serving one: it needs a runner
+    # (and cache) of its own, so no request may hold KV across the swap (not mode keep)
+    fresh_runner: bool = False
 
 
 def config_differences(serving: dict[str, Any], new: dict[str, Any]) -> list[str]:
@@ -66,12 +72,10 @@ def load_beside(serving: Loaded, path: str, *, version: str | None, torch_free: 
         if new.dtype_name != serving.dtype_name:
             raise WeightUpdateError(f"{path!r} loads as {new.dtype_name}, the serving weights "
                                     f"are {serving.dtype_name}")
-        if new.model.plan.kv_layout != kv_layout:
-            raise WeightUpdateError(
-                f"{path!r} would run a compute plan whose KV cache is {new.model.plan.kv_layout}"
-                f", the serving cache is {kv_layout}")
+    fresh = isinstance(new, LoadedModel) and new.model.plan.kv_layout != kv_layout
     ident = identity(new)
     if version is None:
         version = ident.base_model_sha256 if ident is not None else \
             base_model_sha256(weight_files(file))
-    return NewWeights(loaded=new, version=version, model=model, identity=ident)
+    return NewWeights(loaded=new, version=version, model=model, identity=ident,
+                      fresh_runner=fresh)
