@@ -30,7 +30,8 @@ def _presented_key(scope: Scope) -> str | None:
 TOKENIZER_ROUTES = frozenset({"/tokenize", "/detokenize", "/tokenizer_info"})
 # a training loop's routes (vLLM's names) change what every client gets: guarded as well
 TRAINING_ROUTES = frozenset({"/pause", "/resume", "/is_paused", "/reset_prefix_cache", "/sleep",
-                             "/wake_up", "/is_sleeping", "/update_weights_from_disk"})
+                             "/wake_up", "/is_sleeping", "/update_weights_from_disk",
+                             "/inference/v1/generate"})
 
 
 class ApiKeyMiddleware:

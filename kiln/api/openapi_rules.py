@@ -45,6 +45,39 @@ from kiln.api.openapi_rules_agents import messages_rules, responses_rules
 from kiln.api.openapi_rules_completions import completion_rules
 from kiln.api.served_openapi import Bounds
 
+# the prompt is rendered from the conversation unless prompt_token_ids gives it (prompt_ids)
+RENDERED = {"not": given("prompt_token_ids")}
+
+
+def token_in_rules(code: str, b: Bounds, conversation: str) -> list[Rule]:
+    """``prompt_token_ids`` (kiln.api.handlers.prompt_ids): no template field beside it, the
+    ids leave room for a token, and batch gives one id list per prompt."""
+    where = "kiln.api.handlers.prompt_ids"
+    ids = given("prompt_token_ids")
+    template = any_of(given("chat_template_kwargs"), has("add_generation_prompt", {"const": False}),
+                      has("continue_final_message", {"const": True}),
+                      has("echo", {"const": True}), has("add_special_tokens", {"const": True}),
+                      given("truncate_prompt_tokens"))
+    out = [rule("refused_when", "prompt_token_ids", code, f"{where}.refuse_template_fields",
+                "the ids run as given: no field that acts through the chat template",
+                when=all_of(ids, template))]
+    if conversation == "messages":
+        out.append(rule("compare", "prompt_token_ids", "context_length_exceeded",
+                        f"{where}.given_prompt", "the ids leave room for a token", when=ids,
+                        left=field("prompt_token_ids", measure="length"), op="<",
+                        right=value(b.max_model_len)))
+    else:
+        out += [rule("compare", "prompt_token_ids", code, "kiln.api.handlers.prepare",
+                     "one id list per prompt", when=ids, op=op,
+                     left=field(left, measure="length"), right=field(right, measure="length"))
+                for left, right, op in (("prompt_token_ids", conversation, "<="),
+                                        (conversation, "prompt_token_ids", "<="))]
+        out.append(rule("compare", "prompt_token_ids", "context_length_exceeded",
+                        f"{where}.given_prompt", "each id list leaves room for a token",
+                        when=ids, left=field("prompt_token_ids[*]", measure="length"), op="<",
+                        right=value(b.max_model_len)))
+    return out
+
 
 def chat_shape_rules(code: str, b: Bounds, conversation: str) -> list[Rule]:
     """What chat and batch share: the model field beside adapters, the rendered prompt's
@@ -62,10 +95,11 @@ def chat_shape_rules(code: str, b: Bounds, conversation: str) -> list[Rule]:
         rule("compare", param, "context_length_exceeded",
              "kiln.api.handlers.prepare", "the rendered prompt leaves room for a token",
              left=field(conversation, measure="rendered_tokens"), op="<",
-             right=value(b.max_model_len)),
+             right=value(b.max_model_len), when=RENDERED),
         rule("model_dependent", param, "invalid_messages",
              "kiln.api.handlers.prepare.render_prompt",
              "the model's chat template (a Jinja program) may refuse a conversation"),
+        *token_in_rules(code, b, param),
         *vllm_field_rules(code, b),  # before the budget's: they name the field the server does
         rule("model_dependent", "max_tokens", code, "kiln.api.handlers.prepare.apply_budget",
              "where a thinking budget applies (the prompt ends inside a reasoning block, which "
@@ -131,6 +165,7 @@ def chat_rules(b: Bounds, render: bool) -> list[Rule]:
         rule("model_dependent", "continue_final_message", code, prepare,
              "the template renders the final assistant message's content verbatim",
              when=has("continue_final_message", {"const": True})),
+        *n_probs_rules(code),
         *chat_shape_rules(code, b, "messages"),
         *min_tokens_rules(code, field(["max_tokens", "max_completion_tokens"])),
         *repetition_rules(code),
@@ -142,6 +177,16 @@ def chat_rules(b: Bounds, render: bool) -> list[Rule]:
             "a request's engine requests fit the server's admission gate at once",
             left=field("n", if_absent=1, if_null=1), op="<=", right=value(b.capacity))]
     return out
+
+
+def n_probs_rules(code: str) -> list[Rule]:
+    """llama-server's n_probs beside logprobs: true asks for top_logprobs n_probs: both must
+    say the same (kiln.api.handlers.extras)."""
+    when = all_of(has("logprobs", {"const": True}), has("n_probs", {"minimum": 1}))
+    n, top = field("n_probs"), field("top_logprobs", if_absent=0, if_null=0)
+    return [rule("compare", "n_probs", code, "kiln.api.handlers.extras.logprobs_wanted",
+                 "n_probs with logprobs: true asks for top_logprobs n_probs", when=when,
+                 left=a, op="<=", right=b) for a, b in ((n, top), (top, n))]
 
 
 def rollout_rules(code: str) -> list[Rule]:

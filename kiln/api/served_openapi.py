@@ -29,6 +29,7 @@ from kiln.api import _generated
 _LOGIT_BIAS = ("ChatCompletionRequest", "BatchCompletionRequest", "TextCompletionRequest")
 _TOP_LOGPROBS = (("ChatCompletionRequest", "top_logprobs"),
                  ("ChatCompletionRequest", "prompt_logprobs"),  # beside generation, as vLLM
+                 ("ChatCompletionRequest", "n_probs"),  # llama-server's top_logprobs
                  ("BatchCompletionRequest", "top_logprobs"),
                  ("BatchCompletionRequest", "prompt_logprobs"),
                  ("TextCompletionRequest", "logprobs"))

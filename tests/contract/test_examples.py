@@ -269,6 +269,7 @@ def test_routes() -> None:
         ("POST", "/wake_up"),
         ("GET", "/is_sleeping"),
         ("POST", "/update_weights_from_disk"),
+        ("POST", "/inference/v1/generate"),
     }
     chat = next(r for r in table if r["path"] == "/v1/chat/completions")
     assert chat["responses"]["200"]["media_types"] == {

@@ -149,6 +149,7 @@ ADDED_FIELDS = {
                                       "BatchCompletionItem", "RolloutBehaviorPolicyIdentityV1")),
     *((d, "weight_versions") for d in ("Choice", "ChunkChoice", "BatchCompletionItem",
                                        "RolloutBehaviorPolicyIdentityV1")),
+    *((d, "prompt_token_ids") for d in ("ChatCompletionRequest", "BatchCompletionRequest")),
 }
 # Definitions that vLLM's completions request (seed vllm-completion-request.schema.json) has
 # replaced: tests/contract/test_vllm_seed_coverage.py checks them against that seed. Here they

@@ -38,6 +38,7 @@ from kiln.api.handlers.params import (
     state_default,
     state_max_tokens,
 )
+from kiln.api.handlers.prompt_ids import given_prompt, refuse_template_fields
 from kiln.api.state import AppState
 from kiln.engine.request import SamplingParams, ThinkingBudgetSpec
 from kiln.text.chat_template import message_content, render_messages, template_messages
@@ -288,15 +289,21 @@ async def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> Prep
     if tool_choice is not None:
         kwargs.setdefault("tool_choice", tool_choice)
     messages = template_messages(req.messages)
+    given = opt(req.prompt_token_ids)
+    if given is not None:  # token-in: no template (kiln.api.handlers.prompt_ids)
+        refuse_template_fields(req, CHAT_CODE)
     gen_prompt, cont, echo_text = chat_turn_fields(req, CHAT_CODE)
-    text = render_prompt(state, req.messages, tools, kwargs, gen_prompt)
-    if cont:
-        text = continue_final(text, message_content(req.messages[-1].content), CHAT_CODE)
     requested = requested_max_tokens(req.max_tokens, req.max_completion_tokens)
-    keep = truncation(req, backend.max_model_len,
-                      requested if requested is not None else state_max_tokens(state), CHAT_CODE)
-    text, ids = encode_prompt(backend, text, "messages", special=opt(req.add_special_tokens)
-                              is True, keep=keep, side=opt(req.truncation_side))
+    if given is not None:
+        text, ids = given_prompt(backend, given, "prompt_token_ids", CHAT_CODE)
+    else:
+        text = render_prompt(state, req.messages, tools, kwargs, gen_prompt)
+        if cont:
+            text = continue_final(text, message_content(req.messages[-1].content), CHAT_CODE)
+        keep = truncation(req, backend.max_model_len, requested if requested is not None
+                          else state_max_tokens(state), CHAT_CODE)
+        text, ids = encode_prompt(backend, text, "messages", special=opt(req.add_special_tokens)
+                                  is True, keep=keep, side=opt(req.truncation_side))
     tokenization_s = time.perf_counter() - started
     max_tokens = effective_max_tokens(requested, len(ids), backend.max_model_len,
                                       state_max_tokens(state))
@@ -367,13 +374,23 @@ async def prepare_batch(state: AppState, req: wire.BatchCompletionRequest, code:
     model_default = state_max_tokens(state)
     keep = truncation(req, backend.max_model_len,
                       requested if requested is not None else model_default, code)
+    given = opt(req.prompt_token_ids)
+    if given is not None:  # token-in: one id list per prompt, no template (prompt_ids)
+        refuse_template_fields(req, code)
+        if len(given) != len(req.prompts):
+            raise ApiError(400, code, f"prompt_token_ids has {len(given)} entries, prompts "
+                           f"{len(req.prompts)}: one id list per prompt",
+                           param="prompt_token_ids")
     prompts: list[Prompt] = []
     for p, messages in enumerate(req.prompts):
         started = time.perf_counter()
-        text = render_prompt(state, messages, tools, kwargs, param=f"prompts[{p}]")
-        text, ids = encode_prompt(backend, text, f"prompts[{p}]", f"prompt {p}",
-                                  special=opt(req.add_special_tokens) is True, keep=keep,
-                                  side=opt(req.truncation_side))
+        if given is not None:
+            text, ids = given_prompt(backend, given[p], f"prompt_token_ids[{p}]", code)
+        else:
+            text = render_prompt(state, messages, tools, kwargs, param=f"prompts[{p}]")
+            text, ids = encode_prompt(backend, text, f"prompts[{p}]", f"prompt {p}",
+                                      special=opt(req.add_special_tokens) is True, keep=keep,
+                                      side=opt(req.truncation_side))
         prompts.append(Prompt(text, ids, prompt_starts_in_reasoning(text), source,
                               time.perf_counter() - started, template_kwargs=kwargs))
     stop = normalize_stop(opt(req.stop))

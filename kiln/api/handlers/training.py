@@ -27,7 +27,8 @@ DEFAULT_MODE = "abort"  # vLLM's
 WAIT_POLL_S = 0.02
 
 
-def _enabled(request: Request) -> AppState:
+def enabled(request: Request) -> AppState:
+    """The app's state, or a 404 when the training routes are off."""
     state = app_state(request)
     if not state.config.enable_weight_updates:
         raise ApiError(404, "not_enabled", f"{request.url.path} is served only with "
@@ -48,7 +49,7 @@ def _state(state: AppState, mode: str | None, aborted: int = 0) -> Response:
 
 
 async def pause(request: Request) -> Response:
-    state = _enabled(request)
+    state = enabled(request)
     _awake(state, "POST /pause")
     mode = request.query_params.get("mode", DEFAULT_MODE)
     if mode not in MODES:
@@ -68,7 +69,7 @@ async def pause(request: Request) -> Response:
 
 
 async def resume(request: Request) -> Response:
-    state = _enabled(request)
+    state = enabled(request)
     _awake(state, "POST /resume")
     await state.backend.resume()
     state.pause_mode = None
@@ -76,12 +77,12 @@ async def resume(request: Request) -> Response:
 
 
 async def is_paused(request: Request) -> Response:
-    state = _enabled(request)
+    state = enabled(request)
     return json_response({"is_paused": state.pause_mode is not None})
 
 
 async def reset_prefix_cache(request: Request) -> Response:
-    state = _enabled(request)
+    state = enabled(request)
     forgotten = await state.backend.reset_prefix_cache()
     return json_response({"reset": True, "forgotten_blocks": forgotten})
 
@@ -94,7 +95,7 @@ def _sleep_state(state: AppState, aborted: int = 0, released: int = 0) -> Respon
 async def sleep(request: Request) -> Response:
     """Level 1: every request aborted, new ones held, the prefix cache forgotten, the KV
     cache's memory given back. Level 2 (the weights' memory too) is not built: a 400."""
-    state = _enabled(request)
+    state = enabled(request)
     level = request.query_params.get("level", "1")
     if level != "1":
         raise ApiError(400, CODE, f"level {level!r}: only level 1 (the KV cache's memory) is "
@@ -107,7 +108,7 @@ async def sleep(request: Request) -> Response:
 
 
 async def wake_up(request: Request) -> Response:
-    state = _enabled(request)
+    state = enabled(request)
     if not state.sleeping:
         raise ApiError(409, "not_sleeping", "the server is awake")
     await state.backend.resume()
@@ -116,7 +117,7 @@ async def wake_up(request: Request) -> Response:
 
 
 async def is_sleeping(request: Request) -> Response:
-    state = _enabled(request)
+    state = enabled(request)
     return json_response({"is_sleeping": state.sleeping})
 
 
@@ -145,7 +146,7 @@ async def update_weights_from_disk(request: Request) -> Response:
     flushed, adapters stay loaded. Refused with nothing changed: a bad or mismatched
     checkpoint (400), another update in flight or a sleeping server (409), a wait that outlasts
     the request timeout (408)."""
-    state = _enabled(request)
+    state = enabled(request)
     req = await state.contract.read(request, state.config.max_body_bytes,
                                     "TrainingUpdateWeightsRequest",
                                     wire.TrainingUpdateWeightsRequest, CODE)
