@@ -1,8 +1,10 @@
-"""`python -m bench.bench_sleep [--kv-memory-mb 256] [--prompts 6]`: what POST /sleep (level 1)
-gives back. The default model's torch-free engine (as `kiln serve` starts it), in this process;
+"""`python -m bench.bench_sleep [--kv-memory-mb 256] [--prompts 6] [--level 1|2]`: what
+POST /sleep gives back (level 2: the weights' memory as well). The default model's torch-free
+engine (as `kiln serve` starts it), in this process;
 distinct ~1,500-word prompts fill the KV cache, then /sleep: the KV maps' resident bytes (from
 /proc/self/smaps, over the maps' own ranges) and the process's VmRSS before and after. Linux
-only (smaps, MADV_REMOVE). Prints one line and writes bench/results/sleep.json."""
+only (smaps, MADV_REMOVE). Prints one line and writes bench/results/sleep.json (level 2:
+sleep-level2.json)."""
 
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--kv-memory-mb", type=int, default=256)
     parser.add_argument("--prompts", type=int, default=6)
+    parser.add_argument("--level", type=int, choices=(1, 2), default=1)
     args = parser.parse_args(argv)
     config = ServerConfig(kv_memory_mb=args.kv_memory_mb, enable_weight_updates=True)
     with TestClient(build_app(config, EngineBackend.from_config(config))) as c:
@@ -40,18 +43,20 @@ def main(argv: list[str] | None = None) -> int:
             c.post("/v1/chat/completions", json={"max_tokens": 4, "messages": [
                 {"role": "user", "content": f"Story {i}: " + "word " * 1500}]})
         rss_before, kv_before = vm_rss(), map_resident_bytes(maps)
-        released = c.post("/sleep").json()["released_bytes"]
+        released = c.post(f"/sleep?level={args.level}").json()["released_bytes"]
         rss_after, kv_after = vm_rss(), map_resident_bytes(maps)
         c.post("/wake_up")
-    out = {"kv_maps_mib": sum(len(m) for m in maps) / MIB, "kv_resident_before_mib":
-           kv_before / MIB, "kv_resident_after_mib": kv_after / MIB,
+        rss_awake = vm_rss()
+    out = {"level": args.level, "kv_maps_mib": sum(len(m) for m in maps) / MIB,
+           "kv_resident_before_mib": kv_before / MIB, "kv_resident_after_mib": kv_after / MIB,
            "rss_before_mib": rss_before / MIB, "rss_after_mib": rss_after / MIB,
            "rss_drop_of_kv_resident": (rss_before - rss_after) / max(kv_before, 1),
-           "released_mib": released / MIB}
+           "released_mib": released / MIB, "rss_awake_mib": rss_awake / MIB}
     print(", ".join(f"{k} {v:.3f}" for k, v in out.items()))
     results = Path(__file__).parent / "results"
     results.mkdir(exist_ok=True)
-    (results / "sleep.json").write_text(json.dumps(out, indent=2) + "\n")
+    name = "sleep.json" if args.level == 1 else f"sleep-level{args.level}.json"
+    (results / name).write_text(json.dumps(out, indent=2) + "\n")
     return 0
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gc
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -18,8 +19,9 @@ from kiln.engine.lora_mix import mix_entries_problem
 from kiln.engine.outputs import PositionScore, RequestStream
 from kiln.engine.request import Request
 from kiln.model.loader import Loaded, load_model
-from kiln.model.swap import load_beside
+from kiln.model.swap import NewWeights, load_beside
 from kiln.provenance import PolicyIdentity, content_identity, policy_identity
+from kiln.resident import release_freed_heap
 from kiln.weight_update import (
     WeightUpdate,
     WeightUpdateBusy,
@@ -56,7 +58,9 @@ class EngineBackend:
         self._policy_lock = threading.Lock()
         self._policy_done = False
         self._started = False
-        self._started_with = loaded  # the weights served at start (policy_identity's)
+        # the weights served at start (policy_identity's; None once a level-2 sleep dropped them)
+        self._started_with: Loaded | None = loaded
+        self._weights_asleep = False  # a level-2 sleep let go of them (wake_up reads them again)
         self._identities: dict[str, PolicyIdentity | None] = {}  # updates' (update_weights)
         self._updating = False
         self._config = config
@@ -169,8 +173,37 @@ class EngineBackend:
     async def reset_prefix_cache(self) -> int:
         return await self.engine.reset_prefix_cache()
 
-    async def sleep(self) -> tuple[int, int]:
-        return await self.engine.sleep()
+    async def sleep(self, level: int = 1) -> tuple[int, int]:
+        """Level 1: the engine's sleep (the KV cache's memory given back). Level 2: the
+        weights' too, when they were loaded from a file (``wake_up`` reads them again); raises
+        WeightUpdateError for weights that were not."""
+        if level == 2:
+            if not Path(self.loaded.source).is_file() and not Path(self.loaded.source).is_dir():
+                raise WeightUpdateError("the weights were not loaded from a file: level 2 "
+                                        "could not bring them back", param="level")
+            await asyncio.to_thread(self.policy_identity)  # hashed while the files are known
+        out = await self.engine.sleep(level)
+        if level == 2:  # the last references to the model: the runner let go of its own
+            self.loaded.model = None  # type: ignore[assignment]
+            self._started_with = None
+            self._weights_asleep = True
+            gc.collect()
+            release_freed_heap()
+        return out
+
+    async def wake_up(self) -> None:
+        """Serve again after ``sleep``: at level 2 the weights are read from their file again
+        (as an update to the same weights, under the same name) before anything runs."""
+        if self._weights_asleep:
+            new = await self._load(self.loaded.source, self.weight_version, hash_files=False)
+            try:
+                await self.engine.update_weights(new.model, new.version, abort=True,
+                                                 fresh=new.loaded if new.fresh_runner else None)
+            except EngineError as exc:
+                raise WeightUpdateError(exc.message) from None
+            self.loaded = new.loaded
+            self._weights_asleep = False
+        await self.engine.resume()
 
     @property
     def weight_version(self) -> str:
@@ -196,13 +229,7 @@ class EngineBackend:
                               timeout_s: float) -> WeightUpdate:
         loop = asyncio.get_running_loop()
         started = loop.time()
-        runner = self.engine.executor
-        handed = getattr(runner, "handed_over", None)  # a CRunner's: C step until handed over
-        layout = "heads-major" if handed is not None else runner.plan.kv_layout  # type: ignore[attr-defined]
-        new = await on_own_thread(functools.partial(
-            load_beside, self.loaded, model_path, version=version, torch_free=handed is False,
-            kv_layout=layout, dtype=None if self._config.dtype == "auto" else self._config.dtype,
-            device=self._config.device, identity=self._identity_of))
+        new = await self._load(model_path, version, hash_files=True)
         loaded_s = loop.time() - started
         if new.fresh_runner and mode == "keep":
             raise WeightUpdateError(
@@ -237,6 +264,17 @@ class EngineBackend:
         return WeightUpdate(version=new.version, aborted=aborted, load_s=loaded_s,
                             total_s=loop.time() - started)
 
+    async def _load(self, path: str, version: str | None, hash_files: bool) -> NewWeights:
+        """``load_beside`` for the serving runner, on a thread of its own."""
+        runner = self.engine.executor
+        handed = getattr(runner, "handed_over", None)  # a CRunner's: C step until handed over
+        layout = "heads-major" if handed is not None else runner.plan.kv_layout  # type: ignore[attr-defined]
+        return await on_own_thread(functools.partial(
+            load_beside, self.loaded, path, version=version, torch_free=handed is False,
+            kv_layout=layout, dtype=None if self._config.dtype == "auto" else self._config.dtype,
+            device=self._config.device,
+            identity=self._identity_of if hash_files else lambda _: None))
+
     def _identity_of(self, loaded: Loaded) -> PolicyIdentity | None:
         backend = self.tokenizer.backend
         return policy_identity(
@@ -270,6 +308,7 @@ class EngineBackend:
             return self._policy
 
     def _compute_policy(self) -> PolicyIdentity | None:
+        assert self._started_with is not None  # level 2 sleep computes it before letting go
         return self._identity_of(self._started_with)
 
     async def score(

@@ -123,9 +123,13 @@ class Backend(Protocol):
         """Forget every cached prefix block; how many were forgotten."""
         ...
 
-    async def sleep(self) -> tuple[int, int]:
-        """Abort everything, hold new requests, give the KV cache's memory back: (requests
-        aborted, bytes released). ``resume`` wakes it."""
+    async def sleep(self, level: int = 1) -> tuple[int, int]:
+        """Abort everything, hold new requests, give the KV cache's memory back (level 2: the
+        weights' too): (requests aborted, KV bytes released). ``wake_up`` wakes it."""
+        ...
+
+    async def wake_up(self) -> None:
+        """Serve again after ``sleep`` (level 2: the weights read again first)."""
         ...
 
     @property

@@ -69,6 +69,7 @@ class AppState:
     responses: ResponseStore = field(init=False)  # the Responses API's stored responses
     pause_mode: str | None = None  # the training routes' pause in force (handlers/training.py)
     sleeping: bool = False  # POST /sleep until POST /wake_up
+    sleep_level: int = 1  # the level of the sleep in force (2: the weights let go of too)
 
     def __post_init__(self) -> None:
         self.gate = Gate(self.config.max_num_seqs + self.config.max_waiting_requests)

@@ -127,7 +127,7 @@ class CRunner:
 
         if isinstance(model, CModel):
             self.model = model
-            if self._torch is None:
+            if self._torch is None:  # (after drop_weights too: the same KV arrays)
                 self.program = model.bind(self.kv.k, self.kv.v)
                 return
             from kiln.model.loader import torch_model
@@ -138,6 +138,14 @@ class CRunner:
             self._hand_over(model)
         else:
             self._torch.swap_weights(model)
+
+    def drop_weights(self) -> None:
+        """Sleep level 2: let go of the model (its tiles freed once nothing else holds them);
+        nothing runs until ``swap_weights`` gives one back."""
+        self.model = None  # type: ignore[assignment]
+        self.program = None  # type: ignore[assignment]
+        if self._torch is not None:
+            self._torch.drop_weights()
 
     def release_kv(self) -> int:
         """Give the KV cache's memory back (its maps stay, zero again); the bytes released.

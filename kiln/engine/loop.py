@@ -218,16 +218,21 @@ class AsyncEngine:
         number of cached blocks forgotten."""
         return self.run_exclusive(self.scheduler.pool.reset_prefix_cache)
 
-    def sleep(self) -> asyncio.Future[tuple[int, int]]:
-        """vLLM's sleep, level 1: every request aborted and new ones held (a pause), the prefix
-        cache forgotten, and the KV cache's memory given back (``release_kv``); resolves with
-        (requests aborted, bytes released). ``resume`` wakes it; blocks are zero again."""
+    def sleep(self, level: int = 1) -> asyncio.Future[tuple[int, int]]:
+        """vLLM's sleep: every request aborted and new ones held (a pause), the prefix cache
+        forgotten, and the KV cache's memory given back (``release_kv``); at level 2 the runner
+        lets go of the model too (``drop_weights``: ``update_weights`` gives it one back).
+        Resolves with (requests aborted, KV bytes released). ``resume`` wakes it; blocks are
+        zero again."""
         def run() -> tuple[int, int]:
             outputs = self.scheduler.pause("abort", why="the server was put to sleep")
             self._process_and_publish(outputs)
             self.scheduler.pool.reset_prefix_cache()
             release = getattr(self.executor, "release_kv", None)
-            return len(outputs), int(release()) if release is not None else 0
+            released = int(release()) if release is not None else 0
+            if level == 2:
+                self.executor.drop_weights()  # type: ignore[attr-defined]
+            return len(outputs), released
         return self.run_exclusive(run)
 
     def update_weights(self, model: Any, version: str, abort: bool,

@@ -101,6 +101,10 @@ class ModelRunner:
         shapes and compute plan's KV layout are the serving model's."""
         self.model = model
 
+    def drop_weights(self) -> None:
+        """Sleep level 2: let go of the model; nothing runs until ``swap_weights``."""
+        self.model = None  # type: ignore[assignment]
+
     def release_kv(self) -> int:
         """Give the KV cache's memory back (``KVCache.release``); the bytes released."""
         return self.kv.release()

@@ -112,9 +112,12 @@ class FakeBackend:
     async def reset_prefix_cache(self) -> int:
         return 0
 
-    async def sleep(self) -> tuple[int, int]:
+    async def sleep(self, level: int = 1) -> tuple[int, int]:
         self.paused = "keep"
         return 0, 0
+
+    async def wake_up(self) -> None:
+        self.paused = None
 
     weight_version = "default"
     updates: tuple[tuple[str, str | None, str], ...] = ()  # (model_path, version, mode) each

@@ -41,7 +41,7 @@ def test_pause_resume_and_reset() -> None:
 def test_sleep_and_wake_up() -> None:
     backend = FakeBackend()
     with TestClient(build_app(ServerConfig(enable_weight_updates=True), backend)) as c:
-        assert c.post("/sleep?level=2").status_code == 400  # the weights' memory: not built
+        assert c.post("/sleep?level=3").status_code == 400
         r = c.post("/sleep")
         assert r.status_code == 200 and r.json()["sleeping"] is True and r.json()["level"] == 1
         assert contract().first_violation("TrainingSleepResponse", r.json()) is None
@@ -53,3 +53,7 @@ def test_sleep_and_wake_up() -> None:
         assert r.json() == {"sleeping": False, "level": None, "aborted": 0, "released_bytes": 0}
         assert c.post("/wake_up").status_code == 409
         assert backend.paused is None and c.get("/health").json()["scheduler"] == "serving"
+        r = c.post("/sleep?level=2")
+        assert r.status_code == 200 and r.json()["level"] == 2
+        assert contract().first_violation("TrainingSleepResponse", r.json()) is None
+        assert c.post("/wake_up").json()["level"] is None

@@ -254,3 +254,24 @@ def test_default_model_update_and_provenance(tmp_path: Path) -> None:
         policy2 = after["choices"][0]["rollout_provenance"]["behavior_policy"]
         assert policy2["weight_version"] == "step-2"
         assert policy2["base_model_sha256"] == policy["base_model_sha256"]  # the same bytes
+
+
+@pytest.mark.parametrize("handed_over", [False, True], ids=["c-step", "torch"])
+def test_sleep_level_2_lets_go_of_the_weights_and_wake_reads_them_again(
+        files: dict[str, Path], handed_over: bool) -> None:
+    import gc
+    import weakref
+
+    with serve(files["a"]) as c:
+        backend = c.app.state.kiln.backend  # type: ignore[attr-defined]
+        if handed_over:
+            answers(c, [LOGPROBS])  # logprobs: the torch runner takes over
+        want = answers(c, [GREEDY, SEEDED])
+        old = weakref.ref(backend.engine.executor.model)
+        r = c.post("/sleep?level=2")
+        assert r.status_code == 200 and r.json()["level"] == 2, r.text
+        gc.collect()
+        assert old() is None  # nothing holds the model: its memory can go back
+        assert c.post("/wake_up").status_code == 200
+        assert answers(c, [GREEDY, SEEDED]) == want
+        assert c.get("/health").json()["weight_version"] == "default"

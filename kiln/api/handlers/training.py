@@ -88,22 +88,27 @@ async def reset_prefix_cache(request: Request) -> Response:
 
 
 def _sleep_state(state: AppState, aborted: int = 0, released: int = 0) -> Response:
-    return json_response({"sleeping": state.sleeping, "level": 1 if state.sleeping else None,
+    return json_response({"sleeping": state.sleeping,
+                          "level": state.sleep_level if state.sleeping else None,
                           "aborted": aborted, "released_bytes": released})
 
 
 async def sleep(request: Request) -> Response:
     """Level 1: every request aborted, new ones held, the prefix cache forgotten, the KV
-    cache's memory given back. Level 2 (the weights' memory too) is not built: a 400."""
+    cache's memory given back. Level 2: the weights' memory as well, when they were loaded from
+    a file (POST /wake_up reads them again)."""
     state = enabled(request)
     level = request.query_params.get("level", "1")
-    if level != "1":
-        raise ApiError(400, CODE, f"level {level!r}: only level 1 (the KV cache's memory) is "
-                       "built; level 2 (the weights' as well) is not", param="level")
+    if level not in ("1", "2"):
+        raise ApiError(400, CODE, f"level must be 1 (the KV cache's memory) or 2 (the weights' "
+                       f"as well), got {level!r}", param="level")
     if state.sleeping:
         raise ApiError(409, "sleeping", "the server sleeps already")
-    aborted, released = await state.backend.sleep()
-    state.sleeping, state.pause_mode = True, "abort"
+    try:
+        aborted, released = await state.backend.sleep(int(level))
+    except WeightUpdateError as exc:
+        raise ApiError(400, CODE, exc.message, param="level") from None
+    state.sleeping, state.pause_mode, state.sleep_level = True, "abort", int(level)
     return _sleep_state(state, aborted, released)
 
 
@@ -111,7 +116,11 @@ async def wake_up(request: Request) -> Response:
     state = enabled(request)
     if not state.sleeping:
         raise ApiError(409, "not_sleeping", "the server is awake")
-    await state.backend.resume()
+    try:
+        await state.backend.wake_up()
+    except WeightUpdateError as exc:  # the file changed shape or went away meanwhile
+        raise ApiError(409, "wake_up_failed", f"the weights could not be read again: "
+                       f"{exc.message}; the server still sleeps") from None
     state.sleeping, state.pause_mode = False, None
     return _sleep_state(state)
 
