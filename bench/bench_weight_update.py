@@ -14,7 +14,7 @@ file of the same shapes, then one more request:
 Files: the default model's GGUF, updated to a copy of itself (the same bytes, really loaded); with
 ``--shaped``, Qwen2.5-0.5B's shapes in F16 (bench.peers.shaped_gguf, seeds 0 and 1: written to
 build-peers/models when missing). Prints one line per file and writes
-bench/results/weight_update.json."""
+bench/results/weight_update-MODE.json."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ from kiln.model.locate import default_model_path
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "build-peers" / "models"
-RESULTS = Path(__file__).parent / "results" / "weight_update.json"
+RESULTS = Path(__file__).parent / "results"  # weight_update-MODE.json
 BODY: dict[str, Any] = {"messages": [{"role": "user", "content": "Tell me about the sea."}],
                         "max_tokens": 48, "temperature": 0, "ignore_eos": True, "stream": True}
 STEADY_S = 6.0  # the stretch before (and after) the update the rates are taken over
@@ -86,7 +86,8 @@ def rate(times: list[float], start: float, end: float) -> float:
 
 
 def measure(model: Path, new: Path, streams: int, mode: str, log: Path) -> dict[str, Any]:
-    args = ["--model", str(model), "--enable-weight-updates", "--kv-memory-mb", "256"]
+    args = ["--model", str(model), "--enable-weight-updates", "--kv-memory-mb", "256",
+            "--max-model-len", "4096"]
     with running_server(args, log_path=log) as server:
         stop = threading.Event()
         times: list[list[float]] = [[] for _ in range(streams)]
@@ -139,8 +140,8 @@ def main(argv: list[str] | None = None) -> int:
             row = measure(model, new, args.streams, args.mode, Path(tmp) / f"{model.stem}.log")
             print(", ".join(f"{k} {v}" for k, v in row.items()), flush=True)
             rows.append(row)
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps(rows, indent=2) + "\n")
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"weight_update-{args.mode}.json").write_text(json.dumps(rows, indent=2) + "\n")
     return 0
 
 

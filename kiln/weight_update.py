@@ -48,7 +48,11 @@ def on_own_thread(fn: Callable[[], _T]) -> asyncio.Future[_T]:
     """``fn()`` on a new thread that ends with it (call on an event loop). Not the loop's
     default executor: a loader's torch work starts an OpenMP team on its thread, and a pooled
     thread would keep that team alive beside the engine's for the server's life (on the 2-core
-    CPU a second team throttles the C step's barriers: kiln.serving's prepare_lora)."""
+    CPU a second team throttles the C step's barriers: kiln.serving's prepare_lora). At the
+    usual priority: a loader thread at niceness 19 left the engine 92% of its tokens/s while a
+    Qwen2.5-0.5B-shaped F16 file loaded, but took 54.1 s to load it instead of 3.7 s (4 busy
+    streams on 2 cores; python -m bench.bench_weight_update --shaped), and a trainer waits for
+    the new weights."""
     loop = asyncio.get_running_loop()
     future: asyncio.Future[_T] = loop.create_future()
 
