@@ -88,9 +88,13 @@ def update(c: TestClient, path: Path, **body: Any) -> Any:
 def version_everywhere(c: TestClient) -> set[str]:
     chat = c.post("/v1/chat/completions", json=GREEDY).json()
     completion = c.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 2}).json()
-    return {c.get("/health").json()["weight_version"],
-            c.get("/v1/models").json()["data"][0]["weight_version"],
-            chat["weight_version"], completion["weight_version"]}
+    responses = c.post("/v1/responses", json={"input": "Hello", "max_output_tokens": 2}).json()
+    card = c.get("/v1/models").json()["data"][0]
+    messages = c.post("/v1/messages", json={"model": card["id"], "max_tokens": 2, "messages": [
+        {"role": "user", "content": "Hello"}]}).json()
+    return {c.get("/health").json()["weight_version"], card["weight_version"],
+            chat["weight_version"], completion["weight_version"],
+            responses["weight_version"], messages["weight_version"]}
 
 
 @pytest.mark.parametrize("mode", ["abort", "wait", "keep"])

@@ -47,6 +47,7 @@ class Turn:
     reasoning_tokens: int
     logprobs: tuple[wire.ChatTokenLogprob, ...] | None  # the answer's tokens (not reasoning)
     provenance: dict[str, Any] | None = None  # rollout_provenance: chat's record of the turn
+    weight_version: str | None = None  # the weights that made it (chat's weight_version)
 
 
 @dataclass(frozen=True)
@@ -156,7 +157,8 @@ async def run(request: Request, state: AppState, prepared: PreparedChat, rid: st
                 prompt_tokens=len(prompt.ids), output_tokens=c.num_output_tokens,
                 cached_tokens=c.num_cached_tokens, reasoning_tokens=n_reasoning,
                 logprobs=logprobs,
-                provenance=msgspec.to_builtins(record) if record is not None else None)
+                provenance=msgspec.to_builtins(record) if record is not None else None,
+                weight_version=opt(body.weight_version))
 
 
 @dataclass
@@ -168,6 +170,7 @@ class _Tally:
     logprobs: list[wire.ChatTokenLogprob] = field(default_factory=list)
     finish: str = "stop"
     stop_reason: Any = None
+    weight_version: str | None = None  # from chat's finishing chunk
     usage: wire.Usage | None = None
 
 
@@ -214,6 +217,7 @@ def _events(item: chat_stream.Item, tally: _Tally) -> list[Event]:
         if opt(choice.finish_reason) is not None:
             tally.finish = str(choice.finish_reason)
             tally.stop_reason = opt(choice.stop_reason)
+            tally.weight_version = opt(item.weight_version)
     return out
 
 
@@ -258,7 +262,8 @@ def _turn_of(state: AppState, prepared: PreparedChat, tally: _Tally) -> Turn:
                 cached_tokens=details.cached_tokens if details is not None else 0,
                 reasoning_tokens=n_reasoning,
                 logprobs=tuple(tally.logprobs[n_reasoning:])
-                if prepared.shape.logprobs is not None else None)
+                if prepared.shape.logprobs is not None else None,
+                weight_version=tally.weight_version)
 
 
 async def close(events: AsyncIterator[list[Event]]) -> None:

@@ -59,4 +59,6 @@ def message_body(message_id: str, model: str, turn: Turn, omit_thinking: bool = 
            "usage": usage(turn)}
     if turn.provenance is not None:
         out["rollout_provenance"] = turn.provenance
+    if turn.weight_version is not None:
+        out["weight_version"] = turn.weight_version
     return out

@@ -108,12 +108,15 @@ async def frames(message_id: str, model: str, prompt_tokens: int,
                     if blocks.index < 0:  # an empty answer is one empty text block
                         out += blocks.open("text", {"type": "text", "text": ""})
                     out += blocks.close()
-                    out.append(sse("message_delta", {
+                    delta: dict[str, Any] = {
                         "type": "message_delta",
                         "delta": {"stop_reason": stop_reason(turn),
                                   "stop_sequence": turn.stop_string
                                   if turn.finish == "stop" else None},
-                        "usage": usage(turn)}))
+                        "usage": usage(turn)}
+                    if turn.weight_version is not None:
+                        delta["weight_version"] = turn.weight_version
+                    out.append(sse("message_delta", delta))
                     out.append(sse("message_stop", {"type": "message_stop"}))
                 else:
                     out += _frames_of(event, blocks)

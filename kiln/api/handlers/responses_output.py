@@ -132,6 +132,8 @@ def finished(obj: dict[str, Any], ids: Ids, turn: Turn, req: dict[str, Any]
     out["usage"] = usage(turn)
     if turn.provenance is not None:
         out["rollout_provenance"] = turn.provenance
+    if turn.weight_version is not None:
+        out["weight_version"] = turn.weight_version
     if turn.finish == "length":
         out["status"] = "incomplete"
         out["incomplete_details"] = {"reason": "max_output_tokens"}
