@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from kiln.api.contract import MAX_BATCH_ITEMS
-from kiln.api.handlers import rollout
+from kiln.api.handlers import rollout, training
 from kiln.api.handlers.params import (
     BATCH_UNSUPPORTED,
     CHAT_UNSUPPORTED,
@@ -251,6 +251,27 @@ def tokenize_rules(b: Bounds) -> list[Rule]:
     ]
 
 
+def update_weights_rules() -> list[Rule]:
+    """POST /update_weights_from_disk (kiln.api.handlers.training): SGLang's fields Kiln has no
+    use for at their no-op values only, the format read from the file, and abort_all_requests
+    meaning mode abort."""
+    where = "kiln.api.handlers.training.update_weights_from_disk"
+    return [
+        *(rule("non_default_refused", name, UNSUPPORTED_CODE, where,
+               "SGLang's field, accepted at its no-op value only", field=name,
+               default=[None, value]) for name, value in training.NO_OP_FIELDS),
+        rule("refused_when", "load_format", training.CODE, where,
+             "the format is read from the file: null or \"auto\"",
+             when=has("load_format", {"type": "string", "not": {"const": "auto"}})),
+        rule("refused_when", "abort_all_requests", training.CODE, f"{where} (_update_mode)",
+             "abort_all_requests: true is mode abort",
+             when=all_of(has("abort_all_requests", {"const": True}),
+                         has("mode", {"type": "string", "not": {"const": "abort"}}))),
+        rule("model_dependent", "model_path", training.CODE, where,
+             "the checkpoint must load and have the serving model's architecture and shapes"),
+    ]
+
+
 def operation_rules(b: Bounds) -> dict[tuple[str, str], list[Rule]]:
     """(method, path) -> the operation's `x-kiln-rules` (operations without rules are absent)."""
     return {
@@ -263,4 +284,5 @@ def operation_rules(b: Bounds) -> dict[tuple[str, str], list[Rule]]:
         ("POST", "/v1/responses"): responses_rules(b),
         ("POST", "/v1/messages"): messages_rules(b, counting=False),
         ("POST", "/v1/messages/count_tokens"): messages_rules(b, counting=True),
+        ("POST", "/update_weights_from_disk"): update_weights_rules(),
     }

@@ -17,7 +17,7 @@ from starlette.responses import Response
 
 from kiln.api._generated import wire
 from kiln.api.errors import ApiError
-from kiln.api.handlers.params import opt
+from kiln.api.handlers.params import UNSUPPORTED_CODE, opt
 from kiln.api.state import AppState, app_state, json_response
 from kiln.weight_update import WeightUpdateBusy, WeightUpdateError, WeightUpdateTimeout
 
@@ -162,7 +162,8 @@ async def update_weights_from_disk(request: Request) -> Response:
     for name, value in NO_OP_FIELDS:
         given = opt(getattr(req, name))
         if given is not None and given != value:
-            raise ApiError(400, CODE, f"{name}={given!r} is not supported (only {value!r}): "
+            raise ApiError(400, UNSUPPORTED_CODE, f"{name}={given!r} is not supported (only "
+                           f"{value!r}): "
                            + ("the prefix cache is always flushed" if name == "flush_cache"
                               else "the update loads, swaps and returns in this call"
                               if name == "is_async" else "this server has no such step"),
