@@ -47,7 +47,7 @@ def test_penalty_outside_record_range_is_400(client: TestClient) -> None:
 
 def test_501_without_identity() -> None:
     class Anonymous(FakeBackend):
-        def policy_identity(self):
+        def policy_identity(self, version: str | None = None) -> None:
             return None
 
     with TestClient(build_app(ServerConfig(), Anonymous())) as c:
