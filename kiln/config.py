@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from kiln.engine.config import KV_CACHE_DTYPES, EngineConfig
+from kiln.engine.speculative import SpeculativeConfig
 from kiln.presets import PRESETS, canonical_preset
 
 DEFAULT_HOST = "127.0.0.1"
@@ -157,6 +158,10 @@ SETTINGS: tuple[Setting, ...] = (
        "serve the training loop's routes: /pause, /resume, /is_paused, /reset_prefix_cache, "
        "/sleep, /wake_up, /is_sleeping, /update_weights_from_disk, /inference/v1/generate "
        "(vLLM's and SGLang's names), behind --api-key when set"),
+    _s("speculative_config", "str", None,
+       "speculative decoding, vLLM's JSON: {\"method\": \"ngram\", \"num_speculative_tokens\": K, "
+       "\"prompt_lookup_max\": N, \"prompt_lookup_min\": M} (n-gram drafts from the request's "
+       "own tokens, verified so that every token equals plain decoding's)", shown="none: off"),
     _s("weight_version", "str", "default",
        "the name of the weights served at start, reported on every response (SGLang's "
        "--weight-version); POST /update_weights_from_disk names the weights it loads"),
@@ -243,6 +248,7 @@ class ServerConfig:
     grammar_compile_timeout_s: float = _default("grammar_compile_timeout_s")
     enable_weight_updates: bool = _default("enable_weight_updates")
     weight_version: str = _default("weight_version")
+    speculative_config: str | None = _default("speculative_config")
     data_dir: str | None = _default("data_dir")
     responses_max_count: int = _default("responses_max_count")
     responses_max_mb: int = _default("responses_max_mb")
@@ -256,6 +262,11 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
             raise ConfigError(f"port must be in 1..65535, got {self.port}")
+        if self.speculative_config:  # a bad one fails at start, naming the key
+            try:
+                SpeculativeConfig.parse(self.speculative_config)
+            except ValueError as exc:  # json.JSONDecodeError too
+                raise ConfigError(str(exc)) from None
         if self.max_body_bytes < 1024:
             raise ConfigError(f"max_body_bytes must be at least 1024, got {self.max_body_bytes}")
         for name in ("kv_memory_mb", "block_size", "max_num_seqs", "max_num_batched_tokens",
@@ -387,4 +398,6 @@ def engine_config(config: ServerConfig) -> EngineConfig:
         max_model_len=config.max_model_len,
         max_lora_slots=config.max_lora_slots,
         weight_version=config.weight_version,
+        speculative=None if not config.speculative_config
+        else SpeculativeConfig.parse(config.speculative_config),
     )

@@ -73,6 +73,14 @@ CONNECTIONS_ENDED = Counter(
     "send_timeout, overloaded, bad_request, draining).", ["reason"], registry=REGISTRY,
 )
 
+# vLLM's speculative-decoding counters (kiln.engine.speculative), advanced from the scheduler's
+# running totals
+SPEC_COUNTERS = {name: Counter(f"vllm:{name}", help_text, registry=REGISTRY) for name, help_text in (
+    ("spec_decode_num_drafts", "Verify steps a request drafted in."),
+    ("spec_decode_num_draft_tokens", "Draft tokens proposed."),
+    ("spec_decode_num_accepted_tokens", "Draft tokens accepted."))}
+_spec_seen: dict[str, float] = {}
+
 CACHE_CONFIG = Gauge(
     "vllm:cache_config_info", "KV-cache configuration (value 1; the labels carry it).",
     ["block_size", "num_gpu_blocks", "cache_dtype", "enable_prefix_caching"], registry=REGISTRY,
@@ -94,6 +102,10 @@ def observe_engine(
 ) -> None:
     for name, value in stats.items():
         ENGINE.labels(name=name).set(value)
+        counter = SPEC_COUNTERS.get(name)
+        if counter is not None and value > _spec_seen.get(name, 0.0):
+            counter.inc(value - _spec_seen.get(name, 0.0))
+            _spec_seen[name] = value
     RUNNING.labels(model_name=model).set(stats.get("running", 0.0))
     WAITING.labels(model_name=model).set(stats.get("waiting", 0.0))
     total = stats.get("kv_blocks_total", 0.0)

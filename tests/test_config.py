@@ -35,9 +35,14 @@ SAMPLES: dict[str, tuple[str, Any]] = {
 OTHER = {"int": "7777", "float": "7.5", "str": "elsewhere", "list": "e1,e2"}  # valid, not SAMPLES
 
 
+SPEC = '{"method": "ngram", "num_speculative_tokens": 3}'
+
+
 def _sample(s: Setting) -> tuple[str, Any]:
     if s.field == "default_sampling_preset":  # a free string that must name a preset
         return "greedy", "greedy"
+    if s.field == "speculative_config":  # a string that must be vLLM's JSON
+        return SPEC, SPEC
     if s.choices:
         other = next(c for c in s.choices if c != s.default)
         return other, other
@@ -48,6 +53,8 @@ def _other(s: Setting) -> str:
     """A valid value for the variable, other than ``_sample``'s."""
     if s.field == "default_sampling_preset":
         return "qwen3-thinking-coding"
+    if s.field == "speculative_config":
+        return '{"method": "ngram"}'
     if s.choices:
         return next(c for c in s.choices if c != _sample(s)[0])
     return OTHER[s.kind]

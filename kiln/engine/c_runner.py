@@ -17,6 +17,7 @@ has only the plain step.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from concurrent.futures import Future
@@ -44,6 +45,15 @@ if TYPE_CHECKING:
     from kiln.text.tokenizer import Tokenizer
 
 log = logging.getLogger("kiln.engine")
+
+
+def without_drafts(so: SchedulerOutput) -> SchedulerOutput:
+    """``so`` with every drafted decode cut back to its last token (run plainly)."""
+    if not any(s.draft for s in so.seqs):
+        return so
+    seqs = [dataclasses.replace(s, token_ids=s.token_ids[:len(s.token_ids) - len(s.draft)],
+                                draft=()) if s.draft else s for s in so.seqs]
+    return dataclasses.replace(so, seqs=seqs, num_batched_tokens=sum(s.num_tokens for s in seqs))
 
 
 def needs_torch(seq: ScheduledSeq) -> bool:
@@ -169,9 +179,16 @@ class CRunner:
 
     # -- the plain step --------------------------------------------------------------------
 
+    @property
+    def verifies_drafts(self) -> bool:
+        """Whether a step's drafted decodes are verified here (kiln.engine.speculative): by the
+        C step, not once the torch runner took over."""
+        return self._torch is None
+
     def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
         if self._torch is None and any(self._needs_torch(s) for s in so.seqs):
             self.torch_runner()
+            so = without_drafts(so)  # the torch runner decodes them plainly
         if self._torch is not None:
             return self._torch.execute(so)
         if so.is_empty:
@@ -179,14 +196,18 @@ class CRunner:
         rows = [i for i, s in enumerate(so.seqs) if s.sample]
         seqs = [so.seqs[i] for i in rows]
         pending = self._start_masks(seqs)
-        try:
+        drafted = any(s.draft for s in so.seqs)
+        try:  # a row's numbers do not depend on the rest of its step, nor on its row count
             last = self.model.forward(
                 self.program, [(s.token_ids, s.start_pos, s.block_table) for s in so.seqs],
-                "last", self.threads)  # a row's numbers do not depend on the rest of its step
+                [1 + len(s.draft) if s.sample else 1 for s in so.seqs] if drafted else "last",
+                self.threads)
         finally:
             masks = pending.result() if pending is not None else None
         if not rows:
             return ModelRunnerOutput({})
+        if drafted:
+            return self._verify(so, last, masks)
         logits = last if len(rows) == len(so.seqs) else numpy.ascontiguousarray(last[rows])
         errors: dict[str, str] = dict(masks.errors) if masks is not None else {}
         finite = numpy.isfinite(logits.sum(axis=1)).tolist()  # one sum per row finds them
@@ -211,6 +232,70 @@ class CRunner:
             s.request_id: SampledToken(t, lp, None)
             for s, t, lp in zip(seqs, tokens, logprobs, strict=True)
         }, errors)
+
+    def _verify(self, so: SchedulerOutput, logits: numpy.ndarray, masks: RowMasks | None
+                ) -> ModelRunnerOutput:
+        """A step with drafted decodes (drafted rows are plain: the scheduler drafts no
+        constrained request; the step's constrained rows get their masks): every row sampled as
+        plain decoding samples its position, the counter its output index and the history the
+        output so far plus the drafts before it. A drafted sequence's samples stop at its first
+        row whose logits are not finite (plain decoding meets that row only if the drafts before
+        it are kept, and then fails there)."""
+        at = 0
+        owners: list[tuple[ScheduledSeq, int]] = []  # (the row's sequence, its index in it)
+        keep: list[int] = []
+        errors: dict[str, str] = dict(masks.errors) if masks is not None else {}
+        first_row: dict[int, int] = {}  # a sampling sequence's index -> its first kept row
+        finite = numpy.isfinite(logits.sum(axis=1)).tolist()
+        index = -1  # among the sampling sequences (the masks' numbering)
+        for seq in so.seqs:
+            if not seq.sample:  # a prompt chunk: one row returned, nothing sampled
+                at += 1
+                continue
+            index += 1
+            n = 1 + len(seq.draft)
+            if seq.request_id in errors:  # its mask could not be made: no sample
+                at += n
+                continue
+            for j in range(n):
+                if not finite[at + j]:
+                    if j == 0:
+                        errors[seq.request_id] = non_finite(seq.lora)
+                    break
+                if j == 0:
+                    first_row[index] = len(keep)
+                owners.append((seq, j))
+                keep.append(at + j)
+            at += n
+        if not keep:
+            return ModelRunnerOutput({}, errors)
+        kept = numpy.ascontiguousarray(logits[keep])
+        if masks is not None and masks.rows:
+            bits = numpy.ascontiguousarray(masks.bits, dtype=numpy.int32)
+            mine = [(b, first_row[int(i)]) for b, i in enumerate(masks.rows)
+                    if int(i) in first_row]
+            if mine and not apply_token_bitmask_native(
+                    kept, numpy.ascontiguousarray(bits[[b for b, _ in mine]]),
+                    [r for _, r in mine]):
+                raise EngineError("generation_error", "the C grammar mask is unavailable", 500)
+        rows = [dataclasses.replace(seq, step=seq.step + j,
+                                    output_token_ids=[*seq.output_token_ids, *seq.draft[:j]])
+                if j else seq for seq, j in owners]
+        sampled = sample_rows(kept, *parameters(rows),
+                              [r.output_token_ids if r.sampling.uses_penalties else ()
+                               for r in rows], lib=self._lib, n_threads=self.threads)
+        if sampled is None:
+            raise EngineError("generation_error", "the C sampler is unavailable", 500)
+        tokens, logprobs = sampled
+        out: dict[str, SampledToken] = {}
+        verified: dict[str, list[SampledToken]] = {}
+        for (seq, j), t, lp in zip(owners, tokens, logprobs, strict=True):
+            tok = SampledToken(t, lp, None)
+            if j == 0:
+                out[seq.request_id] = tok
+            if seq.draft:
+                verified.setdefault(seq.request_id, []).append(tok)
+        return ModelRunnerOutput(out, errors, {k: tuple(v) for k, v in verified.items()})
 
     def _needs_torch(self, seq: ScheduledSeq) -> bool:
         # a constrained row without a tokenizer: the torch runner's answer (a request error)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kiln.engine.speculative import SpeculativeConfig
+
 # "auto": the model's dtype (exact); "float16": K/V stored as IEEE half (CPU only), half the
 # memory and bytes read per step, at the cost of rounding K and V to 11 significant bits.
 KV_CACHE_DTYPES = ("auto", "float16")
@@ -40,6 +42,8 @@ class EngineConfig:
     # the name of the weights served at start (SGLang's --weight-version); an update from disk
     # names its own (kiln.engine.loop: AsyncEngine.update_weights)
     weight_version: str = "default"
+    # speculative decoding (kiln.engine.speculative; vLLM's --speculative-config): None is off
+    speculative: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens",

@@ -159,6 +159,8 @@ class AsyncEngine:
         if plan is None:
             raise TypeError("the compute plan needs an engine over a ModelRunner")
         out: dict[str, str] = plan.as_dict()
+        if self.scheduler.speculative is not None:
+            out["speculative"] = self.scheduler.speculative.describe()
         return out
 
     def kv_on_demand(self) -> bool:
@@ -345,6 +347,8 @@ class AsyncEngine:
 
     def step(self) -> bool:
         """One engine step; False when nothing could be scheduled."""
+        # drafts only while the runner verifies them (kiln.engine.speculative)
+        self.scheduler.runner_verifies = bool(getattr(self.executor, "verifies_drafts", False))
         so = self.scheduler.schedule()
         if so.is_empty:
             return False

@@ -151,6 +151,9 @@ class ScheduledSeq:
     prompt_token_ids: list[int]
     output_token_ids: list[int]
     lora: LoraMix = ()  # the request's adapters and scales (empty: base model)
+    # speculative decoding (kiln.engine.speculative): drafted tokens after the sequence's last
+    # one, the tail of ``token_ids``; every row of the step is sampled to verify them
+    draft: tuple[int, ...] = ()
 
     @property
     def num_tokens(self) -> int:
@@ -209,6 +212,10 @@ class ModelRunnerOutput:
 
     sampled: dict[str, SampledToken]
     errors: dict[str, str] = field(default_factory=dict)
+    # a drafted sequence's samples, one per row (its last token's, then each draft token's),
+    # up to the first row whose logits were not finite; the scheduler keeps the verified prefix.
+    # A drafted sequence without an entry was run plainly (its drafts dropped).
+    verified: dict[str, tuple[SampledToken, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

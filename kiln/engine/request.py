@@ -24,6 +24,7 @@ from kiln.engine.block_pool import ROOT_HASH, block_hashes, salted_root
 from kiln.engine.lora_mix import LoraMix, mix_root_hash
 from kiln.engine.outputs import RequestMetrics, RequestOutput, ScheduledSeq
 from kiln.engine.repetition import RepetitionDetection
+from kiln.engine.speculative import DraftLength
 from kiln.text.thinking_budget import ThinkingBudgetController
 
 # Below this temperature a row takes the argmax: the samplers' own threshold
@@ -227,6 +228,8 @@ class RequestState:
     # False once the weights changed under this request's computed KV (a keep-mode update):
     # its later full blocks hold KV of two weights and are never offered to the prefix cache
     cacheable: bool = True
+    # speculative decoding: this request's draft length, made on its first drafted step
+    draft_length: DraftLength | None = None
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.request.prompt_token_ids)
@@ -293,14 +296,16 @@ class RequestState:
         bs = self.block_size
         return self.all_token_ids[block_index * bs:(block_index + 1) * bs]
 
-    def scheduled(self, n: int, is_new: bool, now: float) -> ScheduledSeq:
-        """This request's part of a step: its next ``n`` tokens to compute."""
+    def scheduled(self, n: int, is_new: bool, now: float, draft: Sequence[int] = ()
+                  ) -> ScheduledSeq:
+        """This request's part of a step: its next ``n`` tokens to compute, and after them
+        ``draft``, tokens to verify (kiln.engine.speculative)."""
         start = self.num_computed_tokens
         if self.metrics.prefill_start_time is None:
             self.metrics.prefill_start_time = now
         return ScheduledSeq(
             request_id=self.request_id,
-            token_ids=self.all_token_ids[start:start + n],
+            token_ids=self.all_token_ids[start:start + n] + list(draft),
             start_pos=start,
             block_table=list(self.block_ids),
             sample=start + n == self.num_tokens,
@@ -311,6 +316,7 @@ class RequestState:
             prompt_token_ids=self.request.prompt_token_ids,
             output_token_ids=self.output_token_ids,  # read-only until update_from_output
             lora=self.request.lora,
+            draft=tuple(draft),
         )
 
     def note_weights(self, version: str) -> None:

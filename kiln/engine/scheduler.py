@@ -39,6 +39,7 @@ from kiln.engine.request import (
     pick_victim,
     unschedule,
 )
+from kiln.engine.speculative import DraftLength, accepted_prefix, drafts_allowed, ngram_draft
 from kiln.text.thinking_budget import validate_budget
 
 NewTokens = tuple[list[int], list[float], list[bool]]  # ids, behaviour logprobs, forced
@@ -75,6 +76,13 @@ class Scheduler:
         self.pause_mode: str | None = None
         # the name of the weights serving now (AsyncEngine.update_weights changes it)
         self.weight_version = config.weight_version
+        # speculative decoding (kiln.engine.speculative): drafts are proposed only while the
+        # runner verifies them (AsyncEngine sets it: the C runner does, the torch runner not)
+        self.speculative = config.speculative
+        self.runner_verifies = False
+        self.spec_drafts = 0  # verify steps a request drafted in
+        self.spec_draft_tokens = 0
+        self.spec_accepted_tokens = 0
 
     # -- pause and resume --------------------------------------------------------------------
     def pause(self, mode: str, why: str = "the server was paused (mode abort)"
@@ -192,6 +200,12 @@ class Scheduler:
             if st.status is not Status.RUNNING:
                 continue  # preempted earlier in this loop
             n = min(st.num_remaining, budget, self._chunk_cap(st.num_computed_tokens, capped))
+            draft = self._draft(st, budget) if i < len(decodes) else []
+            if draft and self._grow(st, st.num_computed_tokens + 1 + len(draft)):
+                seqs.append(st.scheduled(1, is_new=False, now=now, draft=draft))
+                scheduled.add(st.request_id)
+                budget -= 1 + len(draft)
+                continue
             while not self._grow(st, st.num_computed_tokens + n):
                 victim = pick_victim(self._running, scheduled | {st.request_id}, st)
                 self._preempt(victim or st)
@@ -212,6 +226,23 @@ class Scheduler:
             num_batched_tokens=sum(s.num_tokens for s in seqs),
             preempted_ids=preempted,
         )
+
+    def _draft(self, st: RequestState, budget: int) -> list[int]:
+        """Tokens to verify after decoding ``st``'s last one (kiln.engine.speculative): only for
+        a request whose every token is plain sampling (no logprobs, logits processors, grammar,
+        thinking budget, stop strings or adapter: those decode as before), within its
+        max_tokens, the context window and the step's budget."""
+        spec = self.speculative
+        if spec is None or not self.runner_verifies or not drafts_allowed(st.request):
+            return []
+        if st.draft_length is None:
+            st.draft_length = DraftLength(spec.num_speculative_tokens)
+        k = min(st.draft_length.wanted(), budget - 1,
+                st.max_tokens - len(st.output_token_ids) - 1,
+                self.max_model_len - st.num_tokens - 1)
+        if k <= 0:
+            return []
+        return ngram_draft(st.all_token_ids, k, spec.prompt_lookup_min, spec.prompt_lookup_max)
 
     def _chunk_cap(self, computed: int, capped: bool) -> int:
         """While decodes run, a chunk's attention cost grows with the context before it: cap it
@@ -323,6 +354,9 @@ class Scheduler:
             st = self._requests.get(seq.request_id)
             if st is None or st.status is not Status.RUNNING:
                 continue
+            if seq.draft:
+                outputs.extend(self._verified(st, seq, ro, now, prefill))
+                continue
             st.num_computed_tokens += seq.num_tokens
             self._register_full_blocks(st)
             if not seq.sample:
@@ -344,6 +378,46 @@ class Scheduler:
             outputs.append(out)
         return outputs
 
+    def _verified(self, st: RequestState, seq: ScheduledSeq, ro: ModelRunnerOutput,
+                  now: float, prefill: bool) -> list[RequestOutput]:
+        """A drafted decode's samples (kiln.engine.speculative): the verified prefix is kept,
+        token by token, as plain decoding would have made them (each may end the request); the
+        KV of the rejected drafts' positions is left to be written over."""
+        samples = ro.verified.get(seq.request_id)
+        if samples is None:  # run plainly (the runner dropped the drafts): its first sample
+            first = ro.sampled.get(seq.request_id)
+            samples = () if first is None else (first,)
+            keep = len(samples)
+        else:
+            keep = min(len(samples), accepted_prefix([t.token_id for t in samples], seq.draft))
+            self.spec_drafts += 1
+            self.spec_draft_tokens += len(seq.draft)
+            self.spec_accepted_tokens += keep - 1
+            if st.draft_length is not None:
+                st.draft_length.record(len(seq.draft), keep - 1)
+        if not samples:
+            why = ro.errors.get(seq.request_id, "the runner sampled no token")
+            return [self._finish(st, "error", error=why)]
+        st.num_computed_tokens += keep  # the last token's and the kept drafts' positions
+        self._register_full_blocks(st)
+        if st.metrics.prefill_end_time is None:
+            st.metrics.prefill_end_time = now
+        ids: list[int] = []
+        lps: list[float] = []
+        forced: list[bool] = []
+        for tok in samples[:keep]:
+            token, logprob, was_forced = st.accept(tok.token_id, tok.logprob, now * 1000.0)
+            st.note_weights(self.weight_version)
+            st.metrics.record_step_token(now, prefill, st.preempted_since_token)
+            st.preempted_since_token = False
+            ids.append(token)
+            lps.append(logprob)
+            forced.append(was_forced)
+            reason, stop_reason = self._stop_reason(st, token)
+            if reason is not None:
+                return [self._finish(st, reason, stop_reason, new=(ids, lps, forced))]
+        return [st.output((ids, lps, forced), None, None, self._clock)]
+
     def _register_full_blocks(self, st: RequestState) -> None:
         if not st.cacheable:
             return
@@ -354,21 +428,25 @@ class Scheduler:
         st.num_registered_blocks = max(st.num_registered_blocks, full)
 
     def _on_token(self, st: RequestState, new: NewTokens) -> RequestOutput:
-        reason: str | None = None
-        stop_reason: str | int | None = None
-        token_id = new[0][0]
-        if token_id in self.eos_token_ids and not st.request.sampling.ignore_eos:
-            reason = "stop"
-        elif token_id in st.request.sampling.stop_token_ids:
-            reason, stop_reason = "stop", token_id
-        elif (rule := st.request.sampling.repetition_detection) is not None and repeats(
-                st.output_token_ids, rule):
-            reason, stop_reason = "stop", REPETITION
-        elif len(st.output_token_ids) >= st.max_tokens:
-            reason = "length"
+        reason, stop_reason = self._stop_reason(st, new[0][0])
         if reason is None:
             return st.output(new, None, None, self._clock)
         return self._finish(st, reason, stop_reason, new=new)
+
+    def _stop_reason(self, st: RequestState, token_id: int
+                     ) -> tuple[str | None, str | int | None]:
+        """Whether the output token ``token_id``, just appended, ends ``st``: (finish reason,
+        stop reason), or (None, None)."""
+        if token_id in self.eos_token_ids and not st.request.sampling.ignore_eos:
+            return "stop", None
+        if token_id in st.request.sampling.stop_token_ids:
+            return "stop", token_id
+        if (rule := st.request.sampling.repetition_detection) is not None and repeats(
+                st.output_token_ids, rule):
+            return "stop", REPETITION
+        if len(st.output_token_ids) >= st.max_tokens:
+            return "length", None
+        return None, None
 
     # -- finishing ---------------------------------------------------------------------------
     def fail_step(self, so: SchedulerOutput, message: str) -> list[RequestOutput]:
@@ -442,4 +520,7 @@ class Scheduler:
             "prefix_cache_hit_tokens": float(self.prefix_cache_hit_tokens),
             "num_preemptions": float(self.num_preemptions),
             "paused": float(self.paused),
+            "spec_decode_num_drafts": float(self.spec_drafts),
+            "spec_decode_num_draft_tokens": float(self.spec_draft_tokens),
+            "spec_decode_num_accepted_tokens": float(self.spec_accepted_tokens),
         }

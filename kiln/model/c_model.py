@@ -307,11 +307,12 @@ class CModel:
 
     def forward(self, prog: CpuStepProgram,
                 seqs: Sequence[tuple[Sequence[int], int, Sequence[int]]],
-                want: Literal["last", "all"] = "last", n_threads: int | None = None
-                ) -> np.ndarray:
+                want: Literal["last", "all"] | Sequence[int] = "last",
+                n_threads: int | None = None) -> np.ndarray:
         """float32 logits of a step of ``seqs``, each ``(new_token_ids, start_pos,
         block_table)`` as ``kiln.model.base.build_forward_batch`` takes them: for each
-        sequence's last new row (``want="last"``) or every row (``"all"``), in order. Runs as
+        sequence's last new row (``want="last"``), every row (``"all"``), or its last
+        ``want[s]`` rows (a drafted decode's, kiln.engine.speculative), in order. Runs as
         ``kiln.model.base.CpuStep.forward`` runs the same step (C steps of :func:`group_rows`
         rows), so the numbers are the torch-loaded model's bit for bit; writes the rows' K/V
         into ``prog``'s cache; ``n_threads``: the C calls' threads (default ``threads()``).
@@ -342,7 +343,8 @@ class CModel:
             slots.extend(int(table[p // bs]) * bs + p % bs for p in range(start, end))
             owner.extend([s] * n)
             first.extend([row0] * n)
-            wanted.extend(range(row0, row0 + n) if want == "all" else [row0 + n - 1])
+            rows = n if want == "all" else 1 if want == "last" else int(want[s])
+            wanted.extend(range(row0 + n - rows, row0 + n))
         return self._run(prog, np.array(ids, dtype=np.int64), np.array(ctx, dtype=np.int64),
                          tables, np.array(slots, dtype=np.int64),
                          np.array(owner, dtype=np.int64), first, wanted, n_threads)

@@ -1,0 +1,156 @@
+"""Speculative decoding that changes nothing but the speed: drafts, and the rule that verifies
+them.
+
+The C step computes each row of a step from its own position and context alone, so the logits
+of a position verified in a multi-row step are the plain decode step's bit for bit, and the
+sampler draws a position's token from a counter hash of (seed, output index, ...) with the
+request's own penalty history. Verifying a draft therefore means: run the decoding request's
+last token and its k drafted tokens as one step, sample every row exactly as plain decoding would
+sample that position (its output index as the counter, the output so far plus the drafts before
+it as history), and keep the sampled tokens while each equals the draft it checks. The tokens
+kept are the tokens plain decoding would have made, one after another; the first sample that
+differs from its draft is kept too (plain decoding makes it there), and the rest is dropped.
+
+Drafts here come from n-gram (prompt) lookup over the request's own tokens: the longest recent
+n-gram (``prompt_lookup_max`` down to ``prompt_lookup_min`` tokens) that ends the sequence and
+occurred before proposes the tokens that followed it. ``DraftLength`` follows each request's
+acceptance, and the scheduler decides which requests draft at all
+(``kiln.engine.scheduler``: only plain decoding rows the C step verifies; any other request
+decodes as before).
+
+The configuration is vLLM's ``--speculative-config`` JSON (``{"method": "ngram",
+"num_speculative_tokens": K, "prompt_lookup_max": N, "prompt_lookup_min": M}``); the draft-model
+and MTP kinds are refused until they are built.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+METHODS = ("ngram",)
+NOT_BUILT = ("draft_model", "mtp", "eagle", "eagle3", "medusa", "suffix")
+MAX_SPECULATIVE_TOKENS = 16
+LOOKBACK = 4096  # tokens searched for an earlier occurrence of the tail n-gram
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    method: str = "ngram"
+    num_speculative_tokens: int = 4
+    prompt_lookup_max: int = 4
+    prompt_lookup_min: int = 2
+
+    @classmethod
+    def parse(cls, text: str | Mapping[str, Any]) -> SpeculativeConfig:
+        """vLLM's ``--speculative-config`` (a JSON object, or its dict). ValueError, naming the
+        key, for anything this server cannot honour."""
+        try:
+            spec = json.loads(text) if isinstance(text, str) else dict(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"--speculative-config is not JSON: {exc}") from None
+        if not isinstance(spec, dict):
+            raise ValueError("--speculative-config must be a JSON object")
+        method = spec.pop("method", "ngram")
+        if method in NOT_BUILT:
+            raise ValueError(f"--speculative-config method {method!r} is not built; "
+                             f"only {', '.join(METHODS)}")
+        if method not in METHODS:
+            raise ValueError(f"--speculative-config method {method!r} is unknown; "
+                             f"use {', '.join(METHODS)}")
+        known = {"num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"}
+        unknown = sorted(set(spec) - known)
+        if unknown:
+            raise ValueError(f"--speculative-config {unknown[0]!r} is not supported "
+                             f"(ngram takes {', '.join(sorted(known))})")
+        ints = {}
+        for key in sorted(known):
+            if key in spec:
+                value = spec[key]
+                if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                    raise ValueError(f"--speculative-config {key} must be a positive integer, "
+                                     f"got {value!r}")
+                ints[key] = value
+        out = cls(method=method, **ints)
+        if out.num_speculative_tokens > MAX_SPECULATIVE_TOKENS:
+            raise ValueError(f"--speculative-config num_speculative_tokens is at most "
+                             f"{MAX_SPECULATIVE_TOKENS}, got {out.num_speculative_tokens}")
+        if out.prompt_lookup_min > out.prompt_lookup_max:
+            raise ValueError("--speculative-config prompt_lookup_min must not exceed "
+                             "prompt_lookup_max")
+        return out
+
+    def describe(self) -> str:
+        return (f"ngram (k={self.num_speculative_tokens}, n={self.prompt_lookup_min}.."
+                f"{self.prompt_lookup_max})")
+
+
+def ngram_draft(tokens: Sequence[int], k: int, n_min: int, n_max: int) -> list[int]:
+    """Up to ``k`` tokens that followed the latest earlier occurrence of the longest n-gram
+    (``n_max`` down to ``n_min`` tokens) that ends ``tokens``; empty when none occurred."""
+    size = len(tokens)
+    if k <= 0 or size < n_min + 1:
+        return []
+    low = max(0, size - LOOKBACK)
+    for n in range(min(n_max, size - 1), n_min - 1, -1):
+        tail = list(tokens[size - n:])
+        first = tail[0]
+        # the latest start i < size - n with tokens[i:i+n] == tail
+        for i in range(size - n - 1, low - 1, -1):
+            if tokens[i] == first and list(tokens[i:i + n]) == tail:
+                follow = list(tokens[i + n:i + n + k])
+                if follow:
+                    return follow
+    return []
+
+
+class DraftLength:
+    """A request's draft length: it grows by one after a draft accepted whole and shrinks to the
+    accepted length plus one after a miss, between 1 and ``k``; after ``misses`` drafts in a row
+    accept nothing, the request stops drafting for ``rest`` decode steps (a step with drafts
+    costs more rows than a plain one, so speculation that does not pay turns itself off)."""
+
+    def __init__(self, k: int, misses: int = 3, rest: int = 16) -> None:
+        self.k, self.length, self.misses, self.rest = k, k, misses, rest
+        self._missed = 0
+        self._resting = 0
+
+    def wanted(self) -> int:
+        """Tokens to draft this step (0: decode plainly)."""
+        if self._resting:
+            self._resting -= 1
+            return 0
+        return self.length
+
+    def record(self, drafted: int, accepted: int) -> None:
+        if drafted == 0:
+            return
+        if accepted == drafted:
+            self.length = min(self.k, self.length + 1)
+        else:
+            self.length = max(1, accepted + 1)
+        self._missed = self._missed + 1 if accepted == 0 else 0
+        if self._missed >= self.misses:
+            self._missed, self._resting = 0, self.rest
+
+
+def drafts_allowed(request: Any) -> bool:
+    """Whether a request's tokens may be drafted and verified: plain sampling only. Logprobs,
+    logits processors and adapters run on the torch runner; a grammar's mask, a thinking
+    budget's forced tokens and stop strings' held-back text follow each token one by one: such
+    a request decodes as before."""
+    sp = request.sampling
+    return not (request.lora or sp.logprobs is not None or sp.logprob_token_ids is not None
+                or sp.processes_logits or sp.grammar is not None or sp.thinking is not None
+                or sp.stop)
+
+
+def accepted_prefix(sampled: Sequence[int], draft: Sequence[int]) -> int:
+    """How many sampled tokens a verify step keeps: samples while each equals the draft token it
+    checks, then the first that differs (or the one after the whole draft)."""
+    n = 0
+    while n < len(draft) and sampled[n] == draft[n]:
+        n += 1
+    return n + 1

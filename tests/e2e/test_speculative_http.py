@@ -1,0 +1,95 @@
+"""Speculative decoding changes nothing but the speed: on the default model (and a tiny
+checkpoint), a server with n-gram speculation answers every request with the token ids,
+logprobs and rollout provenance of a server without it, bit for bit — greedy, seeded, n = 2
+with a penalty, a stop token, a stop string, a JSON schema, logprobs — while its counters show
+that drafts were verified and accepted (the equality is not vacuous)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+
+from kiln.api.app import build_app
+from kiln.config import ServerConfig
+from kiln.serving import EngineBackend
+from tests.tiny_models import random_tensors, tiny_config, write_tiny_gguf
+
+SPEC = json.dumps({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
+                   "prompt_lookup_min": 2})
+TEXT = ("def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\n"
+        "def mul(a, b):\n    return a * b\n")
+MESSAGES = [{"role": "user", "content": f"Repeat this code exactly:\n{TEXT}"}]
+BODIES: list[dict[str, Any]] = [
+    {"temperature": 0},
+    {"temperature": 1.0, "seed": 3},
+    {"temperature": 0.7, "seed": 5, "n": 2, "presence_penalty": 0.4, "top_p": 0.9},
+    {"temperature": 0, "stop_token_ids": [28]},
+    {"temperature": 0, "stop": ["return a * b"]},
+    {"temperature": 0, "logprobs": True, "top_logprobs": 2},
+    {"temperature": 0, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "object", "properties": {"a": {"type": "integer"}},
+                                "required": ["a"]}}}},
+    {"temperature": 0, "max_tokens": 7},
+]
+
+
+def serve(model: str | None, spec: str | None) -> TestClient:
+    cfg = ServerConfig(model=model, kv_memory_mb=64, speculative_config=spec)
+    return TestClient(build_app(cfg, EngineBackend.from_config(cfg)))
+
+
+def answers(c: TestClient, messages: list[dict[str, Any]]) -> list[Any]:
+    out = []
+    for body in BODIES:
+        r = c.post("/v1/chat/completions", json={
+            "messages": messages, "max_tokens": 96, "return_token_ids": True, **body})
+        assert r.status_code == 200, r.text
+        out.append([(ch["token_ids"], ch["message"], ch.get("logprobs"), ch["finish_reason"])
+                    for ch in r.json()["choices"]])
+    r = c.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 64,
+                                             "temperature": 0.8, "seed": 9,
+                                             "rollout_provenance": True})
+    assert r.status_code == 200, r.text
+    out.append(r.json()["choices"][0]["rollout_provenance"])
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    cfg = tiny_config("qwen3")
+    return write_tiny_gguf(tmp_path_factory.mktemp("spec") / "tiny.gguf", cfg,
+                           random_tensors(cfg, 0), q8=True)
+
+
+def test_default_model_answers_are_unchanged() -> None:
+    with serve(None, None) as c:
+        want = answers(c, MESSAGES)
+    with serve(None, SPEC) as c:
+        got = answers(c, MESSAGES)
+        stats = c.app.state.kiln.backend.stats()  # type: ignore[attr-defined]
+        plan = c.get("/health").json()["compute_plan"]
+        metrics = c.get("/metrics").text
+    assert got == want
+    assert stats["spec_decode_num_accepted_tokens"] > 0, stats
+    assert stats["spec_decode_num_draft_tokens"] >= stats["spec_decode_num_accepted_tokens"]
+    assert plan["speculative"].startswith("ngram")
+    assert "vllm:spec_decode_num_accepted_tokens_total" in metrics
+
+
+def test_tiny_checkpoint_answers_are_unchanged(tiny: Path) -> None:
+    messages = [{"role": "user", "content": "Hello, world! Hello, world! Hello, world!"}]
+    with serve(str(tiny), None) as c:
+        want = answers(c, messages)
+    with serve(str(tiny), SPEC) as c:
+        assert answers(c, messages) == want
+
+
+def test_a_bad_speculative_config_fails_at_start() -> None:
+    from kiln.config import ConfigError
+
+    with pytest.raises(ConfigError, match="not built"):
+        ServerConfig(speculative_config='{"method": "draft_model", "model": "x"}')
