@@ -12,12 +12,12 @@ from kiln.api._generated import wire
 from kiln.engine.outputs import WeightSpan
 
 
-def version_of(spans: Sequence[WeightSpan], ended: str | None, serving: str) -> str:
+def version_of(spans: Sequence[WeightSpan], ended: str | None, backend: Any) -> str:
     """The weights that made a generation's last token; with no token, those serving when it
-    ended (``ended``), else those serving now."""
+    ended (``ended``), else those serving now (``backend.weight_version``, read only then)."""
     if spans:
         return spans[-1].version
-    return ended if ended is not None else serving
+    return ended if ended is not None else str(backend.weight_version)
 
 
 def spans_wire(spans: Sequence[WeightSpan]) -> list[wire.WeightVersionSpan] | None:

@@ -102,7 +102,7 @@ def _item(state: AppState, shape: Shape, p: int, c: int, done: Completion, promp
                                     finish_reason=finish_reason(done.finish_reason), usage=item_usage,
                                     weight_version=version_of(done.weight_spans,
                                                               done.weight_version,
-                                                              state.backend.weight_version))
+                                                              state.backend))
     if (spans := spans_wire(done.weight_spans)) is not None:
         item.weight_versions = spans
     if reasoning is not None and shape.reasoning:

@@ -217,7 +217,7 @@ def response_body(
         usage=usage(prompt_tokens, completion_tokens, completions[0].num_cached_tokens),
         kiln_metadata=metadata,
         weight_version=version_of(completions[-1].weight_spans, completions[-1].weight_version,
-                                  state.backend.weight_version),
+                                  state.backend),
     )
     if shape.return_token_ids:
         out.prompt_token_ids = prompt.ids

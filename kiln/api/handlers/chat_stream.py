@@ -297,7 +297,7 @@ async def chunks(
         finish = "tool_calls"
     closing = chunks.choice(wire.Delta(), finish, final.stop_reason, metadata=metadata)
     closing.weight_version = version_of(final.weight_spans, final.weight_version,
-                                        state.backend.weight_version)
+                                        state.backend)
     if (spans := spans_wire(final.weight_spans)) is not None:
         closing.choices[0].weight_versions = spans
     tail_items.append(closing)

@@ -358,5 +358,5 @@ async def respond(request: Request, state: AppState, prep: Prepared, rid: str, a
         usage=usage(prep, sum(c.num_output_tokens for c in completions),
                     [c.num_cached_tokens for c in completions]),
         weight_version=version_of(completions[-1].weight_spans, completions[-1].weight_version,
-                                  state.backend.weight_version),
+                                  state.backend),
     ))

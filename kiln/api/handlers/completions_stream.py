@@ -82,7 +82,7 @@ class _Stream:
         if finish is not None:
             spans = ended.weight_spans if ended is not None else ()
             version = version_of(spans, ended.weight_version if ended is not None else None,
-                                 self.state.backend.weight_version)
+                                 self.state.backend)
             if (wire_spans := spans_wire(spans)) is not None:
                 choice.weight_versions = wire_spans
         return self.frame([choice], weight_version=version)

@@ -133,7 +133,7 @@ def _response(state: AppState, prep: completions_gen.Prepared, rid: str,
     ended = last.weight_version if last is not None else None
     body: dict[str, Any] = {"request_id": rid, "choices": choices,
                             "weight_version": version_of(spans, ended,
-                                                         state.backend.weight_version)}
+                                                         state.backend)}
     if prep.prompt_logprobs is not None and prep.prompt_lists:
         body["prompt_logprobs"] = as_wire(prep.prompt_lists[0])
     if runs is not None:

@@ -67,7 +67,7 @@ def record(
     final_content: str,
     kwargs: dict[str, Any],
 ) -> dict[str, Any]:
-    version = version_of(done.weight_spans, done.weight_version, state.backend.weight_version)
+    version = version_of(done.weight_spans, done.weight_version, state.backend)
     identity = state.backend.policy_identity(version)  # the weights that made the tokens
     assert identity is not None  # checked at admission
     params = prepared.run.params[0]
