@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for label, extra in (("off", []), ("on", ["--speculative-config", SPEC])):
-            with running_server(["--kv-memory-mb", "256", *extra],
+            with running_server(["--kv-memory-mb", "256", "--max-model-len", "4096", *extra],
                                 log_path=Path(tmp) / f"{label}.log") as server:
                 results[label] = measure(server.url, args.repeats)
     rows = []

@@ -39,7 +39,13 @@ from kiln.engine.request import (
     pick_victim,
     unschedule,
 )
-from kiln.engine.speculative import DraftLength, accepted_prefix, drafts_allowed, ngram_draft
+from kiln.engine.speculative import (
+    DRAFT_ROWS,
+    DraftLength,
+    accepted_prefix,
+    drafts_allowed,
+    ngram_draft,
+)
 from kiln.text.thinking_budget import validate_budget
 
 NewTokens = tuple[list[int], list[float], list[bool]]  # ids, behaviour logprobs, forced
@@ -192,6 +198,8 @@ class Scheduler:
         decodes = [s for s in self._running if s.num_remaining == 1]
         prefills = [s for s in self._running if s.num_remaining != 1]
         capped = False
+        # the rows drafts may add this step (kiln.engine.speculative.DRAFT_ROWS)
+        room = DRAFT_ROWS - len(decodes) if self.speculative is not None else 0
         for i, st in enumerate(decodes + prefills):
             if i == len(decodes) and seqs:  # decodes run this step: keep prefill chunks short
                 budget, capped = min(budget, self.config.max_prefill_tokens_while_decoding), True
@@ -200,8 +208,10 @@ class Scheduler:
             if st.status is not Status.RUNNING:
                 continue  # preempted earlier in this loop
             n = min(st.num_remaining, budget, self._chunk_cap(st.num_computed_tokens, capped))
-            draft = self._draft(st, budget) if i < len(decodes) else []
+            draft = self._draft(st, min(budget, room + 1)) if i < len(decodes) and room > 0 \
+                else []
             if draft and self._grow(st, st.num_computed_tokens + 1 + len(draft)):
+                room -= len(draft)
                 seqs.append(st.scheduled(1, is_new=False, now=now, draft=draft))
                 scheduled.add(st.request_id)
                 budget -= 1 + len(draft)
