@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from kiln.engine.outputs import RequestOutput
+from kiln.engine.outputs import RequestOutput, trimmed
 from kiln.engine.repetition import REPETITION
 from kiln.engine.request import Request, SamplingParams
 from kiln.text.stop_automaton import automaton
@@ -94,7 +94,8 @@ class StopChecker:
 
 # The scheduler's side: end a running request stopped by a stop string (blocks freed) and
 # return its final output, or None when the scheduler no longer holds it.
-FinishStopped = Callable[[str], RequestOutput | None]
+# (request id, tokens to drop from its end) -> its final output (Scheduler.finish_stopped)
+FinishStopped = Callable[[str, int], RequestOutput | None]
 
 
 class OutputProcessor:
@@ -137,14 +138,16 @@ class OutputProcessor:
             ids = ids[:-1]  # ended on a token id (EOS, stop_token_ids): that token makes no text
         text = ""
         matched: str | None = None
+        used = 0  # the tokens pushed, up to the one that completed a stop string
         for token_id in ids:
             delta, matched = checker.push(token_id)
             text += delta
+            used += 1
             if matched is not None:
                 break
         if matched is not None:
             out.text_delta = text
-            self._stopped(out, matched, finish)
+            self._stopped(out, matched, finish, len(out.new_token_ids) - used)
             return
         if out.finished:  # "stop" or "length": the held-back text is released
             tail, matched = checker.finish()
@@ -153,14 +156,28 @@ class OutputProcessor:
                 out.stop_reason = matched
         out.text_delta = text
 
-    def _stopped(self, out: RequestOutput, stop: str, finish: FinishStopped) -> None:
-        """``out``'s text completed the stop string ``stop``: it is the request's last output."""
+    def _stopped(self, out: RequestOutput, stop: str, finish: FinishStopped,
+                 extra: int = 0) -> None:
+        """``out``'s text completed the stop string ``stop``: it is the request's last output.
+        ``extra``: tokens of ``out`` after the one that completed it (a verify step's,
+        kiln.engine.speculative): plain decoding never made them, so they are dropped here and
+        in the scheduler's record of the request."""
+        if extra:
+            keep = len(out.new_token_ids) - extra
+            del out.new_token_ids[keep:], out.new_logprobs[keep:], out.new_forced[keep:]
+            del out.new_top_logprobs[keep:]
         if not out.finished:
             self._checkers.pop(out.request_id, None)
-            final = finish(out.request_id)
+            final = finish(out.request_id, extra)
             if final is not None:
                 out.metrics = final.metrics
                 out.thinking_outcome = final.thinking_outcome
                 out.num_output_tokens = final.num_output_tokens
+                out.weight_spans, out.weight_version = final.weight_spans, final.weight_version
             out.finished = True
+        elif extra:  # it had ended in the same step (a length or a stop token after the string)
+            out.num_output_tokens -= extra
+            out.weight_spans = trimmed(out.weight_spans, out.num_output_tokens)
+            if out.metrics is not None:
+                del out.metrics.token_times[-extra:], out.metrics.token_phases[-extra:]
         out.finish_reason, out.stop_reason = "stop", stop

@@ -229,6 +229,11 @@ class WeightSpan:
     end: int
 
 
+def trimmed(spans: tuple[WeightSpan, ...], n: int) -> tuple[WeightSpan, ...]:
+    """``spans`` over the first ``n`` output tokens only."""
+    return tuple(WeightSpan(s.version, s.start, min(s.end, n)) for s in spans if s.start < n)
+
+
 @dataclass
 class RequestOutput:
     """One per engine step per request that made progress (and always one final output)."""

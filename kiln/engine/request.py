@@ -319,6 +319,18 @@ class RequestState:
             draft=tuple(draft),
         )
 
+    def drop_tail(self, n: int) -> None:
+        """Forget the last ``n`` output tokens (a verify step made them past a stop string)."""
+        keep = len(self.output_token_ids) - n
+        del self.output_token_ids[keep:], self.output_logprobs[keep:], self.output_forced[keep:]
+        del self.all_token_ids[len(self.all_token_ids) - n:]
+        del self.metrics.token_times[len(self.metrics.token_times) - n:]
+        del self.metrics.token_phases[len(self.metrics.token_phases) - n:]
+        spans = [s for s in self.weight_spans if s[1] < keep]
+        for s in spans:
+            s[2] = min(s[2], keep)
+        self.weight_spans = spans
+
     def note_weights(self, version: str) -> None:
         """The weights named ``version`` made this request's latest output token."""
         n = len(self.output_token_ids)

@@ -468,11 +468,17 @@ class Scheduler:
                 outputs.append(self._finish(st, "error", error=message))
         return outputs
 
-    def finish_stopped(self, request_id: str) -> RequestOutput | None:
+    def finish_stopped(self, request_id: str, drop: int = 0) -> RequestOutput | None:
         """End a request whose text completed a stop string (the output stage found it): its
-        blocks are freed. -> its final output (no new tokens), None when it is not here."""
+        blocks are freed; ``drop``: output tokens after the one that completed it, made by a
+        verify step (kiln.engine.speculative), forgotten. -> its final output (no new tokens),
+        None when it is not here."""
         st = self._requests.get(request_id)
-        return None if st is None else self._finish(st, "stop")
+        if st is None:
+            return None
+        if drop:
+            st.drop_tail(drop)
+        return self._finish(st, "stop")
 
     def finish_all(self, reason: str, error: str | None = None) -> list[RequestOutput]:
         return [self._finish(st, reason, error=error) for st in list(self._requests.values())]

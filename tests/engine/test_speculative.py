@@ -7,6 +7,7 @@ tests/e2e/test_speculative_http.py's."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 
@@ -74,9 +75,9 @@ def test_config_reads_vllms_json() -> None:
 
 
 def test_only_plain_requests_draft() -> None:
-    plain = Request("a", [1], SamplingParams())
+    plain = Request("a", [1], SamplingParams(stop=("x",)))  # stop strings too
     assert drafts_allowed(plain)
-    for change in ({"logprobs": 2}, {"stop": ("x",)}, {"logit_bias": ((1, 1.0),)},
+    for change in ({"logprobs": 2}, {"logit_bias": ((1, 1.0),)},
                    {"grammar": GrammarSpec('start: "x"')}):
         assert not drafts_allowed(Request("a", [1], dataclasses.replace(SamplingParams(),
                                                                         **change)))
@@ -186,3 +187,49 @@ def test_a_runner_that_does_not_verify_gets_no_drafts() -> None:
         assert not any(seq.draft for seq in so.seqs)
         s.update_from_output(so, r.execute(so))
     assert s.spec_drafts == 0
+
+
+def _with_text(spec: SpeculativeConfig | None, stop: tuple[str, ...]
+               ) -> dict[str, list[RequestOutput]]:
+    from kiln.engine.output_processor import OutputProcessor
+    from tests.engine.drive import drive
+    from tests.engine.fakes import CharDetok
+
+    dropped: list[int] = []
+
+    class Watched(OutputProcessor):
+        def _stopped(self, out: RequestOutput, stop: str, finish: Any, extra: int = 0) -> None:
+            dropped.append(extra)
+            super()._stopped(out, stop, finish, extra)
+
+    cfg = EngineConfig(block_size=4, num_blocks=128, max_num_batched_tokens=64, speculative=spec)
+    s = Scheduler(cfg, 128, 400)
+    s.runner_verifies = True
+    out = drive(s, CopyRunner(128, 4), reqs(max_tokens=60, stop=stop),
+                output=Watched(lambda sp: CharDetok()))
+    assert s.pool.num_used_blocks == 0
+    if spec is not None:
+        assert s.spec_accepted_tokens > 0
+        assert any(dropped), "no string ended inside a verify step's tokens"
+    return out
+
+
+@pytest.mark.parametrize("stop", [("nlfrb",), ("wijhj", "xx"), ("bjhtt", "tmbc")])
+def test_a_stop_string_inside_a_verified_step_ends_where_plain_decoding_ends(
+        stop: tuple[str, ...]) -> None:
+    """The text completes the string at a token in the middle of a verify step's tokens (these
+    strings do, with this fake: ``_with_text`` checks): the tokens after it are dropped, as
+    plain decoding never made them."""
+    plain, spec = _with_text(None, stop), _with_text(SPEC, stop)
+    assert spec.keys() == plain.keys()
+    stopped = 0
+    for rid, outs in plain.items():
+        got = spec[rid]
+        assert [t for o in got for t in o.new_token_ids] == [t for o in outs for t in o.new_token_ids]
+        assert "".join(o.text_delta for o in got) == "".join(o.text_delta for o in outs)
+        a, b = outs[-1], got[-1]
+        assert (b.finish_reason, b.stop_reason, b.num_output_tokens, b.weight_spans) == \
+            (a.finish_reason, a.stop_reason, a.num_output_tokens, a.weight_spans)
+        assert len(b.metrics.token_times) == len(a.metrics.token_times)  # type: ignore[union-attr]
+        stopped += a.stop_reason in stop
+    assert stopped  # a string did stop some request
