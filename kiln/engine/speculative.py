@@ -155,8 +155,9 @@ def drafts_allowed(request: Any) -> bool:
 
 def accepted_prefix(sampled: Sequence[int], draft: Sequence[int]) -> int:
     """How many sampled tokens a verify step keeps: samples while each equals the draft token it
-    checks, then the first that differs (or the one after the whole draft)."""
+    checks, then the first that differs (or the one after the whole draft). ``sampled`` may
+    stop short of a sample per row (a row whose logits were not finite): at most its length."""
     n = 0
-    while n < len(draft) and sampled[n] == draft[n]:
+    while n < len(draft) and n < len(sampled) - 1 and sampled[n] == draft[n]:
         n += 1
-    return n + 1
+    return min(n + 1, len(sampled))

@@ -39,6 +39,8 @@ def test_accepted_prefix_keeps_the_matches_and_the_first_miss() -> None:
     assert accepted_prefix([5, 6, 7], [5, 6]) == 3  # all drafts, then the bonus token
     assert accepted_prefix([5, 9, 7], [5, 6]) == 2  # the miss is plain decoding's token there
     assert accepted_prefix([9, 6, 7], [5, 6]) == 1
+    assert accepted_prefix([5, 6], [5, 6, 8]) == 2  # the third row's logits were not finite
+    assert accepted_prefix([], [5]) == 0
 
 
 def test_draft_length_follows_acceptance_and_rests() -> None:
