@@ -181,14 +181,14 @@ class CRunner:
 
     @property
     def verifies_drafts(self) -> bool:
-        """Whether a step's drafted decodes are verified here (kiln.engine.speculative): by the
-        C step, not once the torch runner took over."""
-        return self._torch is None
+        """Whether a step's drafted decodes are verified (kiln.engine.speculative): by the C
+        step here, or by the torch runner once it took over (``ModelRunner.verifies_drafts``)."""
+        return self._torch is None or self._torch.verifies_drafts
 
     def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
         if self._torch is None and any(self._needs_torch(s) for s in so.seqs):
             self.torch_runner()
-            so = without_drafts(so)  # the torch runner decodes them plainly
+            so = without_drafts(so)  # drafted for this runner: the handover step runs plainly
         if self._torch is not None:
             return self._torch.execute(so)
         if so.is_empty:

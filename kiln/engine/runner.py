@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from concurrent.futures import Future
@@ -137,19 +138,32 @@ class ModelRunner:
             mixes.append(mix)
         return LoraBatch.build(mixes, [s.num_tokens for s in seqs], self.lora_slots)
 
+    @property
+    def verifies_drafts(self) -> bool:
+        """Whether a step's drafted decodes are verified here (kiln.engine.speculative): where
+        the C step runs, whose rows do not depend on how many a step holds."""
+        return self.plan.step == "c" and self.device.type == "cpu"
+
     @torch.inference_mode()
     def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
         if so.is_empty:
             return ModelRunnerOutput({})
+        drafted = any(s.draft for s in so.seqs)
         batch = build_forward_batch(
             [(s.token_ids, s.start_pos, s.block_table) for s in so.seqs],
-            self.block_size, "last", self.device)
-        rows = [i for i, s in enumerate(so.seqs) if s.sample]
-        # Logits only for sequences that sample (at least one row, so the model runs as usual).
-        batch.logits_indices = batch.logits_indices[rows or [0]]
+            self.block_size, "all" if drafted else "last", self.device)
+        if drafted:  # every row of a drafted decode, each sampled as its position
+            picked, seqs = verify_rows(so.seqs)
+            batch.logits_indices = batch.logits_indices[picked or [0]]
+            rows = picked
+        else:
+            rows = [i for i, s in enumerate(so.seqs) if s.sample]
+            # Logits only for sequences that sample (at least one row, so the model runs as
+            # usual).
+            batch.logits_indices = batch.logits_indices[rows or [0]]
+            seqs = [so.seqs[i] for i in rows]
         lora = self._lora_batch(so.seqs)
         batch.lora = lora
-        seqs = [so.seqs[i] for i in rows]
         pending = self._start_masks(seqs)
         try:
             logits = self.model.forward(batch, self.kv)
@@ -164,9 +178,11 @@ class ModelRunner:
         # no distribution to sample: it ends in an error, never in a made-up token. One sum per
         # row finds them (~13 us for a 49k vocabulary).
         finite = torch.isfinite(logits.sum(dim=1)).tolist()
+        if drafted:  # a draft row that is not finite ends its sequence's rows, not the request
+            finite = drafts_cut(so.seqs, seqs, finite)
         keep = [i for i, ok in enumerate(finite) if ok and seqs[i].request_id not in errors]
         errors.update({seqs[i].request_id: non_finite(seqs[i].lora)
-                       for i, ok in enumerate(finite) if not ok})
+                       for i, ok in enumerate(finite) if ok is False})
         if masks is not None and masks.rows:
             # row j of the masks belongs to step row masks.rows[j]; a grammar mask is never empty
             logits = self.sampler.constrain(logits, masks.bits, [int(i) for i in masks.rows])
@@ -188,7 +204,62 @@ class ModelRunner:
             return ModelRunnerOutput({}, errors)
         tokens, logprobs = self.sampler.sample(logits, seqs)
         tops = self.sampler.token_logprobs(logits, seqs, tokens)
-        return ModelRunnerOutput({
-            s.request_id: SampledToken(t, lp, top)
-            for s, t, lp, top in zip(seqs, tokens, logprobs, tops, strict=True)
-        }, errors)
+        samples = [SampledToken(t, lp, top)
+                   for t, lp, top in zip(tokens, logprobs, tops, strict=True)]
+        if drafted:
+            return verified_output(seqs, samples, errors)
+        return ModelRunnerOutput({s.request_id: tok for s, tok in zip(seqs, samples, strict=True)},
+                                 errors)
+
+
+# -- verifying drafts (kiln.engine.speculative) -------------------------------------------------
+def verify_rows(steps: Sequence[ScheduledSeq]) -> tuple[list[int], list[ScheduledSeq]]:
+    """A drafted step's logit rows (indices into every row of the step) and, per row, the
+    sequence as plain decoding would sample that position: its output index as the counter and
+    the output so far plus the drafts before it as the history. A sequence that does not sample
+    gives no row; an undrafted one its last."""
+    picked: list[int] = []
+    rows: list[ScheduledSeq] = []
+    at = 0
+    for seq in steps:
+        n = seq.num_tokens
+        if seq.sample:
+            wanted = 1 + len(seq.draft)
+            for j in range(wanted):
+                picked.append(at + n - wanted + j)
+                rows.append(seq if j == 0 else dataclasses.replace(
+                    seq, step=seq.step + j,
+                    output_token_ids=[*seq.output_token_ids, *seq.draft[:j]]))
+        at += n
+    return picked, rows
+
+
+def drafts_cut(steps: Sequence[ScheduledSeq], rows: Sequence[ScheduledSeq],
+               finite: list[bool]) -> list[bool | None]:
+    """``finite`` per row, with a drafted sequence's rows from its first non-finite draft row on
+    marked None (dropped without an error: plain decoding meets that row only if the drafts
+    before it are kept, and then fails there); a first row keeps its verdict."""
+    out: list[bool | None] = list(finite)
+    cut: set[str] = set()
+    seen: dict[str, int] = {}
+    for i, row in enumerate(rows):
+        j = seen.get(row.request_id, 0)
+        seen[row.request_id] = j + 1
+        if j and (row.request_id in cut or not finite[i]):
+            cut.add(row.request_id)
+            out[i] = None
+    return out
+
+
+def verified_output(rows: Sequence[ScheduledSeq], samples: Sequence[SampledToken],
+                    errors: dict[str, str]) -> ModelRunnerOutput:
+    """The samples of a drafted step, rows in step order: each sequence's first as its sample,
+    a drafted one's all (its verify rows) for the scheduler to keep the verified prefix of."""
+    sampled: dict[str, SampledToken] = {}
+    verified: dict[str, list[SampledToken]] = {}
+    for row, tok in zip(rows, samples, strict=True):
+        sampled.setdefault(row.request_id, tok)
+        if row.draft:
+            verified.setdefault(row.request_id, []).append(tok)
+    return ModelRunnerOutput(sampled, errors, {k: tuple(v) for k, v in verified.items()})
+

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 
 from kiln.engine.block_pool import BlockPool
 from kiln.engine.config import EngineConfig
@@ -25,6 +25,7 @@ from kiln.engine.lora_mix import AdapterAdmission, LoraMix, check_mix
 from kiln.engine.outputs import (
     ModelRunnerOutput,
     RequestOutput,
+    SampledToken,
     ScheduledSeq,
     SchedulerOutput,
     WeightSpan,
@@ -49,6 +50,13 @@ from kiln.engine.speculative import (
 from kiln.text.thinking_budget import validate_budget
 
 NewTokens = tuple[list[int], list[float], list[bool]]  # ids, behaviour logprobs, forced
+
+
+def with_tops(out: RequestOutput, samples: Sequence[SampledToken]) -> RequestOutput:
+    """``out`` with its new tokens' logprob alternatives (when the request asked for them)."""
+    if samples and samples[0].top is not None:
+        out.new_top_logprobs = [t.top for t in samples[:len(out.new_token_ids)]]
+    return out
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -425,8 +433,9 @@ class Scheduler:
             forced.append(was_forced)
             reason, stop_reason = self._stop_reason(st, token)
             if reason is not None:
-                return [self._finish(st, reason, stop_reason, new=(ids, lps, forced))]
-        return [st.output((ids, lps, forced), None, None, self._clock)]
+                return [with_tops(self._finish(st, reason, stop_reason, new=(ids, lps, forced)),
+                                  samples)]
+        return [with_tops(st.output((ids, lps, forced), None, None, self._clock), samples)]
 
     def _register_full_blocks(self, st: RequestState) -> None:
         if not st.cacheable:

@@ -143,14 +143,15 @@ class DraftLength:
 
 
 def drafts_allowed(request: Any) -> bool:
-    """Whether a request's tokens may be drafted and verified: plain sampling, stop strings
-    included (the output stage drops a verify step's tokens past the one that completed a
-    string: kiln.engine.output_processor). Logprobs, logits processors and adapters run on the
-    torch runner; a grammar's mask and a thinking budget's forced tokens follow each token one
-    by one: such a request decodes as before."""
+    """Whether a request's tokens may be drafted and verified: plain sampling, with logprobs
+    (the torch runner verifies them: the C runner hands such a request over first) and stop
+    strings (the output stage drops a verify step's tokens past the one that completed a
+    string: kiln.engine.output_processor). Logits processors and adapters, a grammar's mask and
+    a thinking budget's forced tokens follow each token one by one: such a request decodes as
+    before."""
     sp = request.sampling
-    return not (request.lora or sp.logprobs is not None or sp.logprob_token_ids is not None
-                or sp.processes_logits or sp.grammar is not None or sp.thinking is not None)
+    return not (request.lora or sp.processes_logits or sp.grammar is not None
+                or sp.thinking is not None)
 
 
 def accepted_prefix(sampled: Sequence[int], draft: Sequence[int]) -> int:
