@@ -8,6 +8,7 @@ runs them and builds the JSON body; ``completions_stream`` streams them.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 from dataclasses import dataclass, field
@@ -60,7 +61,7 @@ from kiln.api.state import (
 from kiln.api.state import finish_reason as wire_finish
 from kiln.api.state import usage as token_usage
 from kiln.api.weight_versions import spans_wire, version_of
-from kiln.engine.outputs import RequestStream
+from kiln.engine.outputs import RequestOutput, RequestStream
 from kiln.engine.request import GrammarSpec, SamplingParams
 from kiln.text.thinking import prompt_starts_in_reasoning, resolve
 from kiln.text.tokenizer import decode_in_context
@@ -270,6 +271,27 @@ def prompt_logprob_list(tokenizer: Any, ids: list[int], scores: list[PositionSco
                                         "decoded_token": decode(s.token_id)}
         out.append(entries)
     return out
+
+
+ChoiceQueue = asyncio.Queue[tuple[int, RequestOutput | None]]
+
+
+def merged(live: list[int], streams: list[RequestStream]
+           ) -> tuple[ChoiceQueue, list[asyncio.Future[None]]]:
+    """The choices' streams as one queue of (choice index, output), in arrival order; a choice's
+    stream ending puts (index, None). The tasks pump until cancelled or done."""
+    queue: ChoiceQueue = asyncio.Queue()
+
+    async def pump(i: int, outputs: RequestStream) -> None:
+        try:
+            async for out in outputs:
+                queue.put_nowait((i, out))
+                if out.finished:
+                    break
+        finally:
+            queue.put_nowait((i, None))
+
+    return queue, [asyncio.ensure_future(pump(i, s)) for i, s in zip(live, streams, strict=True)]
 
 
 def start(state: AppState, prep: Prepared, rid: str, arrived: float) -> list[RequestStream]:

@@ -7,17 +7,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from typing import Any
 
 from kiln.api._generated import wire
-from kiln.api.handlers.completions_gen import Prepared, echo_logprobs, stop_text, usage
+from kiln.api.handlers.completions_gen import Prepared, echo_logprobs, merged, stop_text, usage
 from kiln.api.handlers.logprobs import CompletionLogprobs
 from kiln.api.sse import DONE, event, generation_error
 from kiln.api.state import AppState, Completion, Finish, finish_reason, request_fault
 from kiln.api.weight_versions import spans_wire, version_of
 from kiln.engine.outputs import RequestOutput, RequestStream
-
-_END = object()
 
 
 def _usage(prep: Prepared, tallies: list[Completion]) -> wire.Usage:
@@ -103,18 +100,7 @@ async def frames(state: AppState, prep: Prepared, streams: list[RequestStream],
     choices = [_Choice(state, prep, i) for i in range(len(prep.run.params))]
     sse.choices = choices
     live = [i for i, p in enumerate(prep.run.params) if p.max_tokens > 0]
-    queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
-
-    async def pump(i: int, outputs: RequestStream) -> None:
-        try:
-            async for out in outputs:
-                queue.put_nowait((i, out))
-                if out.finished:
-                    break
-        finally:
-            queue.put_nowait((i, _END))
-
-    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in zip(live, streams, strict=True)]
+    queue, tasks = merged(live, streams)
     completion_tokens = 0
     cached = [0] * len(prep.run.params)
     timeout = state.config.request_timeout_s
@@ -137,7 +123,7 @@ async def frames(state: AppState, prep: Prepared, streams: list[RequestStream],
                 yield DONE
                 return
             ch = choices[i]
-            if out is _END:
+            if out is None:
                 if i in pending:  # ended without a finished output
                     yield generation_error("generation ended without a result")
                     yield DONE

@@ -151,18 +151,7 @@ async def _events(state: AppState, prep: completions_gen.Prepared, rid: str,
         if p.max_tokens == 0:
             yield event(_response(state, prep, rid, [_choice(
                 state, prep, i, Completion(finish_reason="length"), [], [], final=True)], None))
-    queue: asyncio.Queue[tuple[int, RequestOutput | None]] = asyncio.Queue()
-
-    async def pump(i: int, outputs: RequestStream) -> None:
-        try:
-            async for out in outputs:
-                queue.put_nowait((i, out))
-                if out.finished:
-                    break
-        finally:
-            queue.put_nowait((i, None))
-
-    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in zip(live, streams, strict=True)]
+    queue, tasks = completions_gen.merged(live, streams)
     timeout = state.config.request_timeout_s
     deadline = asyncio.get_running_loop().time() + timeout - (time.perf_counter() - started)
     pending = set(live)
