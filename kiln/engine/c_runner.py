@@ -34,6 +34,7 @@ from kiln.engine.grammar import GrammarRows, RowMasks, compiler_for
 from kiln.engine.lora_mix import LoraMix
 from kiln.engine.outputs import ModelRunnerOutput, SampledToken, ScheduledSeq, SchedulerOutput
 from kiln.engine.request import parameters
+from kiln.engine.speculative import at_position, verified_output
 from kiln.model.plan import ComputePlan, c_step_plan, with_kv_cache
 
 if TYPE_CHECKING:
@@ -278,24 +279,15 @@ class CRunner:
                     kept, numpy.ascontiguousarray(bits[[b for b, _ in mine]]),
                     [r for _, r in mine]):
                 raise EngineError("generation_error", "the C grammar mask is unavailable", 500)
-        rows = [dataclasses.replace(seq, step=seq.step + j,
-                                    output_token_ids=[*seq.output_token_ids, *seq.draft[:j]])
-                if j else seq for seq, j in owners]
+        rows = [at_position(seq, j) for seq, j in owners]
         sampled = sample_rows(kept, *parameters(rows),
                               [r.output_token_ids if r.sampling.uses_penalties else ()
                                for r in rows], lib=self._lib, n_threads=self.threads)
         if sampled is None:
             raise EngineError("generation_error", "the C sampler is unavailable", 500)
         tokens, logprobs = sampled
-        out: dict[str, SampledToken] = {}
-        verified: dict[str, list[SampledToken]] = {}
-        for (seq, j), t, lp in zip(owners, tokens, logprobs, strict=True):
-            tok = SampledToken(t, lp, None)
-            if j == 0:
-                out[seq.request_id] = tok
-            if seq.draft:
-                verified.setdefault(seq.request_id, []).append(tok)
-        return ModelRunnerOutput(out, errors, {k: tuple(v) for k, v in verified.items()})
+        return verified_output(rows, [SampledToken(t, lp, None)
+                                      for t, lp in zip(tokens, logprobs, strict=True)], errors)
 
     def _needs_torch(self, seq: ScheduledSeq) -> bool:
         # a constrained row without a tokenizer: the torch runner's answer (a request error)

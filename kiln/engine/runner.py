@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Sequence
 from concurrent.futures import Future
@@ -19,6 +18,7 @@ from kiln.engine.lora_mix import LoraMix
 from kiln.engine.outputs import ModelRunnerOutput, SampledToken, ScheduledSeq, SchedulerOutput
 from kiln.engine.sampler import Sampler
 from kiln.engine.scoring import ScoringJob
+from kiln.engine.speculative import at_position, verified_output
 from kiln.model.base import CausalLM, build_forward_batch
 from kiln.model.config import ModelConfig
 from kiln.model.kv_cache import KVCache, kv_cache_for
@@ -227,9 +227,7 @@ def verify_rows(steps: Sequence[ScheduledSeq]) -> tuple[list[int], list[Schedule
             wanted = 1 + len(seq.draft)
             for j in range(wanted):
                 picked.append(at + n - wanted + j)
-                rows.append(seq if j == 0 else dataclasses.replace(
-                    seq, step=seq.step + j,
-                    output_token_ids=[*seq.output_token_ids, *seq.draft[:j]]))
+                rows.append(at_position(seq, j))
         at += n
     return picked, rows
 
@@ -249,17 +247,3 @@ def drafts_cut(steps: Sequence[ScheduledSeq], rows: Sequence[ScheduledSeq],
             cut.add(row.request_id)
             out[i] = None
     return out
-
-
-def verified_output(rows: Sequence[ScheduledSeq], samples: Sequence[SampledToken],
-                    errors: dict[str, str]) -> ModelRunnerOutput:
-    """The samples of a drafted step, rows in step order: each sequence's first as its sample,
-    a drafted one's all (its verify rows) for the scheduler to keep the verified prefix of."""
-    sampled: dict[str, SampledToken] = {}
-    verified: dict[str, list[SampledToken]] = {}
-    for row, tok in zip(rows, samples, strict=True):
-        sampled.setdefault(row.request_id, tok)
-        if row.draft:
-            verified.setdefault(row.request_id, []).append(tok)
-    return ModelRunnerOutput(sampled, errors, {k: tuple(v) for k, v in verified.items()})
-

@@ -25,10 +25,13 @@ and MTP kinds are refused until they are built.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from kiln.engine.outputs import ModelRunnerOutput, SampledToken, ScheduledSeq
 
 METHODS = ("ngram",)
 NOT_BUILT = ("draft_model", "mtp", "eagle", "eagle3", "medusa", "suffix")
@@ -162,3 +165,27 @@ def accepted_prefix(sampled: Sequence[int], draft: Sequence[int]) -> int:
     while n < len(draft) and n < len(sampled) - 1 and sampled[n] == draft[n]:
         n += 1
     return min(n + 1, len(sampled))
+
+
+def at_position(seq: ScheduledSeq, j: int) -> ScheduledSeq:
+    """Row ``j`` of a drafted decode as plain decoding samples that position: its output index
+    as the sampler's counter, the output so far plus the drafts before it as the history."""
+    if j == 0:
+        return seq
+    return dataclasses.replace(seq, step=seq.step + j,
+                               output_token_ids=[*seq.output_token_ids, *seq.draft[:j]])
+
+
+def verified_output(rows: Sequence[ScheduledSeq], samples: Sequence[SampledToken],
+                    errors: dict[str, str]) -> ModelRunnerOutput:
+    """A drafted step's samples, one per row in step order (the rows ``at_position`` gave):
+    each sequence's first as its sample, a drafted one's all (its verify rows) for the
+    scheduler to keep the verified prefix of."""
+    sampled: dict[str, SampledToken] = {}
+    verified: dict[str, list[SampledToken]] = {}
+    for row, tok in zip(rows, samples, strict=True):
+        sampled.setdefault(row.request_id, tok)
+        if row.draft:
+            verified.setdefault(row.request_id, []).append(tok)
+    return ModelRunnerOutput(sampled, errors, {k: tuple(v) for k, v in verified.items()})
+
