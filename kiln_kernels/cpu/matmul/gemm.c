@@ -181,8 +181,12 @@ static inline __attribute__((always_inline)) int tile_panel(int fmt, const float
             vf_store(panel + r * K + 32 * b, lo);
             vf_store(panel + r * K + 32 * b + 16, hi);
         }
-    for (int r0 = 0; r0 < 4; r0 += PANEL_RR)
-        for (int64_t m0 = 0; m0 < M; m0 += PANEL_MR) {
+    /* Rows outer, weight rows inner: a pass's PANEL_MR rows of x stay in L1 for the tile's
+     * 4 / PANEL_RR passes (rows inner streamed all of the part's x from L2 once per pass: the
+     * 8-vf builds' (4, 1) passes were bound by it; AVX2, the default model's layer products at
+     * M = 85-128: 1.24-1.35x faster). Each output is still one pass's: the same bits. */
+    for (int64_t m0 = 0; m0 < M; m0 += PANEL_MR)
+        for (int r0 = 0; r0 < 4; r0 += PANEL_RR) {
             switch (M - m0 >= PANEL_MR ? PANEL_MR : M - m0) {
 #if PANEL_MR > 4
             case 6: panel_pass(6, PANEL_RR, x, K, m0, r0, panel, y, N, n0); break;
