@@ -210,13 +210,21 @@ KILN_INLINE unsigned vm_bits(vm m) {
     return (unsigned)_mm256_movemask_ps(m.l) | (unsigned)_mm256_movemask_ps(m.h) << 8;
 }
 KILN_INLINE vm vm_and(vm a, vm b) { vm r = KILN_2(_mm256_and_ps, a, b); return r; }
+/* A whole vector (n >= 16, the common case) takes the plain load or store: vmaskmovps costs
+ * more (a slow store on AMD's cores, no store forwarding on Intel's: the attention's masked
+ * stores of 16 scores, read back by the softmax, were 19% of its time on AVX2). */
 KILN_INLINE vf vf_load_n(const float *p, int64_t n) {
+    if (n >= 16) return vf_load(p);
     const vm m = vm_first(n);
     vf r = { _mm256_maskload_ps(p, _mm256_castps_si256(m.l)),
              _mm256_maskload_ps(p + 8, _mm256_castps_si256(m.h)) };
     return r;
 }
 KILN_INLINE void vf_store_n(float *p, vf v, int64_t n) {
+    if (n >= 16) {
+        vf_store(p, v);
+        return;
+    }
     const vm m = vm_first(n);
     _mm256_maskstore_ps(p, _mm256_castps_si256(m.l), v.l);
     _mm256_maskstore_ps(p + 8, _mm256_castps_si256(m.h), v.h);
@@ -726,6 +734,33 @@ KILN_INLINE vf vf_hsum16(const vf *v) {
     const __m512 s = _mm512_add_ps(_mm512_shuffle_ps(w[0], w[1], 0x88), _mm512_shuffle_ps(w[0], w[1], 0xDD));
     const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
     return _mm512_permutexvar_ps(idx, s);
+#elif defined(KILN_ISA_AVX2)
+    /* In registers (four vf_hsum4 through memory stalled on store forwarding: 16-byte stores
+     * read back by 32-byte loads), the same tree: per 8 vectors a..h, t = l + h, then
+     * u_i = t_i + t_(i+4) in 128-bit halves of pairs, w_i = u_i + u_(i+2) with 64-bit unpacks,
+     * s = w_0 + w_1 with shuffles: [a c e g | b d f h], put in order by one permute. */
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    __m256 half[2];
+    for (int e = 0; e < 2; e++) {
+        const vf *x = v + 8 * e;
+        __m256 u[4], w[2];
+        for (int i = 0; i < 4; i++) {
+            const __m256 ta = _mm256_add_ps(x[2 * i].l, x[2 * i].h);
+            const __m256 tb = _mm256_add_ps(x[2 * i + 1].l, x[2 * i + 1].h);
+            u[i] = _mm256_add_ps(_mm256_permute2f128_ps(ta, tb, 0x20),
+                                 _mm256_permute2f128_ps(ta, tb, 0x31));
+        }
+        for (int i = 0; i < 2; i++) {
+            const __m256d p = _mm256_castps_pd(u[2 * i]), q = _mm256_castps_pd(u[2 * i + 1]);
+            w[i] = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(p, q)),
+                                 _mm256_castpd_ps(_mm256_unpackhi_pd(p, q)));
+        }
+        const __m256 sum = _mm256_add_ps(_mm256_shuffle_ps(w[0], w[1], 0x88),
+                                         _mm256_shuffle_ps(w[0], w[1], 0xDD));
+        half[e] = _mm256_permutevar8x32_ps(sum, order);
+    }
+    vf r = { half[0], half[1] };
+    return r;
 #else
     float out[16];
     for (int o = 0; o < 16; o += 4) vf_hsum4(v[o], v[o + 1], v[o + 2], v[o + 3], out + o);
