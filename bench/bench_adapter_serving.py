@@ -1,10 +1,14 @@
-"""Does using a LoRA adapter slow the server down afterwards? Single-stream decode tok/s of the base
-model through `kiln serve`, before and after the first request that names a rank-64 adapter.
+"""Does using a LoRA adapter or logprobs slow the server down afterwards? Single-stream decode
+tok/s of the base model through `kiln serve`, before and after a request that names a rank-64
+adapter and one that asks for logprobs.
 
 Why: the adapter's first use reads its files and checks its tensors with torch. On a thread other
 than the engine's, that starts a second OpenMP team, and on a 2-core CPU libgomp then stops
 spinning at the C step's barriers for the rest of the process (measured before the fix: 131-136
 -> 53-55 tok/s). `kiln serve` reads adapters on the engine thread; this benchmark watches that.
+And both requests' steps run on the torch runner beside the C step (kiln.engine.c_runner); the
+plain requests after them run on the C step again, at its speed (until 2026-12-07 the first
+such request moved every later step to the torch runner for good).
 
 Usage: python -m bench.bench_adapter_serving [--repeats 3]
 Writes bench/results/adapter_serving.json (figures, no asserts).
@@ -39,11 +43,12 @@ async def measure(url: str, repeats: int) -> dict[str, Any]:
     async with httpx.AsyncClient(base_url=url, timeout=STREAM_TIMEOUT_S) as client:
         await stream_chat(client, chat_body(user_prompt(0), 4))  # warm-up
         before = await rates(client, repeats, 100)
-        body = chat_body(user_prompt(1), 8, stream=False)
-        body["adapter"] = "big"
-        r = await client.post("/v1/chat/completions", json=body)
-        if r.status_code != 200:
-            raise RuntimeError(f"adapter request: HTTP {r.status_code}: {r.text[:300]}")
+        for name, extra in (("adapter", {"adapter": "big"}),
+                            ("logprobs", {"logprobs": True, "top_logprobs": 3})):
+            body = {**chat_body(user_prompt(1), 8, stream=False), **extra}
+            r = await client.post("/v1/chat/completions", json=body)
+            if r.status_code != 200:
+                raise RuntimeError(f"{name} request: HTTP {r.status_code}: {r.text[:300]}")
         after = await rates(client, repeats, 200)
     return {"before_tok_s": before, "after_tok_s": after,
             "after_over_before": max(after) / max(before)}
@@ -63,7 +68,8 @@ def main() -> None:
         shutil.rmtree(root, ignore_errors=True)
     report = {"benchmark": "adapter_serving", "machine": platform.machine(), "rank": RANK,
               "repeats": args.repeats, **out}
-    print(f"single-stream tok/s before the first adapter request {max(out['before_tok_s']):.1f}, "
+    print(f"single-stream tok/s before an adapter and a logprobs request "
+          f"{max(out['before_tok_s']):.1f}, "
           f"after {max(out['after_tok_s']):.1f} ({out['after_over_before']:.2f}x; best of "
           f"{args.repeats})")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)

@@ -267,10 +267,10 @@ class EngineBackend:
     async def _load(self, path: str, version: str | None, hash_files: bool) -> NewWeights:
         """``load_beside`` for the serving runner, on a thread of its own."""
         runner = self.engine.executor
-        handed = getattr(runner, "handed_over", None)  # a CRunner's: C step until handed over
-        layout = "heads-major" if handed is not None else runner.plan.kv_layout  # type: ignore[attr-defined]
+        torch_only = getattr(runner, "torch_only", None)  # a CRunner's: its C step serves
+        layout = "heads-major" if torch_only is not None else runner.plan.kv_layout  # type: ignore[attr-defined]
         return await on_own_thread(functools.partial(
-            load_beside, self.loaded, path, version=version, torch_free=handed is False,
+            load_beside, self.loaded, path, version=version, torch_free=torch_only is False,
             kv_layout=layout, dtype=None if self._config.dtype == "auto" else self._config.dtype,
             device=self._config.device,
             identity=self._identity_of if hash_files else lambda _: None))

@@ -1,4 +1,5 @@
-"""The torch-free engine executor: the C step over numpy buffers, until a request needs torch.
+"""The torch-free engine executor: the C step over numpy buffers, and the torch runner beside
+it for the steps that need torch.
 
 On the CPU, a GGUF whose every matrix has a C kernel runs every step in one C call
 (``kiln.model.c_model``), and what a plain request needs besides (the grammar masks, the
@@ -6,13 +7,15 @@ sampler, the finite check) is C and numpy too. So ``kiln serve`` loads such a mo
 importing torch (0.65 s of a ~1 s start on the default model, and ~200 MiB of RSS), and this
 executor runs the steps.
 
-The first step or job that needs torch (a LoRA adapter, logprobs, logits processors, prompt
-scoring) hands everything over, once, to the torch engine's ``ModelRunner``: torch is imported,
-the ``CausalLM`` is built over the same tile arrays, and the KV cache and the constrained
-requests' matchers are taken over as they are. Both run the same C program on the same bytes,
-so a sequence's numbers do not change at the handover (tested), and from then on the torch
-runner runs every step. Everything the torch runner does stays there, in one place; this module
-has only the plain step.
+A step with a row that needs torch (a LoRA adapter, logprobs, logits processors) or a prompt
+scoring job goes to the torch engine's ``ModelRunner``, built on first need: torch is imported,
+the ``CausalLM`` is built over the same tile arrays, and it takes the same KV cache and the
+constrained requests' matchers as they are. Both run the same C program on the same bytes, so
+a sequence's numbers do not depend on which of the two ran a step (tested), and the step after
+runs here again when none of its rows needs torch: one logprobs request no longer moves the
+server to the torch engine for good. Everything the torch runner does stays there, in one
+place; this module has only the plain step and the choice of path per step
+(:meth:`CRunner.path_of`).
 """
 
 from __future__ import annotations
@@ -76,7 +79,8 @@ class _Cache:
 
 class CRunner:
     """Runs scheduled steps through the C step of a :class:`~kiln.model.c_model.CModel`
-    (engine thread only); hands over to a ``ModelRunner`` for anything else."""
+    (engine thread only), and a step that needs torch through a ``ModelRunner`` over the same
+    tiles and KV cache (``path_of``)."""
 
     def __init__(self, model: CModel, config: EngineConfig,
                  tokenizer: Tokenizer | None = None) -> None:
@@ -97,26 +101,34 @@ class CRunner:
         self.tokenizer = tokenizer
         self.grammar = GrammarRows(compiler_for(tokenizer)) if tokenizer is not None else None
         self._torch: ModelRunner | None = None
+        # Whether every step goes to the torch runner: its model (an HF folder swapped in by a
+        # weight update) has no C program (swap_weights).
+        self.torch_only = False
+        # the path of each step run (path_of): the last one, and how many of each
+        self.last_path = "c"
+        self.steps = {"c": 0, "torch": 0}
 
-    # -- the handover ----------------------------------------------------------------------
+    # -- the torch runner beside the C step -------------------------------------------------
 
-    @property
-    def handed_over(self) -> bool:
-        """Whether the torch runner has taken over (it then runs every step)."""
-        return self._torch is not None
+    def path_of(self, so: SchedulerOutput) -> str:
+        """Which runner takes a step: ``"torch"`` when a row needs it (``needs_torch``) or the
+        model has no C program, else ``"c"``: decided per step, nothing is kept."""
+        if self.torch_only or any(self._needs_torch(s) for s in so.seqs):
+            return "torch"
+        return "c"
 
     def torch_runner(self) -> ModelRunner:
         """The torch engine's runner over this model's tiles, KV cache and matchers, built on
-        first use (imports torch: ~0.65 s, once)."""
+        first use (imports torch: ~0.65 s, once) and kept for the steps that need it."""
         if self._torch is None:
             from kiln.model.loader import torch_model
 
-            log.info("a request needs torch: the torch runner takes over")
-            self._hand_over(torch_model(self.model))
+            log.info("a request needs torch: the torch runner is built beside the C step")
+            self._build_torch(torch_model(self.model))
         assert self._torch is not None
         return self._torch
 
-    def _hand_over(self, model: CausalLM) -> None:
+    def _build_torch(self, model: CausalLM) -> None:
         import torch
 
         from kiln.engine.runner import ModelRunner
@@ -127,26 +139,26 @@ class CRunner:
         self._torch = ModelRunner(model, self.model.config, self.config, torch.float32,
                                   torch.device("cpu"), self.tokenizer, kv=kv,
                                   grammar=self.grammar)
-        self.program = None  # type: ignore[assignment]  # the torch runner's from now on
 
     def swap_weights(self, model: CModel | CausalLM) -> None:
         """Serve ``model`` (same architecture and shapes, checked by the caller) from the next
         step on, over the same KV cache and matchers: a ``CModel`` is bound to the KV arrays
-        (or, once handed over, becomes the torch runner's ``CausalLM``); a ``CausalLM`` (an HF
-        folder loaded with torch) is handed over to at once."""
+        (and, where the torch runner was built, becomes its ``CausalLM`` too); a ``CausalLM``
+        (an HF folder loaded with torch) has no C program, so the torch runner takes every step
+        from then on (``torch_only``)."""
         from kiln.model.c_model import CModel
 
         if isinstance(model, CModel):
-            self.model = model
-            if self._torch is None:  # (after drop_weights too: the same KV arrays)
-                self.program = model.bind(self.kv.k, self.kv.v)
-                return
-            from kiln.model.loader import torch_model
+            self.model, self.torch_only = model, False
+            self.program = model.bind(self.kv.k, self.kv.v)  # (after drop_weights too)
+            if self._torch is not None:
+                from kiln.model.loader import torch_model
 
-            self._torch.swap_weights(torch_model(model))
+                self._torch.swap_weights(torch_model(model))
             return
+        self.program, self.torch_only = None, True  # type: ignore[assignment]
         if self._torch is None:
-            self._hand_over(model)
+            self._build_torch(model)
         else:
             self._torch.swap_weights(model)
 
@@ -154,7 +166,7 @@ class CRunner:
         """Sleep level 2: let go of the model (its tiles freed once nothing else holds them);
         nothing runs until ``swap_weights`` gives one back."""
         self.model = None  # type: ignore[assignment]
-        self.program = None  # type: ignore[assignment]
+        self.program = None  # type: ignore[assignment]  # until swap_weights binds one
         if self._torch is not None:
             self._torch.drop_weights()
 
@@ -183,15 +195,17 @@ class CRunner:
     @property
     def verifies_drafts(self) -> bool:
         """Whether a step's drafted decodes are verified (kiln.engine.speculative): by the C
-        step here, or by the torch runner once it took over (``ModelRunner.verifies_drafts``)."""
-        return self._torch is None or self._torch.verifies_drafts
+        step here; a step the torch runner takes keeps its drafts where that runner verifies
+        them too (``ModelRunner.verifies_drafts``: the same C step under it), else runs
+        plainly."""
+        return not self.torch_only or (self._torch is not None and self._torch.verifies_drafts)
 
     def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
-        if self._torch is None and any(self._needs_torch(s) for s in so.seqs):
-            self.torch_runner()
-            so = without_drafts(so)  # drafted for this runner: the handover step runs plainly
-        if self._torch is not None:
-            return self._torch.execute(so)
+        self.last_path = self.path_of(so)
+        self.steps[self.last_path] += 1
+        if self.last_path == "torch":
+            runner = self.torch_runner()
+            return runner.execute(so if runner.verifies_drafts else without_drafts(so))
         if so.is_empty:
             return ModelRunnerOutput({})
         rows = [i for i, s in enumerate(so.seqs) if s.sample]

@@ -2,7 +2,7 @@
 
 With ``torch_free`` (``kiln serve``), a GGUF on the CPU whose every matrix has a C kernel loads
 as a :class:`~kiln.model.c_model.CModel` without importing torch (``kiln.engine.c_runner`` runs
-it, and hands over to the torch engine when a request needs torch); otherwise, and for every
+it, with the torch engine's runner beside it for the steps that need torch); otherwise, and for every
 other model, as a torch ``CausalLM``. This module imports torch only for the latter."""
 
 from __future__ import annotations
@@ -181,8 +181,8 @@ def _chat_template(template: str | None, tokenizer: Tokenizer, specials: dict[st
 
 def torch_model(model: CModel) -> CausalLM:
     """The torch model of a C model's file over the same tile arrays (``load_gguf`` on the CPU
-    in float32 with the packed kernels, which shares them): imports torch. What the engine
-    hands over to when a request needs torch (``kiln.engine.c_runner``)."""
+    in float32 with the packed kernels, which shares them): imports torch. The torch runner's
+    model beside the C step, for the steps that need torch (``kiln.engine.c_runner``)."""
     import torch
 
     from kiln.model.early_tiles import Tiled

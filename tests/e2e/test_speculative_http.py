@@ -96,7 +96,7 @@ def test_a_bad_speculative_config_fails_at_start() -> None:
 
 
 def test_logprobs_requests_are_verified_on_the_torch_runner() -> None:
-    """logprobs hand the server over to the torch runner, which verifies drafts too (the same C
+    """logprobs requests run on the torch runner, which verifies drafts too (the same C
     step under it): the answer and its logprobs equal plain decoding's, and drafts were kept."""
     body = {"messages": MESSAGES, "max_tokens": 96, "temperature": 0.9, "seed": 4,
             "logprobs": True, "top_logprobs": 3, "return_token_ids": True}
@@ -104,7 +104,7 @@ def test_logprobs_requests_are_verified_on_the_torch_runner() -> None:
         want = c.post("/v1/chat/completions", json=body).json()["choices"]
     with serve(None, SPEC) as c:
         backend = c.app.state.kiln.backend  # type: ignore[attr-defined]
-        c.post("/v1/chat/completions", json={**body, "max_tokens": 1})  # the handover
+        c.post("/v1/chat/completions", json={**body, "max_tokens": 1})  # builds the torch runner
         assert type(backend.engine.executor._torch).__name__ == "ModelRunner"
         before = backend.stats()["spec_decode_num_accepted_tokens"]
         got = c.post("/v1/chat/completions", json=body).json()["choices"]

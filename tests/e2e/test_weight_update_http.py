@@ -269,7 +269,7 @@ def test_sleep_level_2_lets_go_of_the_weights_and_wake_reads_them_again(
     with serve(files["a"]) as c:
         backend = c.app.state.kiln.backend  # type: ignore[attr-defined]
         if handed_over:
-            answers(c, [LOGPROBS])  # logprobs: the torch runner takes over
+            answers(c, [LOGPROBS])  # logprobs: the torch runner is built beside the C step
         want = answers(c, [GREEDY, SEEDED])
         old = weakref.ref(backend.engine.executor.model)
         r = c.post("/sleep?level=2")

@@ -1,7 +1,8 @@
 """The torch-free C engine (kiln/engine/c_runner.py) on the default model: the same tokens as the
-torch engine's runner for plain, seeded, penalized and constrained requests; the handover to
-the torch runner when a request needs torch, with the numbers of the running sequences
-unchanged; and a whole ``kiln serve`` backend that serves without importing torch."""
+torch engine's runner for plain, seeded, penalized and constrained requests; the steps that
+need torch taken by the torch runner beside it, with the numbers of the running sequences
+unchanged, and the steps after them on the C step again; and a whole ``kiln serve`` backend
+that serves without importing torch."""
 
 from __future__ import annotations
 
@@ -70,20 +71,23 @@ def test_the_c_engine_samples_the_torch_engine_s_tokens(smollm: LoadedModel,
     want, torch_runner = run(smollm, requests(smollm))
     got, c_runner = run(c_loaded, requests(c_loaded))
     assert isinstance(torch_runner, ModelRunner) and isinstance(c_runner, CRunner)
-    assert not c_runner.handed_over  # no request here needs torch
+    assert c_runner.steps["torch"] == 0 and c_runner._torch is None  # no request needs torch
     assert got == want
     assert all(len(ids) > 0 for ids in got.values())
     assert c_runner.plan == torch_runner.plan
 
 
-def test_a_request_that_needs_torch_hands_over_mid_flight(smollm: LoadedModel,
-                                                          c_loaded: LoadedCModel) -> None:
-    """A logprobs request arrives while others decode: the torch runner takes over the same
-    KV cache, and every request's tokens are those of the torch engine alone."""
+def test_steps_that_need_torch_go_to_the_torch_runner_and_the_rest_stay_in_c(
+        smollm: LoadedModel, c_loaded: LoadedCModel) -> None:
+    """A logprobs request arrives while others decode: its steps go to the torch runner over the
+    same KV cache, every request's tokens are those of the torch engine alone, and once it is
+    done the plain requests' steps run on the C step again (nothing is handed over for good)."""
     def reqs(m: Loaded) -> list[Request]:
         return [*requests(m)[:3],
                 Request("logprobs", chat(m, "Say hello."),
-                        SamplingParams(temperature=0.0, max_tokens=10, logprobs=2))]
+                        SamplingParams(temperature=0.0, max_tokens=10, logprobs=2)),
+                Request("after", chat(m, "Name a colour."),
+                        SamplingParams(temperature=0.7, seed=3, max_tokens=12))]
 
     want, _ = run(smollm, reqs(smollm))
     sched, runner = build_core(c_loaded, CONFIG)
@@ -92,14 +96,20 @@ def test_a_request_that_needs_torch_hands_over_mid_flight(smollm: LoadedModel,
     stage = OutputProcessor()
     # three plain requests for a few steps, then the logprobs request joins
     outs = drive(sched, runner, first[:3], max_steps=6, output=stage, partial=True)
-    assert not runner.handed_over
-    outs2 = drive(sched, runner, first[3:], output=stage)
-    assert runner.handed_over
-    got = {rid: token_ids(outs.get(rid, []) + outs2.get(rid, [])) for rid in want}
+    assert runner.steps["torch"] == 0 and runner._torch is None
+    outs2 = drive(sched, runner, first[3:4], output=stage)
+    torch_steps = runner.steps["torch"]
+    assert torch_steps > 0
+    c_steps = runner.steps["c"]
+    outs3 = drive(sched, runner, first[4:], output=stage)  # a plain request after it
+    assert runner.steps["torch"] == torch_steps and runner.steps["c"] > c_steps
+    assert runner.last_path == "c"
+    got = {rid: token_ids(outs.get(rid, []) + outs2.get(rid, []) + outs3.get(rid, []))
+           for rid in want}
     assert got == want
 
 
-def test_scoring_hands_over(c_loaded: LoadedCModel, smollm: LoadedModel) -> None:
+def test_scoring_runs_on_the_torch_runner(c_loaded: LoadedCModel, smollm: LoadedModel) -> None:
     from kiln.engine.scoring import score_prompt
 
     ids = chat(smollm, "The quick brown fox jumps over the lazy dog.")
@@ -111,7 +121,7 @@ def test_scoring_hands_over(c_loaded: LoadedCModel, smollm: LoadedModel) -> None
     t_sched, t_runner = build_core(smollm, CONFIG)
     assert isinstance(t_runner, ModelRunner)
     want = score_prompt(t_runner.model, t_runner.kv, t_sched.pool, ids, 3)
-    assert job.scores == want and runner.handed_over
+    assert job.scores == want and runner._torch is not None and not runner.torch_only
 
 
 SERVE = """
