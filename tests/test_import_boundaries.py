@@ -48,7 +48,7 @@ CASES = [
     ("kiln.engine.core", ("torch", "triton")),
     ("kiln.model.loader", ("torch", "triton")),
     ("kiln.model.c_model", ("torch", "triton")),
-    ("kiln.model.rope_cache", ("torch", "triton")),
+    ("kiln.model.rope", ("torch", "triton")),
     ("kiln.model.plan", ("torch", "triton")),
     ("kiln.resident", ("torch", "triton")),
     ("kiln.api.app", ("torch", "triton")),

@@ -14,7 +14,6 @@ import pytest
 
 from kiln.testing import free_port
 from tests import HANG_S  # loading the model on a loaded machine too
-from tests.tiny_models import default_model
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -37,10 +36,8 @@ def test_the_documented_walk_is_what_a_request_runs() -> None:
 
     if not available():
         pytest.skip("no C compiler: the default model runs the torch path, not the walk's")
-    # `kiln serve` runs the default model torch-free (kiln/engine/c_runner.py) once a torch load
-    # has stored its rotary frequencies (kiln/model/rope_cache.py); the first start of a machine
-    # is the torch engine's. The walk is the torch-free one: load it with torch here first.
-    default_model()
+    # `kiln serve` runs the default model torch-free (kiln/engine/c_runner.py): the walk is
+    # the torch-free one.
     out = subprocess.run([sys.executable, "-m", "tests.walk_trace", str(free_port())],
                          cwd=ROOT, capture_output=True, text=True, timeout=HANG_S, check=True)
     traced = json.loads(out.stdout.strip().splitlines()[-1])

@@ -5,8 +5,8 @@ Where every matrix of a GGUF file has a C kernel, each forward step on the CPU i
 file into that call's weights (:class:`~kiln_kernels.cpu.cpu_step.CpuStepWeights`) without
 importing torch: the very weights ``kiln.model.gguf_loader`` gives the torch-loaded model's C
 step (the same tiles, fused alike, gguf-py's float32 norms and biases) and its rotary
-frequencies from :mod:`kiln.model.rope_cache` (torch's values, stored by an earlier torch load
-of a model of this shape). Its steps run as ``kiln.model.base.CpuStep`` runs them, in chunks of
+frequencies from :func:`kiln.model.rope.inv_freq` (computed without torch, as the torch path
+takes them). Its steps run as ``kiln.model.base.CpuStep`` runs them, in chunks of
 :func:`group_rows` rows, so its logits are the torch-loaded model's, bit for bit. Its KV cache
 (:meth:`CModel.kv_arrays`) is laid out as ``kiln.model.kv_cache.KVCache`` lays out the C step's
 (heads-major blocks in zero pages), so a torch view of its buffers is a valid ``KVCache``.
@@ -38,7 +38,7 @@ from kiln_kernels.cpu.cpu_step import (
 )
 from kiln_kernels.quant import Format, Packed, PackedWeight
 
-from kiln.model import rope_cache
+from kiln.model import rope
 from kiln.model.config import ModelConfig
 from kiln.model.early_tiles import Tiled
 from kiln.model.gguf_index import GGUFIndex
@@ -235,10 +235,10 @@ class CModel:
             return None
         if cfg.num_heads % cfg.num_kv_heads or cfg.num_heads // cfg.num_kv_heads > MAX_GROUP:
             return None
-        inv_freq = rope_cache.lookup(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+        inv_freq = rope.inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
         shapes = expected_shapes(cfg)
         tensors = [t for t in reader.tensors if t.name in names]
-        if inv_freq is None or sorted(names.values()) != sorted(shapes) or any(
+        if sorted(names.values()) != sorted(shapes) or any(
                 len(t.shape) > 1 and unpackable(t) is not None for t in tensors):
             return None
         given: dict[str, tuple[str, np.ndarray]] = {} if tiled is None else tiled.tiles

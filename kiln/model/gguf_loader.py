@@ -12,7 +12,6 @@ from typing import Any
 import torch
 from kiln_kernels.quant import PackedWeight
 
-from kiln.model import rope_cache
 from kiln.model.base import CausalLM
 from kiln.model.config import ModelConfig, UnsupportedModelError, WeightLoadError
 from kiln.model.early_tiles import Tiled, take_tiled
@@ -97,9 +96,6 @@ def load_gguf(path: str | Path, dtype: torch.dtype, device: torch.device, *,
                     "; ".join(f"{why}: {', '.join(names)}" for why, names in unpacked.items()))
     install_packed(model, sink, deferred)
     sink.finish()
-    if model.plan.step == "c":  # for a later torch-free load of this shape (c_model)
-        rope_cache.store(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling,
-                         model.rotary.inv_freq(torch.device("cpu")).numpy())
     template = meta.get("tokenizer.chat_template")
     return GGUFContents(model=model, config=cfg, tokenizer=tokenizer_from_gguf(meta),
                         chat_template=template if isinstance(template, str) else None,

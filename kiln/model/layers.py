@@ -6,7 +6,6 @@ state-dict key of a Kiln model is the safetensors key of the checkpoint.
 
 from __future__ import annotations
 
-import math
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -14,6 +13,7 @@ import torch.nn.functional as F
 from kiln_kernels.quant import Packed
 from torch import nn
 
+from kiln.model import rope
 from kiln.model.attention import AttentionPlan, paged_attention
 from kiln.model.config import ModelConfig
 from kiln.model.quantized import NO_ROUTE, RowRoute, project, project_many
@@ -57,10 +57,11 @@ class RotaryEmbedding:
         self._inv_freq: dict[torch.device, torch.Tensor] = {}
 
     def inv_freq(self, device: torch.device) -> torch.Tensor:
+        """The frequencies of ``kiln.model.rope.inv_freq`` (computed without torch, the same on
+        every path and machine), on ``device``."""
         if device not in self._inv_freq:
-            exps = torch.arange(0, self.head_dim, 2, dtype=torch.int64, device=device)
-            base = 1.0 / (self.theta ** (exps.to(torch.float32) / self.head_dim))
-            self._inv_freq[device] = base if self.scaling is None else scaled(base, self.scaling)
+            values = rope.inv_freq(self.head_dim, self.theta, self.scaling)
+            self._inv_freq[device] = torch.from_numpy(values).to(device)
         return self._inv_freq[device]
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype
@@ -69,23 +70,6 @@ class RotaryEmbedding:
         freqs = positions.to(torch.float32)[:, None] * self.inv_freq(positions.device)[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def scaled(inv_freq: torch.Tensor, s: RopeScaling) -> torch.Tensor:
-    """``inv_freq`` (float32) rescaled as ``s`` says (kiln.model.rope); ``llama3`` in the order of
-    operations transformers uses, so that the frequencies are its own, bit for bit."""
-    if s.kind == "linear":
-        return inv_freq / s.factor
-    if s.kind == "divisors":
-        return inv_freq / torch.tensor(s.divisors, dtype=torch.float32, device=inv_freq.device)
-    old = s.original_max_position
-    low_wavelen, high_wavelen = old / s.low_freq_factor, old / s.high_freq_factor
-    wavelen = 2 * math.pi / inv_freq
-    out = torch.where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq)
-    smooth = (old / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
-    blended = (1 - smooth) * out / s.factor + smooth * out
-    between = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
-    return torch.where(between, blended, out)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

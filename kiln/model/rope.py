@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 # what the C step, the torch path and the kernels can run: anything else is refused at load
 KINDS = ("llama3", "linear", "divisors")
 
@@ -92,3 +94,44 @@ def from_gguf(meta: Mapping[str, Any], arch: str, divisors: tuple[float, ...] | 
         raise RopeScalingError(f"rope_freqs.weight has {len(divisors)} values, not one per "
                                f"rotary frequency ({head_dim // 2})")
     return RopeScaling("divisors", divisors=tuple(d * linear for d in divisors))
+
+
+def inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None = None) -> np.ndarray:
+    """The rotary frequencies (float32 ``[head_dim / 2]``), scaled as ``scaling`` says: the one
+    place every path takes them from (the torch path's ``RotaryEmbedding``, the Triton kernels,
+    the C step), computed without torch.
+
+    transformers' formula, ``1 / theta ** (arange(0, dim, 2) / dim)`` in float32, with the power
+    correctly rounded (float64's, rounded once to float32): torch's float32 ``pow`` is vectorised
+    by the CPU's instruction set and lands 1-2 ulp away from that in about one frequency of
+    thirty configurations (measured: 0 on SmolLM2's), numpy's float32 ``pow`` on nearly all of
+    them. These are the same bits on every machine, with or without torch; everything after
+    the power is float32 arithmetic in transformers' order, with torch's scalar rules (a
+    tensor over a scalar divides; a scalar over a tensor multiplies the reciprocal), so a
+    ``llama3`` scaling is transformers' blend, bit for bit, over the same base."""
+    exps = np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)
+    powers = (np.float64(theta) ** exps.astype(np.float64)).astype(np.float32)
+    base = np.float32(1.0) / powers
+    return base if scaling is None else _scaled(base, scaling)
+
+
+def _over(x: float, t: np.ndarray) -> np.ndarray:
+    """``x / t`` as torch computes a Python scalar over a float32 tensor: ``(1 / t) * x``."""
+    return (np.float32(1.0) / t) * np.float32(x)
+
+
+def _scaled(f: np.ndarray, s: RopeScaling) -> np.ndarray:
+    one = np.float32
+    if s.kind == "linear":
+        return f / one(s.factor)
+    if s.kind == "divisors":
+        return f / np.asarray(s.divisors, dtype=np.float32)
+    old = s.original_max_position
+    low_wavelen, high_wavelen = old / s.low_freq_factor, old / s.high_freq_factor
+    wavelen = _over(2 * math.pi, f)
+    out = np.where(wavelen > one(low_wavelen), f / one(s.factor), f)
+    smooth = (_over(old, wavelen) - one(s.low_freq_factor)) / one(
+        s.high_freq_factor - s.low_freq_factor)
+    blended = (one(1.0) - smooth) * out / one(s.factor) + smooth * out
+    between = ~(wavelen < one(high_wavelen)) & ~(wavelen > one(low_wavelen))
+    return np.where(between, blended, out).astype(np.float32)

@@ -32,8 +32,7 @@ CONFIG = EngineConfig(kv_memory_mb=64, max_num_batched_tokens=64)
 
 @pytest.fixture(scope="module")
 def c_loaded(smollm: LoadedModel) -> LoadedCModel:
-    """The default model as the torch-free C model (``smollm`` loaded first: a torch load fills
-    the rotary frequencies' cache that a torch-free load reads)."""
+    """The default model as the torch-free C model."""
     loaded = load_model(None, device="cpu", torch_free=True)
     assert isinstance(loaded, LoadedCModel)  # a CModel, not a CausalLM
     return loaded

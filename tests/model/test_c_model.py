@@ -15,7 +15,6 @@ import torch
 from kiln_kernels.cpu import available as kernels_available
 from kiln_kernels.cpu.cpu_step import cache_strides
 
-from kiln.model import rope_cache
 from kiln.model.base import CausalLM, build_forward_batch
 from kiln.model.c_model import CModel, group_rows
 from kiln.model.gguf_loader import load_gguf
@@ -30,14 +29,6 @@ pytestmark = pytest.mark.skipif(not kernels_available(), reason="no C compiler f
 BLOCK = 16
 BLOCKS = 48
 Seqs = Sequence[tuple[Sequence[int], int, Sequence[int]]]
-
-
-@pytest.fixture(autouse=True)
-def rope_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Each test's own rotary frequency cache, filled by its torch loads."""
-    folder = tmp_path / "rope-cache"
-    monkeypatch.setattr(rope_cache, "directory", lambda: folder)
-    return folder
 
 
 def tiny_gguf(folder: Path, kind: str) -> Path:

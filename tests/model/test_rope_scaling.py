@@ -1,4 +1,4 @@
-"""Rotary frequency scaling (kiln/model/rope.py, kiln.model.layers.scaled): Llama 3.1+'s
+"""Rotary frequency scaling (kiln/model/rope.py: inv_freq): Llama 3.1+'s
 ``llama3`` scaling from a config.json gives transformers' frequencies bit for bit and its
 logits; the same scaling as a GGUF holds it (llama.cpp's per-frequency divisors,
 ``rope_freqs.weight``) runs through the C step to the same logits; what is not implemented is
@@ -149,3 +149,27 @@ def test_identity_records_of_unscaled_configs_keep_their_keys() -> None:
     scaled = ModelConfig.from_hf({**plain.to_hf(), "rope_scaling": LLAMA3})
     assert scaled.record()["rope_scaling"]["kind"] == "llama3"
     assert ModelConfig.from_hf(scaled.to_hf()) == scaled
+
+
+def test_the_frequencies_are_torch_free_and_within_2_ulp_of_torch_s_pow() -> None:
+    """kiln.model.rope.inv_freq (no torch, the power correctly rounded) is what the torch path
+    uses, and within 2 ulp of torch's own float32 formula in every entry (torch's vectorised
+    ``pow`` is within 1 ulp of the exact power, then a correctly rounded reciprocal; measured
+    here: 0-2 ulp in at most one entry); on the default model's shape (head_dim 64, theta
+    100,000) equal."""
+    import numpy as np
+
+    from kiln.model.rope import inv_freq
+
+    for head_dim in (16, 64, 80, 128, 256):
+        for theta in (10000.0, 25000.0, 100000.0, 500000.0, 1e6):
+            got = inv_freq(head_dim, theta)
+            exps = torch.arange(0, head_dim, 2, dtype=torch.int64).to(torch.float32) / head_dim
+            want = (1.0 / (theta ** exps)).numpy()
+            assert got.dtype == np.float32 and got.shape == (head_dim // 2,)
+            ulps = np.abs(got.view(np.int32).astype(np.int64) - want.view(np.int32))
+            assert int(ulps.max()) <= 2, (head_dim, theta)
+            assert torch.equal(RotaryEmbedding(head_dim, theta).inv_freq(torch.device("cpu")),
+                               torch.from_numpy(got))
+    exps = torch.arange(0, 64, 2, dtype=torch.int64).to(torch.float32) / 64
+    assert np.array_equal(inv_freq(64, 100000.0), (1.0 / (100000.0 ** exps)).numpy())
