@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy
 
-from kiln.api.handlers.constraints import from_response_format, from_structured_outputs
+from kiln.api.structured.constraints import from_response_format, from_structured_outputs
 from kiln.engine.grammar import GrammarCompiler, GrammarError
 from kiln.model.loader import load_model
 from kiln.text.tokenizer import Tokenizer

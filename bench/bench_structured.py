@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from kiln.api.handlers.constraints import from_response_format, from_structured_outputs
+from kiln.api.structured.constraints import from_response_format, from_structured_outputs
 from kiln.engine.config import EngineConfig
 from kiln.engine.grammar import GrammarCompiler, GrammarRows
 from kiln.engine.loop import AsyncEngine

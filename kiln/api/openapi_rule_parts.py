@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from kiln.api.handlers import constraints
 from kiln.api.handlers.params import DEFAULT_ONLY, UNSUPPORTED_CODE
 from kiln.api.served_openapi import Bounds
+from kiln.api.structured import constraints
 from kiln.engine import repetition
 
 Rule = dict[str, Any]
@@ -77,7 +77,7 @@ def unsupported_fields(names: tuple[str, ...]) -> list[Rule]:
 def constraint_rules(b: Bounds, code: str, tools: bool) -> list[Rule]:
     """constraints.constraint, in its order: each field's grammar is built (a malformed one
     refused), one constraint per request, then compiled against the model's tokenizer."""
-    where = "kiln.api.handlers.constraints.constraint"
+    where = "kiln.api.structured.constraints.constraint"
     kinds = [f"structured_outputs.{kind}" for kind in constraints.SO_KINDS]
     named = [("response_format", RESPONSE_FORMAT_SET),
              ("structured_outputs", STRUCTURED_OUTPUTS_SET)]

@@ -115,7 +115,7 @@ def responses_rules(b: Bounds) -> list[Rule]:
              "a tool choice other than none and auto needs tools, of the function kind, that "
              "the grammar compiles (only the server's compiler can say)",
              when=has("tool_choice", {"not": {"enum": [None, "none", "auto"]}})),
-        rule("refused_when", "text.format", code, "kiln.api.handlers.constraints.constraint",
+        rule("refused_when", "text.format", code, "kiln.api.structured.constraints.constraint",
              "a JSON schema the grammar compiles (only the server's compiler can say)",
              when=has("text", has("format", _typed({"const": "json_schema"})))),
         rule("model_dependent", "reasoning.effort", code, "kiln.api.handlers.prepare.apply_budget",
@@ -172,7 +172,7 @@ def messages_rules(b: Bounds, counting: bool) -> list[Rule]:
              "the server's compiler can say)",
              when=has("tool_choice", _typed(_not("auto", "none")))),
         rule("refused_when", "output_config.format", code,
-             "kiln.api.handlers.constraints.constraint",
+             "kiln.api.structured.constraints.constraint",
              "a JSON schema the grammar compiles (only the server's compiler can say)",
              when=has("output_config", has("format", {"type": "object"}))),
         rule("model_dependent", "thinking", code, "kiln.api.handlers.prepare.apply_budget",

@@ -10,7 +10,7 @@ Qwen format:
   that parameter asks for it (local ``$ref``s followed).
 
 ``tool_format`` says which of the two a chat template teaches its model (forced tool calls are
-constrained to that one, kiln/api/handlers/constraints.py).
+constrained to that one, kiln/api/structured/constraints.py).
 
 Kiln's fallback: when no block parses and the whole answer is a JSON object
 ``{"name": <declared tool>, "arguments": {...}}``, that object is the call.

@@ -1,4 +1,4 @@
-"""Request fields -> llguidance grammars (kiln/api/handlers/constraints.py), without a model:
+"""Request fields -> llguidance grammars (kiln/api/structured/constraints.py), without a model:
 the strict-by-default schema rewrite, the refusals that name their field, and the tool-call
 grammar checked by llguidance's own matcher on the tiny test tokenizer."""
 
@@ -11,13 +11,13 @@ import llguidance
 import pytest
 
 from kiln.api.errors import ApiError
-from kiln.api.handlers.constraints import (
+from kiln.api.structured.constraints import (
     constraint,
     from_response_format,
     from_structured_outputs,
     from_tool_choice,
 )
-from kiln.api.handlers.schema_keywords import closed
+from kiln.api.structured.schema_keywords import closed
 from tests.tiny_models import tiny_tokenizer
 
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {

@@ -1,4 +1,4 @@
-"""The grammar compile deadline (--grammar-compile-timeout-s, kiln/api/handlers/constraints.py):
+"""The grammar compile deadline (--grammar-compile-timeout-s, kiln/api/structured/constraints.py):
 a constraint whose compilation overruns it is a 400 naming the field, compilation runs in a
 grammar worker thread so the server answers other requests meanwhile, and a request that finds
 every grammar worker busy past the deadline is a 503. The compiler is replaced by one that blocks
@@ -15,7 +15,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from kiln.api.app import build_app
-from kiln.api.handlers.constraints import COMPILE_WORKERS
+from kiln.api.structured.constraints import COMPILE_WORKERS
 from kiln.config import ConfigError, ServerConfig, setting
 from kiln.engine.grammar import GrammarCompiler
 from tests.api.fake_backend import FakeBackend

@@ -13,7 +13,7 @@ from starlette.testclient import TestClient
 
 from kiln.api.app import build_app
 from kiln.api.contract import contract
-from kiln.api.handlers.constraints import from_response_format
+from kiln.api.structured.constraints import from_response_format
 from kiln.config import ServerConfig
 from kiln.text.tokenizer import Tokenizer
 from tests.api.fake_backend import FakeBackend

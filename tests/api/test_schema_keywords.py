@@ -1,6 +1,6 @@
 """Every keyword of JSON Schema draft 2020-12 (read from the draft's own meta-schemas, so that
 none is left out) is enforced by the grammar, an annotation, or refused with a 400 naming it —
-never dropped (kiln/api/handlers/schema_keywords.py). An enforced keyword is checked by
+never dropped (kiln/api/structured/schema_keywords.py). An enforced keyword is checked by
 llguidance's own matcher on the tiny test tokenizer: the grammar must refuse an instance the
 keyword forbids, so a later llguidance that ignored one would fail here."""
 
@@ -13,8 +13,8 @@ import pytest
 from jsonschema_specifications import REGISTRY
 from starlette.testclient import TestClient
 
-from kiln.api.handlers import schema_keywords
-from kiln.api.handlers.constraints import from_response_format, from_tool_choice
+from kiln.api.structured import schema_keywords
+from kiln.api.structured.constraints import from_response_format, from_tool_choice
 from tests.tiny_models import tiny_tokenizer
 
 DRAFT = "https://json-schema.org/draft/2020-12/"

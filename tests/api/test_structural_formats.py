@@ -1,4 +1,4 @@
-"""Structural tags in xgrammar's nested ``format`` form (kiln/api/handlers/structural_formats.py
+"""Structural tags in xgrammar's nested ``format`` form (kiln/api/structured/structural_formats.py
 through constraints.py): each format's text checked by llguidance's matcher on the tiny test
 tokenizer, the wire shapes, and the refusals that name the format's path."""
 
@@ -13,7 +13,11 @@ import pytest
 
 from kiln.api._generated import wire
 from kiln.api.errors import ApiError
-from kiln.api.handlers.constraints import constraint, from_response_format, from_structured_outputs
+from kiln.api.structured.constraints import (
+    constraint,
+    from_response_format,
+    from_structured_outputs,
+)
 from tests.api.test_constraints import _accepts
 from tests.api.test_structural_tags import ADD, token_id
 

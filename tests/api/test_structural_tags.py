@@ -1,4 +1,4 @@
-"""Structural tags (kiln/api/handlers/structural_tags.py through constraints.py): free text in
+"""Structural tags (kiln/api/structured/structural_tags.py through constraints.py): free text in
 which each ``begin`` + JSON of the structure's schema + ``end`` is enforced once a trigger is
 written, checked by llguidance's matcher on the tiny test tokenizer; the wire shapes of
 ``response_format`` and ``structured_outputs``; and the refusals that name their field."""
@@ -14,7 +14,11 @@ import pytest
 
 from kiln.api._generated import wire
 from kiln.api.errors import ApiError
-from kiln.api.handlers.constraints import constraint, from_response_format, from_structured_outputs
+from kiln.api.structured.constraints import (
+    constraint,
+    from_response_format,
+    from_structured_outputs,
+)
 from tests.api.test_constraints import _accepts
 from tests.tiny_models import tiny_tokenizer
 

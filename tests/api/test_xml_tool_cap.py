@@ -15,7 +15,7 @@ import llguidance
 import numpy
 import pytest
 
-from kiln.api.handlers import xml_tools
+from kiln.api.structured import xml_tools
 from kiln.engine.grammar import LIMITS
 from kiln.text.tools import parse_tool_calls
 from tests.api.test_xml_tools import TOOLS, VALID, call, xml_grammar

@@ -1,4 +1,4 @@
-"""Forced tool calls in the Qwen3.5 XML format (kiln/api/handlers/xml_tools.py through
+"""Forced tool calls in the Qwen3.5 XML format (kiln/api/structured/xml_tools.py through
 ``from_tool_choice``): llguidance's matcher on the tiny test tokenizer accepts the calls the
 template writes and refuses the rest, every accepted call parses back through
 kiln/text/tools.py into arguments valid against the tool's schema, and what raw text cannot
@@ -12,7 +12,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from kiln.api.handlers.constraints import from_tool_choice
+from kiln.api.structured.constraints import from_tool_choice
 from kiln.text.tools import parse_tool_calls, tool_format
 from tests.api.test_constraints import _accepts, _tags
 from tests.tiny_models import QWEN3_TEMPLATE, QWEN35_XML_TEMPLATE

@@ -14,7 +14,7 @@ from starlette.testclient import TestClient
 
 from kiln.api.app import build_app
 from kiln.api.contract import contract
-from kiln.api.handlers import xml_tools
+from kiln.api.structured import xml_tools
 from kiln.config import ServerConfig
 from kiln.model.loader import load_model
 from kiln.serving import EngineBackend

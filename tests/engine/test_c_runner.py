@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.api.handlers.constraints import from_structured_outputs
+from kiln.api.structured.constraints import from_structured_outputs
 from kiln.engine.c_runner import CRunner
 from kiln.engine.config import EngineConfig
 from kiln.engine.loop import build_core

@@ -15,8 +15,8 @@ import numpy
 import pytest
 import torch
 
-from kiln.api.handlers import constraints
-from kiln.api.handlers.constraints import from_response_format, from_structured_outputs
+from kiln.api.structured import constraints
+from kiln.api.structured.constraints import from_response_format, from_structured_outputs
 from kiln.engine.grammar import GrammarError, GrammarRows, RowMasks, compiler_for
 from kiln.engine.loop import AsyncEngine
 from kiln.engine.outputs import RequestOutput, ScheduledSeq

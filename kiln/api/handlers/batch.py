@@ -16,7 +16,7 @@ from kiln.api._generated import wire
 from kiln.api.handlers.completions_gen import scored_prompt
 from kiln.api.handlers.extras import included_stop
 from kiln.api.handlers.logprobs import chat_content
-from kiln.api.handlers.params import BATCH_UNSUPPORTED, opt, refuse_unsupported
+from kiln.api.handlers.params import BATCH_UNSUPPORTED, refuse_unsupported
 from kiln.api.handlers.prepare import Prompt, Shape, prepare_batch
 from kiln.api.state import (
     AppState,
@@ -33,6 +33,7 @@ from kiln.api.state import (
     usage,
 )
 from kiln.api.weight_versions import spans_wire, version_of
+from kiln.api.wire_values import opt
 from kiln.engine.errors import NON_FINITE_MIX
 from kiln.text.thinking import fold, split_reasoning
 from kiln.text.tools import closing_stop, parse_closed

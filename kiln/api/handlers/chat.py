@@ -17,7 +17,6 @@ from kiln.api.handlers import chat_stream, rollout
 from kiln.api.handlers.completions_gen import scored_prompt
 from kiln.api.handlers.extras import included_stop
 from kiln.api.handlers.logprobs import chat_content
-from kiln.api.handlers.params import opt
 from kiln.api.handlers.perf import performance
 from kiln.api.handlers.prepare import PreparedChat, prepare_chat
 from kiln.api.sse import EventStream
@@ -38,6 +37,7 @@ from kiln.api.state import (
     usage,
 )
 from kiln.api.weight_versions import spans_wire, version_of
+from kiln.api.wire_values import opt
 from kiln.text.thinking import fold, record, split_reasoning
 from kiln.text.tools import ParsedOutput, ToolCall, closing_stop, parse_closed, parse_tool_calls
 

@@ -19,9 +19,9 @@ from kiln.api._generated import wire
 from kiln.api.errors import ApiError
 from kiln.api.handlers import chat, chat_stream
 from kiln.api.handlers import rollout as chat_rollout
-from kiln.api.handlers.params import opt
 from kiln.api.handlers.prepare import PreparedChat, prepare_chat
 from kiln.api.state import AppState, collect_all, submit, submit_all, until_disconnect
+from kiln.api.wire_values import opt
 from kiln.text.thinking import CLOSE_TAG
 
 

@@ -17,12 +17,10 @@ from kiln.api._generated import wire
 from kiln.api.contract import read_json_body
 from kiln.api.errors import ApiError
 from kiln.api.handlers import completions_gen, completions_stream
-from kiln.api.handlers.constraints import constraint
 from kiln.api.handlers.params import (
     BASE,
     COMPLETION_UNSUPPORTED,
     Selection,
-    opt,
     refuse_unsupported,
     resolve_model,
     select,
@@ -39,6 +37,8 @@ from kiln.api.state import (
     until_disconnect,
     usage,
 )
+from kiln.api.structured.constraints import constraint
+from kiln.api.wire_values import opt
 from kiln.engine.errors import EngineError
 from kiln.engine.request import GrammarSpec
 from kiln.provenance import adapter_identity, compact_json

@@ -33,13 +33,7 @@ from kiln.api.handlers.extras import (
     truncation,
 )
 from kiln.api.handlers.logprobs import CompletionLogprobs
-from kiln.api.handlers.params import (
-    Selection,
-    choice_seed,
-    normalize_stop,
-    opt,
-    state_max_tokens,
-)
+from kiln.api.handlers.params import Selection, choice_seed, normalize_stop, state_max_tokens
 from kiln.api.handlers.prepare import (
     Prompt,
     Run,
@@ -61,6 +55,7 @@ from kiln.api.state import (
 from kiln.api.state import finish_reason as wire_finish
 from kiln.api.state import usage as token_usage
 from kiln.api.weight_versions import spans_wire, version_of
+from kiln.api.wire_values import opt
 from kiln.engine.outputs import RequestOutput, RequestStream
 from kiln.engine.request import GrammarSpec, SamplingParams
 from kiln.text.thinking import prompt_starts_in_reasoning, resolve

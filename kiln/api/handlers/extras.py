@@ -21,10 +21,10 @@ from kiln.api.errors import ApiError
 from kiln.api.handlers.params import (
     CHAT_UNSUPPORTED,
     OPENAI_CHAT_UNSUPPORTED,
-    opt,
     refuse_unsupported,
     unsupported,
 )
+from kiln.api.wire_values import opt
 from kiln.engine.repetition import MIN_PATTERN_SIZE, RepetitionDetection
 from kiln.text.chat_template import message_content
 

@@ -27,7 +27,6 @@ from kiln.api.handlers.completions import output_constraint
 from kiln.api.handlers.logprobs import chat_content
 from kiln.api.handlers.params import (
     COMPLETION_UNSUPPORTED,
-    opt,
     refuse_unsupported,
     resolve_model,
     select,
@@ -44,6 +43,7 @@ from kiln.api.state import (
     until_disconnect,
 )
 from kiln.api.weight_versions import spans_json, version_of
+from kiln.api.wire_values import opt
 from kiln.engine.outputs import RequestOutput, RequestStream
 
 CODE = "generate_invalid_request"

@@ -19,13 +19,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import msgspec
 from msgspec import UNSET
 
 from kiln.adapters import AdapterNotFound, InvalidAdapterName, validate_name
 from kiln.api.backend import Backend
 from kiln.api.errors import ApiError
 from kiln.api.state import engine_error
+from kiln.api.wire_values import opt
 from kiln.engine.errors import EngineError
 from kiln.engine.lora_mix import MAX_MIX_ENTRIES
 from kiln.engine.request import SamplingParams, is_greedy
@@ -35,16 +35,6 @@ from kiln.text.stop_automaton import StopAutomaton
 DEFAULT_MAX_TOKENS = 2048
 U64 = 2**64
 __all__ = ["NEUTRAL", "PRESETS", "Preset"]  # re-exported for the handlers and tests
-
-
-def opt(value: Any) -> Any:
-    """UNSET (field missing) and None (explicit null) both mean 'not given' for sampling."""
-    return None if value is UNSET else value
-
-
-def plain(value: Any) -> Any:
-    """A wire value (msgspec Struct, UNSET) as plain JSON data (None for UNSET)."""
-    return None if value is UNSET else msgspec.to_builtins(value)
 
 
 def preset_name(requested: str) -> str:

@@ -14,7 +14,6 @@ from typing import Any, Literal
 from kiln.api._generated import wire
 from kiln.api.backend import Backend
 from kiln.api.errors import ApiError
-from kiln.api.handlers.constraints import constraint
 from kiln.api.handlers.extras import (
     chat_extras,
     chat_turn_fields,
@@ -30,8 +29,6 @@ from kiln.api.handlers.params import (
     choice_seed,
     effective_max_tokens,
     normalize_stop,
-    opt,
-    plain,
     requested_max_tokens,
     resolve_model_adapter,
     sampling_params,
@@ -40,6 +37,8 @@ from kiln.api.handlers.params import (
 )
 from kiln.api.handlers.prompt_ids import given_prompt, refuse_template_fields
 from kiln.api.state import AppState
+from kiln.api.structured.constraints import constraint
+from kiln.api.wire_values import opt, plain
 from kiln.engine.request import SamplingParams, ThinkingBudgetSpec
 from kiln.text.chat_template import message_content, render_messages, template_messages
 from kiln.text.thinking import CLOSE_TAG, BudgetConfig, prompt_starts_in_reasoning, resolve

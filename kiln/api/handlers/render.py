@@ -21,13 +21,13 @@ from kiln.api.handlers.completions import ERROR_CODE, is_scoring, output_constra
 from kiln.api.handlers.params import (
     BASE,
     COMPLETION_UNSUPPORTED,
-    opt,
     refuse_unsupported,
     resolve_model,
     select,
 )
 from kiln.api.handlers.prepare import prepare_chat
 from kiln.api.state import app_state, json_response, request_id
+from kiln.api.wire_values import opt
 from kiln.engine.request import SamplingParams
 
 

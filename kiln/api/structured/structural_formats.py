@@ -21,7 +21,7 @@ last of a sequence). An unlimited format runs until the ``end`` of the nearest `
 (its text cannot contain that end), or, at the top, until the output ends. Free text is one
 lexeme that cannot contain any of the strings that end it (triggers, the enclosing ends,
 ``excludes``) followed by the string that does, so the lexer ends it exactly there (as in
-kiln/api/handlers/structural_tags.py). A trigger that starts with a tag the tokenizer holds as
+kiln/api/structured/structural_tags.py). A trigger that starts with a tag the tokenizer holds as
 one token, and a tag ``end`` that ends with one, may also be that token.
 """
 
@@ -34,7 +34,7 @@ from typing import Any
 import llguidance
 from llguidance.gbnf_to_lark import any_to_lark
 
-from kiln.api.handlers.structural_tags import (
+from kiln.api.structured.structural_tags import (
     LEAD_TAG,
     TAIL_TAG,
     StructuralTagError,

@@ -2,15 +2,15 @@
 (off the event loop, cached) before any token so that a bad one is a 400 naming its field.
 
 * ``response_format`` (OpenAI): ``text``, ``json_object``, ``json_schema``, ``structural_tag``
-  (vLLM's ``structures``/``triggers`` form, kiln/api/handlers/structural_tags.py, or xgrammar's
-  nested ``format`` form, kiln/api/handlers/structural_formats.py);
+  (vLLM's ``structures``/``triggers`` form, kiln/api/structured/structural_tags.py, or xgrammar's
+  nested ``format`` form, kiln/api/structured/structural_formats.py);
 * ``structured_outputs`` (vLLM): ``json``, ``regex``, ``choice``, ``grammar``, ``json_object``,
   ``structural_tag`` (the same, as JSON text);
 * ``tool_choice`` ``"required"`` or a named function: calls in the model's tool-call format,
   arguments valid against the tool's ``parameters``: the Hermes/Qwen3 JSON format
   ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``, or, when the chat template
   writes Qwen3.5's XML, ``<tool_call>\\n<function=NAME>\\n<parameter=KEY>\\nVALUE\\n</parameter>
-  \\n</function>\\n</tool_call>`` (kiln/api/handlers/xml_tools.py).
+  \\n</function>\\n</tool_call>`` (kiln/api/structured/xml_tools.py).
 
 JSON defaults (docs/structured-outputs.md): an object schema without ``additionalProperties``
 admits no extra keys, and whitespace is bounded (one space after ``,`` and ``:``, nothing else) so a model
@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Any
 import llguidance
 
 from kiln.api.errors import ApiError
-from kiln.api.handlers import schema_keywords, structural_formats, structural_tags, xml_tools
-from kiln.api.handlers.params import plain
-from kiln.api.handlers.schema_keywords import closed
+from kiln.api.structured import schema_keywords, structural_formats, structural_tags, xml_tools
+from kiln.api.structured.schema_keywords import closed
+from kiln.api.wire_values import plain
 from kiln.config import DEFAULT_GRAMMAR_COMPILE_TIMEOUT_S as DEFAULT_COMPILE_DEADLINE_S
 from kiln.engine.grammar import GrammarError, compiler_for
 from kiln.engine.request import GrammarSpec
@@ -81,7 +81,7 @@ def _schema_expansion(schema: Any, param: str) -> str:
 def from_structural_tag(spec: Any, param: str,
                         token_id: Callable[[str], int | None] = _no_token) -> tuple[str, str]:
     """(grammar, param) of a structural tag: the legacy ``structures``/``triggers`` form or
-    xgrammar's nested ``format`` form (kiln/api/handlers/structural_formats.py)."""
+    xgrammar's nested ``format`` form (kiln/api/structured/structural_formats.py)."""
     try:
         if isinstance(spec, dict) and "format" in spec:
             if "structures" in spec or "triggers" in spec:
