@@ -134,7 +134,7 @@ def in_process(repeats: int, k: int = 20) -> dict[str, float]:
 
     import torch
 
-    from kiln.api.handlers.logprobs import CompletionLogprobs
+    from kiln.api.replies.logprobs import CompletionLogprobs
     from kiln.engine.outputs import TokenLogprobs
     from kiln.engine.request import SamplingParams
     from kiln.engine.sampler import Sampler

@@ -364,9 +364,9 @@ SEMANTIC_CHECKS: dict[str, str] = {
     "rollout_provenance=true rejects non-empty tools and non-null tool_choice":
         "kiln.api.contract.check_chat",
     "rollout_provenance=true requires the real batching engine and content-addressed "
-    "base-policy identity": "kiln.api.handlers.rollout.check (501)",
+    "base-policy identity": "kiln.api.requests.rollout.check (501)",
     "the effective max_tokens must fit the active tokenizer's reasoning close sequence when a "
-    "thinking budget applies": "kiln.api.handlers.prepare.apply_budget",
+    "thinking budget applies": "kiln.api.requests.prepare.apply_budget",
     "the tokenized prompt is non-empty and has at most min(4096, served context length) tokens":
         "kiln.api.handlers.completions.create",
     "raw token IDs and prompt_logprobs do not exceed the served vocabulary":
@@ -379,7 +379,7 @@ SEMANTIC_CHECKS: dict[str, str] = {
     "token IDs are below the vocabulary size": "kiln.api.handlers.tokenizer.detokenize",
     "prompts * n <= 64; a seed field this server does not implement, set to anything but its "
     "default, is a 400 unsupported_parameter":
-        "kiln.api.handlers.completions_gen.prepare, kiln.api.handlers.params.refuse_unsupported",
+        "kiln.api.requests.completions_gen.prepare, kiln.api.requests.params.refuse_unsupported",
 }
 
 # response-side invariants: what the server guarantees about what it emits
@@ -391,10 +391,10 @@ RESPONSE_INVARIANTS: dict[str, str] = {
         "kiln.provenance.semantic_problems",
     "each action token_id equals input_token_ids[sequence_index]":
         "kiln.provenance.semantic_problems",
-    "at least one action token is sampled": "kiln.api.handlers.rollout.check (max_tokens)",
+    "at least one action token is sampled": "kiln.api.requests.rollout.check (max_tokens)",
     "forced action token IDs belong to sampling.thinking_budget.close_token_ids":
         "kiln.provenance.semantic_problems",
-    "sum of UTF-8 stop-sequence bytes <= 16384": "kiln.api.handlers.rollout.check",
+    "sum of UTF-8 stop-sequence bytes <= 16384": "kiln.api.requests.rollout.check",
 }
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kiln.api.handlers.params import DEFAULT_ONLY, UNSUPPORTED_CODE
+from kiln.api.requests.params import DEFAULT_ONLY, UNSUPPORTED_CODE
 from kiln.api.served_openapi import Bounds
 from kiln.api.structured import constraints
 from kiln.engine import repetition
@@ -69,7 +69,7 @@ def _pairs(*conditions: Any) -> dict[str, Any]:
 # -- rule groups ----------------------------------------------------------------------------------
 
 def unsupported_fields(names: tuple[str, ...]) -> list[Rule]:
-    return [rule("non_default_refused", name, UNSUPPORTED_CODE, "kiln.api.handlers.params.refuse_unsupported",
+    return [rule("non_default_refused", name, UNSUPPORTED_CODE, "kiln.api.requests.params.refuse_unsupported",
                  "a seed field this server does not implement", field=name,
                  default=list(DEFAULT_ONLY[name])) for name in names]
 
@@ -136,7 +136,7 @@ def constraint_rules(b: Bounds, code: str, tools: bool) -> list[Rule]:
 
 
 def min_tokens_rules(code: str, max_tokens: dict[str, Any]) -> list[Rule]:
-    where = "kiln.api.handlers.extras.logits_extras"
+    where = "kiln.api.requests.extras.logits_extras"
     return [
         rule("compare", "min_tokens", code, where, "min_tokens may not pass max_tokens",
              left=field("min_tokens"), op="<=", right=max_tokens),
@@ -148,7 +148,7 @@ def min_tokens_rules(code: str, max_tokens: dict[str, Any]) -> list[Rule]:
 
 def repetition_rules(code: str, on: dict[str, Any] | None = None) -> list[Rule]:
     """extras.repetition_detection: a rule that detects something (``on``: where it is read)."""
-    where, field_ = "kiln.api.handlers.extras.repetition_detection", "repetition_detection"
+    where, field_ = "kiln.api.requests.extras.repetition_detection", "repetition_detection"
     repeats = {"type": "object", "required": ["max_pattern_size", "min_count"], "properties": {
         "max_pattern_size": {"type": "integer", "minimum": repetition.MIN_PATTERN_SIZE},
         "min_count": {"type": "integer", "minimum": repetition.MIN_COUNT},

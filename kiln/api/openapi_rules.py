@@ -17,14 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from kiln.api.contract import MAX_BATCH_ITEMS
-from kiln.api.handlers import rollout, training
-from kiln.api.handlers.params import (
-    BATCH_UNSUPPORTED,
-    CHAT_UNSUPPORTED,
-    OPENAI_CHAT_UNSUPPORTED,
-    UNSUPPORTED_CODE,
-)
-from kiln.api.handlers.prepare import TEMPLATE_FIELDS
+from kiln.api.handlers import training
 from kiln.api.openapi_rule_parts import (
     STREAM,
     Rule,
@@ -43,6 +36,14 @@ from kiln.api.openapi_rule_parts import (
 )
 from kiln.api.openapi_rules_agents import messages_rules, responses_rules
 from kiln.api.openapi_rules_completions import completion_rules
+from kiln.api.requests import rollout
+from kiln.api.requests.params import (
+    BATCH_UNSUPPORTED,
+    CHAT_UNSUPPORTED,
+    OPENAI_CHAT_UNSUPPORTED,
+    UNSUPPORTED_CODE,
+)
+from kiln.api.requests.prepare import TEMPLATE_FIELDS
 from kiln.api.served_openapi import Bounds
 
 # the prompt is rendered from the conversation unless prompt_token_ids gives it (prompt_ids)
@@ -50,9 +51,9 @@ RENDERED = {"not": given("prompt_token_ids")}
 
 
 def token_in_rules(code: str, b: Bounds, conversation: str) -> list[Rule]:
-    """``prompt_token_ids`` (kiln.api.handlers.prompt_ids): no template field beside it, the
+    """``prompt_token_ids`` (kiln.api.requests.prompt_ids): no template field beside it, the
     ids leave room for a token, and batch gives one id list per prompt."""
-    where = "kiln.api.handlers.prompt_ids"
+    where = "kiln.api.requests.prompt_ids"
     ids = given("prompt_token_ids")
     template = any_of(given("chat_template_kwargs"), has("add_generation_prompt", {"const": False}),
                       has("continue_final_message", {"const": True}),
@@ -67,7 +68,7 @@ def token_in_rules(code: str, b: Bounds, conversation: str) -> list[Rule]:
                         left=field("prompt_token_ids", measure="length"), op="<",
                         right=value(b.max_model_len)))
     else:
-        out += [rule("compare", "prompt_token_ids", code, "kiln.api.handlers.prepare",
+        out += [rule("compare", "prompt_token_ids", code, "kiln.api.requests.prepare",
                      "one id list per prompt", when=ids, op=op,
                      left=field(left, measure="length"), right=field(right, measure="length"))
                 for left, right, op in (("prompt_token_ids", conversation, "<="),
@@ -87,21 +88,21 @@ def chat_shape_rules(code: str, b: Bounds, conversation: str) -> list[Rule]:
     param = conversation.removesuffix("[*]")
     return [
         rule("refused_when", "model", "invalid_compose_request",
-             "kiln.api.handlers.params.select",
+             "kiln.api.requests.params.select",
              "a model naming an adapter takes no adapter or adapters (a model naming nothing "
              "is a 404)", when=all_of(has("model", {"type": "string",
                                                    "not": {"enum": list(b.model_names)}}),
                                      adapters)),
         rule("compare", param, "context_length_exceeded",
-             "kiln.api.handlers.prepare", "the rendered prompt leaves room for a token",
+             "kiln.api.requests.prepare", "the rendered prompt leaves room for a token",
              left=field(conversation, measure="rendered_tokens"), op="<",
              right=value(b.max_model_len), when=RENDERED),
         rule("model_dependent", param, "invalid_messages",
-             "kiln.api.handlers.prepare.render_prompt",
+             "kiln.api.requests.prepare.render_prompt",
              "the model's chat template (a Jinja program) may refuse a conversation"),
         *token_in_rules(code, b, param),
         *vllm_field_rules(code, b),  # before the budget's: they name the field the server does
-        rule("model_dependent", "max_tokens", code, "kiln.api.handlers.prepare.apply_budget",
+        rule("model_dependent", "max_tokens", code, "kiln.api.requests.prepare.apply_budget",
              "where a thinking budget applies (the prompt ends inside a reasoning block, which "
              "the template decides), max_tokens fits the tokenizer's close sequence and no stop "
              "string overlaps it",
@@ -112,10 +113,10 @@ def chat_shape_rules(code: str, b: Bounds, conversation: str) -> list[Rule]:
 
 
 def vllm_field_rules(code: str, b: Bounds) -> list[Rule]:
-    """vLLM's request fields on chat and batch (kiln.api.handlers.extras): truncation keeps a
+    """vLLM's request fields on chat and batch (kiln.api.requests.extras): truncation keeps a
     token, prompt_logprobs does not stream, thinking_token_budget names thinking_budget_tokens'
     limit (-1 as null) when both are set."""
-    where, alias, kiln = "kiln.api.handlers.extras", "thinking_token_budget", "thinking_budget_tokens"
+    where, alias, kiln = "kiln.api.requests.extras", "thinking_token_budget", "thinking_budget_tokens"
     both = all_of(has(alias, {"type": "integer", "minimum": 0}), has(kiln, {"type": "integer"}))
     return [
         rule("refused_when", "truncate_prompt_tokens", code, f"{where}.truncation",
@@ -132,7 +133,7 @@ def vllm_field_rules(code: str, b: Bounds) -> list[Rule]:
         *[rule("compare", alias, code, f"{where}.thinking_tokens", "the two name one limit",
                when=both, left=field(x), op="<=", right=field(y))
           for x, y in ((alias, kiln), (kiln, alias))],
-        *[rule("refused_when", name, code, "kiln.api.handlers.prepare.template_kwargs",
+        *[rule("refused_when", name, code, "kiln.api.requests.prepare.template_kwargs",
                "the template variable is set once", when=all_of(given(name), has(
                    "chat_template_kwargs", {"type": "object", "required": [name]})))
           for name in TEMPLATE_FIELDS],
@@ -140,7 +141,7 @@ def vllm_field_rules(code: str, b: Bounds) -> list[Rule]:
 
 
 def chat_rules(b: Bounds, render: bool) -> list[Rule]:
-    code, prepare = "chat_invalid_request", "kiln.api.handlers.prepare"
+    code, prepare = "chat_invalid_request", "kiln.api.requests.prepare"
     out = [
         *unsupported_fields(CHAT_UNSUPPORTED + OPENAI_CHAT_UNSUPPORTED),
         rule("refused_when", "tools", code, "kiln.api.contract.check_chat",
@@ -150,7 +151,7 @@ def chat_rules(b: Bounds, render: bool) -> list[Rule]:
         rule("refused_when", "tool_choice", code, "kiln.api.contract.check_chat",
              "rollout_provenance takes no tool_choice",
              when=all_of(has("rollout_provenance", {"const": True}), given("tool_choice"))),
-        rule("refused_when", "include_reasoning", code, "kiln.api.handlers.extras.reasoning_shown",
+        rule("refused_when", "include_reasoning", code, "kiln.api.requests.extras.reasoning_shown",
              "fold_reasoning_into_content copies the reasoning that include_reasoning: false "
              "leaves out", when=all_of(has("include_reasoning", {"const": False}),
                                        has("fold_reasoning_into_content", {"const": True}))),
@@ -181,16 +182,16 @@ def chat_rules(b: Bounds, render: bool) -> list[Rule]:
 
 def n_probs_rules(code: str) -> list[Rule]:
     """llama-server's n_probs beside logprobs: true asks for top_logprobs n_probs: both must
-    say the same (kiln.api.handlers.extras)."""
+    say the same (kiln.api.requests.extras)."""
     when = all_of(has("logprobs", {"const": True}), has("n_probs", {"minimum": 1}))
     n, top = field("n_probs"), field("top_logprobs", if_absent=0, if_null=0)
-    return [rule("compare", "n_probs", code, "kiln.api.handlers.extras.logprobs_wanted",
+    return [rule("compare", "n_probs", code, "kiln.api.requests.extras.logprobs_wanted",
                  "n_probs with logprobs: true asks for top_logprobs n_probs", when=when,
                  left=a, op="<=", right=b) for a, b in ((n, top), (top, n))]
 
 
 def rollout_rules(code: str) -> list[Rule]:
-    where, on = "kiln.api.handlers.rollout.check", has("rollout_provenance", {"const": True})
+    where, on = "kiln.api.requests.rollout.check", has("rollout_provenance", {"const": True})
     out = [rule("refused_when", "max_tokens", code, where,
                 "rollout_provenance samples at least one token",
                 when=all_of(on, {"not": given("max_tokens")},
@@ -246,7 +247,7 @@ def tokenize_rules(b: Bounds) -> list[Rule]:
              left=field("messages", measure="rendered_tokens"), op="<=",
              right=value(4 * b.max_model_len)),
         rule("model_dependent", "messages", "invalid_messages",
-             "kiln.api.handlers.prepare.render_prompt",
+             "kiln.api.requests.prepare.render_prompt",
              "the model's chat template (a Jinja program) may refuse a conversation"),
     ]
 

@@ -1,5 +1,5 @@
 """`x-kiln-rules` of the agent clients' routes (OpenAI's Responses, Anthropic's Messages): each
-refusal their input stages (kiln/api/handlers/responses_input.py, messages_input.py) add to the
+refusal their input stages (kiln/api/requests/responses_input.py, messages_input.py) add to the
 chat path they run on, as data, from the handlers' own tables. What chat itself refuses of the
 request they write (the template's verdict, a grammar that does not compile, the prompt's
 length) is stated here too, in the routes' own field names."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from kiln.api.handlers import messages_input, responses_input, rollout
 from kiln.api.openapi_rule_parts import Rule, all_of, any_of, field, has, rule, value
+from kiln.api.requests import messages_input, responses_input, rollout
 from kiln.api.served_openapi import Bounds
 
 TRUTHY: dict[str, Any] = {"not": {"enum": [None, False, 0, "", [], {}]}}
@@ -31,29 +31,29 @@ def _shared(code: str, b: Bounds, conversation: str, where: str, extra_text: lis
             ) -> list[Rule]:
     """What the chat path decides of the conversation: its length and the template's verdict."""
     return [
-        rule("compare", conversation, "context_length_exceeded", "kiln.api.handlers.prepare",
+        rule("compare", conversation, "context_length_exceeded", "kiln.api.requests.prepare",
              "the rendered prompt leaves room for a token",
              left=field([conversation, *extra_text], measure="rendered_tokens"), op="<",
              right=value(b.max_model_len)),
         rule("model_dependent", conversation, "invalid_messages",
-             "kiln.api.handlers.prepare.render_prompt",
+             "kiln.api.requests.prepare.render_prompt",
              "the model's chat template (a Jinja program) may refuse a conversation"),
         rule("refused_when", "model", "invalid_compose_request",
-             "kiln.api.handlers.params.select", "the model names the base model or an adapter",
+             "kiln.api.requests.params.select", "the model names the base model or an adapter",
              when=has("model", {"type": "string", "not": {"enum": list(b.model_names)}})),
     ]
 
 
 def _rollout_rules(code: str, tools: str) -> list[Rule]:
     """rollout_provenance: chat's conditions, on the chat body the input stage writes."""
-    on, where = has("rollout_provenance", {"const": True}), "kiln.api.handlers.chat_turn.rollout"
+    on, where = has("rollout_provenance", {"const": True}), "kiln.api.replies.chat_turn.rollout"
     out = [
         rule("refused_when", "rollout_provenance", code, where, "non-streaming",
              when=all_of(on, has("stream", {"const": True}))),
         rule("refused_when", "rollout_provenance", code, where, "without tools",
              when=all_of(on, any_of(has(tools, {"type": "array", "minItems": 1}),
                                     has("tool_choice", {"not": {"type": "null"}})))),
-        rule("refused_when", "repetition_penalty", code, "kiln.api.handlers.rollout.check",
+        rule("refused_when", "repetition_penalty", code, "kiln.api.requests.rollout.check",
              "rollout_provenance records a positive repetition_penalty",
              when=all_of(on, has("repetition_penalty", {"type": "number", "maximum": 0}))),
     ]
@@ -61,14 +61,14 @@ def _rollout_rules(code: str, tools: str) -> list[Rule]:
         bound: dict[str, Any] = {"type": "number", "minimum": low}
         if high != float("inf"):
             bound["maximum"] = high
-        out.append(rule("refused_when", name, code, "kiln.api.handlers.rollout.check",
+        out.append(rule("refused_when", name, code, "kiln.api.requests.rollout.check",
                         "rollout_provenance records sampling values in range",
                         when=all_of(on, has(name, {"type": "number", "not": bound}))))
     return out
 
 
 def responses_rules(b: Bounds) -> list[Rule]:
-    code, where = responses_input.CODE, "kiln.api.handlers.responses_input"
+    code, where = responses_input.CODE, "kiln.api.requests.responses_input"
     message_parts = _contains(_typed(_not("input_text", "output_text", "refusal")))
     bad_item = {"anyOf": [
         _typed({"const": "item_reference"}),
@@ -118,7 +118,7 @@ def responses_rules(b: Bounds) -> list[Rule]:
         rule("refused_when", "text.format", code, "kiln.api.structured.constraints.constraint",
              "a JSON schema the grammar compiles (only the server's compiler can say)",
              when=has("text", has("format", _typed({"const": "json_schema"})))),
-        rule("model_dependent", "reasoning.effort", code, "kiln.api.handlers.prepare.apply_budget",
+        rule("model_dependent", "reasoning.effort", code, "kiln.api.requests.prepare.apply_budget",
              "where a thinking budget applies, max_output_tokens fits the close sequence",
              when=has("reasoning", has("effort", _not(None, "none")))),
         *_shared(code, b, "input", where, ["instructions"]),
@@ -128,7 +128,7 @@ def responses_rules(b: Bounds) -> list[Rule]:
 
 
 def messages_rules(b: Bounds, counting: bool) -> list[Rule]:
-    code, where = messages_input.CODE, "kiln.api.handlers.messages_input"
+    code, where = messages_input.CODE, "kiln.api.requests.messages_input"
     user_bad = _contains(_typed(_not("text", "tool_result")))
     assistant_bad = _contains(_typed(_not("text", "thinking", "tool_use")))
     result_bad = _contains(_typed(_not("text")))
@@ -175,7 +175,7 @@ def messages_rules(b: Bounds, counting: bool) -> list[Rule]:
              "kiln.api.structured.constraints.constraint",
              "a JSON schema the grammar compiles (only the server's compiler can say)",
              when=has("output_config", has("format", {"type": "object"}))),
-        rule("model_dependent", "thinking", code, "kiln.api.handlers.prepare.apply_budget",
+        rule("model_dependent", "thinking", code, "kiln.api.requests.prepare.apply_budget",
              "where a thinking budget applies, max_tokens fits the close sequence",
              when=any_of(has("thinking", _typed({"enum": ["enabled", "adaptive"]})),
                          has("output_config", has("effort", TRUTHY)))),

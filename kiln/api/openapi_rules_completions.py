@@ -3,8 +3,7 @@ generation refuse beyond the JSON Schema (docs/openapi-extensions.md)."""
 
 from __future__ import annotations
 
-from kiln.api.handlers import completions, completions_gen
-from kiln.api.handlers.params import COMPLETION_UNSUPPORTED, UNSUPPORTED_CODE
+from kiln.api.handlers import completions
 from kiln.api.openapi_rule_parts import (
     GENERATING,
     RESPONSE_FORMAT_SET,
@@ -24,6 +23,8 @@ from kiln.api.openapi_rule_parts import (
     unsupported_fields,
     value,
 )
+from kiln.api.requests import completions_gen
+from kiln.api.requests.params import COMPLETION_UNSUPPORTED, UNSUPPORTED_CODE
 from kiln.api.served_openapi import Bounds
 
 
@@ -76,7 +77,7 @@ def scoring_rules(b: Bounds) -> list[Rule]:
 def generation_rules(b: Bounds, render: bool) -> list[Rule]:
     """completions_gen.prepare (and its submit): what a generating completions request (not
     prompt scoring) must keep to beyond the schema."""
-    code, where = completions_gen.ERROR_CODE, "kiln.api.handlers.completions_gen.prepare"
+    code, where = completions_gen.ERROR_CODE, "kiln.api.requests.completions_gen.prepare"
     on = GENERATING
     choices = [field("prompt", measure="prompt_count"),
                field(["best_of", "n"], if_absent=1, if_null=1)]
@@ -117,7 +118,7 @@ def generation_rules(b: Bounds, render: bool) -> list[Rule]:
         *min_tokens_rules(code, field("max_tokens", **defaults)),
         *repetition_rules(code, on),
         rule("model_dependent", "thinking_token_budget", code,
-             "kiln.api.handlers.prepare.apply_budget",
+             "kiln.api.requests.prepare.apply_budget",
              "where the prompt ends inside a reasoning block (the tokenizer's text decides), "
              "max_tokens fits the close sequence and no stop string overlaps it",
              when=all_of(on, has("thinking_token_budget", {"minimum": 0}))),

@@ -1,5 +1,5 @@
 """vLLM's request fields on batch as on chat and completions (the same code,
-kiln/api/handlers/extras.py): request_id, thinking_token_budget, truncate_prompt_tokens with
+kiln/api/requests/extras.py): request_id, thinking_token_budget, truncate_prompt_tokens with
 truncation_side, return_tokens_as_token_ids and prompt_logprobs, applied to every item, through
 the HTTP edge on the engine double; bad values are a 400 naming the field. Until issue 25's
 fourth pass batch accepted and ignored all of them as unknown fields."""

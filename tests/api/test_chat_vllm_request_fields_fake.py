@@ -1,5 +1,5 @@
 """vLLM's request fields on chat as on completions (shared code in
-kiln/api/handlers/extras.py): request_id, thinking_token_budget, truncate_prompt_tokens with
+kiln/api/requests/extras.py): request_id, thinking_token_budget, truncate_prompt_tokens with
 truncation_side, return_tokens_as_token_ids and prompt_logprobs, through the HTTP edge on the
 engine double; bad values are a 400 naming the field. Until issue 25's fourth pass chat
 accepted and ignored all of them as unknown fields. (A real model: tests/e2e/test_chat_vllm_request_fields_tiny.py.)"""

@@ -11,7 +11,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from kiln.api.contract import contract
-from kiln.api.handlers.extras import bad_words_ids, included_stop
+from kiln.api.requests.extras import bad_words_ids, included_stop
 from kiln.engine.repetition import RepetitionDetection
 from tests.api.fake_backend import FakeBackend
 

@@ -14,7 +14,7 @@ from starlette.testclient import TestClient
 
 from kiln.api.app import build_app
 from kiln.api.contract import MAX_BATCH_ITEMS
-from kiln.api.handlers import completions_gen
+from kiln.api.requests import completions_gen
 from kiln.config import ServerConfig
 from kiln.engine.errors import NOTHING_ALLOWED
 from kiln.fuzz_filter import TOKEN_SLACK, operand, refusal, resolve, rules_of
@@ -76,7 +76,7 @@ CASES: list[tuple[str, dict[str, Any], bool]] = [
     (CHAT, {"messages": M, "rollout_provenance": True, "tool_choice": "auto"}, True),
     (CHAT, {"messages": [{"role": "user", "content": "x" * LEN}]}, True),
     (BATCH, {"prompts": [M] * 9, "n": 8}, True),
-    # vLLM's request fields on chat and batch (kiln.api.handlers.extras)
+    # vLLM's request fields on chat and batch (kiln.api.requests.extras)
     *((route, {body_key: body_val, **fields}, refused)
       for route, body_key, body_val in ((CHAT, "messages", M), (BATCH, "prompts", [M]))
       for fields, refused in (

@@ -6,7 +6,7 @@ import msgspec
 import pytest
 
 from kiln.api.contract import contract
-from kiln.api.handlers.perf import performance
+from kiln.api.replies.perf import performance
 from kiln.engine.outputs import PHASE_DECODE, RequestMetrics
 
 

@@ -1,4 +1,4 @@
-"""Chat and batch share one preparation (kiln/api/handlers/prepare.py): the same conversation and
+"""Chat and batch share one preparation (kiln/api/requests/prepare.py): the same conversation and
 fields reach the engine as the same prompt ids and the same per-choice SamplingParams, and both
 routes check the prompt against the context window."""
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kiln.api.handlers.params import normalize_stop
+from kiln.api.requests.params import normalize_stop
 from kiln.engine.output_processor import StopChecker
 from kiln.text.stop_automaton import StopAutomaton
 

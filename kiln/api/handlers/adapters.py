@@ -1,7 +1,7 @@
 """Adapter management: `/v1/adapters` lists them, `POST /v1/adapters/load` sets the server's
 default, `/unload` clears it and `DELETE /v1/adapters/{name}` removes one (docs/behavior.md §6).
 What a request's `model`, `adapter` and `adapters` select is resolved in
-kiln/api/handlers/params.py (``resolve_model``, ``select``)."""
+kiln/api/requests/params.py (``resolve_model``, ``select``)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from kiln.adapters import AdapterActive, AdapterNotFound, AdapterStore
 from kiln.api._generated import wire
 from kiln.api.backend import Backend
 from kiln.api.errors import ApiError
-from kiln.api.handlers.params import adapter_not_found, check_adapter_name, load_mix
+from kiln.api.requests.params import adapter_not_found, check_adapter_name, load_mix
 from kiln.api.state import app_state, json_response
 
 

@@ -13,11 +13,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from kiln.api._generated import wire
-from kiln.api.handlers.completions_gen import scored_prompt
-from kiln.api.handlers.extras import included_stop
-from kiln.api.handlers.logprobs import chat_content
-from kiln.api.handlers.params import BATCH_UNSUPPORTED, refuse_unsupported
-from kiln.api.handlers.prepare import Prompt, Shape, prepare_batch
+from kiln.api.replies.logprobs import chat_content
+from kiln.api.requests.completions_gen import scored_prompt
+from kiln.api.requests.extras import included_stop
+from kiln.api.requests.params import BATCH_UNSUPPORTED, refuse_unsupported
+from kiln.api.requests.prepare import Prompt, Shape, prepare_batch
 from kiln.api.state import (
     AppState,
     Completion,

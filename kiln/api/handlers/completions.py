@@ -16,8 +16,9 @@ from starlette.responses import Response
 from kiln.api._generated import wire
 from kiln.api.contract import read_json_body
 from kiln.api.errors import ApiError
-from kiln.api.handlers import completions_gen, completions_stream
-from kiln.api.handlers.params import (
+from kiln.api.replies import completions_stream
+from kiln.api.requests import completions_gen
+from kiln.api.requests.params import (
     BASE,
     COMPLETION_UNSUPPORTED,
     Selection,

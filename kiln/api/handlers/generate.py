@@ -5,7 +5,7 @@ the weights' spans out, as JSON or a stream of events.
 No engine path of its own: the request becomes the /v1/completions request it stands for (the
 ids as the prompt, every sampling parameter under its completions name), parsed and checked by
 the contract as that one is, and runs through completions' preparation and submission
-(kiln.api.handlers.completions_gen). So its tokens equal those of the same prompt sent as text
+(kiln.api.requests.completions_gen). So its tokens equal those of the same prompt sent as text
 or ids to /v1/completions, and every field means what it means there. Only the answer's shape is
 this module's."""
 
@@ -22,16 +22,16 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from kiln.api._generated import wire
-from kiln.api.handlers import completions_gen
 from kiln.api.handlers.completions import output_constraint
-from kiln.api.handlers.logprobs import chat_content
-from kiln.api.handlers.params import (
+from kiln.api.handlers.training import enabled
+from kiln.api.replies.logprobs import chat_content
+from kiln.api.requests import completions_gen
+from kiln.api.requests.params import (
     COMPLETION_UNSUPPORTED,
     refuse_unsupported,
     resolve_model,
     select,
 )
-from kiln.api.handlers.training import enabled
 from kiln.api.sse import DONE, EventStream, event, generation_error
 from kiln.api.state import (
     AppState,

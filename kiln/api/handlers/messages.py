@@ -15,8 +15,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from kiln.api._generated import wire
-from kiln.api.handlers import chat_turn, messages_input, messages_stream
-from kiln.api.handlers.messages_output import message_body
+from kiln.api.replies import chat_turn, messages_stream
+from kiln.api.replies.messages_output import message_body
+from kiln.api.requests import messages_input
 from kiln.api.sse import EventStream
 from kiln.api.state import app_state, claim_request_id, json_response
 

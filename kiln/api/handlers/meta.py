@@ -6,7 +6,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from kiln import metrics
-from kiln.api.handlers.params import state_max_tokens
+from kiln.api.requests.params import state_max_tokens
 from kiln.api.served_openapi import Bounds, served_openapi
 from kiln.api.state import app_state, json_response
 from kiln.engine.grammar import can_drive

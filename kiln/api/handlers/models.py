@@ -8,7 +8,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from kiln.api.backend import Backend
-from kiln.api.handlers.params import adapter_names, resolve_model
+from kiln.api.requests.params import adapter_names, resolve_model
 from kiln.api.state import app_state, json_response
 
 

@@ -19,11 +19,11 @@ from starlette.responses import Response
 
 from kiln.api._generated import wire
 from kiln.api.errors import ApiError
-from kiln.api.handlers import chat_turn, responses_stream
-from kiln.api.handlers.chat_turn import TurnEnd
-from kiln.api.handlers.prepare import PreparedChat
-from kiln.api.handlers.responses_input import CODE, chat_body, input_items
-from kiln.api.handlers.responses_output import Ids, finished, now, response_object
+from kiln.api.replies import chat_turn, responses_stream
+from kiln.api.replies.chat_turn import TurnEnd
+from kiln.api.replies.responses_output import Ids, finished, now, response_object
+from kiln.api.requests.prepare import PreparedChat
+from kiln.api.requests.responses_input import CODE, chat_body, input_items
 from kiln.api.response_store import Stored
 from kiln.api.sse import EventStream
 from kiln.api.state import AppState, app_state, claim_request_id, json_response

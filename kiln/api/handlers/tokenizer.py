@@ -10,8 +10,8 @@ from starlette.responses import Response
 
 from kiln.api._generated import wire
 from kiln.api.errors import ApiError
-from kiln.api.handlers.params import resolve_model
-from kiln.api.handlers.prepare import render_prompt, template_kwargs
+from kiln.api.requests.params import resolve_model
+from kiln.api.requests.prepare import render_prompt, template_kwargs
 from kiln.api.state import app_state, json_response
 from kiln.api.wire_values import opt
 

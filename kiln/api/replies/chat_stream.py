@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 from kiln.api._generated import wire
 from kiln.api.errors import ApiError
-from kiln.api.handlers.extras import included_stop
-from kiln.api.handlers.logprobs import chat_content
-from kiln.api.handlers.perf import performance
-from kiln.api.handlers.prepare import PreparedChat
+from kiln.api.replies.logprobs import chat_content
+from kiln.api.replies.perf import performance
+from kiln.api.requests.extras import included_stop
+from kiln.api.requests.prepare import PreparedChat
 from kiln.api.sse import DONE, event, generation_error
 from kiln.api.state import AppState, Completion, Finish, as_wire, finish_reason, request_fault
 from kiln.api.state import usage as token_usage

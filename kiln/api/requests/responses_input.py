@@ -1,4 +1,4 @@
-"""OpenAI's Responses request, read into the chat request it means (kiln.api.handlers.chat_turn
+"""OpenAI's Responses request, read into the chat request it means (kiln.api.replies.chat_turn
 runs it): `instructions` and the conversation (the stored turns `previous_response_id` names,
 then `input`) become chat messages, function `tools`/`tool_choice` chat's tools, `text.format`
 chat's `response_format` (the same grammar stage), `reasoning.effort` the template's thinking

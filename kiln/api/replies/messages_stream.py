@@ -1,4 +1,4 @@
-"""Anthropic's Messages stream, written from the turn's events (kiln.api.handlers.chat_turn):
+"""Anthropic's Messages stream, written from the turn's events (kiln.api.replies.chat_turn):
 `message_start`, `ping`, per content block `content_block_start` / `content_block_delta`
 (`thinking_delta` then `signature_delta`, `text_delta`, `input_json_delta`) /
 `content_block_stop`, then `message_delta` (stop reason, usage) and `message_stop`; a failure
@@ -11,8 +11,8 @@ from typing import Any
 
 import msgspec
 
-from kiln.api.handlers import chat_turn
-from kiln.api.handlers.chat_turn import (
+from kiln.api.replies import chat_turn
+from kiln.api.replies.chat_turn import (
     CallArguments,
     CallStart,
     Event,
@@ -21,7 +21,7 @@ from kiln.api.handlers.chat_turn import (
     TurnEnd,
     TurnFault,
 )
-from kiln.api.handlers.messages_output import signature, stop_reason, usage
+from kiln.api.replies.messages_output import signature, stop_reason, usage
 
 _encoder = msgspec.json.Encoder()
 

@@ -1,5 +1,5 @@
 """The Responses API's event stream, written from the turn's events
-(kiln.api.handlers.chat_turn): `response.created`, `response.in_progress`, then per output item
+(kiln.api.replies.chat_turn): `response.created`, `response.in_progress`, then per output item
 `response.output_item.added`, its content part's `added`, the deltas (`output_text`,
 `reasoning_text`, `function_call_arguments`), their `done`, the part's and the item's `done`,
 and last `response.completed` (or `.incomplete`; a generation that failed ends with
@@ -13,8 +13,8 @@ from typing import Any
 
 import msgspec
 
-from kiln.api.handlers import chat_turn
-from kiln.api.handlers.chat_turn import (
+from kiln.api.replies import chat_turn
+from kiln.api.replies.chat_turn import (
     CallArguments,
     CallStart,
     Event,
@@ -23,7 +23,7 @@ from kiln.api.handlers.chat_turn import (
     TurnEnd,
     TurnFault,
 )
-from kiln.api.handlers.responses_output import (
+from kiln.api.replies.responses_output import (
     Ids,
     call_item,
     failed,

@@ -1,4 +1,4 @@
-"""The Messages API's output shapes, from a turn (kiln.api.handlers.chat_turn.Turn): the
+"""The Messages API's output shapes, from a turn (kiln.api.replies.chat_turn.Turn): the
 response's content blocks, `stop_reason` and usage, shared by the JSON answer and the stream."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import hashlib
 import json
 from typing import Any
 
-from kiln.api.handlers.chat_turn import Turn
+from kiln.api.replies.chat_turn import Turn
 
 
 def signature(thinking: str) -> str:

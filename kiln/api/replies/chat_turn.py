@@ -3,7 +3,7 @@ chat request it means: each API's input stage (`responses_input`, `messages_inpu
 request body; it is prepared by `prepare.prepare_chat`, run, and read back exactly as
 /v1/chat/completions runs and reads it (chat template, reasoning split, tool-call parsing,
 grammar, thinking budget, adapters, prefix cache). There is no second generation path: this
-module only turns chat's result (`chat.response_body`) and chat's stream (`chat_stream.chunks`)
+module only turns chat's result (`chat_body.response_body`) and chat's stream (`chat_stream.chunks`)
 into API-neutral records that the two APIs' output stages write in their own shapes."""
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from starlette.requests import Request
 
 from kiln.api._generated import wire
 from kiln.api.errors import ApiError
-from kiln.api.handlers import chat, chat_stream
-from kiln.api.handlers import rollout as chat_rollout
-from kiln.api.handlers.prepare import PreparedChat, prepare_chat
+from kiln.api.replies import chat_body, chat_stream
+from kiln.api.requests import rollout as chat_rollout
+from kiln.api.requests.prepare import PreparedChat, prepare_chat
 from kiln.api.state import AppState, collect_all, submit, submit_all, until_disconnect
 from kiln.api.wire_values import opt
 from kiln.text.thinking import CLOSE_TAG
@@ -140,7 +140,7 @@ async def run(request: Request, state: AppState, prepared: PreparedChat, rid: st
     streams = submit_all(state, [(f"{rid}-0", prompt.ids, run_.params[0], run_.lora)], arrived,
                          code=code, cache_salt=run_.cache_salt, priority=run_.priority)
     completions = await until_disconnect(request, collect_all(streams))
-    body = chat.response_body(state, prepared, f"turn-{rid}", completions, started)
+    body = chat_body.response_body(state, prepared, f"turn-{rid}", completions, started)
     choice, c = body.choices[0], completions[0]
     message = choice.message
     reasoning = opt(message.reasoning_content)

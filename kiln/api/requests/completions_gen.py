@@ -21,7 +21,8 @@ from starlette.responses import Response
 from kiln.api._generated import wire
 from kiln.api.backend import PositionScore
 from kiln.api.errors import ApiError
-from kiln.api.handlers.extras import (
+from kiln.api.replies.logprobs import CompletionLogprobs
+from kiln.api.requests.extras import (
     check_logprobs,
     generation_extras,
     included_stop,
@@ -32,9 +33,8 @@ from kiln.api.handlers.extras import (
     truncate,
     truncation,
 )
-from kiln.api.handlers.logprobs import CompletionLogprobs
-from kiln.api.handlers.params import Selection, choice_seed, normalize_stop, state_max_tokens
-from kiln.api.handlers.prepare import (
+from kiln.api.requests.params import Selection, choice_seed, normalize_stop, state_max_tokens
+from kiln.api.requests.prepare import (
     Prompt,
     Run,
     Shape,

@@ -1,4 +1,4 @@
-"""Anthropic's Messages request, read into the chat request it means (kiln.api.handlers.chat_turn
+"""Anthropic's Messages request, read into the chat request it means (kiln.api.replies.chat_turn
 runs it): `system` becomes the system message, each message's blocks become chat messages
 (`tool_use` an assistant tool call, `tool_result` a tool message, `thinking` the assistant's
 reasoning), `tools`/`tool_choice` chat's function tools, `thinking` the chat template's

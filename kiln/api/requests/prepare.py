@@ -14,7 +14,7 @@ from typing import Any, Literal
 from kiln.api._generated import wire
 from kiln.api.backend import Backend
 from kiln.api.errors import ApiError
-from kiln.api.handlers.extras import (
+from kiln.api.requests.extras import (
     chat_extras,
     chat_turn_fields,
     continue_final,
@@ -24,7 +24,7 @@ from kiln.api.handlers.extras import (
     truncate,
     truncation,
 )
-from kiln.api.handlers.params import (
+from kiln.api.requests.params import (
     U64,
     choice_seed,
     effective_max_tokens,
@@ -35,7 +35,7 @@ from kiln.api.handlers.params import (
     state_default,
     state_max_tokens,
 )
-from kiln.api.handlers.prompt_ids import given_prompt, refuse_template_fields
+from kiln.api.requests.prompt_ids import given_prompt, refuse_template_fields
 from kiln.api.state import AppState
 from kiln.api.structured.constraints import constraint
 from kiln.api.wire_values import opt, plain
@@ -289,7 +289,7 @@ async def prepare_chat(state: AppState, req: wire.ChatCompletionRequest) -> Prep
         kwargs.setdefault("tool_choice", tool_choice)
     messages = template_messages(req.messages)
     given = opt(req.prompt_token_ids)
-    if given is not None:  # token-in: no template (kiln.api.handlers.prompt_ids)
+    if given is not None:  # token-in: no template (kiln.api.requests.prompt_ids)
         refuse_template_fields(req, CHAT_CODE)
     gen_prompt, cont, echo_text = chat_turn_fields(req, CHAT_CODE)
     requested = requested_max_tokens(req.max_tokens, req.max_completion_tokens)

@@ -9,8 +9,8 @@ import time
 from collections.abc import AsyncIterator
 
 from kiln.api._generated import wire
-from kiln.api.handlers.completions_gen import Prepared, echo_logprobs, merged, stop_text, usage
-from kiln.api.handlers.logprobs import CompletionLogprobs
+from kiln.api.replies.logprobs import CompletionLogprobs
+from kiln.api.requests.completions_gen import Prepared, echo_logprobs, merged, stop_text, usage
 from kiln.api.sse import DONE, event, generation_error
 from kiln.api.state import AppState, Completion, Finish, finish_reason, request_fault
 from kiln.api.weight_versions import spans_wire, version_of

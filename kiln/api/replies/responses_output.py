@@ -1,4 +1,4 @@
-"""The Responses API's output shapes, from a turn (kiln.api.handlers.chat_turn.Turn): the output
+"""The Responses API's output shapes, from a turn (kiln.api.replies.chat_turn.Turn): the output
 items (reasoning, the assistant message, function calls), usage, and the response object that
 echoes the request's settings; shared by the JSON answer, the stream and the store."""
 
@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from kiln.api._generated import wire
-from kiln.api.handlers.chat_turn import Turn
-from kiln.api.handlers.prepare import PreparedChat
-from kiln.api.handlers.responses_input import seal
+from kiln.api.replies.chat_turn import Turn
+from kiln.api.requests.prepare import PreparedChat
+from kiln.api.requests.responses_input import seal
 
 
 @dataclass(frozen=True)
