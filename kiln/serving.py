@@ -266,11 +266,15 @@ class EngineBackend:
 
     async def _load(self, path: str, version: str | None, hash_files: bool) -> NewWeights:
         """``load_beside`` for the serving runner, on a thread of its own."""
+        from kiln.engine.c_runner import CRunner
+
         runner = self.engine.executor
-        torch_only = getattr(runner, "torch_only", None)  # a CRunner's: its C step serves
-        layout = "heads-major" if torch_only is not None else runner.plan.kv_layout  # type: ignore[attr-defined]
+        plan = runner.plan
+        c_step = isinstance(runner, CRunner)  # its KV arrays are heads-major
+        torch_free = isinstance(runner, CRunner) and not runner.torch_only
+        layout = "heads-major" if c_step or plan is None else plan.kv_layout
         return await on_own_thread(functools.partial(
-            load_beside, self.loaded, path, version=version, torch_free=torch_only is False,
+            load_beside, self.loaded, path, version=version, torch_free=torch_free,
             kv_layout=layout, dtype=None if self._config.dtype == "auto" else self._config.dtype,
             device=self._config.device,
             identity=self._identity_of if hash_files else lambda _: None))

@@ -108,6 +108,11 @@ class CRunner:
         self.last_path = "c"
         self.steps = {"c": 0, "torch": 0}
 
+    @property
+    def kv_on_demand(self) -> bool:
+        """The KV arrays are anonymous maps: resident only once written."""
+        return self.kv.zero_pages
+
     # -- the torch runner beside the C step -------------------------------------------------
 
     def path_of(self, so: SchedulerOutput) -> str:

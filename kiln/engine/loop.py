@@ -15,16 +15,16 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from kiln.engine.config import EngineConfig
 from kiln.engine.core import build_core
 from kiln.engine.errors import EngineError
 from kiln.engine.exclusive import ExclusiveCall
+from kiln.engine.executor import Executor
 from kiln.engine.lora_mix import LoraMix
 from kiln.engine.output_processor import OutputProcessor
 from kiln.engine.outputs import (
-    ModelRunnerOutput,
     PositionScore,
     RequestOutput,
     RequestStream,
@@ -43,10 +43,6 @@ __all__ = ["AsyncEngine", "EngineError", "Executor", "build_core", "build_on_eng
 _Sink = tuple[asyncio.AbstractEventLoop, "asyncio.Queue[RequestOutput]"]
 _T = TypeVar("_T")
 _IDLE_WAIT_S = 0.005  # when work exists but nothing could be scheduled (never expected)
-
-
-class Executor(Protocol):
-    def execute(self, so: SchedulerOutput) -> ModelRunnerOutput: ...
 
 
 def build_output_processor(loaded: Loaded) -> OutputProcessor:
@@ -147,15 +143,13 @@ class AsyncEngine:
         chunk at a time alone on the model, with the engine's own steps in between, one job at a
         time (kiln.engine.score_queue). Raises EngineError (a mix that can never run, blocks)
         and ValueError (a bad prompt or top_k)."""
-        make_job = getattr(self.executor, "scoring_job", None)
-        if make_job is None:
-            raise TypeError("scoring needs an engine over a ModelRunner")
         self.scheduler.check_lora(lora)  # as generation refuses it (a 400), not a 500 mid-job
-        return await self._scoring.run(make_job(self.scheduler.pool, prompt_ids, top_k, lora))
+        return await self._scoring.run(
+            self.executor.scoring_job(self.scheduler.pool, prompt_ids, top_k, lora))
 
     def compute_plan(self) -> dict[str, str]:
         """The runner's compute plan (kiln.model.plan), as strings."""
-        plan = getattr(self.executor, "plan", None)
+        plan = self.executor.plan
         if plan is None:
             raise TypeError("the compute plan needs an engine over a ModelRunner")
         out: dict[str, str] = plan.as_dict()
@@ -166,13 +160,12 @@ class AsyncEngine:
     def kv_on_demand(self) -> bool:
         """Whether the KV cache's memory becomes resident as blocks are first written (the
         compute plan's zero-page cache on the CPU) rather than when it is allocated."""
-        kv = getattr(self.executor, "kv", None)
-        return bool(getattr(kv, "zero_pages", False))
+        return self.executor.kv_on_demand
 
     def kv_geometry(self) -> tuple[int, int, int]:
         """The KV cache's blocks, tokens per block and bytes per block (all layers, K and V)."""
-        per_block = getattr(self.executor, "kv_bytes_per_block", None)
-        if not isinstance(per_block, int):
+        per_block = self.executor.kv_bytes_per_block
+        if per_block is None:
             raise TypeError("the KV geometry needs an engine over a ModelRunner")
         return self.scheduler.pool.num_blocks, self.scheduler.pool.block_size, per_block
 
@@ -230,10 +223,9 @@ class AsyncEngine:
             outputs = self.scheduler.pause("abort", why="the server was put to sleep")
             self._process_and_publish(outputs)
             self.scheduler.pool.reset_prefix_cache()
-            release = getattr(self.executor, "release_kv", None)
-            released = int(release()) if release is not None else 0
+            released = self.executor.release_kv()
             if level == 2:
-                self.executor.drop_weights()  # type: ignore[attr-defined]
+                self.executor.drop_weights()
             return len(outputs), released
         return self.run_exclusive(run)
 
@@ -267,7 +259,7 @@ class AsyncEngine:
             if runner is not None:
                 self.executor = runner
             else:
-                self.executor.swap_weights(model)  # type: ignore[attr-defined]
+                self.executor.swap_weights(model)
             self.scheduler.weights_changed(version)
             return len(aborted)
         return self.run_exclusive(run)
@@ -348,7 +340,7 @@ class AsyncEngine:
     def step(self) -> bool:
         """One engine step; False when nothing could be scheduled."""
         # drafts only while the runner verifies them (kiln.engine.speculative)
-        self.scheduler.runner_verifies = bool(getattr(self.executor, "verifies_drafts", False))
+        self.scheduler.runner_verifies = self.executor.verifies_drafts
         so = self.scheduler.schedule()
         if so.is_empty:
             return False
@@ -388,9 +380,7 @@ class AsyncEngine:
                 if sink is not None:
                     batches.setdefault(sink[0], []).append((sink[1], out))
             self._refresh_stats_locked()
-        release = getattr(self.executor, "release", None)  # per-request state (grammars)
-        if release is not None:
-            release([out.request_id for out in outputs if out.finished])
+        self.executor.release([out.request_id for out in outputs if out.finished])
         for loop, items in batches.items():
             try:
                 loop.call_soon_threadsafe(_deliver, items)

@@ -69,6 +69,12 @@ class ModelRunner:
             grammar = GrammarRows(compiler_for(tokenizer))
         self.grammar = grammar
 
+    @property
+    def kv_on_demand(self) -> bool:
+        """Whether the KV cache's pages become resident only once written (the CPU's zero-page
+        cache, as the compute plan says)."""
+        return self.kv.zero_pages
+
     def release(self, request_ids: list[str]) -> None:
         """Finished requests: drop their per-request state (grammar matchers)."""
         if self.grammar is not None and self.grammar.rows:

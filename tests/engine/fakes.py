@@ -7,12 +7,48 @@ hits or lost tokens after preemption change the generated tokens.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from kiln.engine.lora_mix import LoraMix
 from kiln.engine.outputs import ModelRunnerOutput, SampledToken, SchedulerOutput
+
+if TYPE_CHECKING:
+    from kiln.engine.block_pool import BlockPool
+    from kiln.engine.scoring import ScoringJob
+    from kiln.model.plan import ComputePlan
 
 VOCAB = 50
 
 
-class FakeRunner:
+class NoModel:
+    """The rest of ``kiln.engine.executor.Executor`` for a double without a model: no plan, no
+    KV geometry, no drafts verified, no scoring and no weights (TypeError, as a real engine
+    answers a request it cannot serve with an error)."""
+
+    plan: ComputePlan | None = None
+    kv_bytes_per_block: int | None = None
+    kv_on_demand = False
+    verifies_drafts = False
+
+    def release(self, request_ids: list[str]) -> None:
+        pass
+
+    def release_kv(self) -> int:
+        return 0
+
+    def drop_weights(self) -> None:
+        raise TypeError("this executor holds no weights")
+
+    def swap_weights(self, model: Any) -> None:
+        raise TypeError("this executor holds no weights")
+
+    def scoring_job(self, pool: BlockPool, prompt_ids: Sequence[int], top_k: int,
+                    mix: LoraMix = ()) -> ScoringJob:
+        raise TypeError("scoring needs an engine over a model runner")
+
+
+class FakeRunner(NoModel):
     def __init__(self, num_blocks: int, block_size: int) -> None:
         self.block_size = block_size
         self.kv: list[int | None] = [None] * (num_blocks * block_size)
@@ -54,7 +90,7 @@ class CharDetok:
         return ""
 
 
-class ScriptRunner:
+class ScriptRunner(NoModel):
     """Samples request ``rid``'s script[step] (its output position); with CharDetok, token t reads
     chr(ord('a') + t)."""
 

@@ -29,6 +29,7 @@ from kiln.model import LoadedModel, load_model
 from kiln.model.lora import LORA_MODULES, AdapterLoadError, LoraAdapter, load_adapter
 from kiln.serving import EngineBackend
 from tests.engine.drive import drive, token_ids
+from tests.engine.fakes import NoModel
 from tests.model.test_lora import merged, write_peft
 from tests.tiny_models import random_tensors, tiny_config, write_tiny_qwen3
 
@@ -62,7 +63,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
     return World(loaded, random_tensors(cfg, seed=SEED), adir, a, b, c)
 
 
-class Recorder:
+class Recorder(NoModel):
     """Wraps the model runner; records the distinct mixes and adapters of every step."""
 
     def __init__(self, runner: ModelRunner) -> None:

@@ -6,6 +6,8 @@ every token it samples."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from kiln.engine.config import EngineConfig
 from kiln.engine.outputs import (
     ModelRunnerOutput,
@@ -29,8 +31,8 @@ class WeightedRunner(FakeRunner):
         return ModelRunnerOutput({rid: SampledToken((t.token_id + self.offset) % VOCAB, t.logprob)
                                   for rid, t in out.sampled.items()})
 
-    def swap_weights(self, offset: int) -> None:
-        self.offset = offset
+    def swap_weights(self, model: Any) -> None:  # the "weights": an offset
+        self.offset = int(model)
 
 
 def make(version: str = "v0") -> tuple[Scheduler, WeightedRunner]:
