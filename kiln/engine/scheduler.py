@@ -30,16 +30,9 @@ from kiln.engine.outputs import (
     SchedulerOutput,
     WeightSpan,
 )
+from kiln.engine.priority import WaitingQueue, admission_victim, pick_victim, unschedule
 from kiln.engine.repetition import REPETITION, repeats
-from kiln.engine.request import (
-    Request,
-    RequestState,
-    Status,
-    WaitingQueue,
-    admission_victim,
-    pick_victim,
-    unschedule,
-)
+from kiln.engine.request import Request, RequestState, Status
 from kiln.engine.speculative import (
     DRAFT_ROWS,
     DraftLength,
