@@ -379,7 +379,7 @@ SEMANTIC_CHECKS: dict[str, str] = {
     "token IDs are below the vocabulary size": "kiln.api.handlers.tokenizer.detokenize",
     "prompts * n <= 64; a seed field this server does not implement, set to anything but its "
     "default, is a 400 unsupported_parameter":
-        "kiln.api.requests.completions_gen.prepare, kiln.api.requests.params.refuse_unsupported",
+        "kiln.api.requests.completions_gen.prepare, kiln.api.requests.refused.refuse_unsupported",
 }
 
 # response-side invariants: what the server guarantees about what it emits

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kiln.api.requests.params import DEFAULT_ONLY, UNSUPPORTED_CODE
+from kiln.api.requests.refused import DEFAULT_ONLY, UNSUPPORTED_CODE
 from kiln.api.served_openapi import Bounds
 from kiln.api.structured import constraints
 from kiln.engine import repetition
@@ -69,7 +69,7 @@ def _pairs(*conditions: Any) -> dict[str, Any]:
 # -- rule groups ----------------------------------------------------------------------------------
 
 def unsupported_fields(names: tuple[str, ...]) -> list[Rule]:
-    return [rule("non_default_refused", name, UNSUPPORTED_CODE, "kiln.api.requests.params.refuse_unsupported",
+    return [rule("non_default_refused", name, UNSUPPORTED_CODE, "kiln.api.requests.refused.refuse_unsupported",
                  "a seed field this server does not implement", field=name,
                  default=list(DEFAULT_ONLY[name])) for name in names]
 

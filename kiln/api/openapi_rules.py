@@ -37,13 +37,13 @@ from kiln.api.openapi_rule_parts import (
 from kiln.api.openapi_rules_agents import messages_rules, responses_rules
 from kiln.api.openapi_rules_completions import completion_rules
 from kiln.api.requests import rollout
-from kiln.api.requests.params import (
+from kiln.api.requests.prepare import TEMPLATE_FIELDS
+from kiln.api.requests.refused import (
     BATCH_UNSUPPORTED,
     CHAT_UNSUPPORTED,
     OPENAI_CHAT_UNSUPPORTED,
     UNSUPPORTED_CODE,
 )
-from kiln.api.requests.prepare import TEMPLATE_FIELDS
 from kiln.api.served_openapi import Bounds
 
 # the prompt is rendered from the conversation unless prompt_token_ids gives it (prompt_ids)

@@ -24,7 +24,7 @@ from kiln.api.openapi_rule_parts import (
     value,
 )
 from kiln.api.requests import completions_gen
-from kiln.api.requests.params import COMPLETION_UNSUPPORTED, UNSUPPORTED_CODE
+from kiln.api.requests.refused import COMPLETION_UNSUPPORTED, UNSUPPORTED_CODE
 from kiln.api.served_openapi import Bounds
 
 

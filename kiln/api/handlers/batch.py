@@ -16,8 +16,8 @@ from kiln.api._generated import wire
 from kiln.api.replies.logprobs import chat_content
 from kiln.api.requests.completions_gen import scored_prompt
 from kiln.api.requests.extras import included_stop
-from kiln.api.requests.params import BATCH_UNSUPPORTED, refuse_unsupported
 from kiln.api.requests.prepare import Prompt, Shape, prepare_batch
+from kiln.api.requests.refused import BATCH_UNSUPPORTED, refuse_unsupported
 from kiln.api.state import (
     AppState,
     Completion,

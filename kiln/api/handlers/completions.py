@@ -18,15 +18,8 @@ from kiln.api.contract import read_json_body
 from kiln.api.errors import ApiError
 from kiln.api.replies import completions_stream
 from kiln.api.requests import completions_gen
-from kiln.api.requests.params import (
-    BASE,
-    COMPLETION_UNSUPPORTED,
-    Selection,
-    refuse_unsupported,
-    resolve_model,
-    select,
-    unsupported,
-)
+from kiln.api.requests.params import BASE, Selection, resolve_model, select
+from kiln.api.requests.refused import COMPLETION_UNSUPPORTED, refuse_unsupported, unsupported
 from kiln.api.sse import EventStream
 from kiln.api.state import (
     AppState,

@@ -26,12 +26,8 @@ from kiln.api.handlers.completions import output_constraint
 from kiln.api.handlers.training import enabled
 from kiln.api.replies.logprobs import chat_content
 from kiln.api.requests import completions_gen
-from kiln.api.requests.params import (
-    COMPLETION_UNSUPPORTED,
-    refuse_unsupported,
-    resolve_model,
-    select,
-)
+from kiln.api.requests.params import resolve_model, select
+from kiln.api.requests.refused import COMPLETION_UNSUPPORTED, refuse_unsupported
 from kiln.api.sse import DONE, EventStream, event, generation_error
 from kiln.api.state import (
     AppState,

@@ -18,14 +18,9 @@ from kiln.api.contract import read_json_body
 from kiln.api.errors import ApiError
 from kiln.api.handlers.completions import ERROR_CODE, is_scoring, output_constraint
 from kiln.api.requests import completions_gen
-from kiln.api.requests.params import (
-    BASE,
-    COMPLETION_UNSUPPORTED,
-    refuse_unsupported,
-    resolve_model,
-    select,
-)
+from kiln.api.requests.params import BASE, resolve_model, select
 from kiln.api.requests.prepare import prepare_chat
+from kiln.api.requests.refused import COMPLETION_UNSUPPORTED, refuse_unsupported
 from kiln.api.state import app_state, json_response, request_id
 from kiln.api.wire_values import opt
 from kiln.engine.request import SamplingParams

@@ -17,7 +17,7 @@ from starlette.responses import Response
 
 from kiln.api._generated import wire
 from kiln.api.errors import ApiError
-from kiln.api.requests.params import UNSUPPORTED_CODE
+from kiln.api.requests.refused import UNSUPPORTED_CODE
 from kiln.api.state import AppState, app_state, json_response
 from kiln.api.wire_values import opt
 from kiln.weight_update import WeightUpdateBusy, WeightUpdateError, WeightUpdateTimeout

@@ -18,7 +18,7 @@ from typing import Any
 from msgspec import UNSET
 
 from kiln.api.errors import ApiError
-from kiln.api.requests.params import (
+from kiln.api.requests.refused import (
     CHAT_UNSUPPORTED,
     OPENAI_CHAT_UNSUPPORTED,
     refuse_unsupported,
