@@ -6,7 +6,7 @@ usage, LoRA adapter info and the cache configuration (`vllm:cache_config_info`).
 
 The series are defined here; each layer records its own facts in them: the connection layer
 its connections (kiln/connections.py), the app its HTTP requests (kiln/api/app.py), the
-handlers each finished engine request (``observe_request``, kiln/api/state.py);
+handlers each finished engine request (``observe_request``, kiln/api/submission.py);
 the engine's gauges and the cache configuration are read at each scrape (``observe_engine``,
 ``observe_cache_config``, from kiln/api/handlers/meta.py).
 """

@@ -174,7 +174,7 @@ def chat_rules(b: Bounds, render: bool) -> list[Rule]:
     ]
     if not render:
         out += [*rollout_rules(code), adapter_scale_rule(code), rule(
-            "compare", "n", code, "kiln.api.state.submit_all",
+            "compare", "n", code, "kiln.api.submission.submit_all",
             "a request's engine requests fit the server's admission gate at once",
             left=field("n", if_absent=1, if_null=1), op="<=", right=value(b.capacity))]
     return out
@@ -225,7 +225,7 @@ def batch_rules(b: Bounds) -> list[Rule]:
         *unsupported_fields(BATCH_UNSUPPORTED),  # handlers.batch.create
         rule("product_max", "prompts", "batch_too_large", "kiln.api.contract.check_batch",
              "prompts x n outputs per request", factors=both, max=MAX_BATCH_ITEMS),
-        rule("product_max", "n", "batch_too_large", "kiln.api.state.submit_all",
+        rule("product_max", "n", "batch_too_large", "kiln.api.submission.submit_all",
              "a request's engine requests fit the server's admission gate at once",
              factors=both, max=b.capacity),
         *chat_shape_rules(code, b, "prompts[*]"),

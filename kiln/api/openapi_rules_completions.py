@@ -124,7 +124,7 @@ def generation_rules(b: Bounds, render: bool) -> list[Rule]:
              when=all_of(on, has("thinking_token_budget", {"minimum": 0}))),
     ]
     if not render:
-        out.append(rule("product_max", "n", code, "kiln.api.state.submit_all",
+        out.append(rule("product_max", "n", code, "kiln.api.submission.submit_all",
                         "a request's engine requests fit the server's admission gate at once",
                         when=on, factors=choices, max=b.capacity))
     return out

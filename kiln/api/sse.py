@@ -26,7 +26,7 @@ def event(payload: Any) -> bytes:
 def generation_error(message: str, fault: ApiError | None = None) -> bytes:
     """The event that ends a stream whose generation failed (then `[DONE]`): the error
     envelope, since the status line has already gone out as 200; ``fault``: the request's own
-    (``kiln.api.state.request_fault``), sent as it is."""
+    (``kiln.api.submission.request_fault``), sent as it is."""
     if fault is not None:
         return b"data: " + fault.body() + b"\n\n"
     return event(wire.ErrorResponse(error=wire.ErrorDetail(

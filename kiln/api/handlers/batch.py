@@ -20,17 +20,19 @@ from kiln.api.requests.prepare import Prompt, Shape, prepare_batch
 from kiln.api.requests.refused import BATCH_UNSUPPORTED, refuse_unsupported
 from kiln.api.state import (
     AppState,
-    Completion,
     app_state,
     as_wire,
     claim_request_id,
-    collect_all,
     finish_reason,
-    generation_failed,
     json_response,
+    usage,
+)
+from kiln.api.submission import (
+    Completion,
+    collect_all,
+    generation_failed,
     submit_all,
     until_disconnect,
-    usage,
 )
 from kiln.api.weight_versions import spans_wire, version_of
 from kiln.api.wire_values import opt

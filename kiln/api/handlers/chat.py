@@ -14,15 +14,8 @@ from kiln.api.requests import rollout
 from kiln.api.requests.completions_gen import scored_prompt
 from kiln.api.requests.prepare import CHAT_CODE, prepare_chat
 from kiln.api.sse import EventStream
-from kiln.api.state import (
-    app_state,
-    claim_request_id,
-    collect_all,
-    json_response,
-    submit,
-    submit_all,
-    until_disconnect,
-)
+from kiln.api.state import app_state, claim_request_id, json_response
+from kiln.api.submission import collect_all, submit, submit_all, until_disconnect
 from kiln.api.wire_values import opt
 
 ERROR_CODE = CHAT_CODE

@@ -21,17 +21,9 @@ from kiln.api.requests import completions_gen
 from kiln.api.requests.params import BASE, Selection, resolve_model, select
 from kiln.api.requests.refused import COMPLETION_UNSUPPORTED, refuse_unsupported, unsupported
 from kiln.api.sse import EventStream
-from kiln.api.state import (
-    AppState,
-    app_state,
-    claim_request_id,
-    engine_error,
-    json_response,
-    observe_request,
-    until_disconnect,
-    usage,
-)
+from kiln.api.state import AppState, app_state, claim_request_id, json_response, usage
 from kiln.api.structured.constraints import constraint
+from kiln.api.submission import engine_error, observe_request, until_disconnect
 from kiln.api.wire_values import opt
 from kiln.engine.errors import EngineError
 from kiln.engine.request import GrammarSpec

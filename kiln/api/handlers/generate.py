@@ -29,15 +29,8 @@ from kiln.api.requests import completions_gen
 from kiln.api.requests.params import resolve_model, select
 from kiln.api.requests.refused import COMPLETION_UNSUPPORTED, refuse_unsupported
 from kiln.api.sse import DONE, EventStream, event, generation_error
-from kiln.api.state import (
-    AppState,
-    Completion,
-    as_wire,
-    claim_request_id,
-    collect_all,
-    request_fault,
-    until_disconnect,
-)
+from kiln.api.state import AppState, as_wire, claim_request_id
+from kiln.api.submission import Completion, collect_all, request_fault, until_disconnect
 from kiln.api.weight_versions import spans_json, version_of
 from kiln.api.wire_values import opt
 from kiln.engine.outputs import RequestOutput, RequestStream

@@ -17,15 +17,8 @@ from kiln.api.replies.perf import performance
 from kiln.api.requests import rollout
 from kiln.api.requests.extras import included_stop
 from kiln.api.requests.prepare import CHAT_CODE, PreparedChat
-from kiln.api.state import (
-    AppState,
-    Completion,
-    Finish,
-    as_wire,
-    finish_reason,
-    generation_failed,
-    usage,
-)
+from kiln.api.state import AppState, Finish, as_wire, finish_reason, usage
+from kiln.api.submission import Completion, generation_failed
 from kiln.api.weight_versions import spans_wire, version_of
 from kiln.text.thinking import fold, record, split_reasoning
 from kiln.text.tools import ParsedOutput, ToolCall, closing_stop, parse_closed, parse_tool_calls

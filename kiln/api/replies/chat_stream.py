@@ -25,8 +25,9 @@ from kiln.api.replies.perf import performance
 from kiln.api.requests.extras import included_stop
 from kiln.api.requests.prepare import PreparedChat
 from kiln.api.sse import DONE, event, generation_error
-from kiln.api.state import AppState, Completion, Finish, as_wire, finish_reason, request_fault
+from kiln.api.state import AppState, Finish, as_wire, finish_reason
 from kiln.api.state import usage as token_usage
+from kiln.api.submission import Completion, request_fault
 from kiln.api.weight_versions import spans_wire, version_of
 from kiln.engine.outputs import RequestOutput
 from kiln.text.thinking import Delta, ReasoningSplitter, record

@@ -20,7 +20,8 @@ from kiln.api.errors import ApiError
 from kiln.api.replies import chat_body, chat_stream
 from kiln.api.requests import rollout as chat_rollout
 from kiln.api.requests.prepare import PreparedChat, prepare_chat
-from kiln.api.state import AppState, collect_all, submit, submit_all, until_disconnect
+from kiln.api.state import AppState
+from kiln.api.submission import collect_all, submit, submit_all, until_disconnect
 from kiln.api.wire_values import opt
 from kiln.text.thinking import CLOSE_TAG
 

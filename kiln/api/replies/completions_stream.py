@@ -12,7 +12,8 @@ from kiln.api._generated import wire
 from kiln.api.replies.logprobs import CompletionLogprobs
 from kiln.api.requests.completions_gen import Prepared, echo_logprobs, merged, stop_text, usage
 from kiln.api.sse import DONE, event, generation_error
-from kiln.api.state import AppState, Completion, Finish, finish_reason, request_fault
+from kiln.api.state import AppState, Finish, finish_reason
+from kiln.api.submission import Completion, request_fault
 from kiln.api.weight_versions import spans_wire, version_of
 from kiln.engine.outputs import RequestOutput, RequestStream
 

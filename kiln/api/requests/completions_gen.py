@@ -42,18 +42,16 @@ from kiln.api.requests.prepare import (
     choice_params,
     over_context,
 )
-from kiln.api.state import (
-    AppState,
+from kiln.api.state import AppState, Finish, json_response
+from kiln.api.state import finish_reason as wire_finish
+from kiln.api.state import usage as token_usage
+from kiln.api.submission import (
     Completion,
-    Finish,
     collect_all,
     generation_failed,
-    json_response,
     submit_all,
     until_disconnect,
 )
-from kiln.api.state import finish_reason as wire_finish
-from kiln.api.state import usage as token_usage
 from kiln.api.weight_versions import spans_wire, version_of
 from kiln.api.wire_values import opt
 from kiln.engine.outputs import RequestOutput, RequestStream

@@ -24,7 +24,7 @@ from msgspec import UNSET
 from kiln.adapters import AdapterNotFound, InvalidAdapterName, validate_name
 from kiln.api.backend import Backend
 from kiln.api.errors import ApiError
-from kiln.api.state import engine_error
+from kiln.api.submission import engine_error
 from kiln.api.wire_values import opt
 from kiln.engine.errors import EngineError
 from kiln.engine.lora_mix import MAX_MIX_ENTRIES

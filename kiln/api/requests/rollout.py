@@ -7,7 +7,8 @@ from typing import Any
 
 from kiln.api.errors import ApiError
 from kiln.api.requests.prepare import PreparedChat
-from kiln.api.state import AppState, Completion
+from kiln.api.state import AppState
+from kiln.api.submission import Completion
 from kiln.api.weight_versions import spans_json, version_of
 from kiln.provenance import ActionToken, adapter_identity, rollout_record
 
