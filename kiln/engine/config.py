@@ -27,7 +27,7 @@ class EngineConfig:
     # While sequences are decoding, a step computes at most this many prefill tokens, so a long
     # prompt being admitted delays running streams by one short chunk per step, not a long one.
     # 8: on the 2-core CPU a step of 4 decodes + 8 prefill rows takes ~1.9x a decode-only step
-    # (16 rows: ~2.9x), measured with the C step (kiln.model.base.CpuStep).
+    # (16 rows: ~2.9x), measured with the C step (kiln.model.cpu_step.CpuStep).
     max_prefill_tokens_while_decoding: int = 8
     # ... and a chunk after c computed tokens gets at most that cap * S / (S + c), S this many
     # tokens: its attention grows with c (measured on the CPU C step: a prefill row costs

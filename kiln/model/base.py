@@ -1,36 +1,24 @@
-"""The causal-LM base: embeddings -> decoder layers -> final norm -> logits at chosen rows; its
-input, the flat forward batch (new tokens of many sequences plus paged-attention metadata); and
-the CPU step (``CpuStep``, at the end), which runs a whole forward step in one C call where the
-model's compute plan says ``step=c``."""
+"""The causal-LM base: embeddings -> decoder layers -> final norm -> logits at chosen rows, and
+its input, the flat forward batch (new tokens of many sequences plus paged-attention metadata).
+Where the model's compute plan says ``step=c`` a whole step runs in one C call
+(``kiln.model.cpu_step.CpuStep``)."""
 
 from __future__ import annotations
 
 import contextlib
-import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal, cast
 
-import numpy as np
 import torch
-from kiln_kernels.cpu.arrays import dtype_name
-from kiln_kernels.cpu.cpu_step import (
-    KV_DTYPES,
-    LORA_MODULES,
-    CpuStepProgram,
-    CpuStepWeights,
-    LoraRows,
-)
-from kiln_kernels.quant import NATIVE_FLAGS, Packed, PackedWeight
+from kiln_kernels.quant import Packed, PackedWeight
 from torch import nn
 
 from kiln.model.attention import AttentionPlan, plan_attention
-from kiln.model.c_model import group_rows, step_groups
 from kiln.model.config import ModelConfig
+from kiln.model.cpu_step import CpuStep
 from kiln.model.kv_cache import KVCache
 from kiln.model.layers import DecoderLayer, LoraHook, RMSNorm, RotaryEmbedding
-from kiln.model.lora import LORA_MODULES as MODEL_LORA_MODULES
-from kiln.model.lora_slots import LoraBatch
 from kiln.model.plan import ComputePlan, model_plan, without_packed
 from kiln.model.quantized import (
     NO_ROUTE,
@@ -252,96 +240,3 @@ class CausalLM(nn.Module):
             route = (NO_ROUTE if decode is None
                      else RowRoute.from_mask(decode.index_select(0, batch.logits_indices)))
             return project(x, self.output_weight(), self.packed_head, route).to(torch.float32)
-
-
-# -- the CPU step: a whole forward step in one C call ------------------------------------------
-# Where the plan's step is ``c`` (every projection and the LM head hold packed weights,
-# kiln.model.quantized, LoRA included as CPU stacks of kiln.model.lora_slots), every row of every
-# step runs through the C program of kiln_kernels.cpu.cpu_step, whose numbers for a row do not
-# depend on what else is in its step: a decode row, a prefill chunk of any length and a scored
-# prompt get the same logits at the same position over the same prefix, bit for bit. A step
-# longer than group_rows runs as consecutive C steps over its rows in order.
-
-if MODEL_LORA_MODULES != LORA_MODULES:  # cpu_step.c indexes the stacks in this order
-    raise ImportError("kiln.model.lora and kiln_kernels.cpu.cpu_step disagree on LoRA modules")
-
-class _Unsupported(Exception):
-    """This step's LoRA cannot run in the C program (not CPU float32 stacks)."""
-
-
-def lora_rows(lora: object, rows: torch.Tensor) -> LoraRows | None:
-    """The C program's view of a step's LoRA for ``rows`` (None: no adapter in the step)."""
-    if lora is None:
-        return None
-    if not isinstance(lora, LoraBatch) or lora.slots.dtype != torch.float32:
-        raise _Unsupported
-    if lora.strategy == "none":
-        return None
-    a: list[torch.Tensor | None] = []
-    bt: list[torch.Tensor | None] = []
-    for module in LORA_MODULES:
-        pair = lora.slots.stacks(module)
-        if pair is None:
-            a.append(None)
-            bt.append(None)
-            continue
-        b_t = pair[1].transpose(2, 3)  # the CPU stacks store B^T contiguously
-        if not (pair[0].is_contiguous() and b_t.is_contiguous()):
-            raise _Unsupported
-        a.append(pair[0])
-        bt.append(b_t)
-    return LoraRows(slot_idx=lora.slot_idx.index_select(1, rows),
-                    scales=lora.scales.index_select(1, rows), a=tuple(a), bt=tuple(bt))
-
-
-class CpuStep:
-    """Runs forward steps through the C program (one bound program per KV cache)."""
-
-    def __init__(self, weights: CpuStepWeights, flags: tuple[str, ...] = NATIVE_FLAGS) -> None:
-        self.weights = weights
-        self.flags = flags  # compiler flags of the library (tests: the portable build)
-        self._programs: weakref.WeakKeyDictionary[KVCache, CpuStepProgram] = (
-            weakref.WeakKeyDictionary())
-
-    def program(self, kv: KVCache) -> CpuStepProgram:
-        prog = self._programs.get(kv)
-        if prog is None:
-            prog = self.weights.bind(kv.k, kv.v, self.flags)
-            self._programs[kv] = prog
-        return prog
-
-    def try_forward(self, model: CausalLM, batch: ForwardBatch, kv: KVCache
-                    ) -> torch.Tensor | None:
-        """Logits of the step through the C program, or None when the step is the torch path's
-        (a KV cache it cannot read, or LoRA other than CPU float32 slot stacks)."""
-        if dtype_name(kv.dtype) not in KV_DTYPES:
-            return None
-        try:
-            return self.forward(model, batch, kv)
-        except _Unsupported:
-            return None
-
-    def forward(self, model: CausalLM, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
-        """Logits ``[len(batch.logits_indices), vocab]`` in the order asked, from C steps of at
-        most :func:`group_rows` rows each."""
-        qsl = batch.query_start_loc.tolist()
-        wanted = batch.logits_indices.tolist()
-        n_rows = qsl[-1]
-        owner = [i for i in range(len(qsl) - 1) for _ in range(qsl[i], qsl[i + 1])]
-        prog = self.program(kv)
-        # the embedding: in the C step where it is held packed, else the model's module first
-        ids = batch.input_ids if prog.embeds else None
-        x = None if prog.embeds else model.model.embed_tokens(batch.input_ids)
-        tables, positions = batch.block_tables, batch.positions
-
-        def step(a: int, b: int, rows: list[int]) -> np.ndarray:
-            lora = None if batch.lora is None else lora_rows(batch.lora, torch.arange(a, b))
-            return prog.step(
-                None if x is None else x[a:b], positions[a:b] + 1,
-                tables.index_select(0, torch.tensor(owner[a:b], dtype=torch.int64)),
-                batch.slot_mapping[a:b], torch.tensor(rows, dtype=torch.int64), lora,
-                torch.tensor([max(qsl[i], a) - a for i in owner[a:b]], dtype=torch.int64),
-                ids=None if ids is None else ids[a:b])
-
-        size = group_rows(self.weights.heads, int(batch.seq_lens.max()))
-        return torch.from_numpy(step_groups(n_rows, size, wanted, prog.vocab, step))

@@ -6,7 +6,7 @@ file into that call's weights (:class:`~kiln_kernels.cpu.cpu_step.CpuStepWeights
 importing torch: the very weights ``kiln.model.gguf_loader`` gives the torch-loaded model's C
 step (the same tiles, fused alike, gguf-py's float32 norms and biases) and its rotary
 frequencies from :func:`kiln.model.rope.inv_freq` (computed without torch, as the torch path
-takes them). Its steps run as ``kiln.model.base.CpuStep`` runs them, in chunks of
+takes them). Its steps run as ``kiln.model.cpu_step.CpuStep`` runs them, in chunks of
 :func:`group_rows` rows, so its logits are the torch-loaded model's, bit for bit. Its KV cache
 (:meth:`CModel.kv_arrays`) is laid out as ``kiln.model.kv_cache.KVCache`` lays out the C step's
 (heads-major blocks in zero pages), so a torch view of its buffers is a valid ``KVCache``.
@@ -17,7 +17,7 @@ take, no stored frequencies): the caller then loads it the torch way.
 ``kiln.model.loader.torch_model`` builds the torch model over the same tiles, for whatever needs
 torch later.
 
-The C step's row grouping lives here (torch-free); ``kiln.model.base.CpuStep`` uses it too.
+The C step's row grouping lives here (torch-free); ``kiln.model.cpu_step.CpuStep`` uses it too.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ from kiln.model.gguf_tensors import (
     unpermute_qk,
 )
 
-# -- the C step's row grouping (kiln.model.base.CpuStep runs its steps the same way) -----------
+# -- the C step's row grouping (kiln.model.cpu_step.CpuStep runs its steps the same way) -----------
 # Rows per C step. A longer forward step runs as consecutive C steps over its rows in order; a
 # sequence's rows may straddle two, the later one reading the earlier one's K/V from the cache.
 # Prefill through C steps of 128-256 rows measured as fast as the torch path (MKL, 512-row
@@ -313,7 +313,7 @@ class CModel:
         block_table)`` as ``kiln.model.base.build_forward_batch`` takes them: for each
         sequence's last new row (``want="last"``), every row (``"all"``), or its last
         ``want[s]`` rows (a drafted decode's, kiln.engine.speculative), in order. Runs as
-        ``kiln.model.base.CpuStep.forward`` runs the same step (C steps of :func:`group_rows`
+        ``kiln.model.cpu_step.CpuStep.forward`` runs the same step (C steps of :func:`group_rows`
         rows), so the numbers are the torch-loaded model's bit for bit; writes the rows' K/V
         into ``prog``'s cache; ``n_threads``: the C calls' threads (default ``threads()``).
         IndexError for a token id outside the vocabulary."""

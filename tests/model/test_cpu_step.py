@@ -1,4 +1,4 @@
-"""The C decode step (kiln.model.base.CpuStep) against the torch path of the same model.
+"""The C decode step (kiln.model.cpu_step.CpuStep) against the torch path of the same model.
 
 Tiny llama / qwen2 (q/k/v bias) / qwen3 (q/k norm) models get quantized weights (Q4_1 layers,
 Q8_0 head, written as GGML blocks here) so both paths hold the very same weights; the default

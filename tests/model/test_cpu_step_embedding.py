@@ -11,7 +11,8 @@ import torch
 from kiln_kernels.cpu import available as kernels_available
 
 from kiln.model import CausalLM, LoadedModel
-from kiln.model.base import CpuStep, build_forward_batch
+from kiln.model.base import build_forward_batch
+from kiln.model.cpu_step import CpuStep
 from tests.model.test_cpu_step import BLOCK, new_cache, quantized_tiny, tables
 
 pytestmark = pytest.mark.skipif(not kernels_available(), reason="no C compiler for the kernels")
