@@ -153,8 +153,8 @@ class AsyncEngine:
         if plan is None:
             raise TypeError("the compute plan needs an engine over a ModelRunner")
         out: dict[str, str] = plan.as_dict()
-        if self.scheduler.speculative is not None:
-            out["speculative"] = self.scheduler.speculative.describe()
+        if self.scheduler.speculation.config is not None:
+            out["speculative"] = self.scheduler.speculation.config.describe()
         return out
 
     def kv_on_demand(self) -> bool:
@@ -340,7 +340,7 @@ class AsyncEngine:
     def step(self) -> bool:
         """One engine step; False when nothing could be scheduled."""
         # drafts only while the runner verifies them (kiln.engine.speculative)
-        self.scheduler.runner_verifies = self.executor.verifies_drafts
+        self.scheduler.speculation.runner_verifies = self.executor.verifies_drafts
         so = self.scheduler.schedule()
         if so.is_empty:
             return False

@@ -33,13 +33,7 @@ from kiln.engine.outputs import (
 from kiln.engine.priority import WaitingQueue, admission_victim, pick_victim, unschedule
 from kiln.engine.repetition import REPETITION, repeats
 from kiln.engine.request import Request, RequestState, Status
-from kiln.engine.speculative import (
-    DRAFT_ROWS,
-    DraftLength,
-    accepted_prefix,
-    drafts_allowed,
-    ngram_draft,
-)
+from kiln.engine.speculative import Speculation
 from kiln.text.thinking_budget import validate_budget
 
 NewTokens = tuple[list[int], list[float], list[bool]]  # ids, behaviour logprobs, forced
@@ -83,13 +77,8 @@ class Scheduler:
         self.pause_mode: str | None = None
         # the name of the weights serving now (AsyncEngine.update_weights changes it)
         self.weight_version = config.weight_version
-        # speculative decoding (kiln.engine.speculative): drafts are proposed only while the
-        # runner verifies them (AsyncEngine sets it: the C runner does, the torch runner not)
-        self.speculative = config.speculative
-        self.runner_verifies = False
-        self.spec_drafts = 0  # verify steps a request drafted in
-        self.spec_draft_tokens = 0
-        self.spec_accepted_tokens = 0
+        # speculative decoding (kiln.engine.speculative)
+        self.speculation = Speculation(config.speculative)
 
     # -- pause and resume --------------------------------------------------------------------
     def pause(self, mode: str, why: str = "the server was paused (mode abort)"
@@ -200,7 +189,7 @@ class Scheduler:
         prefills = [s for s in self._running if s.num_remaining != 1]
         capped = False
         # the rows drafts may add this step (kiln.engine.speculative.DRAFT_ROWS)
-        room = DRAFT_ROWS - len(decodes) if self.speculative is not None else 0
+        room = self.speculation.room(len(decodes))
         for i, st in enumerate(decodes + prefills):
             if i == len(decodes) and seqs:  # decodes run this step: keep prefill chunks short
                 budget, capped = min(budget, self.config.max_prefill_tokens_while_decoding), True
@@ -209,8 +198,8 @@ class Scheduler:
             if st.status is not Status.RUNNING:
                 continue  # preempted earlier in this loop
             n = min(st.num_remaining, budget, self._chunk_cap(st.num_computed_tokens, capped))
-            draft = self._draft(st, min(budget, room + 1)) if i < len(decodes) and room > 0 \
-                else []
+            draft = self.speculation.draft(st, min(budget, room + 1), self.max_model_len) \
+                if i < len(decodes) and room > 0 else []
             if draft and self._grow(st, st.num_computed_tokens + 1 + len(draft)):
                 room -= len(draft)
                 seqs.append(st.scheduled(1, is_new=False, now=now, draft=draft))
@@ -237,23 +226,6 @@ class Scheduler:
             num_batched_tokens=sum(s.num_tokens for s in seqs),
             preempted_ids=preempted,
         )
-
-    def _draft(self, st: RequestState, budget: int) -> list[int]:
-        """Tokens to verify after decoding ``st``'s last one (kiln.engine.speculative): only for
-        a request whose every token is plain sampling (no logprobs, logits processors, grammar,
-        thinking budget, stop strings or adapter: those decode as before), within its
-        max_tokens, the context window and the step's budget."""
-        spec = self.speculative
-        if spec is None or not self.runner_verifies or not drafts_allowed(st.request):
-            return []
-        if st.draft_length is None:
-            st.draft_length = DraftLength(spec.num_speculative_tokens)
-        k = min(st.draft_length.wanted(), budget - 1,
-                st.max_tokens - len(st.output_token_ids) - 1,
-                self.max_model_len - st.num_tokens - 1)
-        if k <= 0:
-            return []
-        return ngram_draft(st.all_token_ids, k, spec.prompt_lookup_min, spec.prompt_lookup_max)
 
     def _chunk_cap(self, computed: int, capped: bool) -> int:
         """While decodes run, a chunk's attention cost grows with the context before it: cap it
@@ -400,12 +372,7 @@ class Scheduler:
             samples = () if first is None else (first,)
             keep = len(samples)
         else:
-            keep = min(len(samples), accepted_prefix([t.token_id for t in samples], seq.draft))
-            self.spec_drafts += 1
-            self.spec_draft_tokens += len(seq.draft)
-            self.spec_accepted_tokens += keep - 1
-            if st.draft_length is not None:
-                st.draft_length.record(len(seq.draft), keep - 1)
+            keep = self.speculation.kept(st, seq, samples)
         if not samples:
             why = ro.errors.get(seq.request_id, "the runner sampled no token")
             return [self._finish(st, "error", error=why)]
@@ -538,7 +505,5 @@ class Scheduler:
             "prefix_cache_hit_tokens": float(self.prefix_cache_hit_tokens),
             "num_preemptions": float(self.num_preemptions),
             "paused": float(self.paused),
-            "spec_decode_num_drafts": float(self.spec_drafts),
-            "spec_decode_num_draft_tokens": float(self.spec_draft_tokens),
-            "spec_decode_num_accepted_tokens": float(self.spec_accepted_tokens),
+            **self.speculation.stats(),
         }

@@ -14,9 +14,9 @@ differs from its draft is kept too (plain decoding makes it there), and the rest
 Drafts here come from n-gram (prompt) lookup over the request's own tokens: the longest recent
 n-gram (``prompt_lookup_max`` down to ``prompt_lookup_min`` tokens) that ends the sequence and
 occurred before proposes the tokens that followed it. ``DraftLength`` follows each request's
-acceptance, and the scheduler decides which requests draft at all
-(``kiln.engine.scheduler``: only plain decoding rows the C step verifies; any other request
-decodes as before).
+acceptance, and ``Speculation`` (the scheduler's side, at the end) decides which requests draft
+at all (only plain decoding rows the runner verifies; any other request decodes as before) and
+counts what verify steps kept.
 
 The configuration is vLLM's ``--speculative-config`` JSON (``{"method": "ngram",
 "num_speculative_tokens": K, "prompt_lookup_max": N, "prompt_lookup_min": M}``); the draft-model
@@ -29,9 +29,12 @@ import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kiln.engine.outputs import ModelRunnerOutput, SampledToken, ScheduledSeq
+
+if TYPE_CHECKING:
+    from kiln.engine.request import RequestState
 
 METHODS = ("ngram",)
 NOT_BUILT = ("draft_model", "mtp", "eagle", "eagle3", "medusa", "suffix")
@@ -188,4 +191,55 @@ def verified_output(rows: Sequence[ScheduledSeq], samples: Sequence[SampledToken
         if row.draft:
             verified.setdefault(row.request_id, []).append(tok)
     return ModelRunnerOutput(sampled, errors, {k: tuple(v) for k, v in verified.items()})
+
+
+class Speculation:
+    """The scheduler's side of speculative decoding: which running decode drafts and how many
+    tokens, and what a verify step kept, with vLLM's counters. Drafts are proposed only while
+    the runner verifies them (``runner_verifies``: the engine loop sets it each step from its
+    executor's ``verifies_drafts``)."""
+
+    def __init__(self, config: SpeculativeConfig | None) -> None:
+        self.config = config
+        self.runner_verifies = False
+        self.drafts = 0  # verify steps a request drafted in
+        self.draft_tokens = 0
+        self.accepted_tokens = 0
+
+    def room(self, decodes: int) -> int:
+        """The rows drafts may add to a step with ``decodes`` decoding rows (``DRAFT_ROWS``)."""
+        return DRAFT_ROWS - decodes if self.config is not None else 0
+
+    def draft(self, st: RequestState, budget: int, max_model_len: int) -> list[int]:
+        """Tokens to verify after decoding ``st``'s last one: only for a request whose every
+        token is plain sampling (no logprobs, logits processors, grammar, thinking budget, stop
+        strings or adapter: those decode as before), within its max_tokens, the context window
+        and the step's ``budget``."""
+        spec = self.config
+        if spec is None or not self.runner_verifies or not drafts_allowed(st.request):
+            return []
+        if st.draft_length is None:
+            st.draft_length = DraftLength(spec.num_speculative_tokens)
+        k = min(st.draft_length.wanted(), budget - 1,
+                st.max_tokens - len(st.output_token_ids) - 1, max_model_len - st.num_tokens - 1)
+        if k <= 0:
+            return []
+        return ngram_draft(st.all_token_ids, k, spec.prompt_lookup_min, spec.prompt_lookup_max)
+
+    def kept(self, st: RequestState, seq: ScheduledSeq, samples: Sequence[SampledToken]) -> int:
+        """How many of a verify step's ``samples`` plain decoding makes (the accepted drafts and
+        the sample after them); counted, and fed to the request's ``DraftLength``."""
+        keep = min(len(samples), accepted_prefix([t.token_id for t in samples], seq.draft))
+        self.drafts += 1
+        self.draft_tokens += len(seq.draft)
+        self.accepted_tokens += keep - 1
+        if st.draft_length is not None:
+            st.draft_length.record(len(seq.draft), keep - 1)
+        return keep
+
+    def stats(self) -> dict[str, float]:
+        """vLLM's counters (``/metrics``)."""
+        return {"spec_decode_num_drafts": float(self.drafts),
+                "spec_decode_num_draft_tokens": float(self.draft_tokens),
+                "spec_decode_num_accepted_tokens": float(self.accepted_tokens)}
 

@@ -131,7 +131,7 @@ def run(spec: SpeculativeConfig | None, requests: list[Request], eos: int | None
     cfg = EngineConfig(block_size=4, num_blocks=128, max_num_batched_tokens=64, speculative=spec)
     s = Scheduler(cfg, 128, 400, frozenset() if eos is None else {eos})
     r = CopyRunner(128, 4)
-    s.runner_verifies = True
+    s.speculation.runner_verifies = True
     for req in requests:
         s.add_request(req)
     tokens: dict[str, list[int]] = {}
@@ -165,7 +165,7 @@ def test_tokens_with_drafts_equal_tokens_without(sampling: dict[str, object]) ->
         got = spec_final[rid]
         assert (got.finish_reason, got.stop_reason, got.num_output_tokens) == \
             (out.finish_reason, out.stop_reason, out.num_output_tokens)
-    assert s.spec_accepted_tokens > 0 and s.spec_draft_tokens > s.spec_accepted_tokens
+    assert s.speculation.accepted_tokens > 0 and s.speculation.draft_tokens > s.speculation.accepted_tokens
     assert s.pool.num_used_blocks == 0  # every block given back
 
 
@@ -180,7 +180,7 @@ def test_a_runner_that_does_not_verify_gets_no_drafts() -> None:
     cfg = EngineConfig(block_size=4, num_blocks=64, max_num_batched_tokens=64, speculative=SPEC)
     s = Scheduler(cfg, 64, 400)
     s.add_request(reqs(max_tokens=20)[0])
-    s.runner_verifies = False
+    s.speculation.runner_verifies = False
     r = CopyRunner(64, 4)
     for _ in range(40):
         if not s.has_work:
@@ -188,7 +188,7 @@ def test_a_runner_that_does_not_verify_gets_no_drafts() -> None:
         so = s.schedule()
         assert not any(seq.draft for seq in so.seqs)
         s.update_from_output(so, r.execute(so))
-    assert s.spec_drafts == 0
+    assert s.speculation.drafts == 0
 
 
 def _with_text(spec: SpeculativeConfig | None, stop: tuple[str, ...]
@@ -206,12 +206,12 @@ def _with_text(spec: SpeculativeConfig | None, stop: tuple[str, ...]
 
     cfg = EngineConfig(block_size=4, num_blocks=128, max_num_batched_tokens=64, speculative=spec)
     s = Scheduler(cfg, 128, 400)
-    s.runner_verifies = True
+    s.speculation.runner_verifies = True
     out = drive(s, CopyRunner(128, 4), reqs(max_tokens=60, stop=stop),
                 output=Watched(lambda sp: CharDetok()))
     assert s.pool.num_used_blocks == 0
     if spec is not None:
-        assert s.spec_accepted_tokens > 0
+        assert s.speculation.accepted_tokens > 0
         assert any(dropped), "no string ended inside a verify step's tokens"
     return out
 
