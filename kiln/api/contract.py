@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from importlib import resources
@@ -329,7 +330,7 @@ def _opt(value: Any) -> Any:
     return None if value is UNSET else value
 
 
-def check_chat(req: Any) -> None:
+def check_chat(req: wire.ChatCompletionRequest) -> None:
     if req.rollout_provenance is True:
         tools = _opt(req.tools)
         if tools:
@@ -345,7 +346,7 @@ def check_chat(req: Any) -> None:
             )
 
 
-def check_batch(req: Any) -> None:
+def check_batch(req: wire.BatchCompletionRequest) -> None:
     n = _opt(req.n) or 1
     total = len(req.prompts) * int(n)
     if not 1 <= total <= MAX_BATCH_ITEMS:
@@ -356,7 +357,9 @@ def check_batch(req: Any) -> None:
         )
 
 
-SEMANTIC_RULES = {"ChatCompletionRequest": check_chat, "BatchCompletionRequest": check_batch}
+# a definition's semantic checks, each taking that definition's generated struct
+SEMANTIC_RULES: dict[str, Callable[[Any], None]] = {
+    "ChatCompletionRequest": check_chat, "BatchCompletionRequest": check_batch}
 
 # contract constraint text -> the check (or handler step) that enforces it
 SEMANTIC_CHECKS: dict[str, str] = {

@@ -1,5 +1,7 @@
-"""Reading the generated wire structs' optional fields: a field the body left out is msgspec's
-``UNSET``, one it set to null is None."""
+"""Reading the generated wire structs' optional fields (a field the body left out is msgspec's
+``UNSET``, one it set to null is None), and the unions of request structs the shared request
+stages take: a field one member lacks is read where an ``isinstance`` says it is there, so mypy
+fails when a contract field is renamed."""
 
 from __future__ import annotations
 
@@ -7,6 +9,12 @@ from typing import Any
 
 import msgspec
 from msgspec import UNSET
+
+from kiln.api._generated import wire
+
+# chat's and batch's requests (the OpenAI chat fields), and those with completions'
+ChatRequest = wire.ChatCompletionRequest | wire.BatchCompletionRequest
+GenRequest = wire.ChatCompletionRequest | wire.BatchCompletionRequest | wire.TextCompletionRequest
 
 
 def opt(value: Any) -> Any:

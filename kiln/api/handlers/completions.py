@@ -46,7 +46,7 @@ def _bad(message: str, param: str | None = None) -> ApiError:
     return ApiError(400, ERROR_CODE, message, param=param)
 
 
-def is_scoring(req: Any, given: dict[str, Any]) -> bool:
+def is_scoring(req: wire.TextCompletionRequest, given: dict[str, Any]) -> bool:
     """prompt_logprobs with max_tokens missing, null, 0 or 1 (``given``: the decoded body, since
     the struct fills max_tokens' default of 16 in)."""
     return opt(req.prompt_logprobs) is not None and given.get("max_tokens") in (None, 0, 1)
@@ -90,7 +90,7 @@ async def create(request: Request) -> Response:
     return await completions_gen.respond(request, state, prep, rid, arrived, fingerprint)
 
 
-async def output_constraint(state: AppState, req: Any, scoring: bool) -> GrammarSpec | None:
+async def output_constraint(state: AppState, req: wire.TextCompletionRequest, scoring: bool) -> GrammarSpec | None:
     """The request's structured-output constraint (None: none), compiled under the server's
     deadline; beside prompt scoring a 400."""
     grammar = await constraint(
@@ -103,7 +103,7 @@ async def output_constraint(state: AppState, req: Any, scoring: bool) -> Grammar
     return grammar
 
 
-async def _score(request: Request, state: AppState, req: Any, selection: Selection,
+async def _score(request: Request, state: AppState, req: wire.TextCompletionRequest, selection: Selection,
                  model_adapter: str | None) -> Response:
     backend = state.backend
     n = opt(req.n)
@@ -123,7 +123,7 @@ async def _score(request: Request, state: AppState, req: Any, selection: Selecti
         raise _bad("prompt scoring takes one prompt (a text or a token-ID list)", "prompt")
     if (opt(req.thinking_token_budget) or -1) >= 0:
         raise unsupported("thinking_token_budget", "prompt scoring generates nothing")
-    k = int(req.prompt_logprobs)
+    k = int(opt(req.prompt_logprobs) or 0)  # set: is_scoring
     vocab = backend.tokenizer.vocab_size
     if k > vocab:
         raise _bad(f"prompt_logprobs {k} exceeds the vocabulary size {vocab}", "prompt_logprobs")

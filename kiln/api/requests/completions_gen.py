@@ -106,7 +106,7 @@ def is_token_id(x: Any) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool)
 
 
-def _tokenize(state: AppState, req: Any, keep: int | None = None
+def _tokenize(state: AppState, req: wire.TextCompletionRequest, keep: int | None = None
               ) -> tuple[list[list[int]], list[str]]:
     backend = state.backend
     tok, limit, vocab = backend.tokenizer, backend.max_model_len, backend.tokenizer.vocab_size
@@ -139,7 +139,7 @@ def _tokenize(state: AppState, req: Any, keep: int | None = None
     return prompts, texts
 
 
-def wanted_max_tokens(req: Any, given: bool, model_default: int | None) -> int | None:
+def wanted_max_tokens(req: wire.TextCompletionRequest, given: bool, model_default: int | None) -> int | None:
     """The max_tokens asked for (None: the rest of the context window). vLLM: 16 when missing,
     the rest of the window when null, and the model's generation_config max_new_tokens
     (``model_default``) bounds both defaults."""
@@ -154,14 +154,14 @@ def _max_tokens(wanted: int | None, prompt_len: int, limit: int) -> int:
     return room if wanted is None else max(0, min(wanted, room))
 
 
-def prepare(state: AppState, req: Any, selection: Selection, model: str, *,
+def prepare(state: AppState, req: wire.TextCompletionRequest, selection: Selection, model: str, *,
             max_tokens_given: bool, grammar: GrammarSpec | None = None) -> Prepared:
     """``grammar``: the structured-output constraint every choice runs under."""
     limit = state.backend.max_model_len
     wanted = wanted_max_tokens(req, max_tokens_given, state_max_tokens(state))
     prompts, texts = _tokenize(state, req, truncation(req, limit, wanted, ERROR_CODE))
     keep = int(opt(req.n) or 1)
-    n = int(opt(getattr(req, "best_of", None)) or keep)
+    n = int(opt(req.best_of) or keep)
     if n < keep:
         raise bad(f"best_of ({n}) must be at least n ({keep})", "best_of")
     if n > keep and opt(req.stream):

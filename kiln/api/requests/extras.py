@@ -17,6 +17,7 @@ from typing import Any
 
 from msgspec import UNSET
 
+from kiln.api._generated import wire
 from kiln.api.errors import ApiError
 from kiln.api.requests.refused import (
     CHAT_UNSUPPORTED,
@@ -24,7 +25,7 @@ from kiln.api.requests.refused import (
     refuse_unsupported,
     unsupported,
 )
-from kiln.api.wire_values import opt
+from kiln.api.wire_values import ChatRequest, GenRequest, opt
 from kiln.engine.repetition import MIN_PATTERN_SIZE, RepetitionDetection
 from kiln.text.chat_template import message_content
 
@@ -61,24 +62,24 @@ def bad_words_ids(words: Any, tokenizer: Any) -> tuple[tuple[int, ...], ...]:
     return tuple(dict.fromkeys(out))
 
 
-def logits_extras(req: Any, tokenizer: Any, *, code: str, stop: tuple[str, ...],
+def logits_extras(req: GenRequest, tokenizer: Any, *, code: str, stop: tuple[str, ...],
                   stop_token_ids: tuple[int, ...], max_tokens: int | None) -> dict[str, Any]:
     vocab = int(tokenizer.vocab_size)
     out: dict[str, Any] = {}
-    bias = opt(getattr(req, "logit_bias", None))
+    bias = opt(req.logit_bias)
     if bias:
         pairs = [(int(k), max(-LOGIT_BIAS_LIMIT, min(LOGIT_BIAS_LIMIT, float(v))))
                  for k, v in bias.items()]
         _ids_in_vocab([t for t, _ in pairs], vocab, "logit_bias", code)
         out["logit_bias"] = tuple(sorted(pairs))
-    allowed = opt(getattr(req, "allowed_token_ids", None))
+    allowed = opt(req.allowed_token_ids)
     if allowed is not None:
         if not allowed:
             raise ApiError(400, code, "allowed_token_ids must name at least one token",
                            param="allowed_token_ids")
         _ids_in_vocab(list(allowed), vocab, "allowed_token_ids", code)
         out["allowed_token_ids"] = tuple(sorted({int(t) for t in allowed}))
-    min_tokens = int(opt(getattr(req, "min_tokens", 0)) or 0)
+    min_tokens = int(opt(req.min_tokens) or 0)
     if min_tokens:
         if max_tokens is not None and min_tokens > max_tokens:
             raise ApiError(400, code, f"min_tokens ({min_tokens}) must not exceed max_tokens "
@@ -86,10 +87,10 @@ def logits_extras(req: Any, tokenizer: Any, *, code: str, stop: tuple[str, ...],
         if stop:
             raise unsupported("min_tokens", "min_tokens with stop strings is not implemented "
                                             "(stop token IDs and EOS are)")
-        eos = () if bool(opt(getattr(req, "ignore_eos", False))) else tokenizer.eos_token_ids
+        eos = () if bool(opt(req.ignore_eos)) else tokenizer.eos_token_ids
         out["min_tokens"] = min_tokens
         out["min_tokens_ids"] = tuple(sorted({*eos, *stop_token_ids}))
-    words = bad_words_ids(opt(getattr(req, "bad_words", None)), tokenizer)
+    words = bad_words_ids(opt(req.bad_words), tokenizer)
     if words:
         _ids_in_vocab([t for w in words for t in w], vocab, "bad_words", code)
         out["bad_words_ids"] = words
@@ -104,11 +105,11 @@ def included_stop(include: bool, finish_reason: str | None, stop_reason: Any,
     return str(stop_reason) if ok else ""
 
 
-def repetition_detection(req: Any, code: str) -> RepetitionDetection | None:
+def repetition_detection(req: GenRequest, code: str) -> RepetitionDetection | None:
     """vLLM's repetition_detection object -> the engine's rule; null is off. An object that
     would detect nothing (max_pattern_size < 1, min_count < 2, min_pattern_size above
     max_pattern_size) is a 400, never accepted and ignored."""
-    given = opt(getattr(req, "repetition_detection", None))
+    given = opt(req.repetition_detection)
     if given is None:
         return None
     values = {}
@@ -131,12 +132,12 @@ def repetition_detection(req: Any, code: str) -> RepetitionDetection | None:
 MAX_NAMED_LOGPROBS = 256  # logprob_token_ids per request (scoring's top-K bound)
 
 
-def logprob_token_ids(req: Any, logprobs: int | None, vocab: int, code: str
+def logprob_token_ids(req: GenRequest, logprobs: int | None, vocab: int, code: str
                       ) -> tuple[int, ...] | None:
     """vLLM's logprob_token_ids: at each generated position these ids' logprobs (in the order
     given, duplicates once) take the place of the top ``logprobs``; it needs logprobs (chat and
     batch: ``logprobs: true``)."""
-    given = opt(getattr(req, "logprob_token_ids", None))
+    given = opt(req.logprob_token_ids)
     if given is None:
         return None
     param = "logprob_token_ids"
@@ -151,7 +152,7 @@ def logprob_token_ids(req: Any, logprobs: int | None, vocab: int, code: str
     return ids
 
 
-def generation_extras(req: Any, logprobs: int | None, vocab: int, code: str) -> dict[str, Any]:
+def generation_extras(req: GenRequest, logprobs: int | None, vocab: int, code: str) -> dict[str, Any]:
     """vLLM's per-token extras as SamplingParams fields, one mapping for completions, chat and
     batch: ``logprob_token_ids`` (``logprobs``: the alternatives the route resolved) and
     ``repetition_detection``. (``session_id`` needs none: it is a routing key only,
@@ -160,21 +161,22 @@ def generation_extras(req: Any, logprobs: int | None, vocab: int, code: str) -> 
             "repetition_detection": repetition_detection(req, code)}
 
 
-def text_extras(req: Any) -> dict[str, Any]:
+def text_extras(req: GenRequest) -> dict[str, Any]:
     """skip_special_tokens and spaces_between_special_tokens (both true unless set false)."""
-    return {name: opt(getattr(req, name, True)) is not False
-            for name in ("skip_special_tokens", "spaces_between_special_tokens")}
+    return {"skip_special_tokens": opt(req.skip_special_tokens) is not False,
+            "spaces_between_special_tokens": opt(req.spaces_between_special_tokens) is not False}
 
 
-def logprobs_wanted(req: Any, max_logprobs: int, code: str) -> int | None:
+def logprobs_wanted(req: ChatRequest, max_logprobs: int, code: str) -> int | None:
     """Chat's and batch's ``logprobs: true`` + ``top_logprobs`` -> alternatives per token (None:
     no logprobs). top_logprobs needs logprobs: true and is at most ``max_logprobs``."""
-    top = getattr(req, "top_logprobs", None)
-    want = getattr(req, "logprobs", None) is True
+    top = req.top_logprobs
+    want = req.logprobs is True
     if top not in (UNSET, None) and not want:
         raise ApiError(400, code, "top_logprobs requires logprobs: true", param="top_logprobs")
     check_logprobs(top, max_logprobs, "top_logprobs", code)
-    n_probs = opt(getattr(req, "n_probs", None))  # llama-server's: logprobs with n alternatives
+    # llama-server's (chat's only): logprobs with n alternatives
+    n_probs = opt(req.n_probs) if isinstance(req, wire.ChatCompletionRequest) else None
     if n_probs:
         if want and int(opt(top) or 0) != n_probs:
             raise ApiError(400, code, f"n_probs {n_probs} asks for top_logprobs {n_probs}; the "
@@ -185,7 +187,7 @@ def logprobs_wanted(req: Any, max_logprobs: int, code: str) -> int | None:
     return (0 if top in (UNSET, None) else int(top)) if want else None
 
 
-def chat_extras(req: Any, tokenizer: Any, stop: tuple[str, ...], max_tokens: int | None,
+def chat_extras(req: ChatRequest, tokenizer: Any, stop: tuple[str, ...], max_tokens: int | None,
                 max_logprobs: int, code: str = "chat_invalid_request") -> dict[str, Any]:
     """Chat's and batch's vLLM/OpenAI generation extras as SamplingParams fields (after refusing
     the ones not implemented), the same for every choice or item: logprobs (top_logprobs
@@ -194,7 +196,7 @@ def chat_extras(req: Any, tokenizer: Any, stop: tuple[str, ...], max_tokens: int
     extras and ``generation_extras`` (include_stop_str_in_output is the handler's:
     ``included_stop``). ``code``: the route's error code."""
     refuse_unsupported(req, CHAT_UNSUPPORTED + OPENAI_CHAT_UNSUPPORTED)  # batch lacks the latter
-    given = opt(getattr(req, "stop_token_ids", None))
+    given = opt(req.stop_token_ids)
     stop_ids = tuple(int(t) for t in given or ())
     logprobs = logprobs_wanted(req, max_logprobs, code)
     return {
@@ -207,19 +209,20 @@ def chat_extras(req: Any, tokenizer: Any, stop: tuple[str, ...], max_tokens: int
     }
 
 
-def response_id(req: Any, prefix: str) -> str:
+def response_id(req: GenRequest, prefix: str) -> str:
     """vLLM's request_id: the response id is ``<prefix>-<request_id>`` (else a fresh uuid)."""
-    rid = opt(getattr(req, "request_id", None))
+    rid = opt(req.request_id)
     return f"{prefix}-{rid if rid else uuid.uuid4()}"
 
 
-def thinking_tokens(req: Any, code: str) -> Any:
+def thinking_tokens(req: GenRequest, code: str) -> Any:
     """The thinking-token limit a request asks for, as kiln.text.thinking.resolve takes it (UNSET:
     the server default; None: unlimited; n): Kiln's ``thinking_budget_tokens`` or vLLM's alias
     ``thinking_token_budget`` (-1: unlimited; null: as if absent). Both set to different limits
     is a 400 naming the alias, never one of them silently ignored."""
-    kiln = getattr(req, "thinking_budget_tokens", UNSET)
-    alias = opt(getattr(req, "thinking_token_budget", None))
+    # completions carry only vLLM's alias
+    kiln = UNSET if isinstance(req, wire.TextCompletionRequest) else req.thinking_budget_tokens
+    alias = opt(req.thinking_token_budget)
     if alias is None:
         return kiln
     limit = None if alias < 0 else int(alias)
@@ -238,10 +241,10 @@ def truncate(ids: list[int], keep: int | None, side: str | None) -> list[int]:
     return ids[:keep] if side == "right" else ids[len(ids) - keep:]
 
 
-def truncation(req: Any, limit: int, wanted: int | None, code: str) -> int | None:
+def truncation(req: GenRequest, limit: int, wanted: int | None, code: str) -> int | None:
     """truncate_prompt_tokens -> tokens to keep (None: no truncation); -1 keeps what leaves room
     for max_tokens (``wanted``) in the context window (max_model_len - max_tokens)."""
-    t = opt(getattr(req, "truncate_prompt_tokens", None))
+    t = opt(req.truncate_prompt_tokens)
     if t is None:
         return None
     if t == -1:
@@ -252,14 +255,14 @@ def truncation(req: Any, limit: int, wanted: int | None, code: str) -> int | Non
     return int(t)
 
 
-def prompt_logprobs_wanted(req: Any, max_logprobs: int, code: str) -> int | None:
+def prompt_logprobs_wanted(req: GenRequest, max_logprobs: int, code: str) -> int | None:
     """Chat's and batch's prompt_logprobs beside generation: at most --max-logprobs; with
     ``stream: true`` (chat) a 400 unsupported_parameter."""
-    k = opt(getattr(req, "prompt_logprobs", None))
+    k = opt(req.prompt_logprobs)
     if k is None:
         return None
     check_logprobs(k, max_logprobs, "prompt_logprobs", code)
-    if opt(getattr(req, "stream", None)) is True:
+    if opt(req.stream) is True:
         raise unsupported("prompt_logprobs", "it is implemented for non-streaming requests only")
     return int(k)
 
@@ -275,7 +278,7 @@ def continue_final(prompt_text: str, final: str, code: str) -> str:
     return prompt_text[:at + len(final)]
 
 
-def chat_turn_fields(req: Any, code: str) -> tuple[bool, bool, str]:
+def chat_turn_fields(req: wire.ChatCompletionRequest, code: str) -> tuple[bool, bool, str]:
     """add_generation_prompt, continue_final_message, and what echo puts before the content."""
     gen = opt(req.add_generation_prompt) is not False
     cont = opt(req.continue_final_message) is True
@@ -291,11 +294,12 @@ def chat_turn_fields(req: Any, code: str) -> tuple[bool, bool, str]:
     return gen, cont, echo
 
 
-def reasoning_shown(req: Any, default_fold: bool, code: str) -> tuple[bool, bool]:
+def reasoning_shown(req: ChatRequest, default_fold: bool, code: str) -> tuple[bool, bool]:
     """Whether the response carries the reasoning (vLLM's include_reasoning) and whether it is
     also folded into content (fold_reasoning_into_content, else the server's default)."""
-    include = opt(getattr(req, "include_reasoning", None)) is not False
-    fold = opt(getattr(req, "fold_reasoning_into_content", None))
+    include = opt(req.include_reasoning) is not False
+    fold = opt(req.fold_reasoning_into_content) \
+        if isinstance(req, wire.ChatCompletionRequest) else None  # batch: the server's
     if not include and fold is True:
         raise ApiError(400, code, "fold_reasoning_into_content: true asks for the reasoning that "
                        "include_reasoning: false leaves out", param="include_reasoning")

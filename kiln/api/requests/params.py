@@ -25,7 +25,7 @@ from kiln.adapters import AdapterNotFound, InvalidAdapterName, validate_name
 from kiln.api.backend import Backend
 from kiln.api.errors import ApiError
 from kiln.api.submission import engine_error
-from kiln.api.wire_values import opt
+from kiln.api.wire_values import GenRequest, opt
 from kiln.engine.errors import EngineError
 from kiln.engine.lora_mix import MAX_MIX_ENTRIES
 from kiln.engine.request import SamplingParams, is_greedy
@@ -128,7 +128,7 @@ def _num(value: Any, default: float) -> float:
 
 
 def sampling_params(
-    req: Any, *, max_tokens: int, stop: tuple[str, ...], seed: int | None, base: Preset,
+    req: GenRequest, *, max_tokens: int, stop: tuple[str, ...], seed: int | None, base: Preset,
 ) -> SamplingParams:
     """Build the engine's SamplingParams from a chat, batch or completions wire request.
 
@@ -136,7 +136,7 @@ def sampling_params(
     server's default, ``state_default``). A greedy request (``is_greedy``: a temperature below
     1e-5 or top_k 1) takes penalties only from its fields or a preset it names
     (docs/decisions.md): no default may change the argmax."""
-    named = opt(getattr(req, "sampling_preset", None))
+    named = opt(req.sampling_preset)
     preset = base if named is None else PRESETS[preset_name(named)]
     top_k_req = opt(req.top_k)
     # top_k: -1 is vLLM's "off", as 0 is Kiln's
@@ -154,7 +154,7 @@ def sampling_params(
         repetition_penalty=_num(req.repetition_penalty, preset.repetition_penalty),
         max_tokens=max_tokens,
         stop=stop,
-        ignore_eos=bool(opt(getattr(req, "ignore_eos", False))),
+        ignore_eos=bool(opt(req.ignore_eos)),
         seed=None if seed is None else seed % U64,
     )
 

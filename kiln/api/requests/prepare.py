@@ -38,7 +38,7 @@ from kiln.api.requests.params import (
 from kiln.api.requests.prompt_ids import given_prompt, refuse_template_fields
 from kiln.api.state import AppState
 from kiln.api.structured.constraints import constraint
-from kiln.api.wire_values import opt, plain
+from kiln.api.wire_values import ChatRequest, GenRequest, opt, plain
 from kiln.engine.request import SamplingParams, ThinkingBudgetSpec
 from kiln.text.chat_template import message_content, render_messages, template_messages
 from kiln.text.thinking import CLOSE_TAG, BudgetConfig, prompt_starts_in_reasoning, resolve
@@ -134,7 +134,7 @@ RESERVED_TEMPLATE_VARS = frozenset({"messages", "tools"})
 TEMPLATE_FIELDS = ("reasoning_effort", "documents")  # vLLM's fields the template reads
 
 
-def template_kwargs(state: AppState, req: Any, error_code: str) -> dict[str, Any]:
+def template_kwargs(state: AppState, req: ChatRequest | wire.TokenizeRequest, error_code: str) -> dict[str, Any]:
     """`chat_template_kwargs` as top-level template variables, plus the server's default
     `enable_thinking` when the request does not set it and the TEMPLATE_FIELDS it sets.
     `messages` and `tools` are the request's own: a kwarg of either name is a 400 (it had been a
@@ -244,7 +244,7 @@ def apply_budget(state: AppState, budget: BudgetConfig, in_reasoning: bool, max_
     return ThinkingBudgetSpec(close_ids, budget.tokens.limit, budget.time_ms.limit)
 
 
-def choice_params(req: Any, state: AppState, *, max_tokens: int, stop: tuple[str, ...],
+def choice_params(req: GenRequest, state: AppState, *, max_tokens: int, stop: tuple[str, ...],
                   seeds: list[int | None], **fields: Any) -> tuple[SamplingParams, ...]:
     """One SamplingParams per choice (one seed each), with ``fields`` set on every one."""
     base = state_default(state)
@@ -256,12 +256,14 @@ async def _unconstrained() -> None:
     return None
 
 
-def _grammar(state: AppState, req: Any, code: str, tools: Any, tool_choice: Any,
+def _grammar(state: AppState, req: ChatRequest, code: str, tools: Any, tool_choice: Any,
              in_reasoning: bool) -> Any:
     """The structured-output constraint of a chat or batch request (a coroutine); it starts
     after the reasoning when the prompt starts in one. A request that sets none of the fields
     that can ask for one is unconstrained without entering handlers/constraints.py."""
-    llama = (opt(getattr(req, "grammar", None)), opt(getattr(req, "json_schema", None)))
+    # llama-server's grammar and json_schema come on chat only
+    llama = (opt(req.grammar), opt(req.json_schema)) \
+        if isinstance(req, wire.ChatCompletionRequest) else (None, None)
     if opt(req.response_format) is None and opt(req.structured_outputs) is None \
             and tool_choice is None and llama == (None, None):
         return _unconstrained()

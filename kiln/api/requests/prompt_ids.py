@@ -14,6 +14,7 @@ from msgspec import UNSET
 
 from kiln.api.backend import Backend
 from kiln.api.errors import ApiError
+from kiln.api.wire_values import ChatRequest
 
 # field -> the value that leaves the template alone (None: the field must not be given)
 TEMPLATE_ONLY: dict[str, Any] = {
@@ -22,7 +23,7 @@ TEMPLATE_ONLY: dict[str, Any] = {
     "truncate_prompt_tokens": None}
 
 
-def refuse_template_fields(req: Any, code: str, param: str = "prompt_token_ids") -> None:
+def refuse_template_fields(req: ChatRequest, code: str, param: str = "prompt_token_ids") -> None:
     """A 400 naming the first field that only the template would act on."""
     for name, neutral in TEMPLATE_ONLY.items():
         value = getattr(req, name, UNSET)

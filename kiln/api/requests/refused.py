@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 from msgspec import UNSET
 
 from kiln.api.errors import ApiError
@@ -88,7 +89,7 @@ def unsupported(param: str, why: str) -> ApiError:
     return ApiError(400, UNSUPPORTED_CODE, f"{param} is not supported by this server: {why}", param=param)
 
 
-def refuse_unsupported(req: Any, fields: tuple[str, ...]) -> None:
+def refuse_unsupported(req: msgspec.Struct, fields: tuple[str, ...]) -> None:
     for name in fields:
         value = getattr(req, name, UNSET)
         if value is UNSET or value in DEFAULT_ONLY[name]:  # the contract keeps bools and numbers apart
