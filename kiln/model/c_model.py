@@ -23,7 +23,7 @@ The C step's row grouping lives here (torch-free); ``kiln.model.cpu_step.CpuStep
 from __future__ import annotations
 
 import mmap
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -161,40 +161,64 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def _fuse(packed: dict[str, PackedWeight], names: list[str]) -> Packed | None:
-    """The row-wise fusion of these projections (as ``kiln.model.quantized`` fuses them)."""
+def fuse(packed: Mapping[str, PackedWeight], names: list[str]) -> Packed | None:
+    """The row-wise fusion of these projections (a PackedConcat where their formats differ), or
+    None where one is not packed or their widths differ."""
+    parts = [packed.get(n) for n in names]
+    if any(p is None for p in parts):
+        return None
     try:
-        return PackedWeight.cat([packed[n] for n in names])
+        return PackedWeight.cat([p for p in parts if p is not None])
     except ValueError:  # different widths
         return None
 
 
-def _step_weights(cfg: ModelConfig, packed: dict[str, PackedWeight],
-                  small: dict[str, np.ndarray], inv_freq: np.ndarray) -> CpuStepWeights | None:
-    """``kiln.model.quantized.cpu_step_weights`` of the model these tensors fill (every one
-    there, of its shape), or None where a fused projection cannot be fused."""
+def layer_products(cfg: ModelConfig, packed: Mapping[str, PackedWeight]
+                   ) -> dict[str, Packed | None]:
+    """A layer's products as the C step takes them (``model.layers.N.`` + qkv, o, gate_up, down),
+    fused from the per-projection packed weights keyed by HF name."""
+    out: dict[str, Packed | None] = {}
+    for i in range(cfg.num_layers):
+        pre = f"model.layers.{i}."
+        out[pre + "qkv"] = fuse(packed, [f"{pre}self_attn.{p}_proj.weight" for p in "qkv"])
+        out[pre + "o"] = packed.get(f"{pre}self_attn.o_proj.weight")
+        out[pre + "gate_up"] = fuse(packed, [f"{pre}mlp.gate_proj.weight",
+                                             f"{pre}mlp.up_proj.weight"])
+        out[pre + "down"] = packed.get(f"{pre}mlp.down_proj.weight")
+    return out
+
+
+def step_weights(cfg: ModelConfig, products: Mapping[str, Packed | None],
+                 small: Mapping[str, Any], *, head: Packed | None, embed: Packed | None
+                 ) -> CpuStepWeights | None:
+    """The C program's weights: the one place they are laid out, for the torch-free ``CModel``
+    and the torch ``CausalLM`` alike (a layer feature the C step gains is read here).
+    ``products``: ``layer_products``' keys; ``small``: the norms and biases by HF name (numpy
+    or torch, one dimension); ``head``: the LM head's blocks; ``embed``: the token embedding's,
+    looked up in the C step (None: the caller embeds first). None where a product is missing
+    (the compute plan then names the torch path)."""
+    if head is None:
+        return None
     layers: list[CpuStepLayer] = []
     for i in range(cfg.num_layers):
         pre = f"model.layers.{i}."
-        qkv = _fuse(packed, [f"{pre}self_attn.{p}_proj.weight" for p in "qkv"])
-        gate_up = _fuse(packed, [f"{pre}mlp.gate_proj.weight", f"{pre}mlp.up_proj.weight"])
-        if qkv is None or gate_up is None:
+        qkv, o, gate_up, down = (products.get(pre + k) for k in ("qkv", "o", "gate_up", "down"))
+        if qkv is None or o is None or gate_up is None or down is None:
             return None
         layers.append(CpuStepLayer(
-            qkv, packed[f"{pre}self_attn.o_proj.weight"], gate_up,
-            packed[f"{pre}mlp.down_proj.weight"], in_norm=small[f"{pre}input_layernorm.weight"],
+            qkv, o, gate_up, down, in_norm=small[f"{pre}input_layernorm.weight"],
             post_norm=small[f"{pre}post_attention_layernorm.weight"],
             q_norm=small.get(f"{pre}self_attn.q_norm.weight"),
             k_norm=small.get(f"{pre}self_attn.k_norm.weight"),
             q_bias=small.get(f"{pre}self_attn.q_proj.bias"),
             k_bias=small.get(f"{pre}self_attn.k_proj.bias"),
             v_bias=small.get(f"{pre}self_attn.v_proj.bias")))
-    embed = packed["model.embed_tokens.weight"]
-    head = embed if cfg.tie_word_embeddings else packed["lm_head.weight"]
     return CpuStepWeights(hidden=cfg.hidden_size, inter=cfg.intermediate_size,
                           heads=cfg.num_heads, kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
-                          eps=cfg.rms_norm_eps, layers=tuple(layers), final_norm=small[
-                              "model.norm.weight"], head=head, inv_freq=inv_freq, embed=embed)
+                          eps=cfg.rms_norm_eps, layers=tuple(layers),
+                          final_norm=small["model.norm.weight"], head=head,
+                          inv_freq=rope.inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling),
+                          embed=embed)
 
 
 class CModel:
@@ -235,7 +259,6 @@ class CModel:
             return None
         if cfg.num_heads % cfg.num_kv_heads or cfg.num_heads // cfg.num_kv_heads > MAX_GROUP:
             return None
-        inv_freq = rope.inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
         shapes = expected_shapes(cfg)
         tensors = [t for t in reader.tensors if t.name in names]
         if sorted(names.values()) != sorted(shapes) or any(
@@ -263,7 +286,9 @@ class CModel:
                     return None
         except (ValueError, OSError):  # a tensor's data cannot be read
             return None
-        weights = _step_weights(cfg, packed, small, inv_freq)
+        embed = packed["model.embed_tokens.weight"]
+        weights = step_weights(cfg, layer_products(cfg, packed), small, embed=embed,
+                               head=embed if cfg.tie_word_embeddings else packed["lm_head.weight"])
         if weights is None:
             return None
         return cls(cfg, weights, Path(path), tiles, reader.metadata)

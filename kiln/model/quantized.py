@@ -25,9 +25,11 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn.functional as F
-from kiln_kernels.cpu.cpu_step import CpuStepLayer, CpuStepWeights
+from kiln_kernels.cpu.cpu_step import CpuStepWeights
 from kiln_kernels.quant import Packed, PackedWeight
 from torch import nn
+
+from kiln.model.c_model import fuse, step_weights
 
 if TYPE_CHECKING:
     from kiln.model.base import CausalLM
@@ -109,17 +111,6 @@ def project_many(x: torch.Tensor, weights: list[torch.Tensor], packed: Packed | 
     return outs
 
 
-def _fuse(packed: dict[str, PackedWeight], names: list[str]) -> Packed | None:
-    """The row-wise fusion of these projections (a PackedConcat where their formats differ)."""
-    parts = [packed.get(n) for n in names]
-    if any(p is None for p in parts):
-        return None
-    try:
-        return PackedWeight.cat([p for p in parts if p is not None])
-    except ValueError:  # different widths: leave these projections on float32
-        return None
-
-
 @dataclass(frozen=True)
 class PackedParts:
     """A model's packed weights, placed: per layer (qkv, o, gate_up, down), the head, and the
@@ -139,9 +130,9 @@ def packed_parts(model: CausalLM, packed: dict[str, PackedWeight]) -> PackedPart
     total = 0
     for i in range(len(model.model.layers)):
         pre = f"model.layers.{i}."
-        row = (_fuse(packed, [f"{pre}self_attn.{p}_proj.weight" for p in "qkv"]),
+        row = (fuse(packed, [f"{pre}self_attn.{p}_proj.weight" for p in "qkv"]),
                packed.get(f"{pre}self_attn.o_proj.weight"),
-               _fuse(packed, [f"{pre}mlp.gate_proj.weight", f"{pre}mlp.up_proj.weight"]),
+               fuse(packed, [f"{pre}mlp.gate_proj.weight", f"{pre}mlp.up_proj.weight"]),
                packed.get(f"{pre}mlp.down_proj.weight"))
         total += sum(p.nbytes for p in row if p is not None)
         layers.append(row)
@@ -154,34 +145,17 @@ def packed_parts(model: CausalLM, packed: dict[str, PackedWeight]) -> PackedPart
 
 def cpu_step_weights(model: CausalLM, embedding: Packed | None = None
                      ) -> CpuStepWeights | None:
-    """The C program's view of ``model``, or None when some projection is not packed;
-    ``embedding``: the token embedding's blocks, looked up in the C step (None: the model's
-    ``embed_tokens`` runs first)."""
-    cfg = model.config
-    head: Packed | None = model.packed_head
-    if head is None:
-        return None
-    layers: list[CpuStepLayer] = []
-    for module in model.model.layers:
+    """The C program's view of ``model`` (``kiln.model.c_model.step_weights``, the one layout
+    of them), or None when some projection is not packed; ``embedding``: the token embedding's
+    blocks, looked up in the C step (None: the model's ``embed_tokens`` runs first)."""
+    products: dict[str, Packed | None] = {}
+    for i, module in enumerate(model.model.layers):
         layer = cast("DecoderLayer", module)
-        attn, mlp = layer.self_attn, layer.mlp
-        packed = (attn.packed_qkv, attn.packed_o, mlp.packed_gate_up, mlp.packed_down)
-        qkv, o, gate_up, down = packed
-        if qkv is None or o is None or gate_up is None or down is None:
-            return None
-        layers.append(CpuStepLayer(
-            qkv, o, gate_up, down, in_norm=layer.input_layernorm.weight.detach(),
-            post_norm=layer.post_attention_layernorm.weight.detach(),
-            q_norm=None if attn.q_norm is None else attn.q_norm.weight.detach(),
-            k_norm=None if attn.k_norm is None else attn.k_norm.weight.detach(),
-            q_bias=None if attn.q_proj.bias is None else attn.q_proj.bias.detach(),
-            k_bias=None if attn.k_proj.bias is None else attn.k_proj.bias.detach(),
-            v_bias=None if attn.v_proj.bias is None else attn.v_proj.bias.detach()))
-    return CpuStepWeights(hidden=cfg.hidden_size, inter=cfg.intermediate_size,
-                         heads=cfg.num_heads, kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
-                         eps=cfg.rms_norm_eps, layers=tuple(layers),
-                         final_norm=model.model.norm.weight.detach(), head=head,
-                         inv_freq=model.rotary.inv_freq(torch.device("cpu")), embed=embedding)
+        attn, mlp, pre = layer.self_attn, layer.mlp, f"model.layers.{i}."
+        products.update({pre + "qkv": attn.packed_qkv, pre + "o": attn.packed_o,
+                         pre + "gate_up": mlp.packed_gate_up, pre + "down": mlp.packed_down})
+    small = {name: p.detach() for name, p in model.named_parameters() if p.dim() == 1}
+    return step_weights(model.config, products, small, head=model.packed_head, embed=embedding)
 
 
 def attach_packed(model: CausalLM, packed: dict[str, PackedWeight]) -> int:
