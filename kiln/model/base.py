@@ -10,11 +10,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal, cast
 
+import numpy as np
 import torch
 from kiln_kernels.quant import Packed, PackedWeight
 from torch import nn
 
 from kiln.model.attention import AttentionPlan, plan_attention
+from kiln.model.c_model import flatten
 from kiln.model.config import ModelConfig
 from kiln.model.cpu_step import CpuStep
 from kiln.model.kv_cache import KVCache
@@ -58,42 +60,17 @@ def build_forward_batch(seqs: Sequence[tuple[Sequence[int], int, Sequence[int]]]
     table must cover ``start_pos + len(new_tokens)`` tokens. ``logits="last"`` returns one
     row per sequence (its last new token), ``"all"`` every row.
     """
-    if not seqs:
-        raise ValueError("build_forward_batch: no sequences")
-    ids: list[int] = []
-    positions: list[int] = []
-    slots: list[int] = []
-    qsl = [0]
-    seq_lens: list[int] = []
-    logit_rows: list[int] = []
-    max_blocks = max(len(bt) for _, _, bt in seqs) or 1
-    tables: list[list[int]] = []
-    for new_tokens, start, table in seqs:
-        n = len(new_tokens)
-        if n == 0:
-            raise ValueError("build_forward_batch: a sequence has no new tokens")
-        end = start + n
-        if len(table) * block_size < end:
-            raise ValueError(f"block table of {len(table)} blocks cannot hold {end} tokens")
-        row0 = len(ids)
-        ids.extend(int(t) for t in new_tokens)
-        for pos in range(start, end):
-            positions.append(pos)
-            slots.append(int(table[pos // block_size]) * block_size + pos % block_size)
-        qsl.append(len(ids))
-        seq_lens.append(end)
-        tables.append([int(b) for b in table] + [0] * (max_blocks - len(table)))
-        logit_rows.extend(range(row0, row0 + n) if logits == "all" else [row0 + n - 1])
+    rows = flatten(seqs, block_size, logits)  # the rows, flattened once (kiln.model.c_model)
     dev = torch.device(device)
+
+    def tensor(a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(a).to(dev)
+
     return ForwardBatch(
-        input_ids=torch.tensor(ids, dtype=torch.int64, device=dev),
-        positions=torch.tensor(positions, dtype=torch.int64, device=dev),
-        query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=dev),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-        block_tables=torch.tensor(tables, dtype=torch.int32, device=dev),
-        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
-        logits_indices=torch.tensor(logit_rows, dtype=torch.int64, device=dev),
-    )
+        input_ids=tensor(rows.ids), positions=tensor(rows.positions),
+        query_start_loc=tensor(rows.query_start_loc), seq_lens=tensor(rows.seq_lens),
+        block_tables=tensor(rows.tables), slot_mapping=tensor(rows.slots),
+        logits_indices=tensor(rows.logit_rows))
 
 
 class DecoderStack(nn.Module):

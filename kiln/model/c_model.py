@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import mmap
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -88,6 +89,67 @@ def step_groups(n_rows: int, size: int, wanted: list[int], vocab: int,
         if picked:
             out[[j for j, _ in picked]] = logits[:len(picked)]
     return out if out is not None else np.empty((0, vocab), dtype=np.float32)
+
+
+@dataclass(frozen=True)
+class StepRows:
+    """A forward step's rows flattened once (numpy; the torch path views them with
+    ``torch.from_numpy``, ``kiln.model.base.build_forward_batch``): T new tokens of B sequences
+    and the L rows whose logits are wanted."""
+
+    ids: np.ndarray  # int64 [T]
+    positions: np.ndarray  # int64 [T]
+    slots: np.ndarray  # int64 [T]: block_id * block_size + offset
+    owner: np.ndarray  # int64 [T]: the row's sequence
+    first: np.ndarray  # int64 [T]: the row's sequence's first row
+    query_start_loc: np.ndarray  # int32 [B + 1]
+    seq_lens: np.ndarray  # int32 [B]
+    tables: np.ndarray  # int32 [B, max_blocks], padded with 0
+    logit_rows: np.ndarray  # int64 [L]
+
+
+def flatten(seqs: Sequence[tuple[Sequence[int], int, Sequence[int]]], block_size: int,
+            want: Literal["last", "all"] | Sequence[int] = "last") -> StepRows:
+    """The rows of a step of ``seqs``, each ``(new_token_ids, start_pos, block_table)``
+    (``start_pos`` tokens already cached; the table covers ``start_pos + len(new)``); logits for
+    each sequence's last new row (``"last"``), every row (``"all"``), or its last ``want[s]``
+    rows (a drafted decode's, kiln.engine.speculative). ValueError for an empty step, a sequence
+    without new tokens or a table too short."""
+    if not seqs:
+        raise ValueError("forward: no sequences")
+    max_blocks = max(len(table) for _, _, table in seqs) or 1
+    ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    owner: list[int] = []
+    first: list[int] = []
+    qsl = [0]
+    seq_lens: list[int] = []
+    wanted: list[int] = []
+    tables = np.zeros((len(seqs), max_blocks), dtype=np.int32)
+    for s, (new_tokens, start, table) in enumerate(seqs):
+        n, end = len(new_tokens), start + len(new_tokens)
+        if n == 0:
+            raise ValueError("forward: a sequence has no new tokens")
+        if len(table) * block_size < end:
+            raise ValueError(f"block table of {len(table)} blocks cannot hold {end} tokens")
+        tables[s, :len(table)] = [int(b) for b in table]
+        row0 = len(ids)
+        ids.extend(int(t) for t in new_tokens)
+        positions.extend(range(start, end))
+        slots.extend(int(table[p // block_size]) * block_size + p % block_size
+                     for p in range(start, end))
+        owner.extend([s] * n)
+        first.extend([row0] * n)
+        qsl.append(len(ids))
+        seq_lens.append(end)
+        rows = n if want == "all" else 1 if want == "last" else int(want[s])
+        wanted.extend(range(row0 + n - rows, row0 + n))
+    i64 = np.int64
+    return StepRows(np.array(ids, dtype=i64), np.array(positions, dtype=i64),
+                    np.array(slots, dtype=i64), np.array(owner, dtype=i64),
+                    np.array(first, dtype=i64), np.array(qsl, dtype=np.int32),
+                    np.array(seq_lens, dtype=np.int32), tables, np.array(wanted, dtype=i64))
 
 
 def kv_block_bytes(cfg: ModelConfig, block_size: int, itemsize: int) -> int:
@@ -342,50 +404,22 @@ class CModel:
         rows), so the numbers are the torch-loaded model's bit for bit; writes the rows' K/V
         into ``prog``'s cache; ``n_threads``: the C calls' threads (default ``threads()``).
         IndexError for a token id outside the vocabulary."""
-        if not seqs:
-            raise ValueError("forward: no sequences")
         if not prog.embeds:
             raise ValueError("forward: the program holds no embedding")
-        bs = prog.block_size
-        max_blocks = max(len(table) for _, _, table in seqs) or 1
-        ids: list[int] = []
-        ctx: list[int] = []
-        slots: list[int] = []
-        owner: list[int] = []
-        first: list[int] = []
-        wanted: list[int] = []
-        tables = np.zeros((len(seqs), max_blocks), dtype=np.int32)
-        for s, (new_tokens, start, table) in enumerate(seqs):
-            n, end = len(new_tokens), start + len(new_tokens)
-            if n == 0:
-                raise ValueError("forward: a sequence has no new tokens")
-            if len(table) * bs < end:
-                raise ValueError(f"block table of {len(table)} blocks cannot hold {end} tokens")
-            tables[s, :len(table)] = [int(b) for b in table]
-            row0 = len(ids)
-            ids.extend(int(t) for t in new_tokens)
-            ctx.extend(range(start + 1, end + 1))  # position + 1
-            slots.extend(int(table[p // bs]) * bs + p % bs for p in range(start, end))
-            owner.extend([s] * n)
-            first.extend([row0] * n)
-            rows = n if want == "all" else 1 if want == "last" else int(want[s])
-            wanted.extend(range(row0 + n - rows, row0 + n))
-        return self._run(prog, np.array(ids, dtype=np.int64), np.array(ctx, dtype=np.int64),
-                         tables, np.array(slots, dtype=np.int64),
-                         np.array(owner, dtype=np.int64), first, wanted, n_threads)
+        rows = flatten(seqs, prog.block_size, want)
+        ctx = rows.positions + 1
+        first = rows.first
 
-    def _run(self, prog: CpuStepProgram, ids: np.ndarray, ctx: np.ndarray, tables: np.ndarray,
-             slots: np.ndarray, owner: np.ndarray, first: list[int], wanted: list[int],
-             n_threads: int | None) -> np.ndarray:
-        def step(a: int, b: int, rows: list[int]) -> np.ndarray:
-            return prog.step(None, ctx[a:b], tables[owner[a:b]], slots[a:b],
-                             np.array(rows, dtype=np.int64), None,
-                             np.array([max(f, a) - a for f in first[a:b]], dtype=np.int64),
-                             ids=ids[a:b], n_threads=n_threads)
+        def step(a: int, b: int, picked: list[int]) -> np.ndarray:
+            return prog.step(None, ctx[a:b], rows.tables[rows.owner[a:b]], rows.slots[a:b],
+                             np.array(picked, dtype=np.int64), None,
+                             np.maximum(first[a:b], a) - a, ids=rows.ids[a:b],
+                             n_threads=n_threads)
 
         size = group_rows(self.weights.heads, int(ctx.max()))
-        return step_groups(int(ids.shape[0]), size, wanted, prog.vocab, step)
+        return step_groups(int(rows.ids.shape[0]), size, rows.logit_rows.tolist(), prog.vocab,
+                           step)
 
 
-__all__ = ["C_MAX_ROWS", "C_SCORES_BYTES", "CModel", "expected_shapes", "group_rows",
-           "kv_block_bytes", "kv_map", "step_groups"]
+__all__ = ["C_MAX_ROWS", "C_SCORES_BYTES", "CModel", "StepRows", "expected_shapes", "flatten",
+           "group_rows", "kv_block_bytes", "kv_map", "step_groups"]
