@@ -33,6 +33,7 @@ from kiln.engine.outputs import (
 from kiln.engine.request import Request
 from kiln.engine.scheduler import Scheduler
 from kiln.engine.score_queue import ScoringQueue
+from kiln.engine.training_controls import TrainingControls
 
 if TYPE_CHECKING:
     from kiln.model.loader import Loaded
@@ -56,7 +57,7 @@ def build_output_processor(loaded: Loaded) -> OutputProcessor:
         spaces_between_special_tokens=sp.spaces_between_special_tokens))
 
 
-class AsyncEngine:
+class AsyncEngine(TrainingControls):
     max_model_len: int
 
     def __init__(self, loaded: Loaded, config: EngineConfig) -> None:
@@ -194,80 +195,6 @@ class AsyncEngine:
             self._inbox.append(("exclusive", call))
             self._cv.notify()
         return call.future
-
-    def pause(self, mode: str) -> asyncio.Future[int]:
-        """Pause the scheduler between steps (vLLM's /pause: abort | wait | keep); resolves with
-        the number of requests aborted. "wait" returns at once: the caller watches ``stats``'
-        "paused" for the running requests to finish."""
-        def run() -> int:
-            outputs = self.scheduler.pause(mode)
-            self._process_and_publish(outputs)
-            return len(outputs)
-        return self.run_exclusive(run)
-
-    def resume(self) -> asyncio.Future[None]:
-        return self.run_exclusive(self.scheduler.resume)
-
-    def reset_prefix_cache(self) -> asyncio.Future[int]:
-        """Forget every cached prefix block (blocks in use stay theirs); resolves with the
-        number of cached blocks forgotten."""
-        return self.run_exclusive(self.scheduler.pool.reset_prefix_cache)
-
-    def sleep(self, level: int = 1) -> asyncio.Future[tuple[int, int]]:
-        """vLLM's sleep: every request aborted and new ones held (a pause), the prefix cache
-        forgotten, and the KV cache's memory given back (``release_kv``); at level 2 the runner
-        lets go of the model too (``drop_weights``: ``update_weights`` gives it one back).
-        Resolves with (requests aborted, KV bytes released). ``resume`` wakes it; blocks are
-        zero again."""
-        def run() -> tuple[int, int]:
-            outputs = self.scheduler.pause("abort", why="the server was put to sleep")
-            self._process_and_publish(outputs)
-            self.scheduler.pool.reset_prefix_cache()
-            released = self.executor.release_kv()
-            if level == 2:
-                self.executor.drop_weights()
-            return len(outputs), released
-        return self.run_exclusive(run)
-
-    def update_weights(self, model: Any, version: str, abort: bool,
-                       fresh: Loaded | None = None) -> asyncio.Future[int]:
-        """Serve ``model`` (a ``CModel`` or ``CausalLM`` of the serving architecture and shapes:
-        the caller checked) from the next step on, named ``version``; resolves with the number
-        of requests aborted. Between two steps: with ``abort`` every request (running or
-        waiting) finishes first; without, running requests continue on the new weights over
-        the KV the old ones computed (SGLang's and vLLM's keep), their later tokens in a new
-        ``WeightSpan``. Either way the prefix cache is forgotten (``weights_changed``).
-        ``fresh``: ``model``'s Loaded, whose compute plan needs a runner and KV cache of its
-        own (built here first; EngineError and nothing changed when it does not hold the
-        scheduler's blocks, or when a request still holds KV without ``abort``)."""
-        def run() -> int:
-            runner = None
-            if fresh is not None:
-                if not abort and self.scheduler.num_running:
-                    raise EngineError("weights_in_use", "requests still hold KV of the "
-                                      "serving runner; a fresh runner needs them finished", 409)
-                _, runner = build_core(fresh, self.scheduler.config)
-                if runner.num_blocks != self.scheduler.pool.num_blocks:
-                    raise EngineError("weights_mismatch", f"the new weights' KV cache holds "
-                                      f"{runner.num_blocks} blocks, the serving one "
-                                      f"{self.scheduler.pool.num_blocks}", 400)
-            aborted: list[RequestOutput] = []
-            if abort:
-                aborted = self.scheduler.finish_all(
-                    "abort", error="aborted: the weights were updated (mode abort)")
-                self._process_and_publish(aborted)
-            if runner is not None:
-                self.executor = runner
-            else:
-                self.executor.swap_weights(model)
-            self.scheduler.weights_changed(version)
-            return len(aborted)
-        return self.run_exclusive(run)
-
-    @property
-    def weight_version(self) -> str:
-        """The name of the weights serving now."""
-        return self.scheduler.weight_version
 
     def stats(self) -> dict[str, float]:
         """The scheduler's gauges, with scoring jobs counted as running (or waiting for the one

@@ -150,7 +150,8 @@ class DraftLength:
 
 def drafts_allowed(request: Any) -> bool:
     """Whether a request's tokens may be drafted and verified: plain sampling, with logprobs
-    (the torch runner verifies them: the C runner hands such a request over first) and stop
+    (a step with such a row runs on the torch runner, which verifies drafts over the same C
+    step: kiln.engine.c_runner) and stop
     strings (the output stage drops a verify step's tokens past the one that completed a
     string: kiln.engine.output_processor). Logits processors and adapters, a grammar's mask and
     a thinking budget's forced tokens follow each token one by one: such a request decodes as
