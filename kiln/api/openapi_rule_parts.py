@@ -34,8 +34,60 @@ def any_of(*schemas: Any) -> dict[str, Any]:
     return {"anyOf": list(schemas)}
 
 
+# The step that enforces a rule, as the served document names it: a stable id, so that moving
+# or renaming the code is not a change a client sees. Keys: where the code is (a module, a
+# function, or one with a note in parentheses; tests/api/test_rule_steps.py resolves each);
+# values: the published ids, which stay.
+STEPS: dict[str, str] = {
+    "kiln.api.contract.check_batch": "batch-semantic-checks",
+    "kiln.api.contract.check_chat": "chat-semantic-checks",
+    "kiln.api.handlers.completions._score": "prompt-scoring",
+    "kiln.api.handlers.completions.output_constraint": "completions-structured-outputs",
+    "kiln.api.handlers.tokenizer.tokenize": "tokenize",
+    "kiln.api.handlers.training.update_weights_from_disk": "weight-update",
+    "kiln.api.handlers.training.update_weights_from_disk (_update_mode)": "weight-update-mode",
+    "kiln.api.replies.chat_turn.rollout": "agent-rollout-provenance",
+    "kiln.api.requests.completions_gen.prepare": "completions-preparation",
+    "kiln.api.requests.extras.logits_extras": "logits-extras",
+    "kiln.api.requests.extras.logprobs_wanted": "logprobs",
+    "kiln.api.requests.extras.prompt_logprobs_wanted": "prompt-logprobs",
+    "kiln.api.requests.extras.reasoning_shown": "reasoning-visibility",
+    "kiln.api.requests.extras.repetition_detection": "repetition-detection",
+    "kiln.api.requests.extras.thinking_tokens": "thinking-budget-fields",
+    "kiln.api.requests.extras.truncation": "prompt-truncation",
+    "kiln.api.requests.messages_input.chat_body": "messages-request",
+    "kiln.api.requests.messages_input.chat_messages": "messages-input",
+    "kiln.api.requests.messages_input.chat_tools": "messages-tools",
+    "kiln.api.requests.messages_input.refuse_unsupported": "messages-refused-fields",
+    "kiln.api.requests.messages_input.thinking_fields": "messages-thinking",
+    "kiln.api.requests.params.select": "adapter-selection",
+    "kiln.api.requests.prepare": "chat-preparation",
+    "kiln.api.requests.prepare.apply_budget": "thinking-budget",
+    "kiln.api.requests.prepare.render_prompt": "prompt-rendering",
+    "kiln.api.requests.prepare.template_kwargs": "template-kwargs",
+    "kiln.api.requests.prompt_ids.given_prompt": "token-prompt",
+    "kiln.api.requests.prompt_ids.refuse_template_fields": "token-prompt-template-fields",
+    "kiln.api.requests.refused.refuse_unsupported": "refused-fields",
+    "kiln.api.requests.responses_input.chat_body": "responses-request",
+    "kiln.api.requests.responses_input.chat_messages": "responses-input",
+    "kiln.api.requests.responses_input.chat_tool_choice": "responses-tool-choice",
+    "kiln.api.requests.responses_input.chat_tools": "responses-tools",
+    "kiln.api.requests.responses_input.reasoning_fields": "responses-reasoning",
+    "kiln.api.requests.responses_input.refuse_unsupported": "responses-refused-fields",
+    "kiln.api.requests.responses_input.response_format": "responses-text-format",
+    "kiln.api.requests.rollout.check": "rollout-provenance",
+    "kiln.api.structured.constraints.constraint": "structured-outputs",
+    "kiln.api.submission.submit_all": "admission",
+    "kiln.engine.grammar.GrammarCompiler": "grammar-compiler",
+    "kiln.engine.runner (NON_FINITE_MIX)": "engine-non-finite-mix",
+    "kiln.engine.runner (NOTHING_ALLOWED)": "engine-nothing-allowed",
+}
+
+
 def rule(kind: str, param: str, code: str, where: str, reason: str, **fields: Any) -> Rule:
-    return {"kind": kind, "param": param, "code": code, **fields, "where": where,
+    """A rule; ``where`` is the code that enforces it (a key of ``STEPS``), published as its
+    stable step id."""
+    return {"kind": kind, "param": param, "code": code, **fields, "where": STEPS[where],
             "reason": reason}
 
 
