@@ -34,7 +34,11 @@ def _np_packed(p: Packed) -> Packed:
 
 
 def _np(t: Any) -> Any:
-    return None if t is None else t.detach().numpy().copy()
+    """A weight as its own numpy copy (torch tensors, and numpy arrays such as the rotary
+    frequencies, which kiln.model.rope computes without torch)."""
+    if t is None:
+        return None
+    return t.detach().numpy().copy() if hasattr(t, "detach") else np.array(t, copy=True)
 
 
 def numpy_weights(w: CpuStepWeights) -> CpuStepWeights:
