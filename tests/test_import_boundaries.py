@@ -48,6 +48,7 @@ CASES = [
     ("kiln.engine.core", ("torch", "triton")),
     ("kiln.model.loader", ("torch", "triton")),
     ("kiln.model.c_model", ("torch", "triton")),
+    ("kiln.model.step_weights", ("torch", "triton")),
     ("kiln.model.rope", ("torch", "triton")),
     ("kiln.model.plan", ("torch", "triton")),
     ("kiln.resident", ("torch", "triton")),

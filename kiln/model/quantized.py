@@ -29,7 +29,7 @@ from kiln_kernels.cpu.cpu_step import CpuStepWeights
 from kiln_kernels.quant import Packed, PackedWeight
 from torch import nn
 
-from kiln.model.c_model import fuse, step_weights
+from kiln.model.step_weights import fuse, step_weights
 
 if TYPE_CHECKING:
     from kiln.model.base import CausalLM
@@ -145,7 +145,7 @@ def packed_parts(model: CausalLM, packed: dict[str, PackedWeight]) -> PackedPart
 
 def cpu_step_weights(model: CausalLM, embedding: Packed | None = None
                      ) -> CpuStepWeights | None:
-    """The C program's view of ``model`` (``kiln.model.c_model.step_weights``, the one layout
+    """The C program's view of ``model`` (``kiln.model.step_weights.step_weights``, the one layout
     of them), or None when some projection is not packed; ``embedding``: the token embedding's
     blocks, looked up in the C step (None: the model's ``embed_tokens`` runs first)."""
     products: dict[str, Packed | None] = {}
