@@ -260,7 +260,7 @@ def _grammar(state: AppState, req: ChatRequest, code: str, tools: Any, tool_choi
              in_reasoning: bool) -> Any:
     """The structured-output constraint of a chat or batch request (a coroutine); it starts
     after the reasoning when the prompt starts in one. A request that sets none of the fields
-    that can ask for one is unconstrained without entering handlers/constraints.py."""
+    that can ask for one is unconstrained without entering structured/constraints.py."""
     # llama-server's grammar and json_schema come on chat only
     llama = (opt(req.grammar), opt(req.json_schema)) \
         if isinstance(req, wire.ChatCompletionRequest) else (None, None)
