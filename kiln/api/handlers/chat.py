@@ -18,14 +18,12 @@ from kiln.api.state import app_state, claim_request_id, json_response
 from kiln.api.submission import collect_all, submit, submit_all, until_disconnect
 from kiln.api.wire_values import opt
 
-ERROR_CODE = CHAT_CODE
-
 
 async def create(request: Request) -> Response:
     started, arrived = time.perf_counter(), time.monotonic()
     state = app_state(request)
     req = await state.contract.read(request, state.config.max_body_bytes,
-                                    "ChatCompletionRequest", wire.ChatCompletionRequest, ERROR_CODE)
+                                    "ChatCompletionRequest", wire.ChatCompletionRequest, CHAT_CODE)
     prepared = await prepare_chat(state, req)
     prompt, run = prepared.prompt, prepared.run
     if prepared.shape.rollout:
@@ -39,7 +37,7 @@ async def create(request: Request) -> Response:
         return EventStream(frames, on_close=outputs.aclose)
     streams = submit_all(
         state, [(f"{rid}-{i}", prompt.ids, p, run.lora) for i, p in enumerate(run.params)],
-        arrived, code=ERROR_CODE, cache_salt=run.cache_salt, priority=run.priority,
+        arrived, code=CHAT_CODE, cache_salt=run.cache_salt, priority=run.priority,
     )
     completions = await until_disconnect(request, collect_all(streams))
     body_out = response_body(state, prepared, completion_id, completions, started)
