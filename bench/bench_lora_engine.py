@@ -32,7 +32,7 @@ from kiln.engine.config import EngineConfig
 from kiln.engine.loop import AsyncEngine, build_on_engine_thread
 from kiln.engine.lora_mix import LoraMix
 from kiln.engine.request import Request, SamplingParams
-from kiln.engine.runner import ModelRunner
+from kiln.engine.runner import Runner
 from kiln.engine.scheduler import Scheduler
 from kiln.model import ModelConfig
 from kiln.model.lora import LoraAdapter
@@ -53,7 +53,7 @@ def build_engine(model_name: str, device: torch.device, config: EngineConfig
         return eng, loaded.config, _bytes(loaded.model)
     cfg = PRESETS[model_name]
     model = random_model(cfg, device)
-    runner = ModelRunner(model, cfg, config, torch.float32, device)
+    runner = Runner.for_torch_model(model, cfg, config, torch.float32, device)
     scheduler = Scheduler(config, runner.num_blocks, cfg.max_position)
     return AsyncEngine.from_components(scheduler, runner), cfg, _bytes(model)
 
@@ -142,7 +142,7 @@ def main() -> None:
     tok_s = {k: round(max(n / s for n, s in zip(tok_counts[k], v, strict=True)), 2)
              for k, v in times.items()}
     runner = eng.executor
-    slots = runner.lora_slots if isinstance(runner, ModelRunner) else None
+    slots = runner.torch_step().lora_slots if isinstance(runner, Runner) else None
     result = lora_result(args, device, cfg, tok_s, times, base_bytes, adapters)
     ratio = result["ratio_distinct_over_base"]
     result.update(max_tokens=args.max_tokens, slot_loads=slots.loads if slots else None,

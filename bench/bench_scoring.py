@@ -56,7 +56,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
 
     from kiln.engine.config import EngineConfig
     from kiln.engine.loop import AsyncEngine
-    from kiln.engine.runner import ModelRunner
+    from kiln.engine.runner import Runner
     from kiln.engine.scoring import CHUNK_TOKENS, score_prompt
     from kiln.model import load_model
 
@@ -64,9 +64,10 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     eng = AsyncEngine(loaded, EngineConfig(max_model_len=args.max_model_len,
                                            kv_memory_mb=args.kv_memory_mb))
     runner = eng.executor
-    assert isinstance(runner, ModelRunner)
+    assert isinstance(runner, Runner)
     with torch.inference_mode():
-        for t in (*runner.kv.k, *runner.kv.v):
+        side = runner.torch_step()
+        for t in (*side.kv.k, *side.kv.v):
             t.fill_(0.0)  # make the preallocated cache resident before the baseline
     eng.start()
     pool = eng.scheduler.pool
@@ -78,7 +79,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     async def score(ids: list[int]) -> int:
         chunk = args.chunk_tokens or CHUNK_TOKENS
         out = await eng.run_exclusive(lambda: score_prompt(
-            runner.model, runner.kv, pool, ids, args.top_k, chunk_tokens=chunk))
+            side.model, side.kv, pool, ids, args.top_k, chunk_tokens=chunk))
         return len(out)
 
     try:

@@ -23,7 +23,7 @@ from kiln.engine.grammar import GrammarCompiler, GrammarRows
 from kiln.engine.loop import AsyncEngine
 from kiln.engine.outputs import ScheduledSeq
 from kiln.engine.request import GrammarSpec, Request, SamplingParams
-from kiln.engine.runner import ModelRunner
+from kiln.engine.runner import Runner
 from kiln.engine.sampler import Sampler
 from kiln.model import LoadedModel
 from kiln.model.loader import load_model
@@ -204,8 +204,8 @@ def _time_grammar_stage(engine: AsyncEngine) -> list[float]:
     difference on a shared 2-core machine cannot resolve to a few percent."""
     spent = [0.0]
     runner = engine.executor
-    assert isinstance(runner, ModelRunner)
-    for owner, name in ((runner, "_start_masks"), (runner.sampler, "constrain")):
+    assert isinstance(runner, Runner)
+    for owner, name in ((runner, "_start_masks"), (runner.torch_rows().sampler, "constrain")):
         inner = getattr(owner, name)
 
         def timed(*args: Any, _inner: Any = inner) -> Any:

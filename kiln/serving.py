@@ -266,12 +266,12 @@ class EngineBackend:
 
     async def _load(self, path: str, version: str | None, hash_files: bool) -> NewWeights:
         """``load_beside`` for the serving runner, on a thread of its own."""
-        from kiln.engine.c_runner import CRunner
+        from kiln.engine.runner import CArrays, Runner
 
         runner = self.engine.executor
         plan = runner.plan
-        c_step = isinstance(runner, CRunner)  # its KV arrays are heads-major
-        torch_free = isinstance(runner, CRunner) and not runner.torch_only
+        c_step = isinstance(runner, Runner) and isinstance(runner.kv, CArrays)  # heads-major
+        torch_free = isinstance(runner, Runner) and runner.program is not None
         layout = "heads-major" if c_step or plan is None else plan.kv_layout
         return await on_own_thread(functools.partial(
             load_beside, self.loaded, path, version=version, torch_free=torch_free,

@@ -40,11 +40,12 @@ CASES = [
     ("kiln.model.hf_tensors", ("torch", "triton")),
     ("kiln_kernels.tiling", ("kiln", "torch", "triton")),
     # kiln serve's torch-free C engine (a GGUF the CPU step runs whole): everything it imports
-    # to load the model and serve plain requests (kiln/engine/c_runner.py)
+    # to load the model and serve plain requests (kiln/engine/runner.py over a C model)
     ("kiln.cli", ("torch", "triton")),
     ("kiln.serving", ("torch", "triton")),
     ("kiln.engine.loop", ("torch", "triton")),
-    ("kiln.engine.c_runner", ("torch", "triton")),
+    ("kiln.engine.runner", ("torch", "triton")),
+    ("kiln.engine.logit_rows", ("torch", "triton")),
     ("kiln.engine.core", ("torch", "triton")),
     ("kiln.model.loader", ("torch", "triton")),
     ("kiln.model.c_model", ("torch", "triton")),

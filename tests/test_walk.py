@@ -36,7 +36,7 @@ def test_the_documented_walk_is_what_a_request_runs() -> None:
 
     if not available():
         pytest.skip("no C compiler: the default model runs the torch path, not the walk's")
-    # `kiln serve` runs the default model torch-free (kiln/engine/c_runner.py): the walk is
+    # `kiln serve` runs the default model torch-free (kiln/engine/runner.py over a C model): the walk is
     # the torch-free one.
     out = subprocess.run([sys.executable, "-m", "tests.walk_trace", str(free_port())],
                          cwd=ROOT, capture_output=True, text=True, timeout=HANG_S, check=True)

@@ -1,51 +1,30 @@
-"""What an engine is built of for a loaded model: its scheduler and its runner (the torch-free
-``CRunner`` for a ``LoadedCModel``, else the torch ``ModelRunner``; the KV cache allocated
-there). ``kiln.engine.loop`` runs them. Imports no torch: the runner's module is
-imported when one is built."""
+"""What an engine is built of for a loaded model: its scheduler and its runner (one ``Runner``:
+``Runner.for_c_model`` for a ``LoadedCModel``, ``Runner.for_torch_model`` for a torch
+``LoadedModel``; the KV cache allocated there). ``kiln.engine.loop`` runs them. Imports no
+torch."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, overload
+from typing import TYPE_CHECKING
 
 from kiln.engine.config import EngineConfig, context_length
+from kiln.engine.runner import Runner
 from kiln.engine.scheduler import Scheduler
 
 if TYPE_CHECKING:
-    from kiln.engine.c_runner import CRunner
-    from kiln.engine.runner import ModelRunner
-    from kiln.model.loader import Loaded, LoadedCModel, LoadedModel
+    from kiln.model.loader import Loaded
 
 __all__ = ["build_core"]
 
 
-@overload
-def build_core(loaded: LoadedModel, config: EngineConfig) -> tuple[Scheduler, ModelRunner]: ...
-
-
-@overload
-def build_core(loaded: LoadedCModel, config: EngineConfig) -> tuple[Scheduler, CRunner]: ...
-
-
-@overload
-def build_core(loaded: Loaded, config: EngineConfig
-               ) -> tuple[Scheduler, ModelRunner | CRunner]: ...
-
-
-def build_core(loaded: Loaded, config: EngineConfig
-               ) -> tuple[Scheduler, ModelRunner | CRunner]:
-    """The scheduler and model runner for ``loaded`` (KV cache allocated here): the torch-free
-    ``CRunner`` for a model loaded without torch (``LoadedCModel``), else the ``ModelRunner``."""
+def build_core(loaded: Loaded, config: EngineConfig) -> tuple[Scheduler, Runner]:
+    """The scheduler and runner for ``loaded`` (KV cache allocated here)."""
     from kiln.model.loader import LoadedModel
 
-    runner: ModelRunner | CRunner
     if isinstance(loaded, LoadedModel):
-        from kiln.engine.runner import ModelRunner
-
-        runner = ModelRunner(loaded.model, loaded.config, config, loaded.dtype, loaded.device,
-                             tokenizer=loaded.tokenizer)
+        runner = Runner.for_torch_model(loaded.model, loaded.config, config, loaded.dtype,
+                                        loaded.device, tokenizer=loaded.tokenizer)
     else:
-        from kiln.engine.c_runner import CRunner
-
-        runner = CRunner(loaded.model, config, tokenizer=loaded.tokenizer)
+        runner = Runner.for_c_model(loaded.model, config, tokenizer=loaded.tokenizer)
     max_len = context_length(config, loaded.config.max_position)
     return Scheduler(config, runner.num_blocks, max_len, loaded.tokenizer.eos_token_ids), runner

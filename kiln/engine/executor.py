@@ -1,8 +1,7 @@
 """What the engine loop (``kiln.engine.loop``) asks of the runner that executes its steps: one
 protocol with every member the loop uses, so that mypy checks each runner against it and a
-renamed member fails there, not at a ``getattr`` default. ``CRunner`` (``c_runner.py``) and
-``ModelRunner`` (``runner.py``) implement it; the tests' doubles take the defaults of an
-executor without a model (``tests/engine/fakes.py``). Imports no torch."""
+renamed member fails there, not at a ``getattr`` default. ``Runner`` (``runner.py``)
+implements it; the tests' doubles take the defaults of an executor without a model (``tests/engine/fakes.py``). Imports no torch."""
 
 from __future__ import annotations
 

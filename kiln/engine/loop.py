@@ -152,7 +152,7 @@ class AsyncEngine(TrainingControls):
         """The runner's compute plan (kiln.model.plan), as strings."""
         plan = self.executor.plan
         if plan is None:
-            raise TypeError("the compute plan needs an engine over a ModelRunner")
+            raise TypeError("the compute plan needs an engine over a model")
         out: dict[str, str] = plan.as_dict()
         if self.scheduler.speculation.config is not None:
             out["speculative"] = self.scheduler.speculation.config.describe()
@@ -167,7 +167,7 @@ class AsyncEngine(TrainingControls):
         """The KV cache's blocks, tokens per block and bytes per block (all layers, K and V)."""
         per_block = self.executor.kv_bytes_per_block
         if per_block is None:
-            raise TypeError("the KV geometry needs an engine over a ModelRunner")
+            raise TypeError("the KV geometry needs an engine over a model")
         return self.scheduler.pool.num_blocks, self.scheduler.pool.block_size, per_block
 
     def abort(self, request_id: str) -> None:

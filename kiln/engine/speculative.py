@@ -150,8 +150,7 @@ class DraftLength:
 
 def drafts_allowed(request: Any) -> bool:
     """Whether a request's tokens may be drafted and verified: plain sampling, with logprobs
-    (a step with such a row runs on the torch runner, which verifies drafts over the same C
-    step: kiln.engine.c_runner) and stop
+    (such a row's logits go through torch, kiln.engine.runner; the C step computed them) and stop
     strings (the output stage drops a verify step's tokens past the one that completed a
     string: kiln.engine.output_processor). Logits processors and adapters, a grammar's mask and
     a thinking budget's forced tokens follow each token one by one: such a request decodes as

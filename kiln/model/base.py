@@ -52,13 +52,15 @@ class ForwardBatch:
 
 
 def build_forward_batch(seqs: Sequence[tuple[Sequence[int], int, Sequence[int]]],
-                        block_size: int, logits: Literal["last", "all"] = "last",
+                        block_size: int,
+                        logits: Literal["last", "all"] | Sequence[int] = "last",
                         device: torch.device | str = "cpu") -> ForwardBatch:
     """Build a batch from ``(new_tokens, start_pos, block_table)`` per sequence.
 
     ``start_pos`` is the number of tokens already in the cache for that sequence; the block
     table must cover ``start_pos + len(new_tokens)`` tokens. ``logits="last"`` returns one
-    row per sequence (its last new token), ``"all"`` every row.
+    row per sequence (its last new token), ``"all"`` every row, a list of ints each sequence's
+    last ``logits[s]`` rows (``kiln.model.c_model.flatten``).
     """
     rows = flatten(seqs, block_size, logits)  # the rows, flattened once (kiln.model.c_model)
     dev = torch.device(device)

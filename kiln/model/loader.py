@@ -1,9 +1,9 @@
 """``load_model``: one entry point for HF folders, GGUF files and the embedded default.
 
 With ``torch_free`` (``kiln serve``), a GGUF on the CPU whose every matrix has a C kernel loads
-as a :class:`~kiln.model.c_model.CModel` without importing torch (``kiln.engine.c_runner`` runs
-it, with the torch engine's runner beside it for the steps that need torch); otherwise, and for every
-other model, as a torch ``CausalLM``. This module imports torch only for the latter."""
+as a :class:`~kiln.model.c_model.CModel` without importing torch (``kiln.engine.runner`` runs
+it, with its torch twin beside it for the steps that need one); otherwise, and for every other
+model, as a torch ``CausalLM``. This module imports torch only for the latter."""
 
 from __future__ import annotations
 
@@ -181,8 +181,8 @@ def _chat_template(template: str | None, tokenizer: Tokenizer, specials: dict[st
 
 def torch_model(model: CModel) -> CausalLM:
     """The torch model of a C model's file over the same tile arrays (``load_gguf`` on the CPU
-    in float32 with the packed kernels, which shares them): imports torch. The torch runner's
-    model beside the C step, for the steps that need torch (``kiln.engine.c_runner``)."""
+    in float32 with the packed kernels, which shares them): imports torch. Its torch
+    twin beside the C step, for the steps that need it (``kiln.engine.runner``)."""
     import torch
 
     from kiln.model.early_tiles import Tiled

@@ -95,17 +95,17 @@ def test_a_bad_speculative_config_fails_at_start() -> None:
         ServerConfig(speculative_config='{"method": "draft_model", "model": "x"}')
 
 
-def test_logprobs_requests_are_verified_on_the_torch_runner() -> None:
-    """logprobs requests run on the torch runner, which verifies drafts too (the same C
-    step under it): the answer and its logprobs equal plain decoding's, and drafts were kept."""
+def test_logprobs_requests_are_verified_with_torch_s_logit_rows() -> None:
+    """logprobs requests' logit rows go through torch (the C step computes them, drafts
+    included): the answer and its logprobs equal plain decoding's, and drafts were kept."""
     body = {"messages": MESSAGES, "max_tokens": 96, "temperature": 0.9, "seed": 4,
             "logprobs": True, "top_logprobs": 3, "return_token_ids": True}
     with serve(None, None) as c:
         want = c.post("/v1/chat/completions", json=body).json()["choices"]
     with serve(None, SPEC) as c:
         backend = c.app.state.kiln.backend  # type: ignore[attr-defined]
-        c.post("/v1/chat/completions", json={**body, "max_tokens": 1})  # builds the torch runner
-        assert type(backend.engine.executor._torch).__name__ == "ModelRunner"
+        c.post("/v1/chat/completions", json={**body, "max_tokens": 1})  # torch's logit rows
+        assert backend.engine.executor.last_path == "torch"
         before = backend.stats()["spec_decode_num_accepted_tokens"]
         got = c.post("/v1/chat/completions", json=body).json()["choices"]
         after = backend.stats()["spec_decode_num_accepted_tokens"]

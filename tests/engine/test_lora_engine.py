@@ -23,7 +23,7 @@ from kiln.engine.loop import AsyncEngine, build_core
 from kiln.engine.lora_mix import LoraMix, mix_root_hash
 from kiln.engine.outputs import ModelRunnerOutput, RequestOutput, SchedulerOutput
 from kiln.engine.request import Request, SamplingParams
-from kiln.engine.runner import ModelRunner
+from kiln.engine.runner import Runner
 from kiln.engine.scheduler import Scheduler
 from kiln.model import LoadedModel, load_model
 from kiln.model.lora import LORA_MODULES, AdapterLoadError, LoraAdapter, load_adapter
@@ -66,7 +66,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
 class Recorder(NoModel):
     """Wraps the model runner; records the distinct mixes and adapters of every step."""
 
-    def __init__(self, runner: ModelRunner) -> None:
+    def __init__(self, runner: Runner) -> None:
         self.runner = runner
         self.mixes: list[set[tuple[tuple[str, float], ...]]] = []
         self.adapters: list[set[str]] = []
@@ -236,7 +236,7 @@ def test_more_adapters_than_slots_all_finish(world: World) -> None:
     eng, rec = engine(w.loaded, small)
     try:
         together = run(eng, reqs)
-        slots = rec.runner.lora_slots
+        slots = rec.runner.torch_step().lora_slots
         assert slots.max_slots == 2 and slots.evictions > 0
         with pytest.raises(EngineError):
             run(eng, [request("three", prompt(0), ((w.a, 1.0), (w.b, 1.0), (w.c, 1.0)))])

@@ -8,7 +8,7 @@ from kiln.engine.config import EngineConfig
 from kiln.engine.loop import build_core, build_output_processor
 from kiln.engine.outputs import RequestOutput
 from kiln.engine.request import Request, SamplingParams
-from kiln.engine.runner import kv_num_blocks
+from kiln.engine.torch_step import kv_num_blocks
 from kiln.model import LoadedModel
 from tests.engine.drive import drive, text, token_ids
 
@@ -143,7 +143,7 @@ def test_half_kv_cache_doubles_the_blocks_and_serves(tiny_llama: LoadedModel) ->
         EngineConfig(kv_cache_dtype="bfloat16")
     sched, runner = build_core(tiny_llama, EngineConfig(block_size=4, num_blocks=256,
                                                         kv_cache_dtype="float16"))
-    assert runner.kv.dtype == torch.float16
+    assert runner.torch_kv.dtype == torch.float16
     outs = drive(sched, runner, [req(tiny_llama, "a", TEXT)])["a"]
     assert len(token_ids(outs)) == 12
 
@@ -201,12 +201,12 @@ def test_the_kv_layout_follows_the_path_that_reads_it(tiny_llama: LoadedModel,
     where the torch path does (a float32 HF folder: its gathers take whole slots)."""
     config = EngineConfig(block_size=4, num_blocks=8)
     _, torch_runner = build_core(tiny_llama, config)
-    assert tiny_llama.model.plan.step == "torch" and not torch_runner.kv.heads_major
-    assert torch_runner.kv.k[0].is_contiguous()
+    assert tiny_llama.model.plan.step == "torch" and not torch_runner.torch_kv.heads_major
+    assert torch_runner.torch_kv.k[0].is_contiguous()
     if smollm.model.plan.step != "c":
         pytest.skip("no C compiler: the default model runs on the torch path")
     _, c_runner = build_core(smollm, config)
-    assert c_runner.kv.heads_major and c_runner.kv.k[0].permute(0, 2, 1, 3).is_contiguous()
+    assert c_runner.torch_kv.heads_major and c_runner.torch_kv.k[0].permute(0, 2, 1, 3).is_contiguous()
 
 
 def test_non_finite_logits_end_that_request_in_an_error(tiny_llama: LoadedModel,
@@ -214,7 +214,8 @@ def test_non_finite_logits_end_that_request_in_an_error(tiny_llama: LoadedModel,
     """A row whose logits overflowed gets finish_reason "error" with the reason, never a
     made-up token; the other rows of the step sample as usual."""
     sched, runner = build_core(tiny_llama, EngineConfig(block_size=4, num_blocks=256))
-    forward = runner.model.forward
+    model = runner.torch_step().model
+    forward = model.forward
     long_prompt = len(prompt(tiny_llama, TEXT))
     short = "Hi"
     assert len(prompt(tiny_llama, short)) + GREEDY.max_tokens < long_prompt
@@ -228,7 +229,7 @@ def test_non_finite_logits_end_that_request_in_an_error(tiny_llama: LoadedModel,
         return logits
 
     base = token_ids(gen(tiny_llama, [req(tiny_llama, "b", short)])["b"])
-    monkeypatch.setattr(runner.model, "forward", poisoning)  # the shared model: put back after
+    monkeypatch.setattr(model, "forward", poisoning)  # the shared model: put back after
     outs = drive(sched, runner, [req(tiny_llama, "x", TEXT), req(tiny_llama, "b", short),
                                  req(tiny_llama, "y", TEXT)])
     for rid in ("x", "y"):

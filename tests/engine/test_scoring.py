@@ -18,7 +18,7 @@ from kiln.engine.errors import EngineError
 from kiln.engine.loop import AsyncEngine
 from kiln.engine.outputs import PositionScore
 from kiln.engine.request import Request, SamplingParams
-from kiln.engine.runner import ModelRunner
+from kiln.engine.runner import Runner
 from kiln.engine.scheduler import Scheduler
 from kiln.engine.scoring import score_prompt, score_rows, top_k_ids
 from kiln.model import CausalLM, LoadedModel
@@ -279,11 +279,12 @@ def _generate_all(loaded: LoadedModel, score_ids: list[int] | None
     eng.start()
     scored: list[PositionScore] | None = None
     runner, pool = eng.executor, eng.scheduler.pool
-    assert isinstance(runner, ModelRunner)
+    assert isinstance(runner, Runner)
 
     def score() -> list[PositionScore]:
-        assert score_ids is not None and isinstance(runner, ModelRunner)
-        return score_prompt(runner.model, runner.kv, pool, score_ids, 4)
+        assert score_ids is not None and isinstance(runner, Runner)
+        side = runner.torch_step()
+        return score_prompt(side.model, side.kv, pool, score_ids, 4)
 
     async def one(i: int) -> list[int]:
         nonlocal scored

@@ -69,10 +69,10 @@ def test_the_runner_logs_its_plan_once_in_one_line(smollm: LoadedModel,
                                                     kv_cache_dtype="float16"))
     lines = [r.getMessage() for r in caplog.records if "compute plan" in r.getMessage()]
     assert lines == [runner.plan.line()] and "\n" not in lines[0]
-    assert runner.plan.kv_dtype == "float16" and runner.kv.dtype == torch.float16
+    assert runner.plan.kv_dtype == "float16" and runner.torch_kv.dtype == torch.float16
     assert runner.plan == with_kv_cache(smollm.model.plan, "float16")
     assert isinstance(runner.plan, ComputePlan)
-    assert runner.kv.heads_major == (runner.plan.kv_layout == "heads-major")
+    assert runner.torch_kv.heads_major == (runner.plan.kv_layout == "heads-major")
     assert set(runner.plan.as_dict()) == {"device", "dtype", "weights", "step", "attention",
                                           "sampler", "lora", "grammar_mask", "kv_layout",
                                           "kv_dtype", "cpu_isa"}

@@ -1,8 +1,9 @@
-"""The torch-free C engine (kiln/engine/c_runner.py) on the default model: the same tokens as the
-torch engine's runner for plain, seeded, penalized and constrained requests; the steps that
-need torch taken by the torch runner beside it, with the numbers of the running sequences
-unchanged, and the steps after them on the C step again; and a whole ``kiln serve`` backend
-that serves without importing torch."""
+"""The one runner (kiln/engine/runner.py) over the default model loaded without torch (a C model):
+the same tokens as over the torch-loaded model for plain, seeded, penalized and constrained
+requests; a step whose rows need torch (logprobs: torch's logit rows; an adapter: the torch
+twin's forward) taken on the torch side with the numbers of the running sequences unchanged,
+and the steps after it on the C path again; and a whole ``kiln serve`` backend that serves
+without importing torch."""
 
 from __future__ import annotations
 
@@ -15,13 +16,12 @@ from pathlib import Path
 import pytest
 
 from kiln.api.structured.constraints import from_structured_outputs
-from kiln.engine.c_runner import CRunner
 from kiln.engine.config import EngineConfig
 from kiln.engine.loop import build_core
 from kiln.engine.output_processor import OutputProcessor
 from kiln.engine.outputs import RequestOutput
 from kiln.engine.request import GrammarSpec, Request, SamplingParams
-from kiln.engine.runner import ModelRunner
+from kiln.engine.runner import Runner
 from kiln.model import LoadedModel, load_model
 from kiln.model.loader import Loaded, LoadedCModel
 from tests.engine.drive import chat, drive, token_ids
@@ -69,18 +69,21 @@ def test_the_c_engine_samples_the_torch_engine_s_tokens(smollm: LoadedModel,
                                                         c_loaded: LoadedCModel) -> None:
     want, torch_runner = run(smollm, requests(smollm))
     got, c_runner = run(c_loaded, requests(c_loaded))
-    assert isinstance(torch_runner, ModelRunner) and isinstance(c_runner, CRunner)
+    assert isinstance(torch_runner, Runner) and isinstance(c_runner, Runner)
+    assert torch_runner.program is None and c_runner.program is not None
     assert c_runner.steps["torch"] == 0 and c_runner._torch is None  # no request needs torch
+    assert c_runner._torch_rows is None
     assert got == want
     assert all(len(ids) > 0 for ids in got.values())
     assert c_runner.plan == torch_runner.plan
 
 
-def test_steps_that_need_torch_go_to_the_torch_runner_and_the_rest_stay_in_c(
+def test_steps_that_need_torch_take_the_torch_side_and_the_rest_stay_in_c(
         smollm: LoadedModel, c_loaded: LoadedCModel) -> None:
-    """A logprobs request arrives while others decode: its steps go to the torch runner over the
-    same KV cache, every request's tokens are those of the torch engine alone, and once it is
-    done the plain requests' steps run on the C step again (nothing is handed over for good)."""
+    """A logprobs request arrives while others decode: its steps' logit rows go through torch
+    (the C step still computes them: no torch model is built), every request's tokens are those
+    of the torch-loaded model alone, and once it is done the plain requests' steps run on the C
+    path again (nothing is handed over for good)."""
     def reqs(m: Loaded) -> list[Request]:
         return [*requests(m)[:3],
                 Request("logprobs", chat(m, "Say hello."),
@@ -90,7 +93,7 @@ def test_steps_that_need_torch_go_to_the_torch_runner_and_the_rest_stay_in_c(
 
     want, _ = run(smollm, reqs(smollm))
     sched, runner = build_core(c_loaded, CONFIG)
-    assert isinstance(runner, CRunner)
+    assert isinstance(runner, Runner)
     first = reqs(c_loaded)
     stage = OutputProcessor()
     # three plain requests for a few steps, then the logprobs request joins
@@ -98,7 +101,7 @@ def test_steps_that_need_torch_go_to_the_torch_runner_and_the_rest_stay_in_c(
     assert runner.steps["torch"] == 0 and runner._torch is None
     outs2 = drive(sched, runner, first[3:4], output=stage)
     torch_steps = runner.steps["torch"]
-    assert torch_steps > 0
+    assert torch_steps > 0 and runner._torch is None and runner._torch_rows is not None
     c_steps = runner.steps["c"]
     outs3 = drive(sched, runner, first[4:], output=stage)  # a plain request after it
     assert runner.steps["torch"] == torch_steps and runner.steps["c"] > c_steps
@@ -108,19 +111,52 @@ def test_steps_that_need_torch_go_to_the_torch_runner_and_the_rest_stay_in_c(
     assert got == want
 
 
-def test_scoring_runs_on_the_torch_runner(c_loaded: LoadedCModel, smollm: LoadedModel) -> None:
+def test_scoring_runs_on_the_torch_side(c_loaded: LoadedCModel, smollm: LoadedModel) -> None:
     from kiln.engine.scoring import score_prompt
 
     ids = chat(smollm, "The quick brown fox jumps over the lazy dog.")
     sched, runner = build_core(c_loaded, CONFIG)
-    assert isinstance(runner, CRunner)
+    assert isinstance(runner, Runner)
     job = runner.scoring_job(sched.pool, ids, 3)
     while not job.step():
         pass
     t_sched, t_runner = build_core(smollm, CONFIG)
-    assert isinstance(t_runner, ModelRunner)
-    want = score_prompt(t_runner.model, t_runner.kv, t_sched.pool, ids, 3)
-    assert job.scores == want and runner._torch is not None and not runner.torch_only
+    side = t_runner.torch_step()
+    want = score_prompt(side.model, side.kv, t_sched.pool, ids, 3)
+    assert job.scores == want and runner._torch is not None and runner.program is not None
+
+
+def test_after_an_adapter_and_a_logprobs_request_a_plain_one_runs_on_the_c_path(
+        c_loaded: LoadedCModel, tmp_path: Path) -> None:
+    """An adapter request (the torch twin's forward) and a logprobs request (torch's logit rows)
+    leave nothing behind: the next plain request's steps run on the C path, with the tokens it
+    gets on a runner that never saw them."""
+    from kiln.model.lora import LORA_MODULES, load_adapter
+    from tests.model.test_lora import write_peft
+
+    cfg = c_loaded.config
+    adapter = load_adapter(write_peft(tmp_path / "a", cfg, r=4, alpha=8, targets=LORA_MODULES,
+                                      seed=1), cfg)
+
+    def plain() -> Request:
+        return Request("plain", chat(c_loaded, "Name a colour."),
+                       SamplingParams(temperature=0.7, seed=3, max_tokens=12))
+
+    want = token_ids(drive(*build_core(c_loaded, CONFIG), [plain()])["plain"])
+    sched, runner = build_core(c_loaded, CONFIG)
+    assert isinstance(runner, Runner)
+    drive(sched, runner, [
+        Request("lora", chat(c_loaded, "Say hello."),
+                SamplingParams(temperature=0.0, max_tokens=6), lora=((adapter, 1.0),)),
+        Request("logprobs", chat(c_loaded, "Say hello."),
+                SamplingParams(temperature=0.0, max_tokens=6, logprobs=2))])
+    assert runner._torch is not None and runner._torch_rows is not None
+    c_steps, torch_steps = runner.steps["c"], runner.steps["torch"]
+    assert torch_steps > 0
+    got = token_ids(drive(sched, runner, [plain()])["plain"])
+    assert runner.steps["torch"] == torch_steps and runner.steps["c"] > c_steps
+    assert runner.last_path == "c" and runner.program is not None
+    assert got == want
 
 
 SERVE = """
