@@ -6,9 +6,10 @@ Why: the adapter's first use reads its files and checks its tensors with torch. 
 than the engine's, that starts a second OpenMP team, and on a 2-core CPU libgomp then stops
 spinning at the C step's barriers for the rest of the process (measured before the fix: 131-136
 -> 53-55 tok/s). `kiln serve` reads adapters on the engine thread; this benchmark watches that.
-And both requests' steps run on the torch runner beside the C step (kiln.engine.c_runner); the
-plain requests after them run on the C step again, at its speed (until 2026-12-07 the first
-such request moved every later step to the torch runner for good).
+And both requests' steps run on the runner's torch side (kiln.engine.runner: the adapter's on
+the C model's torch twin, the logprobs' as torch's sampling over the C step's logits); the plain
+requests after them run on the C path again, at its speed (until 2026-12-07 the first such
+request moved every later step to the torch runner for good).
 
 Usage: python -m bench.bench_adapter_serving [--repeats 3]
 Writes bench/results/adapter_serving.json (figures, no asserts).
