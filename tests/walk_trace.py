@@ -1,10 +1,15 @@
 """Trace the repository files one warmed-up non-streaming chat request runs code in, through a
 live `kiln serve` on the default model (run by tests/test_walk.py as a subprocess).
 
-Usage: python -m tests.walk_trace PORT. Prints one JSON list: the files (repository-relative
-paths under kiln/ and kiln_kernels/, generated code included) whose Python functions were
-called between the request's start and the moment the process went quiet after its response,
-in order of first call. The C files the step runs are not seen by a Python profiler.
+Usage: python -m tests.walk_trace PORT. Prints one JSON object: ``files``, the files
+(repository-relative paths under kiln/ and kiln_kernels/, generated code included) whose Python
+functions were called between the request's start and the moment the process went quiet after
+its response, in order of first call; ``moves``, the distinct calls from one of those files into
+another (``[caller, callee]``, the caller being the nearest frame in one of them), each counted
+once however often the request's steps repeat it; and ``returns``, those of the moves whose
+callee the same thread had entered before (the walk comes back to a room it had left). Both are
+counted per thread, so how the threads interleave does not change them. The C files the step
+runs are not seen by a Python profiler.
 """
 
 from __future__ import annotations
@@ -27,8 +32,21 @@ IDENTITY = "kiln-identity"  # the thread kiln.serving hashes the weight files on
 QUIET_S = 1.0  # no new file for this long after the response: the walk is over
 
 seen: dict[str, None] = {}
+moves: dict[tuple[str, str], None] = {}
+returns: dict[tuple[str, str], None] = {}
+entered: dict[int, dict[str, None]] = {}  # per thread: the files in order of first call
 last_new = [0.0]
 active = threading.Event()
+
+
+def room(frame: FrameType | None) -> str | None:
+    """The repository file of the nearest frame from ``frame`` up that runs one (None: none)."""
+    while frame is not None:
+        f = frame.f_code.co_filename
+        if f.startswith(PACKAGES):
+            return os.path.relpath(f, ROOT)
+        frame = frame.f_back
+    return None
 
 
 def profile(frame: FrameType, event: str, arg: Any) -> None:
@@ -41,6 +59,14 @@ def profile(frame: FrameType, event: str, arg: Any) -> None:
             if rel not in seen:
                 seen[rel] = None
                 last_new[0] = time.monotonic()
+            mine = entered.setdefault(threading.get_ident(), {})
+            caller = room(frame.f_back)
+            if caller is not None and caller != rel and (caller, rel) not in moves:
+                moves[(caller, rel)] = None
+                last_new[0] = time.monotonic()
+                if rel in mine:
+                    returns[(caller, rel)] = None
+            mine.setdefault(rel, None)
 
 
 def client(port: int) -> None:
@@ -75,7 +101,8 @@ def client(port: int) -> None:
     active.clear()
     if reply.get("object") != "chat.completion":
         os._exit(4)
-    print(json.dumps(list(seen)), flush=True)
+    print(json.dumps({"files": list(seen), "moves": [list(m) for m in moves],
+                      "returns": [list(r) for r in returns]}), flush=True)
     os._exit(0)
 
 
