@@ -16,7 +16,7 @@ from kiln_kernels.quant import Packed, PackedWeight
 from torch import nn
 
 from kiln.model.attention import AttentionPlan, plan_attention
-from kiln.model.c_model import flatten
+from kiln.model.c_model import StepRows, flatten
 from kiln.model.config import ModelConfig
 from kiln.model.cpu_step import CpuStep
 from kiln.model.kv_cache import KVCache
@@ -42,6 +42,7 @@ class ForwardBatch:
     block_tables: torch.Tensor  # int32 [B, max_blocks_per_seq], padded with 0
     slot_mapping: torch.Tensor  # int64 [T]  cache slot block_id*block_size+offset per new token
     logits_indices: torch.Tensor  # int64 [L]  rows of the flat batch to return logits for
+    rows: StepRows  # the same rows as numpy (``flatten``'s: the C step reads them)
     lora: object | None = None  # filled by the LoRA issue; models ignore None
 
     @classmethod
@@ -72,7 +73,7 @@ def build_forward_batch(seqs: Sequence[tuple[Sequence[int], int, Sequence[int]]]
         input_ids=tensor(rows.ids), positions=tensor(rows.positions),
         query_start_loc=tensor(rows.query_start_loc), seq_lens=tensor(rows.seq_lens),
         block_tables=tensor(rows.tables), slot_mapping=tensor(rows.slots),
-        logits_indices=tensor(rows.logit_rows))
+        logits_indices=tensor(rows.logit_rows), rows=rows)
 
 
 class DecoderStack(nn.Module):

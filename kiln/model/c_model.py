@@ -151,6 +151,27 @@ def flatten(seqs: Sequence[tuple[Sequence[int], int, Sequence[int]]], block_size
                     np.array(seq_lens, dtype=np.int32), tables, np.array(wanted, dtype=i64))
 
 
+def run_rows(prog: CpuStepProgram, rows: StepRows, wanted: list[int], heads: int, *,
+             x: Any = None, lora: Callable[[int, int], Any] | None = None,
+             n_threads: int | None = None) -> np.ndarray:
+    """float32 logits of rows ``wanted`` of a step's flattened ``rows`` (in that order), through
+    C steps of :func:`group_rows` rows: the one place both the C model (``CModel.forward``) and
+    the torch model's CPU step (``kiln.model.cpu_step.CpuStep``) run a step. ``x``: the rows'
+    embeddings where the program holds none (else it looks the ids up); ``lora(a, b)``: the
+    program's view of rows ``a:b``'s adapters (None: no adapter)."""
+    ctx = rows.positions + 1
+
+    def step(a: int, b: int, picked: list[int]) -> np.ndarray:
+        return prog.step(None if x is None else x[a:b], ctx[a:b], rows.tables[rows.owner[a:b]],
+                         rows.slots[a:b], np.array(picked, dtype=np.int64),
+                         None if lora is None else lora(a, b),
+                         np.maximum(rows.first[a:b], a) - a,
+                         ids=rows.ids[a:b] if x is None else None, n_threads=n_threads)
+
+    size = group_rows(heads, int(ctx.max()))
+    return step_groups(int(rows.ids.shape[0]), size, wanted, prog.vocab, step)
+
+
 def kv_block_bytes(cfg: ModelConfig, block_size: int, itemsize: int) -> int:
     """Bytes one KV block takes across all layers, K and V together, at ``itemsize`` bytes an
     element (``KVCache.bytes_per_block`` and :meth:`CModel.bytes_per_block`)."""
@@ -346,19 +367,9 @@ class CModel:
         if not prog.embeds:
             raise ValueError("forward: the program holds no embedding")
         rows = flatten(seqs, prog.block_size, want)
-        ctx = rows.positions + 1
-        first = rows.first
-
-        def step(a: int, b: int, picked: list[int]) -> np.ndarray:
-            return prog.step(None, ctx[a:b], rows.tables[rows.owner[a:b]], rows.slots[a:b],
-                             np.array(picked, dtype=np.int64), None,
-                             np.maximum(first[a:b], a) - a, ids=rows.ids[a:b],
-                             n_threads=n_threads)
-
-        size = group_rows(self.weights.heads, int(ctx.max()))
-        return step_groups(int(rows.ids.shape[0]), size, rows.logit_rows.tolist(), prog.vocab,
-                           step)
+        return run_rows(prog, rows, rows.logit_rows.tolist(), self.weights.heads,
+                        n_threads=n_threads)
 
 
 __all__ = ["C_MAX_ROWS", "C_SCORES_BYTES", "CModel", "StepRows", "expected_shapes", "flatten",
-           "group_rows", "kv_block_bytes", "kv_map", "step_groups"]
+           "group_rows", "kv_block_bytes", "kv_map", "run_rows", "step_groups"]

@@ -13,7 +13,6 @@ from __future__ import annotations
 import weakref
 from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 from kiln_kernels.cpu.arrays import dtype_name
 from kiln_kernels.cpu.cpu_step import (
@@ -25,7 +24,7 @@ from kiln_kernels.cpu.cpu_step import (
 )
 from kiln_kernels.quant import NATIVE_FLAGS
 
-from kiln.model.c_model import group_rows, step_groups
+from kiln.model.c_model import run_rows
 from kiln.model.kv_cache import KVCache
 from kiln.model.lora import LORA_MODULES as MODEL_LORA_MODULES
 from kiln.model.lora_slots import LoraBatch
@@ -95,24 +94,13 @@ class CpuStep:
     def forward(self, model: CausalLM, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
         """Logits ``[len(batch.logits_indices), vocab]`` in the order asked, from C steps of at
         most :func:`group_rows` rows each."""
-        qsl = batch.query_start_loc.tolist()
-        wanted = batch.logits_indices.tolist()
-        n_rows = qsl[-1]
-        owner = [i for i in range(len(qsl) - 1) for _ in range(qsl[i], qsl[i + 1])]
         prog = self.program(kv)
         # the embedding: in the C step where it is held packed, else the model's module first
-        ids = batch.input_ids if prog.embeds else None
         x = None if prog.embeds else model.model.embed_tokens(batch.input_ids)
-        tables, positions = batch.block_tables, batch.positions
 
-        def step(a: int, b: int, rows: list[int]) -> np.ndarray:
-            lora = None if batch.lora is None else lora_rows(batch.lora, torch.arange(a, b))
-            return prog.step(
-                None if x is None else x[a:b], positions[a:b] + 1,
-                tables.index_select(0, torch.tensor(owner[a:b], dtype=torch.int64)),
-                batch.slot_mapping[a:b], torch.tensor(rows, dtype=torch.int64), lora,
-                torch.tensor([max(qsl[i], a) - a for i in owner[a:b]], dtype=torch.int64),
-                ids=None if ids is None else ids[a:b])
+        def lora(a: int, b: int) -> LoraRows | None:
+            return lora_rows(batch.lora, torch.arange(a, b))
 
-        size = group_rows(self.weights.heads, int(batch.seq_lens.max()))
-        return torch.from_numpy(step_groups(n_rows, size, wanted, prog.vocab, step))
+        return torch.from_numpy(run_rows(  # the rows flattened once (batch.rows)
+            prog, batch.rows, batch.logits_indices.tolist(), self.weights.heads, x=x,
+            lora=None if batch.lora is None else lora))
