@@ -88,8 +88,9 @@ def flatten_definition(name: str, definition: dict[str, Any],
 
 
 def flatten(doc: dict[str, Any]) -> dict[str, Any]:
-    """A copy of a schema document whose definitions include no field group (module doc); the
-    groups themselves stay (a field's `$ref` may point into one)."""
+    """The schema document with every definition that includes field groups flattened (module
+    doc), as a new document (``doc`` itself when it has no group; ``doc`` is never changed).
+    The groups themselves stay (a field's `$ref` may point into one)."""
     known = groups(doc)
     if not known:
         return doc
