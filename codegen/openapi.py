@@ -1,7 +1,11 @@
 """Bundle the contract into an OpenAPI 3.1 document.
 
 OAS 3.1 schemas are JSON Schema 2020-12, so every `$defs` entry is copied verbatim into
-`components/schemas`; only `$ref`s are rewritten. Paths come from `contract/routes.json`.
+`components/schemas`; only `$ref`s are rewritten, and a definition that includes field groups
+(codegen/fields.py) is written flattened: one object schema with every field, so that a client
+or a fuzzer reads one request object and the served document can bound a shared field per route.
+The groups are copied too (a field's `$ref` may point into one). Paths come from
+`contract/routes.json`.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from codegen.fields import flatten
 from codegen.paths import API_SCHEMAS, MAIN_SCHEMA, Layout
 
 # a sibling's definitions are named with its prefix; the API files' names carry their own
@@ -141,14 +146,14 @@ def _operation(route: dict[str, Any], examples: dict[str, Any]) -> dict[str, Any
 
 
 def build_openapi(layout: Layout) -> dict[str, Any]:
-    main = json.loads(layout.main_schema.read_text(encoding="utf-8"))
+    main = flatten(json.loads(layout.main_schema.read_text(encoding="utf-8")))
     schemas: dict[str, Any] = {}
     for name, definition in main["$defs"].items():
         schemas[name] = _rewrite(definition, MAIN_SCHEMA)
     for filename, prefix in SIBLING_PREFIX.items():
         path: Path = layout.contract_dir / filename
         if path.exists():
-            sibling = json.loads(path.read_text(encoding="utf-8"))
+            sibling = flatten(json.loads(path.read_text(encoding="utf-8")))
             for name, definition in sibling.get("$defs", {}).items():
                 if prefix + name in schemas:
                     raise BundleError(f"{filename} defines {name}, which is defined already")

@@ -3,7 +3,9 @@
 datamodel-code-generator cannot express `not` / `if` / `then` (it drops them silently) and turns
 `anyOf`/`oneOf` branches that only list `required` into untagged Structs that msgspec refuses to
 decode. The request validator enforces those rules from the contract itself, so the struct
-generator is given a copy without them.
+generator is given a copy without them. A definition that includes field groups (the sampling
+fields chat, completions and batch share: codegen/fields.py) is given flattened, one struct with
+every field, and the groups themselves are left out (they are no wire type).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from codegen.fields import flatten, groups
 from codegen.paths import API_SCHEMAS, MAIN_SCHEMA
 
 ASSERTION_ONLY = frozenset({"not", "if", "then", "else"})
@@ -127,6 +130,15 @@ def _merge_api_defs(docs: dict[str, dict[str, Any]], dest: Path) -> None:
                                     encoding="utf-8")
 
 
+def _without_groups(doc: dict[str, Any]) -> dict[str, Any]:
+    """``doc`` flattened (codegen/fields.py), its field groups left out."""
+    known = groups(doc)
+    if not known:
+        return doc
+    flat = flatten(doc)
+    return {**flat, "$defs": {k: v for k, v in flat["$defs"].items() if k not in known}}
+
+
 def write_view(files: list[Path], dest: Path) -> Path:
     """Write the stripped copies of the schema files and the closed map; return the map path."""
     dest.mkdir(parents=True, exist_ok=True)
@@ -134,7 +146,7 @@ def write_view(files: list[Path], dest: Path) -> Path:
     for path in files:
         if not path.name.endswith(".schema.json"):
             continue
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc = _without_groups(json.loads(path.read_text(encoding="utf-8")))
         docs[path.name] = doc
         (dest / path.name).write_text(
             json.dumps(strip_assertions(doc), indent=2, ensure_ascii=False) + "\n",

@@ -9,6 +9,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from urllib.parse import quote
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -67,11 +68,19 @@ class RequestIdMiddleware(_HttpMiddleware):
                 headers = [h for h in message.get("headers", []) if h[0] != b"x-request-id"]
                 # a handler may have adopted the body's request_id (state.claim_request_id)
                 sent = str(state.get("request_id") or rid)
-                headers.append((b"x-request-id", sent.encode("latin-1")))
+                headers.append((b"x-request-id", _header_value(sent)))
                 message = {**message, "headers": headers}
             await send(message)
 
         await self.app(scope, receive, send_with_id)
+
+
+def _header_value(text: str) -> bytes:
+    """``text`` as a header value: as it is when it is printable ASCII, else its UTF-8
+    percent-encoded (a body's request_id may hold any character; a header cannot)."""
+    if text.isascii() and text.isprintable():
+        return text.encode("ascii")
+    return quote(text, safe="").encode("ascii")
 
 
 class InternalErrorMiddleware(_HttpMiddleware):

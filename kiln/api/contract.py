@@ -39,6 +39,9 @@ TOO_DEEP = "request body nests JSON too deeply"
 MAX_INTEGRAL_FIXES = 16  # integral floats turned into ints per request body before giving up
 
 # (definition, allOf index) -> (message, param). Keep in step with the contract's allOf rules.
+# The branches that include a field group (`{"$ref": "#/$defs/SamplingFields"}`, issue 45) come
+# after the rules and are no rule: a violation of a shared field is reported where the group
+# defines it (`$defs/SamplingFields/properties/...`), a plain field error.
 RULE_MESSAGES: dict[tuple[str, int], tuple[str, str | None]] = {
     ("BatchCompletionRequest", 0): (
         "adapter (a name) cannot be combined with adapters; use one of them",

@@ -26,7 +26,10 @@ from typing import Any
 
 from kiln.api import _generated
 
-_LOGIT_BIAS = ("ChatCompletionRequest", "BatchCompletionRequest", "TextCompletionRequest")
+# The requests are written flattened (codegen/openapi.py); SamplingFields, the field group they
+# include, is the schema /inference/v1/generate's sampling_params.logit_bias points at.
+_LOGIT_BIAS = ("ChatCompletionRequest", "BatchCompletionRequest", "TextCompletionRequest",
+               "SamplingFields")
 _TOP_LOGPROBS = (("ChatCompletionRequest", "top_logprobs"),
                  ("ChatCompletionRequest", "prompt_logprobs"),  # beside generation, as vLLM
                  ("ChatCompletionRequest", "n_probs"),  # llama-server's top_logprobs

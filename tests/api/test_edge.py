@@ -114,6 +114,18 @@ def test_request_id_echoed_and_generated(client: TestClient) -> None:
     assert r3.headers["x-request-id"]
 
 
+def test_a_body_request_id_no_header_can_carry_is_percent_encoded(client: TestClient) -> None:
+    """A body's request_id may hold any character (the contract bounds its length only); the
+    X-Request-Id header carries it percent-encoded (it had been a 500: the fuzz run found it),
+    the response id as it is."""
+    rid = "\u00e9\U000f3466\x7f<"
+    r = client.post(CHAT, json={"messages": [{"role": "user", "content": "hi"}],
+                                "request_id": rid, "max_tokens": 1})
+    assert r.status_code == 200, r.text
+    assert r.headers["x-request-id"] == "%C3%A9%F3%B3%91%A6%7F%3C"
+    assert r.json()["id"] == f"chatcmpl-{rid}"
+
+
 def test_health_models_openapi(client: TestClient) -> None:
     assert client.get("/health").json()["status"] == "ok"
     models = client.get("/v1/models").json()

@@ -39,6 +39,18 @@ def test_document_carries_the_model_and_server_bounds(doc_client: TestClient) ->
     assert pattern == below(VOCAB)
 
 
+def test_a_field_pointer_into_a_field_group_reads_the_served_bounds(doc_client: TestClient) -> None:
+    """/inference/v1/generate's sampling parameters point at completions' fields, some of which
+    live in the SamplingFields group (issue 45): the group's copy is bounded as the requests'."""
+    schemas = doc_client.get("/openapi.json").json()["components"]["schemas"]
+    ref = schemas["GenerateSamplingParams"]["properties"]["logit_bias"]["$ref"]
+    assert ref == "#/components/schemas/SamplingFields/properties/logit_bias"
+    for name in ("SamplingFields", "TextCompletionRequest"):
+        bias = schemas[name]["properties"]["logit_bias"]["oneOf"]
+        assert next(b for b in bias if b.get("type") == "object")["propertyNames"] == {
+            "pattern": below(VOCAB)}
+
+
 def test_the_server_refuses_exactly_past_the_served_bounds(doc_client: TestClient) -> None:
     ok = doc_client.post("/detokenize", json={"tokens": [VOCAB - 1]})
     past = doc_client.post("/detokenize", json={"tokens": [VOCAB]})

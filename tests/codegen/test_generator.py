@@ -7,11 +7,13 @@ import json
 import shutil
 import typing
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
 
 from codegen.__main__ import main, render_all, stale_files
+from codegen.fields import MARK, FieldGroupError, flatten
 from codegen.openapi import BundleError, build_openapi
 from codegen.paths import DEFAULT_LAYOUT, Layout
 from codegen.view import closed_objects, strip_assertions
@@ -155,3 +157,76 @@ def test_missing_and_null_are_preserved() -> None:
     )
     assert req.thinking_budget_tokens is None
     assert req.thinking_budget_ms is msgspec.UNSET
+
+
+# -- field groups (codegen/fields.py) ------------------------------------------------------------
+
+def _grouped_fixture(tmp_path: Path) -> Path:
+    """The fixture contract with EchoRequest's n and stream moved into a field group."""
+    contract = tmp_path / "contract"
+    shutil.copytree(FIXTURE.contract_dir, contract)
+    path = contract / "kiln-inference-v1.schema.json"
+    doc = json.loads(path.read_text())
+    echo = doc["$defs"]["EchoRequest"]
+    shared = {k: echo["properties"].pop(k) for k in ("n", "stream")}
+    doc["$defs"]["EchoFields"] = {"description": "Fields echo requests share.", "type": "object",
+                                  "properties": shared, MARK: True}
+    echo["allOf"].append({"$ref": "#/$defs/EchoFields"})
+    path.write_text(json.dumps(doc))
+    return contract
+
+
+def _body(text: str) -> str:
+    return text.split("\n", 2)[2]  # past the banner (its contract digest)
+
+
+def test_a_field_group_is_flattened_into_the_struct(tmp_path: Path) -> None:
+    """A request that includes a field group generates the struct it had with the fields inline
+    (DCG puts the required field first, so here even the order is the same), and no struct for
+    the group."""
+    rendered = render_all(Layout(_grouped_fixture(tmp_path), tmp_path / "out"))
+    golden = (FIXTURE.out_dir / "wire.py").read_text(encoding="utf-8")
+    assert _body(rendered["wire.py"]) == _body(golden)
+    assert "EchoFields" not in rendered["wire.py"]
+
+
+def test_a_field_group_is_flattened_in_the_openapi_document(tmp_path: Path) -> None:
+    doc = build_openapi(Layout(_grouped_fixture(tmp_path), tmp_path / "out"))
+    golden = json.loads((FIXTURE.out_dir / "openapi.json").read_text(encoding="utf-8"))
+    schemas = doc["components"]["schemas"]
+    assert schemas.pop("EchoFields")[MARK] is True  # copied, as every definition is
+    echo = schemas["EchoRequest"]
+    assert list(echo["properties"]) == ["n", "stream", "text", "budget"]  # the group's first
+    assert echo["allOf"] == golden["components"]["schemas"]["EchoRequest"]["allOf"]  # rules only
+    assert schemas == golden["components"]["schemas"]  # the same meaning (dicts ignore order)
+
+
+def test_flatten_keeps_rules_and_refuses_a_field_defined_twice() -> None:
+    group = {"type": "object", "properties": {"a": {"type": "integer"}}, MARK: True}
+    rule = {"if": {"required": ["a"]}, "then": {"required": ["b"]}}
+    doc: dict[str, Any] = {"$defs": {"G": group, "R": {"type": "object", "properties": {"b": {}},
+                                       "allOf": [rule, {"$ref": "#/$defs/G"}]}}}
+    flat = flatten(doc)["$defs"]
+    assert flat["R"] == {"type": "object", "properties": {"a": {"type": "integer"}, "b": {}},
+                         "allOf": [rule]}
+    assert flat["G"] == group
+    doc["$defs"]["R"]["properties"]["a"] = {"type": "integer"}
+    with pytest.raises(FieldGroupError, match=r"R\.a is defined twice"):
+        flatten(doc)
+
+
+@pytest.mark.parametrize("extra", [{"required": ["a"]}, {"additionalProperties": False},
+                                   {"allOf": [{"$ref": "#/$defs/H"}]}])
+def test_a_field_group_holds_properties_only(extra: dict[str, object]) -> None:
+    """A group's `required`, closedness or own includes would be lost in the flattening: refused."""
+    group = {"type": "object", "properties": {"a": {}}, MARK: True, **extra}
+    with pytest.raises(FieldGroupError):
+        flatten({"$defs": {"G": group}})
+
+
+def test_a_lone_ref_to_a_plain_definition_stays_a_rule() -> None:
+    """Only a `$ref` to a marked group is an include (thinking-budget's record has `allOf` of a
+    plain `$ref`, a rule)."""
+    doc = {"$defs": {"E": {"type": "object", "properties": {"a": {}}},
+                     "R": {"type": "object", "allOf": [{"$ref": "#/$defs/E"}]}}}
+    assert flatten(doc) == doc

@@ -12,6 +12,8 @@ import referencing
 from jsonschema import Draft202012Validator
 from referencing.jsonschema import DRAFT202012
 
+from codegen.fields import flatten, groups, included, includes
+
 CONTRACT_DIR = Path(__file__).resolve().parents[2] / "contract"
 MAIN_FILE = "kiln-inference-v1.schema.json"
 TB_FILE = "thinking-budget-v1.schema.json"
@@ -27,6 +29,32 @@ def load(name: str) -> Any:
 def main_schema() -> dict[str, Any]:
     schema: dict[str, Any] = load(MAIN_FILE)
     return schema
+
+
+@cache
+def flat_main_schema() -> dict[str, Any]:
+    """The main file with each request's field groups flattened into it (codegen/fields.py):
+    the fields a request takes, as the generated struct and the OpenAPI document have them."""
+    schema: dict[str, Any] = flatten(main_schema())
+    return schema
+
+
+def field_groups() -> dict[str, dict[str, Any]]:
+    """The main file's field groups (``x-kiln-field-group``) by name."""
+    return groups(main_schema())
+
+
+def included_groups(definition: str) -> list[str]:
+    """The field groups a main-file definition includes, in ``allOf`` order."""
+    return includes(main_schema()["$defs"][definition], field_groups())
+
+
+def rule_branches(definition: dict[str, Any]) -> list[tuple[int, Any]]:
+    """A definition's ``allOf`` branches that state a rule, with their index (the branches that
+    include a field group are no rule)."""
+    known = field_groups()
+    return [(i, b) for i, b in enumerate(definition.get("allOf", []))
+            if included(b, known) is None]
 
 
 def tb_schema() -> dict[str, Any]:

@@ -13,6 +13,7 @@ from tests.contract.contract_files import (
     MAIN_FILE,
     TB_FILE,
     api_defs,
+    flat_main_schema,
     main_schema,
     py_validator,
     routes,
@@ -124,7 +125,7 @@ def test_uint64_maximum_is_exact() -> None:
     ],
 )
 def test_n_is_bounded(name: str, base: dict[str, Any]) -> None:
-    n = main_schema()["$defs"][name]["properties"]["n"]
+    n = flat_main_schema()["$defs"][name]["properties"]["n"]
     assert n["oneOf"][1] == {"type": "integer", "minimum": 1, "maximum": 64}
     assert n["default"] == 1
     validator = rs_validator(name)

@@ -12,7 +12,12 @@ from typing import Any
 
 import pytest
 
-from tests.contract.contract_files import main_schema
+from tests.contract.contract_files import (
+    field_groups,
+    flat_main_schema,
+    included_groups,
+    main_schema,
+)
 from tests.contract.seed import Seed, SeedDefinition, SeedField, load_seed
 
 SEED = load_seed()
@@ -24,6 +29,15 @@ pytestmark = pytest.mark.skipif(
 SEED_UINT64 = 18446744073709552000  # what the seed prints (2**64 - 1 rounded through a float)
 UINT64_MAX = 2**64 - 1
 
+# Fields chat and batch share, defined once (issue 45, CHANGELOG.md) in a field group whose
+# description words the field for every request that includes it, where the seed worded it for
+# each request apart; everything else about them is the seed's.
+REWORDED = {
+    *((d, f) for d in ("ChatCompletionRequest", "BatchCompletionRequest")
+      for f in ("n", "sampling_preset", "max_tokens", "ignore_eos", "adapter", "adapters", "tools",
+                "chat_template_kwargs")),
+    ("ChatCompletionRequest", "stream_options"),  # shared with completions
+}
 # Fields whose constraints the contract deliberately tightens (CHANGELOG.md); the seed's own
 # constraints must still all be present.
 TIGHTENED = {
@@ -175,6 +189,8 @@ ADDED = {
     "ToolChoice", "RequestTemplateKwargs",  # issue 28: rules the server enforces
     "ComputePlan", "ComputeImplementation",  # issue 24: /health shows the compute plan
     "WeightVersion", "WeightVersionSpan",  # issue 51: the served weights' name and spans
+    # issue 45: the fields chat, completions and batch share, each defined once
+    "SamplingFields", "ConversationFields", "OpenAiRequestFields",
 }
 
 
@@ -184,7 +200,9 @@ def seed() -> Seed:
 
 
 def defs() -> dict[str, Any]:
-    result: dict[str, Any] = main_schema()["$defs"]
+    """The definitions, each request with the field groups it includes flattened into it (the
+    fields it takes, as the seed lists them)."""
+    result: dict[str, Any] = flat_main_schema()["$defs"]
     return result
 
 
@@ -327,12 +345,33 @@ def test_root_composition_and_annotations_are_exact() -> None:
     assert sorted(k for k in root if k.startswith("x-kiln-")) == sorted(seed().root_annotations)
 
 
+def sources(name: str) -> list[list[str]]:
+    """The property names a definition defines itself and those of each field group it includes,
+    each in its order (the flattened definition lists the groups' first)."""
+    own = list(main_schema()["$defs"][name].get("properties", {}))
+    return [own, *(list(field_groups()[g]["properties"]) for g in included_groups(name))]
+
+
+def check_description(def_name: str, sfield: SeedField, prop: dict[str, Any]) -> None:
+    if (def_name, sfield.name) in REWORDED:
+        assert prop["description"] != sfield.description, "a reworded field must differ"
+        shared = [g for g in included_groups(def_name)
+                  if sfield.name in field_groups()[g]["properties"]]
+        assert len(shared) == 1, "only a field defined in a field group is reworded"
+    else:
+        assert prop["description"] == sfield.description
+
+
 @pytest.mark.parametrize("sdef", kept_defs(), ids=lambda d: d.name)
 def test_definition_shape(sdef: SeedDefinition) -> None:
     cdef = defs()[sdef.name]
     assert cdef["description"] == sdef.description
     props = seed_props(sdef.name)
-    assert list(props) == [f.name for f in sdef.fields]
+    names = [f.name for f in sdef.fields]
+    assert sorted(props) == sorted(names)
+    for source in sources(sdef.name):  # its own fields and each field group's, in the seed's order
+        kept = [seed_name(sdef.name, k) for k in source if seed_name(sdef.name, k) in names]
+        assert kept == [n for n in names if n in kept], sdef.name
     assert len(props) == sdef.field_count
     assert [seed_name(sdef.name, k) for k in cdef.get("required", [])] == [
         f.name for f in sdef.fields if f.required]
@@ -381,14 +420,14 @@ def test_field(def_name: str, sfield: SeedField) -> None:
     if (def_name, sfield.name) in NARROWED:
         seed_type, contract_type = NARROWED[(def_name, sfield.name)]
         assert sfield.type == seed_type and render_type(prop) == contract_type
-        assert prop["description"] == sfield.description
+        check_description(def_name, sfield, prop)
         return
     if (def_name, sfield.name) in WIDENED:
         kind, constraints = WIDENED[(def_name, sfield.name)]
         assert render_type(prop) == kind and sfield.type != kind
         assert contract_constraints(prop) == constraints
         return
-    assert prop["description"] == sfield.description
+    check_description(def_name, sfield, prop)
     assert render_type(prop) == sfield.type
     expected = parse_constraints(sfield.constraints)
     actual = normalize(contract_constraints(prop))
