@@ -21,7 +21,7 @@ from collections.abc import Callable, Collection, Sequence
 from kiln.engine.block_pool import BlockPool
 from kiln.engine.config import EngineConfig
 from kiln.engine.errors import EngineError
-from kiln.engine.lora_mix import AdapterAdmission, LoraMix, check_mix
+from kiln.engine.lora_mix import AdapterAdmission, LoraMix
 from kiln.engine.outputs import (
     ModelRunnerOutput,
     RequestOutput,
@@ -33,8 +33,8 @@ from kiln.engine.outputs import (
 from kiln.engine.priority import WaitingQueue, admission_victim, pick_victim, unschedule
 from kiln.engine.repetition import REPETITION, repeats
 from kiln.engine.request import Request, RequestState, Status
+from kiln.engine.request_limits import RequestLimits
 from kiln.engine.speculative import Speculation
-from kiln.text.thinking_budget import validate_budget
 
 NewTokens = tuple[list[int], list[float], list[bool]]  # ids, behaviour logprobs, forced
 
@@ -63,6 +63,7 @@ class Scheduler:
         self.block_size = config.block_size
         self.max_model_len = max_model_len
         self.pool = BlockPool(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.limits = RequestLimits(config, max_model_len, num_blocks)
         self.eos_token_ids = frozenset(eos_token_ids)
         self._clock = clock
         self._requests: dict[str, RequestState] = {}
@@ -113,46 +114,14 @@ class Scheduler:
         return self.pause_mode == "keep" or (self.pause_mode == "wait" and not self._running)
 
     # -- admission -------------------------------------------------------------------------
-    @property
-    def kv_capacity_tokens(self) -> int:
-        return self.pool.num_blocks * self.block_size
-
     def check_request(self, req: Request) -> int:
-        """Raise EngineError if ``req`` can never run; else return its clamped max_tokens.
-
-        Reads only immutable settings, so any thread may call it.
-        """
-        n = len(req.prompt_token_ids)
-        if n == 0:
-            raise EngineError("empty_prompt", "The prompt must contain at least one token.", 400)
-        if n >= self.max_model_len:
-            raise EngineError(
-                "context_length_exceeded",
-                f"This model's maximum context length is {self.max_model_len} tokens, but the "
-                f"prompt has {n} tokens (max_tokens {req.sampling.max_tokens}).",
-            )
-        if _cdiv(n + 1, self.block_size) > self.pool.num_blocks:  # never fits: not a retry
-            raise EngineError(
-                "context_length_exceeded",
-                f"The prompt has {n} tokens but the KV cache holds at most "
-                f"{self.kv_capacity_tokens - 1} prompt tokens.",
-            )
-        self.check_lora(req.lora)
-        window = min(self.max_model_len, self.kv_capacity_tokens) - n
-        max_tokens = max(0, min(req.sampling.max_tokens, window))
-        spec = req.sampling.thinking
-        if spec is not None:
-            error = validate_budget(True, len(spec.close_ids), max_tokens, req.sampling.stop)
-            if error is not None:
-                raise EngineError("chat_invalid_request", error, 400)
-        return max_tokens
+        """Raise EngineError if ``req`` can never run; else return its clamped max_tokens
+        (``kiln.engine.request_limits``; any thread may call it)."""
+        return self.limits.check(req)
 
     def check_lora(self, mix: LoraMix) -> None:
         """Raise EngineError (400) if the adapter mix ``mix`` can never run on this engine."""
-        error = check_mix(mix, self.config.max_lora_slots, self.config.max_lora_rank) if mix \
-            else None  # the base model always runs (kiln.engine.lora_mix not entered)
-        if error is not None:
-            raise EngineError("invalid_compose_request", error, 400)
+        self.limits.check_lora(mix)
 
     def add_request(self, req: Request, seed: int | None = None) -> RequestOutput | None:
         """Queue ``req``; returns its final output at once when it needs no model work."""
