@@ -161,7 +161,9 @@ SETTINGS: tuple[Setting, ...] = (
     _s("speculative_config", "str", None,
        "speculative decoding, vLLM's JSON: {\"method\": \"ngram\", \"num_speculative_tokens\": K, "
        "\"prompt_lookup_max\": N, \"prompt_lookup_min\": M} (n-gram drafts from the request's "
-       "own tokens, verified so that every token equals plain decoding's)", shown="none: off"),
+       "own tokens) or {\"method\": \"draft_model\", \"model\": PATH, "
+       "\"num_speculative_tokens\": K} (a GGUF with the served model's tokenizer drafts), "
+       "verified so that every token equals plain decoding's", shown="none: off"),
     _s("weight_version", "str", "default",
        "the name of the weights served at start, reported on every response (SGLang's "
        "--weight-version); POST /update_weights_from_disk names the weights it loads"),

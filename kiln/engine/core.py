@@ -1,6 +1,7 @@
 """What an engine is built of for a loaded model: its scheduler and its runner (one ``Runner``:
 ``Runner.for_c_model`` for a ``LoadedCModel``, ``Runner.for_torch_model`` for a torch
-``LoadedModel``; the KV cache allocated there). ``kiln.engine.loop`` runs them. Imports no
+``LoadedModel``; the KV cache allocated there), and the draft model of
+``--speculative-config``'s ``draft_model`` (``kiln.engine.draft_model``). ``kiln.engine.loop`` runs them. Imports no
 torch."""
 
 from __future__ import annotations
@@ -27,4 +28,12 @@ def build_core(loaded: Loaded, config: EngineConfig) -> tuple[Scheduler, Runner]
     else:
         runner = Runner.for_c_model(loaded.model, config, tokenizer=loaded.tokenizer)
     max_len = context_length(config, loaded.config.max_position)
-    return Scheduler(config, runner.num_blocks, max_len, loaded.tokenizer.eos_token_ids), runner
+    scheduler = Scheduler(config, runner.num_blocks, max_len, loaded.tokenizer.eos_token_ids)
+    spec = config.speculative
+    if spec is not None and spec.method == "draft_model" and spec.model is not None:
+        from kiln.engine.draft_model import load_drafter
+
+        scheduler.speculation.drafter = load_drafter(
+            spec.model, config, loaded.tokenizer.backend.get_vocab(with_added_tokens=True),
+            max_len)
+    return scheduler, runner

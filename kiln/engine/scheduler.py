@@ -159,6 +159,8 @@ class Scheduler:
         capped = False
         # the rows drafts may add this step (kiln.engine.speculative.DRAFT_ROWS)
         room = self.speculation.room(len(decodes))
+        if room > 0:  # a draft model drafts for all of them at once
+            self.speculation.prepare(decodes, budget, self.max_model_len)
         for i, st in enumerate(decodes + prefills):
             if i == len(decodes) and seqs:  # decodes run this step: keep prefill chunks short
                 budget, capped = min(budget, self.config.max_prefill_tokens_while_decoding), True
@@ -432,6 +434,7 @@ class Scheduler:
         if st.block_ids:
             self.pool.free(st.block_ids)
             st.block_ids = []
+        self.speculation.forget(st.request_id)
         if st.status is Status.RUNNING:
             self._running.remove(st)
         elif st.status is Status.WAITING and st in self._waiting:

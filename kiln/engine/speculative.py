@@ -11,16 +11,19 @@ it as history), and keep the sampled tokens while each equals the draft it check
 kept are the tokens plain decoding would have made, one after another; the first sample that
 differs from its draft is kept too (plain decoding makes it there), and the rest is dropped.
 
-Drafts here come from n-gram (prompt) lookup over the request's own tokens: the longest recent
-n-gram (``prompt_lookup_max`` down to ``prompt_lookup_min`` tokens) that ends the sequence and
-occurred before proposes the tokens that followed it. ``DraftLength`` follows each request's
+Drafts come from n-gram (prompt) lookup over the request's own tokens (``ngram``): the longest
+recent n-gram (``prompt_lookup_max`` down to ``prompt_lookup_min`` tokens) that ends the
+sequence and occurred before proposes the tokens that followed it; or from a draft model with
+the same tokenizer (``draft_model``: ``kiln.engine.draft_model``), greedily, for every drafting
+request of a step at once. ``DraftLength`` follows each request's
 acceptance, and ``Speculation`` (the scheduler's side, at the end) decides which requests draft
 at all (only plain decoding rows the runner verifies; any other request decodes as before) and
 counts what verify steps kept.
 
 The configuration is vLLM's ``--speculative-config`` JSON (``{"method": "ngram",
-"num_speculative_tokens": K, "prompt_lookup_max": N, "prompt_lookup_min": M}``); the draft-model
-and MTP kinds are refused until they are built.
+"num_speculative_tokens": K, "prompt_lookup_max": N, "prompt_lookup_min": M}``, or
+``{"method": "draft_model", "model": PATH, "num_speculative_tokens": K}``); the MTP kind is
+refused until it is built.
 """
 
 from __future__ import annotations
@@ -34,10 +37,14 @@ from typing import TYPE_CHECKING, Any
 from kiln.engine.outputs import ModelRunnerOutput, SampledToken, ScheduledSeq
 
 if TYPE_CHECKING:
+    from kiln.engine.draft_model import ModelDrafter
     from kiln.engine.request import RequestState
 
-METHODS = ("ngram",)
-NOT_BUILT = ("draft_model", "mtp", "eagle", "eagle3", "medusa", "suffix")
+METHODS = ("ngram", "draft_model")
+# the keys each method takes besides "method"
+KEYS = {"ngram": ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"),
+        "draft_model": ("model", "num_speculative_tokens")}
+NOT_BUILT = ("mtp", "eagle", "eagle3", "medusa", "suffix")
 MAX_SPECULATIVE_TOKENS = 16
 LOOKBACK = 4096  # tokens searched for an earlier occurrence of the tail n-gram
 # A step's rows beyond which no draft is added: on the CPU a row is not free (a step of 4
@@ -54,6 +61,7 @@ class SpeculativeConfig:
     num_speculative_tokens: int = 4
     prompt_lookup_max: int = 4
     prompt_lookup_min: int = 2
+    model: str | None = None  # draft_model: the draft model's location (load_model's)
 
     @classmethod
     def parse(cls, text: str | Mapping[str, Any]) -> SpeculativeConfig:
@@ -72,20 +80,24 @@ class SpeculativeConfig:
         if method not in METHODS:
             raise ValueError(f"--speculative-config method {method!r} is unknown; "
                              f"use {', '.join(METHODS)}")
-        known = {"num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"}
+        known = set(KEYS[method])
         unknown = sorted(set(spec) - known)
         if unknown:
             raise ValueError(f"--speculative-config {unknown[0]!r} is not supported "
-                             f"(ngram takes {', '.join(sorted(known))})")
+                             f"({method} takes {', '.join(sorted(known))})")
+        model = spec.pop("model", None)
+        if method == "draft_model" and (not isinstance(model, str) or not model.strip()):
+            raise ValueError("--speculative-config draft_model needs \"model\": the draft "
+                             "model's path or name (a GGUF with the served model's tokenizer)")
         ints = {}
-        for key in sorted(known):
+        for key in sorted(known - {"model"}):
             if key in spec:
                 value = spec[key]
                 if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                     raise ValueError(f"--speculative-config {key} must be a positive integer, "
                                      f"got {value!r}")
                 ints[key] = value
-        out = cls(method=method, **ints)
+        out = cls(method=method, model=model, **ints)
         if out.num_speculative_tokens > MAX_SPECULATIVE_TOKENS:
             raise ValueError(f"--speculative-config num_speculative_tokens is at most "
                              f"{MAX_SPECULATIVE_TOKENS}, got {out.num_speculative_tokens}")
@@ -95,6 +107,8 @@ class SpeculativeConfig:
         return out
 
     def describe(self) -> str:
+        if self.method == "draft_model":
+            return f"draft_model (k={self.num_speculative_tokens}, model={self.model})"
         return (f"ngram (k={self.num_speculative_tokens}, n={self.prompt_lookup_min}.."
                 f"{self.prompt_lookup_max})")
 
@@ -201,6 +215,9 @@ class Speculation:
 
     def __init__(self, config: SpeculativeConfig | None) -> None:
         self.config = config
+        # draft_model: the draft model (kiln.engine.core.build_core loads it); ngram: None
+        self.drafter: ModelDrafter | None = None
+        self._prepared: dict[str, list[int]] = {}  # the draft model's drafts for this step
         self.runner_verifies = False
         self.drafts = 0  # verify steps a request drafted in
         self.draft_tokens = 0
@@ -210,21 +227,52 @@ class Speculation:
         """The rows drafts may add to a step with ``decodes`` decoding rows (``DRAFT_ROWS``)."""
         return DRAFT_ROWS - decodes if self.config is not None else 0
 
-    def draft(self, st: RequestState, budget: int, max_model_len: int) -> list[int]:
-        """Tokens to verify after decoding ``st``'s last one: only for a request whose every
-        token is plain sampling (no logprobs, logits processors, grammar, thinking budget, stop
-        strings or adapter: those decode as before), within its max_tokens, the context window
-        and the step's ``budget``."""
+    def _wanted(self, st: RequestState, budget: int, max_model_len: int) -> int:
+        """How many tokens ``st`` drafts this step (0: none): only a request whose every token
+        is plain sampling (no logits processors, grammar, thinking budget or adapter: those
+        decode as before), within its max_tokens, the context window and ``budget``."""
         spec = self.config
         if spec is None or not self.runner_verifies or not drafts_allowed(st.request):
-            return []
+            return 0
         if st.draft_length is None:
             st.draft_length = DraftLength(spec.num_speculative_tokens)
-        k = min(st.draft_length.wanted(), budget - 1,
-                st.max_tokens - len(st.output_token_ids) - 1, max_model_len - st.num_tokens - 1)
-        if k <= 0:
+        return max(0, min(st.draft_length.wanted(), budget - 1,
+                          st.max_tokens - len(st.output_token_ids) - 1,
+                          max_model_len - st.num_tokens - 1))
+
+    def prepare(self, decodes: Sequence[RequestState], budget: int, max_model_len: int) -> None:
+        """Before a step is scheduled: the draft model drafts for every decode that drafts this
+        step, in one call (``ModelDrafter.propose``), within the step's room for draft rows;
+        ``draft`` hands each its tokens. Nothing to do for n-gram drafts (made one by one)."""
+        self._prepared = {}
+        if self.drafter is None:
+            return
+        room = self.room(len(decodes))
+        wants: list[tuple[str, list[int], int]] = []
+        for st in decodes:
+            if room <= 0:
+                break
+            k = self._wanted(st, min(budget, room + 1), max_model_len)
+            if k > 0:
+                wants.append((st.request_id, st.all_token_ids, k))
+                room -= k
+        self._prepared = self.drafter.propose(wants)
+
+    def draft(self, st: RequestState, budget: int, max_model_len: int) -> list[int]:
+        """Tokens to verify after decoding ``st``'s last one (see ``_wanted``): the draft
+        model's, prepared for this step, or the n-gram lookup's."""
+        if self.drafter is not None:
+            return self._prepared.pop(st.request_id, [])[:max(0, budget - 1)]
+        spec = self.config
+        k = self._wanted(st, budget, max_model_len)
+        if spec is None or k <= 0:
             return []
         return ngram_draft(st.all_token_ids, k, spec.prompt_lookup_min, spec.prompt_lookup_max)
+
+    def forget(self, request_id: str) -> None:
+        """A finished request: the draft model's cache lets its blocks go."""
+        if self.drafter is not None:
+            self.drafter.forget(request_id)
 
     def kept(self, st: RequestState, seq: ScheduledSeq, samples: Sequence[SampledToken]) -> int:
         """How many of a verify step's ``samples`` plain decoding makes (the accepted drafts and

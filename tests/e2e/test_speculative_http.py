@@ -1,5 +1,6 @@
 """Speculative decoding changes nothing but the speed: on the default model (and a tiny
-checkpoint), a server with n-gram speculation answers every request with the token ids,
+checkpoint), a server with n-gram or draft-model speculation answers every request with the
+token ids,
 logprobs and rollout provenance of a server without it, bit for bit — greedy, seeded, n = 2
 with a penalty, a stop token, a stop string, a JSON schema, logprobs — while its counters show
 that drafts were verified and accepted (the equality is not vacuous)."""
@@ -20,6 +21,11 @@ from tests.tiny_models import random_tensors, tiny_config, write_tiny_gguf
 
 SPEC = json.dumps({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
                    "prompt_lookup_min": 2})
+
+def draft_spec(model: str | Path) -> str:
+    return json.dumps({"method": "draft_model", "model": str(model), "num_speculative_tokens": 4})
+
+
 TEXT = ("def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\n"
         "def mul(a, b):\n    return a * b\n")
 MESSAGES = [{"role": "user", "content": f"Repeat this code exactly:\n{TEXT}"}]
@@ -65,10 +71,21 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
                            random_tensors(cfg, 0), q8=True)
 
 
-def test_default_model_answers_are_unchanged() -> None:
+@pytest.fixture(scope="module")
+def plain_answers() -> list[Any]:
     with serve(None, None) as c:
-        want = answers(c, MESSAGES)
-    with serve(None, SPEC) as c:
+        return answers(c, MESSAGES)
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_default_model_answers_are_unchanged(method: str, plain_answers: list[Any]) -> None:
+    """draft_model: the default model drafts for itself (the same tokenizer; a smaller sibling
+    in real use), so its greedy drafts are accepted where the target is greedy too."""
+    from kiln.model.locate import default_model_path
+
+    want = plain_answers
+    spec = SPEC if method == "ngram" else draft_spec(default_model_path())
+    with serve(None, spec) as c:
         got = answers(c, MESSAGES)
         stats = c.app.state.kiln.backend.stats()  # type: ignore[attr-defined]
         plan = c.get("/health").json()["compute_plan"]
@@ -76,23 +93,38 @@ def test_default_model_answers_are_unchanged() -> None:
     assert got == want
     assert stats["spec_decode_num_accepted_tokens"] > 0, stats
     assert stats["spec_decode_num_draft_tokens"] >= stats["spec_decode_num_accepted_tokens"]
-    assert plan["speculative"].startswith("ngram")
+    assert plan["speculative"].startswith(method)
     assert "vllm:spec_decode_num_accepted_tokens_total" in metrics
 
 
-def test_tiny_checkpoint_answers_are_unchanged(tiny: Path) -> None:
+def test_tiny_checkpoint_answers_are_unchanged(tiny: Path,
+                                               tmp_path_factory: pytest.TempPathFactory) -> None:
+    """n-gram drafts, and a draft model of other (random) weights and the same tokenizer,
+    whose drafts the target mostly rejects."""
+    cfg = tiny_config("qwen3")
+    other = write_tiny_gguf(tmp_path_factory.mktemp("draft") / "other.gguf", cfg,
+                            random_tensors(cfg, 1), q8=True)
     messages = [{"role": "user", "content": "Hello, world! Hello, world! Hello, world!"}]
     with serve(str(tiny), None) as c:
         want = answers(c, messages)
-    with serve(str(tiny), SPEC) as c:
-        assert answers(c, messages) == want
+    for spec in (SPEC, draft_spec(other)):
+        with serve(str(tiny), spec) as c:
+            assert answers(c, messages) == want, spec
+            stats = c.app.state.kiln.backend.stats()  # type: ignore[attr-defined]
+            assert stats["spec_decode_num_draft_tokens"] > 0, (spec, stats)
 
 
-def test_a_bad_speculative_config_fails_at_start() -> None:
+def test_a_bad_speculative_config_fails_at_start(tiny: Path) -> None:
     from kiln.config import ConfigError
 
     with pytest.raises(ConfigError, match="not built"):
-        ServerConfig(speculative_config='{"method": "draft_model", "model": "x"}')
+        ServerConfig(speculative_config='{"method": "mtp"}')
+    cfg = ServerConfig(kv_memory_mb=64, speculative_config=draft_spec("/no/such/draft.gguf"))
+    with pytest.raises(ValueError, match=r"--speculative-config model .* cannot be loaded"):
+        EngineBackend.from_config(cfg)
+    cfg = ServerConfig(kv_memory_mb=64, speculative_config=draft_spec(tiny))
+    with pytest.raises(ValueError, match="another tokenizer"):  # the default model's target
+        EngineBackend.from_config(cfg)
 
 
 def test_logprobs_requests_are_verified_with_torch_s_logit_rows() -> None:

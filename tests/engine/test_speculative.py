@@ -56,7 +56,10 @@ def test_draft_length_follows_acceptance_and_rests() -> None:
 
 
 @pytest.mark.parametrize(("text", "words"), [
-    ('{"method": "draft_model", "model": "x"}', "not built"),
+    ('{"method": "mtp"}', "not built"),
+    ('{"method": "draft_model"}', "needs \"model\""),
+    ('{"method": "draft_model", "model": ""}', "needs \"model\""),
+    ('{"method": "draft_model", "model": "x", "prompt_lookup_max": 3}', "not supported"),
     ('{"method": "nope"}', "unknown"),
     ('{"method": "ngram", "num_speculative_tokens": 0}', "positive integer"),
     ('{"method": "ngram", "num_speculative_tokens": 99}', "at most"),
@@ -74,6 +77,11 @@ def test_config_reads_vllms_json() -> None:
                                    '"prompt_lookup_max": 4, "prompt_lookup_min": 2}')
     assert (spec.num_speculative_tokens, spec.prompt_lookup_max, spec.prompt_lookup_min) == \
         (5, 4, 2)
+    draft = SpeculativeConfig.parse('{"method": "draft_model", "model": "small.gguf", '
+                                    '"num_speculative_tokens": 3}')
+    assert (draft.method, draft.model, draft.num_speculative_tokens) == \
+        ("draft_model", "small.gguf", 3)
+    assert draft.describe() == "draft_model (k=3, model=small.gguf)"
 
 
 def test_only_plain_requests_draft() -> None:
