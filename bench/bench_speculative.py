@@ -10,7 +10,11 @@ one after the other (speculation off, then on), on the same three workloads:
 Each workload single-stream (tokens/s of one request, the median of ``--repeats``) and with 8
 concurrent streams (all their tokens over the wall time). Every answer with speculation is
 checked equal to the one without (token ids). Prints a table and writes
-bench/results/speculative.json."""
+bench/results/speculative.json.
+
+``--draft PATH`` measures the draft-model kind instead (``PATH`` drafts for the served model,
+``--model`` or the default): e.g. the default model's F16 file served with its Q4_K_M file
+drafting, files bench.bench_peer writes under build-peers/models."""
 
 from __future__ import annotations
 
@@ -90,11 +94,17 @@ def measure(url: str, repeats: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--model", default=None, help="the served model (default: the default)")
+    ap.add_argument("--draft", default=None, help="a draft model: the draft_model kind")
     args = ap.parse_args(argv)
+    spec = SPEC if args.draft is None else json.dumps(
+        {"method": "draft_model", "model": args.draft, "num_speculative_tokens": 4})
+    served = [] if args.model is None else ["--model", args.model]
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for label, extra in (("off", []), ("on", ["--speculative-config", SPEC])):
-            with running_server(["--kv-memory-mb", "256", "--max-model-len", "4096", *extra],
+        for label, extra in (("off", []), ("on", ["--speculative-config", spec])):
+            with running_server(["--kv-memory-mb", "256", "--max-model-len", "4096", *served,
+                                 *extra],
                                 log_path=Path(tmp) / f"{label}.log") as server:
                 results[label] = measure(server.url, args.repeats)
     rows = []
@@ -115,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {r['workload']} | {r['tokens']} | {r['single_off']} | {r['single_on']} | "
               f"{r['single_ratio']} | {r['streams_off']} | {r['streams_on']} | "
               f"{r['streams_ratio']} |")
-    out = Path(__file__).parent / "results" / "speculative.json"
+    name = "speculative.json" if args.draft is None else "speculative_draft_model.json"
+    out = Path(__file__).parent / "results" / name
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(rows, indent=2) + "\n")
     return 0
