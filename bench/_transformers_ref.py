@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
+from kiln.model.float32_copies import float32_state_dict
 from kiln.model.loader import LoadedModel
-from kiln.model.quantized import float32_state_dict
 
 
 def build_reference(loaded: LoadedModel) -> Any:

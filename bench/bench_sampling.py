@@ -53,7 +53,7 @@ PROMPTS = ["Write a story about a dragon.", "What is the capital of France?", "L
 
 def model_logits() -> torch.Tensor:
     """float32 [8, vocab]: the default model's next-token logits after each chat prompt."""
-    from kiln.model.base import build_forward_batch
+    from kiln.model.batch import build_forward_batch
     from kiln.model.kv_cache import KVCache
     from kiln.model.loader import load_model
 

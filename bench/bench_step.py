@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from kiln.model.base import build_forward_batch
+from kiln.model.batch import build_forward_batch
 from kiln.model.kv_cache import kv_cache_for
 from kiln.model.loader import LoadedModel, load_model
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kiln.adapters import AdapterStore, validate_name
-from kiln.config import ServerConfig, engine_config
+from kiln.config import ServerConfig, engine_config, process_settings
 from kiln.engine.errors import EngineError
 from kiln.engine.loop import AsyncEngine, build_on_engine_thread
 from kiln.engine.lora_mix import mix_entries_problem
@@ -118,6 +118,7 @@ class EngineBackend:
                 device=config.device,
                 chat_template_path=config.chat_template,
                 served_model_name=config.served_model_name,
+                quant_kernels=process_settings().quant_kernels,
                 torch_free=True,  # a GGUF the CPU step runs whole: torch only if needed
             )
             return cls(loaded, config)
@@ -276,7 +277,7 @@ class EngineBackend:
         return await on_own_thread(functools.partial(
             load_beside, self.loaded, path, version=version, torch_free=torch_free,
             kv_layout=layout, dtype=None if self._config.dtype == "auto" else self._config.dtype,
-            device=self._config.device,
+            device=self._config.device, quant_kernels=process_settings().quant_kernels,
             identity=self._identity_of if hash_files else lambda _: None))
 
     def _identity_of(self, loaded: Loaded) -> PolicyIdentity | None:

@@ -136,8 +136,8 @@ class Runner:
                         tokenizer: Tokenizer | None = None) -> Runner:
         """The runner of a torch model: a new KV cache sized by ``config`` for it."""
         from kiln.engine.torch_step import TorchLogitRows, TorchStep, kv_num_blocks
+        from kiln.model.devices import torch_dtype
         from kiln.model.kv_cache import KVCache, kv_cache_for
-        from kiln.model.plan import torch_dtype
 
         runner = cls(config, with_kv_cache(model.plan, config.kv_cache_dtype), cfg, tokenizer)
         cache_dtype = torch_dtype(runner.plan.kv_dtype)

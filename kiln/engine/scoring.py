@@ -24,7 +24,8 @@ import torch.nn.functional as F
 from kiln.engine.block_pool import BlockPool
 from kiln.engine.errors import EngineError
 from kiln.engine.outputs import PositionScore
-from kiln.model.base import CausalLM, ForwardBatch, build_forward_batch
+from kiln.model.base import CausalLM
+from kiln.model.batch import ForwardBatch, build_forward_batch
 from kiln.model.kv_cache import KVCache
 
 __all__ = ["CHUNK_TOKENS", "PROJ_ROWS", "ScoringJob", "score_prompt", "score_rows",
@@ -194,7 +195,7 @@ class ScoringJob:
         cpu_step = model.cpu_step  # where the compute plan's step is "c"
         if cpu_step is None:
             return None
-        return cpu_step.try_forward(model, batch, self.kv)
+        return cpu_step.try_forward(model.model.embed_tokens, batch, self.kv)
 
 
 def top_k_ids(logits: torch.Tensor, k: int) -> torch.Tensor:

@@ -23,7 +23,8 @@ from kiln.engine.lora_mix import LoraMix
 from kiln.engine.outputs import SampledToken, ScheduledSeq
 from kiln.engine.sampler import Sampler
 from kiln.engine.scoring import ScoringJob
-from kiln.model.base import CausalLM, build_forward_batch
+from kiln.model.base import CausalLM
+from kiln.model.batch import build_forward_batch
 from kiln.model.config import ModelConfig
 from kiln.model.kv_cache import KVCache
 from kiln.model.lora import LoraAdapter

@@ -9,7 +9,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from kiln.model.base import CausalLM, ForwardBatch, build_forward_batch
+    from kiln.model.base import CausalLM
+    from kiln.model.batch import ForwardBatch, build_forward_batch
     from kiln.model.config import ModelConfig, UnsupportedModelError, WeightLoadError
     from kiln.model.hashing import model_content_sha256
     from kiln.model.kv_cache import KVCache
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
     from kiln.model.registry import build_model
 
 _WHERE = {
-    "CausalLM": "base", "ForwardBatch": "base", "build_forward_batch": "base",
+    "CausalLM": "base", "ForwardBatch": "batch", "build_forward_batch": "batch",
     "ModelConfig": "config", "UnsupportedModelError": "config",
     "model_content_sha256": "hashing", "KVCache": "kv_cache", "LoadedModel": "loader",
     "load_model": "loader", "ModelNotFoundError": "locate", "build_model": "registry",

@@ -10,13 +10,12 @@ is computed once by :func:`plan_attention`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 
-if TYPE_CHECKING:  # kiln.model.base imports this module
-    from kiln.model.base import ForwardBatch
+from kiln.model.batch import ForwardBatch
 
 
 @dataclass(frozen=True)

@@ -1,24 +1,21 @@
-"""The causal-LM base: embeddings -> decoder layers -> final norm -> logits at chosen rows, and
-its input, the flat forward batch (new tokens of many sequences plus paged-attention metadata).
-Where the model's compute plan says ``step=c`` a whole step runs in one C call
-(``kiln.model.cpu_step.CpuStep``)."""
+"""The causal-LM base: embeddings -> decoder layers -> final norm -> logits at chosen rows, of a
+flat forward batch (``kiln.model.batch``). Where the model's compute plan says ``step=c`` a
+whole step runs in one C call (``kiln.model.cpu_step.CpuStep``)."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from typing import Literal, cast
+from collections.abc import Iterator
+from typing import cast
 
-import numpy as np
 import torch
 from kiln_kernels.quant import Packed, PackedWeight
 from torch import nn
 
 from kiln.model.attention import AttentionPlan, plan_attention
-from kiln.model.c_model import StepRows, flatten
+from kiln.model.batch import ForwardBatch
 from kiln.model.config import ModelConfig
-from kiln.model.cpu_step import CpuStep
+from kiln.model.cpu_step import CpuStep, cpu_step_weights
 from kiln.model.kv_cache import KVCache
 from kiln.model.layers import DecoderLayer, LoraHook, RMSNorm, RotaryEmbedding
 from kiln.model.plan import ComputePlan, model_plan, without_packed
@@ -27,53 +24,9 @@ from kiln.model.quantized import (
     PackedEmbedding,
     PackedParts,
     RowRoute,
-    cpu_step_weights,
     packed_parts,
     project,
 )
-
-
-@dataclass
-class ForwardBatch:
-    input_ids: torch.Tensor  # int64 [T]  new tokens of all sequences, concatenated
-    positions: torch.Tensor  # int64 [T]  absolute position of each new token
-    query_start_loc: torch.Tensor  # int32 [B+1] new tokens of seq i are rows qsl[i]:qsl[i+1]
-    seq_lens: torch.Tensor  # int32 [B]  tokens in the cache for seq i AFTER this step
-    block_tables: torch.Tensor  # int32 [B, max_blocks_per_seq], padded with 0
-    slot_mapping: torch.Tensor  # int64 [T]  cache slot block_id*block_size+offset per new token
-    logits_indices: torch.Tensor  # int64 [L]  rows of the flat batch to return logits for
-    rows: StepRows  # the same rows as numpy (``flatten``'s: the C step reads them)
-    lora: object | None = None  # filled by the LoRA issue; models ignore None
-
-    @classmethod
-    def build(cls, seqs: Sequence[tuple[Sequence[int], int, Sequence[int]]], block_size: int,
-              logits: Literal["last", "all"] = "last",
-              device: torch.device | str = "cpu") -> ForwardBatch:
-        return build_forward_batch(seqs, block_size, logits, device)
-
-
-def build_forward_batch(seqs: Sequence[tuple[Sequence[int], int, Sequence[int]]],
-                        block_size: int,
-                        logits: Literal["last", "all"] | Sequence[int] = "last",
-                        device: torch.device | str = "cpu") -> ForwardBatch:
-    """Build a batch from ``(new_tokens, start_pos, block_table)`` per sequence.
-
-    ``start_pos`` is the number of tokens already in the cache for that sequence; the block
-    table must cover ``start_pos + len(new_tokens)`` tokens. ``logits="last"`` returns one
-    row per sequence (its last new token), ``"all"`` every row, a list of ints each sequence's
-    last ``logits[s]`` rows (``kiln.model.c_model.flatten``).
-    """
-    rows = flatten(seqs, block_size, logits)  # the rows, flattened once (kiln.model.c_model)
-    dev = torch.device(device)
-
-    def tensor(a: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(a).to(dev)
-
-    return ForwardBatch(
-        input_ids=tensor(rows.ids), positions=tensor(rows.positions),
-        query_start_loc=tensor(rows.query_start_loc), seq_lens=tensor(rows.seq_lens),
-        block_tables=tensor(rows.tables), slot_mapping=tensor(rows.slots),
-        logits_indices=tensor(rows.logit_rows), rows=rows)
 
 
 class DecoderStack(nn.Module):
@@ -139,14 +92,15 @@ class CausalLM(nn.Module):
     def attach_packed(self, packed: dict[str, PackedWeight]) -> int:
         """Take packed weights (kiln.model.quantized.packed_parts: keyed by HF parameter
         names); returns the bytes attached. The plan follows from what was attached."""
-        parts: PackedParts = packed_parts(self, packed)
+        parts: PackedParts = packed_parts(packed, self.config.num_layers, self.lm_head is None)
         for module, (qkv, o, gate_up, down) in zip(self.model.layers, parts.layers, strict=True):
             layer = cast("DecoderLayer", module)
             layer.self_attn.set_packed(qkv, o)
             layer.mlp.set_packed(gate_up, down)
         self.packed_head = parts.head
         self._cpu_step = None
-        weights = cpu_step_weights(self, parts.embedding)
+        weights = cpu_step_weights(self.config, self.model.layers, self.named_parameters(),
+                                   self.packed_head, parts.embedding)
         self._cpu_step = None if weights is None else CpuStep(weights)
         self.packed_embedding = None if self._cpu_step is None else parts.embedding
         self._plan = None
@@ -164,7 +118,7 @@ class CausalLM(nn.Module):
     @contextlib.contextmanager
     def torch_only(self) -> Iterator[None]:
         """Run the torch path on float32 weights only for the duration (the weights must be
-        there: kiln.model.quantized.packed_disabled materializes released ones)."""
+        there: kiln.model.float32_copies.packed_disabled materializes released ones)."""
         saved = self._plan_override
         self._plan_override = without_packed(self.plan)
         try:
@@ -208,7 +162,7 @@ class CausalLM(nn.Module):
         with torch.inference_mode():
             cpu_step = self.cpu_step
             if cpu_step is not None:  # it declines steps it cannot take (None)
-                logits = cpu_step.try_forward(self, batch, kv)
+                logits = cpu_step.try_forward(self.model.embed_tokens, batch, kv)
                 if logits is not None:
                     return logits
             return self._torch_forward(batch, kv)

@@ -15,6 +15,7 @@ from kiln_kernels.quant import PackedWeight
 from kiln.model.base import CausalLM
 from kiln.model.config import ModelConfig, UnsupportedModelError, WeightLoadError
 from kiln.model.early_tiles import Tiled, take_tiled
+from kiln.model.float32_copies import install_packed
 from kiln.model.gguf_index import GGUFIndex
 from kiln.model.gguf_tensors import (
     ROPE_FREQS,
@@ -28,7 +29,6 @@ from kiln.model.gguf_tensors import (
 )
 from kiln.model.gguf_tokenizer import tokenizer_from_gguf
 from kiln.model.plan import pack_weights
-from kiln.model.quantized import install_packed
 from kiln.model.weights import WeightSink, empty_model, progress
 from kiln.text.tokenizer import Tokenizer
 

@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import hashlib
 import weakref
+from typing import cast
 
 import torch
 
+from kiln.model.base import CausalLM
+from kiln.model.float32_copies import float32_state_dict
+from kiln.model.lora import tensor_sha256_update
+
 _CACHE: weakref.WeakKeyDictionary[torch.nn.Module, str] = weakref.WeakKeyDictionary()
-
-
-def tensor_sha256_update(h: hashlib._Hash, name: str, tensor: torch.Tensor) -> None:
-    """Feed name, dtype, shape and raw bytes of one tensor into ``h``."""
-    t = tensor.detach().contiguous().cpu()
-    header = f"{name}\0{str(t.dtype).removeprefix('torch.')}\0{list(t.shape)}\0"
-    h.update(header.encode("utf-8"))
-    h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
 
 
 def model_content_sha256(model: torch.nn.Module) -> str:
@@ -26,9 +23,7 @@ def model_content_sha256(model: torch.nn.Module) -> str:
     h = hashlib.sha256()
     state = model.state_dict()
     if any(t.is_meta for t in state.values()):  # released float32 copies of packed weights
-        from kiln.model.quantized import float32_state_dict
-
-        state = float32_state_dict(model)  # type: ignore[arg-type]
+        state = float32_state_dict(cast(CausalLM, model))
     for name in sorted(state):
         tensor_sha256_update(h, name, state[name])
     digest = h.hexdigest()

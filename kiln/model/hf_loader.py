@@ -19,9 +19,9 @@ from safetensors import SafetensorError, safe_open
 from kiln.model.base import CausalLM
 from kiln.model.config import ModelConfig, WeightLoadError
 from kiln.model.early_tiles import take_tiled
+from kiln.model.float32_copies import install_packed
 from kiln.model.hf_tensors import packable, read_json, safetensors_files
 from kiln.model.plan import pack_weights
-from kiln.model.quantized import install_packed
 from kiln.model.weights import WeightSink, empty_model, progress
 from kiln.text.tokenizer import Tokenizer
 

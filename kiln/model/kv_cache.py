@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
 from kiln.model.c_model import kv_block_bytes, kv_map, map_of, release_pages
 from kiln.model.config import ModelConfig
+from kiln.model.plan import ComputePlan
 
-if TYPE_CHECKING:
-    from kiln.model.base import CausalLM
+
+class PlannedModel(Protocol):
+    """What the cache reads of the model it serves (a ``CausalLM``): its config and plan."""
+
+    @property
+    def config(self) -> ModelConfig: ...
+
+    @property
+    def plan(self) -> ComputePlan: ...
 
 
 class KVCache:
@@ -91,7 +99,7 @@ def _element_size(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
-def kv_cache_for(model: CausalLM, num_blocks: int, block_size: int, dtype: torch.dtype,
+def kv_cache_for(model: PlannedModel, num_blocks: int, block_size: int, dtype: torch.dtype,
                  device: torch.device) -> KVCache:
     """The cache ``model`` is served with: the layout its compute plan names (head-major blocks
     where its C step runs, contiguous ones for the torch path and CUDA)."""

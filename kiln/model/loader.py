@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Literal, Union, overload
 
-from kiln.config import process_settings
 from kiln.model.config import ModelConfig
 from kiln.model.early_tiles import take_tiled, tiles_will_be_held
 from kiln.model.locate import (
@@ -81,28 +80,28 @@ Loaded = Union[LoadedModel, LoadedCModel]  # noqa: UP007 (CModel, CausalLM: type
 @overload
 def load_model(path: str | None = None, *, dtype: str | None = None, device: str | None = None,
                chat_template_path: str | None = None, served_model_name: str | None = None,
-               quant_kernels: bool | None = None,
+               quant_kernels: bool = True,
                torch_free: Literal[False] = False) -> LoadedModel: ...
 
 
 @overload
 def load_model(path: str | None = None, *, dtype: str | None = None, device: str | None = None,
                chat_template_path: str | None = None, served_model_name: str | None = None,
-               quant_kernels: bool | None = None, torch_free: bool) -> Loaded: ...
+               quant_kernels: bool = True, torch_free: bool) -> Loaded: ...
 
 
 def load_model(path: str | None = None, *, dtype: str | None = None, device: str | None = None,
                chat_template_path: str | None = None, served_model_name: str | None = None,
-               quant_kernels: bool | None = None, torch_free: bool = False) -> Loaded:
+               quant_kernels: bool = True, torch_free: bool = False) -> Loaded:
     """Load a model to serve.
 
     ``path``: an HF folder (config.json + safetensors + tokenizer.json), a ``.gguf`` file, or
     None for the embedded default (SmolLM2-135M-Instruct). ``dtype`` defaults to bfloat16 on
     CUDA and float32 on CPU. ``chat_template_path`` overrides the model's chat template.
     ``torch_free``: load a GGUF as a ``CModel`` where it can be (see the module docstring).
+    ``quant_kernels``: the ``KILN_QUANT_KERNELS`` setting (``kiln.config.ProcessSettings``, which
+    the server reads and passes in: the model reads no setting of the layers above it).
     """
-    if quant_kernels is None:  # the quant_kernels setting (kiln.config)
-        quant_kernels = process_settings().quant_kernels
     if path is None:
         file = default_model_path()
         default_name = DEFAULT_MODEL_NAME
@@ -132,9 +131,9 @@ def load_model(path: str | None = None, *, dtype: str | None = None, device: str
         return LoadedCModel(model=c_model, config=c_model.config, tokenizer=tokenizer,
                             chat_template=chat, served_name=served_model_name or default_name,
                             source=str(file.resolve()))
+    from kiln.model.devices import resolve_device, resolve_dtype
     from kiln.model.gguf_loader import load_gguf
     from kiln.model.hf_loader import load_hf_folder
-    from kiln.model.plan import resolve_device, resolve_dtype
 
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)

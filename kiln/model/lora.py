@@ -29,7 +29,6 @@ from typing import Any
 import torch
 
 from kiln.model.config import ModelConfig
-from kiln.model.hashing import tensor_sha256_update
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -45,6 +44,16 @@ _KEY = re.compile(
 
 class AdapterLoadError(ValueError):
     """The adapter folder is missing, malformed, or does not fit the base model."""
+
+
+def tensor_sha256_update(h: hashlib._Hash, name: str, tensor: torch.Tensor) -> None:
+    """Feed name, dtype, shape and raw bytes of one tensor into ``h`` (an adapter's content
+    hash, and a model's: ``kiln.model.hashing``)."""
+    t = tensor.detach().contiguous().cpu()
+    header = f"{name}\0{str(t.dtype).removeprefix('torch.')}\0{list(t.shape)}\0"
+    h.update(header.encode("utf-8"))
+    h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+
 
 
 def module_shape(cfg: ModelConfig, module: str) -> tuple[int, int]:

@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING, Literal
 from kiln_kernels.cpu import available as c_library_available
 from kiln_kernels.cpu import loader as c_loader
 
-if TYPE_CHECKING:  # torch is imported where a torch device or dtype is asked for
-    import torch
+if TYPE_CHECKING:  # annotations only: this module never imports torch (its names as torch
+    import torch  # devices and dtypes: kiln.model.devices)
 
 log = logging.getLogger("kiln.model")
 
@@ -46,7 +46,7 @@ Weights = Literal["packed", "dense+packed", "dense"]
 Impl = Literal["c", "triton", "torch"]
 
 # the dtype names a setting may use, and the plan's name of each
-_DTYPE_ALIASES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16",
+DTYPE_ALIASES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16",
                   "bf16": "bfloat16", "float16": "float16", "fp16": "float16", "half": "float16"}
 
 
@@ -105,31 +105,14 @@ class ComputePlan:
         return "compute plan: " + " ".join(f"{k}={v}" for k, v in self.as_dict().items())
 
 
-def resolve_device(device: str | None) -> torch.device:
-    """``"auto"``/None: CUDA when available, else the CPU; a named device must exist."""
-    import torch
-
-    if device is None or device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} requested but CUDA is not available")
-    return dev
-
-
 def dtype_name(dtype: str | None, device_type: str) -> str:
     """The plan's name of a dtype setting (``"float32"``/``"bfloat16"``/``"float16"`` or an
     alias) or of the default: bfloat16 on CUDA, float32 elsewhere."""
     if dtype is None or dtype == "auto":
         return "bfloat16" if device_type == "cuda" else "float32"
-    if dtype not in _DTYPE_ALIASES:
+    if dtype not in DTYPE_ALIASES:
         raise ValueError(f"unknown dtype {dtype!r}: use float32, bfloat16 or float16")
-    return _DTYPE_ALIASES[dtype]
-
-
-def resolve_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
-    """``"float32"``/``"bfloat16"``/``"float16"`` or the default: bf16 on CUDA, fp32 else."""
-    return torch_dtype(dtype_name(dtype, device.type))
+    return DTYPE_ALIASES[dtype]
 
 
 def cpu_isa() -> str:
@@ -215,14 +198,6 @@ def with_kv_cache(plan: ComputePlan, kv_cache_dtype: str) -> ComputePlan:
         raise ValueError(f"kv_cache_dtype={kv_cache_dtype} is supported on the CPU only "
                          f"(device {plan.device.split(':')[0]})")
     return replace(plan, kv_dtype=kv_cache_dtype)
-
-
-def torch_dtype(name: str) -> torch.dtype:
-    """The torch dtype of a plan's ``dtype``/``kv_dtype`` name (or a setting's alias)."""
-    import torch
-
-    dtype: torch.dtype = getattr(torch, _DTYPE_ALIASES[name])
-    return dtype
 
 
 def _name(dtype: torch.dtype) -> str:

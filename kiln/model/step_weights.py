@@ -1,7 +1,7 @@
 """The C step's weights, laid out in one place: a model's products fused as the C step takes
 them (q/k/v into one, gate/up into one: ``layer_products``, ``fuse``) and the per-layer table the
 C program reads (``step_weights``), for the torch-free ``CModel`` (``kiln.model.c_model``) and
-the torch ``CausalLM`` (``kiln.model.quantized.cpu_step_weights``) alike. A layer feature the C
+the torch ``CausalLM`` (``kiln.model.cpu_step.cpu_step_weights``) alike. A layer feature the C
 step gains is read here. Imports no torch."""
 
 from __future__ import annotations

@@ -48,19 +48,19 @@ def config_differences(serving: dict[str, Any], new: dict[str, Any]) -> list[str
 
 
 def load_beside(serving: Loaded, path: str, *, version: str | None, torch_free: bool,
-                kv_layout: str, dtype: str | None, device: str | None,
+                kv_layout: str, dtype: str | None, device: str | None, quant_kernels: bool,
                 identity: Any) -> NewWeights:
     """Load ``path`` for ``serving``'s place. ``torch_free``: the serving runner runs the C
     step without torch (a GGUF then loads as a ``CModel``); ``kv_layout``: the serving KV
-    cache's layout; ``identity(loaded) -> PolicyIdentity | None`` hashes the new files (its
-    ``base_model_sha256`` names the weights when ``version`` is None). Raises
-    WeightUpdateError (nothing loaded stays referenced)."""
+    cache's layout; ``quant_kernels``: the setting ``load_model`` takes; ``identity(loaded) ->
+    PolicyIdentity | None`` hashes the new files (its ``base_model_sha256`` names the weights
+    when ``version`` is None). Raises WeightUpdateError (nothing loaded stays referenced)."""
     file = Path(path).expanduser()
     if not file.exists():
         raise WeightUpdateError(f"model_path {path!r} does not exist")
     try:
         new = load_model(str(file), dtype=dtype, device=device, torch_free=torch_free,
-                         served_model_name=serving.served_name)
+                         quant_kernels=quant_kernels, served_model_name=serving.served_name)
     except Exception as exc:  # a bad, truncated or unknown file: its loader's own words
         raise WeightUpdateError(f"cannot load {path!r}: {exc}") from None
     diff = config_differences(serving.config.record(), new.config.record())

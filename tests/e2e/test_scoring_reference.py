@@ -20,7 +20,7 @@ from starlette.testclient import TestClient
 
 from kiln.api.contract import contract
 from kiln.model import LoadedModel
-from kiln.model.quantized import float32_state_dict
+from kiln.model.float32_copies import float32_state_dict
 from tests.e2e.app_client import app_client
 from tests.numerics import chain_rtol, check_rank, forward_rtol
 from tests.tiny_models import default_model

@@ -118,7 +118,7 @@ def test_c_step_scores_equal_the_decode_step_logits(smollm: LoadedModel) -> None
 
     from kiln.engine.block_pool import BlockPool
     from kiln.engine.scoring import score_prompt
-    from kiln.model.base import build_forward_batch
+    from kiln.model.batch import build_forward_batch
     from kiln.model.kv_cache import KVCache
 
     model = smollm.model

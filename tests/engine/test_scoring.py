@@ -22,7 +22,7 @@ from kiln.engine.runner import Runner
 from kiln.engine.scheduler import Scheduler
 from kiln.engine.scoring import score_prompt, score_rows, top_k_ids
 from kiln.model import CausalLM, LoadedModel
-from kiln.model.base import build_forward_batch
+from kiln.model.batch import build_forward_batch
 from kiln.model.kv_cache import KVCache
 from tests.engine.fakes import FakeRunner
 from tests.numerics import check_rank, forward_rtol, reorder_rtol

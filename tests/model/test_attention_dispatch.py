@@ -15,7 +15,7 @@ from kiln.model.attention import (
     reference_paged_attention,
     store_kv,
 )
-from kiln.model.base import build_forward_batch
+from kiln.model.batch import build_forward_batch
 from tests.numerics import U32, attention_atol
 
 BS, H, KV, D = 4, 4, 2, 8

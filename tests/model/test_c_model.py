@@ -15,7 +15,8 @@ import torch
 from kiln_kernels.cpu import available as kernels_available
 from kiln_kernels.cpu.cpu_step import cache_strides
 
-from kiln.model.base import CausalLM, build_forward_batch
+from kiln.model.base import CausalLM
+from kiln.model.batch import build_forward_batch
 from kiln.model.c_model import CModel, group_rows
 from kiln.model.gguf_loader import load_gguf
 from kiln.model.kv_cache import KVCache

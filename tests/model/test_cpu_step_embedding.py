@@ -11,7 +11,7 @@ import torch
 from kiln_kernels.cpu import available as kernels_available
 
 from kiln.model import CausalLM, LoadedModel
-from kiln.model.base import build_forward_batch
+from kiln.model.batch import build_forward_batch
 from kiln.model.cpu_step import CpuStep
 from tests.model.test_cpu_step import BLOCK, new_cache, quantized_tiny, tables
 
@@ -29,9 +29,9 @@ def embedding_in_and_out(model: CausalLM, prompts: list[list[int]]
     runs = []
     for fn in (step.forward, outside.forward):
         kv = new_cache(model)
-        first = fn(model, build_forward_batch(
+        first = fn(model.model.embed_tokens, build_forward_batch(
             [(p, 0, t) for p, t in zip(prompts, tbl, strict=True)], BLOCK), kv)
-        nxt = fn(model, build_forward_batch(
+        nxt = fn(model.model.embed_tokens, build_forward_batch(
             [([7], len(p), t) for p, t in zip(prompts, tbl, strict=True)], BLOCK), kv)
         runs.append(torch.cat([first, nxt]))
     return runs[0], runs[1]
@@ -54,5 +54,6 @@ def test_an_id_outside_the_embedding_is_refused_before_the_step() -> None:
     vocab = model.config.vocab_size
     for bad in (vocab, -1):
         with pytest.raises(IndexError, match=f"token id {bad} is outside"):
-            step.forward(model, build_forward_batch([([1, bad], 0, tables(1)[0])], BLOCK), kv)
+            step.forward(model.model.embed_tokens,
+                         build_forward_batch([([1, bad], 0, tables(1)[0])], BLOCK), kv)
     assert torch.equal(kv.k[0], before), "nothing ran"

@@ -78,11 +78,11 @@ def test_weights_are_ggufs_dequantized_values(smollm: LoadedModel) -> None:
     lookups, which read the blocks, give the same rows."""
     import numpy as np
 
+    from kiln.model.float32_copies import packed_disabled
     from kiln.model.gguf_index import GGUFIndex
     from kiln.model.gguf_loader import hf_name
     from kiln.model.gguf_tensors import dequantize, row_permutation, unpermute_qk
     from kiln.model.locate import default_model_path
-    from kiln.model.quantized import packed_disabled
 
     model = smollm.model
     released = [n for n, p in model.named_parameters() if p.is_meta]
@@ -106,14 +106,13 @@ def test_weights_are_ggufs_dequantized_values(smollm: LoadedModel) -> None:
     assert [n for n, p in model.named_parameters() if p.is_meta] == released
 
 
-def test_without_the_kernels_every_weight_is_float32(smollm: LoadedModel,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """KILN_QUANT_KERNELS=0: no packed blocks, every parameter a float32 tensor (nothing
-    released), and the torch path's logits close to the C step's."""
+def test_without_the_kernels_every_weight_is_float32(smollm: LoadedModel) -> None:
+    """KILN_QUANT_KERNELS=0 (``quant_kernels=False``, as the server passes it): no packed blocks,
+    every parameter a float32 tensor (nothing released), and the torch path's logits close to
+    the C step's."""
     from kiln.model import load_model
 
-    monkeypatch.setenv("KILN_QUANT_KERNELS", "0")
-    plain = load_model(None)
+    plain = load_model(None, quant_kernels=False)
     assert plain.model.plan.step != "c" and plain.model.plan.weights == "dense"
     assert not any(p.is_meta for p in plain.model.parameters())
     ids = smollm.tokenizer.encode("The capital of France is")

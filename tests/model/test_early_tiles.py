@@ -16,8 +16,8 @@ from bench.peers.hf_folder import write_folder
 from kiln.model import KVCache, build_forward_batch, load_model
 from kiln.model.config import UnsupportedModelError
 from kiln.model.early_tiles import Tiled, take_tiled, tile, tiles_will_be_held, tiling_beside
+from kiln.model.float32_copies import float32_state_dict
 from kiln.model.locate import model_path
-from kiln.model.quantized import float32_state_dict
 from tests.model.test_block_formats import k_config, raw_weights
 from tests.model.test_hf_folder_from_gguf import bf16_gguf
 from tests.tiny_models import write_tiny_gguf
@@ -168,7 +168,8 @@ def test_the_guess_follows_the_plans_decision_on_the_cpu(dtype: str | None,
                                                          quant_kernels: bool) -> None:
     """tiles_will_be_held restates kiln.model.plan.pack_weights for settings, before torch is
     imported; on the CPU (where the C library builds, as here) the two must not drift apart."""
-    from kiln.model.plan import pack_weights, resolve_device, resolve_dtype
+    from kiln.model.devices import resolve_device, resolve_dtype
+    from kiln.model.plan import pack_weights
 
     cpu = resolve_device("cpu")
     decided = pack_weights(resolve_dtype(dtype, cpu), cpu, quant_kernels=quant_kernels)

@@ -41,7 +41,8 @@ def test_quantized_gguf_reads_its_embedding_from_the_blocks(tmp_path: Path, tie:
     """A Q8_0 GGUF, tied or not, runs every step in C and keeps its token embedding as blocks
     only (like the projections): lookups give the dequantized rows, and the C step's logits
     match the torch path on the float32 weights."""
-    from kiln.model.quantized import PackedEmbedding, float32_state_dict, packed_disabled
+    from kiln.model.float32_copies import float32_state_dict, packed_disabled
+    from kiln.model.quantized import PackedEmbedding
 
     cfg = tiny_config("llama", tie=tie)
     path = write_tiny_gguf(tmp_path / "q8.gguf", cfg, random_tensors(cfg, seed=7), q8=True)

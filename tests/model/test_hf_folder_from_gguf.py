@@ -13,7 +13,7 @@ from safetensors import safe_open
 
 from bench.peers.hf_folder import write_folder
 from kiln.model import KVCache, build_forward_batch, load_model
-from kiln.model.quantized import float32_state_dict
+from kiln.model.float32_copies import float32_state_dict
 from tests.tiny_models import random_tensors, tiny_config, write_tiny_gguf
 
 pytestmark = pytest.mark.skipif(not kernels_available(), reason="no C compiler for the kernels")

@@ -12,7 +12,7 @@ from kiln_kernels.cpu import available as kernels_available
 from kiln_kernels.cpu.cpu_step import cache_strides
 
 from kiln.model import CausalLM
-from kiln.model.base import build_forward_batch
+from kiln.model.batch import build_forward_batch
 from kiln.model.kv_cache import KVCache
 from tests.model.test_cpu_step import BLOCK, quantized_from
 from tests.tiny_models import tiny_config

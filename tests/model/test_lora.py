@@ -15,6 +15,7 @@ from safetensors.torch import save_file
 
 from kiln.adapters import AdapterStore
 from kiln.model import CausalLM, KVCache, ModelConfig, build_forward_batch
+from kiln.model.float32_copies import packed_disabled
 from kiln.model.lora import (
     LORA_MODULES,
     AdapterLoadError,
@@ -24,7 +25,6 @@ from kiln.model.lora import (
     module_shape,
 )
 from kiln.model.lora_slots import AdapterSlots, LoraBatch, LoraCapacityError, Strategy
-from kiln.model.quantized import packed_disabled
 from tests.numerics import assert_logits_close, reorder_rtol
 from tests.tiny_models import model_from_tensors, random_tensors, tiny_config
 

@@ -11,14 +11,8 @@ from kiln_kernels.cpu import available as kernels_available
 from kiln.engine.config import EngineConfig
 from kiln.engine.loop import build_core
 from kiln.model import LoadedModel
-from kiln.model.plan import (
-    ComputePlan,
-    model_plan,
-    pack_weights,
-    resolve_dtype,
-    with_kv_cache,
-    without_packed,
-)
+from kiln.model.devices import resolve_dtype
+from kiln.model.plan import ComputePlan, model_plan, pack_weights, with_kv_cache, without_packed
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 

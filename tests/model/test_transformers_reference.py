@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kiln.model.base import build_forward_batch
+from kiln.model.batch import build_forward_batch
 from kiln.model.kv_cache import KVCache
 from kiln.model.loader import LoadedModel, load_model
 from tests.numerics import assert_logits_close, assert_same_argmax
