@@ -85,7 +85,7 @@ def file_pair(path: Path) -> Pair:
 
 
 def default_pairs() -> list[Pair]:
-    from kiln.model.locate import default_model_path
+    from kiln.model.checkpoint.locate import default_model_path
 
     files = [Path(default_model_path())]
     files += [PEERS / "models" / f"smollm2-135m-{q}.gguf" for q in REQUANTIZED]
@@ -106,7 +106,7 @@ def peer_cache(model: Path) -> tuple[int, int]:
     """(MiB, context tokens) of llama-server's cache for ``model``: PEER_CONTEXT tokens of
     float16 K and V in every layer; a model whose context is longer than that (Qwen2.5's
     32,768) is served at the cache's length, as llama-server's -c serves it."""
-    from kiln.model.gguf_index import GGUFIndex
+    from kiln.model.checkpoint.gguf_index import GGUFIndex
 
     meta = GGUFIndex(model).metadata
     arch = meta["general.architecture"]
@@ -230,7 +230,7 @@ def kv_cache_mib(model: Path) -> float:
 
 
 def tensor_bytes(path: Path) -> int:
-    from kiln.model.gguf_index import GGUFIndex
+    from kiln.model.checkpoint.gguf_index import GGUFIndex
 
     return sum(t.n_bytes for t in GGUFIndex(path).tensors)
 

@@ -17,7 +17,7 @@ from starlette.testclient import TestClient
 
 from kiln.api.app import build_app
 from kiln.config import ServerConfig
-from kiln.model.c_model import map_of
+from kiln.model.native.c_model import map_of
 from kiln.serving import EngineBackend
 from kiln.testing import map_resident_bytes
 

@@ -31,7 +31,7 @@ POLL_S = 0.01
 
 
 def default_files() -> list[Path]:
-    from kiln.model.locate import default_model_path
+    from kiln.model.checkpoint.locate import default_model_path
 
     files = [p for p in (PEERS / "models" / "smollm2-135m-Q4_K_M.gguf", SHAPED, LLAMA_SHAPED)
              if p.is_file()]

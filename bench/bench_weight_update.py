@@ -32,7 +32,7 @@ from typing import Any
 import httpx
 
 from bench.live_server import running_server
-from kiln.model.locate import default_model_path
+from kiln.model.checkpoint.locate import default_model_path
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "build-peers" / "models"

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
 if TYPE_CHECKING:
-    from kiln.model.config import ModelConfig
+    from kiln.model.checkpoint.config import ModelConfig
     from kiln.model.lora import LoraAdapter
 
 CONFIG_FILE = "adapter_config.json"

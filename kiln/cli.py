@@ -87,11 +87,12 @@ def serve(config: ServerConfig) -> int:
 
 
 def _serve(config: ServerConfig) -> int:
-    from kiln.model.early_tiles import tiles_will_be_held, tiling_beside
-    from kiln.model.locate import model_path
+    from kiln.model.checkpoint.locate import model_path
+    from kiln.model.native.early_tiles import tiles_will_be_held, tiling_beside
 
     # The model's matrices are tiled on a thread while the main thread imports the server (and
-    # torch, where the model needs it); the loader takes the tiles (kiln/model/early_tiles.py).
+    # torch, where the model needs it); the loader takes the tiles
+    # (kiln/model/native/early_tiles.py).
     held = tiles_will_be_held(config.device, config.dtype, process_settings().quant_kernels)
     with tiling_beside(model_path(config.model) if held else None):
         loaded = _load(config)
@@ -104,7 +105,7 @@ def _serve(config: ServerConfig) -> int:
 def _load(config: ServerConfig) -> int | tuple[socket.socket, EngineBackend]:
     """Imports, the checks, the bound port and the loaded model (or the exit code)."""
     from kiln import startup
-    from kiln.model.locate import ModelNotFoundError
+    from kiln.model.checkpoint.locate import ModelNotFoundError
     from kiln.serving import EngineBackend
     from kiln.text.chat_template import ChatTemplateError
 

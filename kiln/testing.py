@@ -142,8 +142,9 @@ def running_server(args: Sequence[str] = (), *, log_path: Path,
 
 
 def map_resident_bytes(maps: Sequence[object]) -> int:
-    """Resident bytes of these anonymous maps (the KV cache's, ``kiln.model.c_model.map_of``),
-    read from this process's /proc/self/smaps over the maps' own address ranges (Linux)."""
+    """Resident bytes of these anonymous maps (the KV cache's,
+    ``kiln.model.native.c_model.map_of``), read from this process's /proc/self/smaps over the
+    maps' own address ranges (Linux)."""
     import ctypes
 
     starts = {ctypes.addressof(ctypes.c_char.from_buffer(m)) for m in maps}  # type: ignore[arg-type]

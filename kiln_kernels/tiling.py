@@ -7,9 +7,9 @@ GGML Q4_0, Q4_1 and Q8_0 are repacked with float32 scales (``q4``: ``d, m`` with
 ``m = -8 d``, exact; ``q8``: ``d``); every other format keeps the file's blocks byte for byte.
 
 No torch here: start-up tiles a GGUF's matrices on a thread while the main thread is still
-importing torch (``kiln.model.gguf_tensors``). :func:`tile_many` tiles a whole file in one call
-of ``kiln_kernels/cpu/tiling/tile.c``, which runs without the GIL throughout, and threads share
-one file's tiling through :class:`TileWork` (each claims the next job left); the numpy
+importing torch (``kiln.model.checkpoint.gguf_tensors``). :func:`tile_many` tiles a whole file in
+one call of ``kiln_kernels/cpu/tiling/tile.c``, which runs without the GIL throughout, and threads
+share one file's tiling through :class:`TileWork` (each claims the next job left); the numpy
 functions below are its reference (and its stand-in where no C compiler is found). The torch
 references of the layout (``kiln_kernels.quant``: ``tile_rows``, ``untile``, ``untile_raw``)
 check them in the tests.
@@ -132,7 +132,7 @@ class TileWork:
     their tiles allocated: any thread may :meth:`run` it, and threads that do split the jobs
     between them (each claims the next job left, the largest first). Start-up's tiling thread
     runs it beside the imports, and the main thread joins in when it needs the tiles
-    (``kiln.model.early_tiles``). :attr:`tiles` (``(format, tiles)`` per item, in order) are
+    (``kiln.model.native.early_tiles``). :attr:`tiles` (``(format, tiles)`` per item, in order) are
     complete once every run has returned. Without the C library a run tiles in numpy, alone."""
 
     def __init__(self, items: Sequence[Item]) -> None:

@@ -30,14 +30,6 @@ CASES = [
     ("kiln.serving", ("ray",)),
     ("kiln.scale.asgi_bridge", ("ray", "torch")),
     ("kiln.scale.routing", ("ray", "torch")),
-    # what benches and tests read of a model without loading it: no torch, whose libraries the
-    # reading process would otherwise share with a server it measures (kiln/resident.py)
-    ("kiln.model.locate", ("torch", "triton")),
-    ("kiln.model.gguf_index", ("torch", "triton")),
-    # start-up tiles the model on a thread while the main thread imports torch (early_tiles.py)
-    ("kiln.model.early_tiles", ("torch", "triton")),
-    ("kiln.model.gguf_tensors", ("torch", "triton")),
-    ("kiln.model.hf_tensors", ("torch", "triton")),
     ("kiln_kernels.tiling", ("kiln", "torch", "triton")),
     # kiln serve's torch-free C engine (a GGUF the CPU step runs whole): everything it imports
     # to load the model and serve plain requests (kiln/engine/runner.py over a C model)
@@ -48,10 +40,6 @@ CASES = [
     ("kiln.engine.logit_rows", ("torch", "triton")),
     ("kiln.engine.core", ("torch", "triton")),
     ("kiln.model.loader", ("torch", "triton")),
-    ("kiln.model.c_model", ("torch", "triton")),
-    ("kiln.model.step_weights", ("torch", "triton")),
-    ("kiln.model.rope", ("torch", "triton")),
-    ("kiln.model.plan", ("torch", "triton")),
     ("kiln.resident", ("torch", "triton")),
     ("kiln.api.app", ("torch", "triton")),
     ("kiln.connections", ("torch", "triton")),
@@ -66,7 +54,52 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("module", "forbidden"), CASES)
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = ROOT / "kiln" / "model"
+# kiln/model's torch-free part is two folders, each module in them torch-free by where it lies:
+# what benches and tests read of a model without loading it (no torch, whose libraries the
+# reading process would otherwise share with a server it measures: kiln/resident.py), what
+# start-up tiles on a thread while the main thread imports torch (native/early_tiles.py), and
+# everything `kiln serve`'s torch-free C engine loads the model with (native/c_model.py).
+# A folder may import itself and the folders before it here (native/ reads checkpoint/'s
+# files), nothing else of kiln.model (tests/model/test_model_imports.py reads every import).
+TORCH_FREE = ("checkpoint", "native")
+
+
+def _modules(folder: Path) -> list[str]:
+    names = []
+    for path in sorted(folder.rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        names.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return names
+
+
+def torch_free_cases() -> list[tuple[str, tuple[str, ...]]]:
+    """Each module of the torch-free folders, with torch, triton and every kiln.model module
+    outside the folders it may import (the torch side: kiln/model/*.py) forbidden."""
+    torch_side = tuple(f"kiln.model.{p.stem}" for p in sorted(MODEL.glob("*.py"))
+                       if p.stem != "__init__")
+    cases = []
+    for i, folder in enumerate(TORCH_FREE):
+        later = tuple(f"kiln.model.{f}" for f in TORCH_FREE[i + 1:])
+        cases += [(m, ("torch", "triton", *torch_side, *later))
+                  for m in _modules(MODEL / folder)]
+    return cases
+
+
+def test_the_torch_free_folders_hold_what_they_did() -> None:
+    """The folders hold the modules the old list named one by one (and their packages)."""
+    names = {m for m, _ in torch_free_cases()}
+    assert {"kiln.model.checkpoint.locate", "kiln.model.checkpoint.gguf_index",
+            "kiln.model.native.early_tiles", "kiln.model.checkpoint.gguf_tensors",
+            "kiln.model.checkpoint.hf_tensors", "kiln.model.native.c_model",
+            "kiln.model.native.step_weights", "kiln.model.checkpoint.rope",
+            "kiln.model.native.plan"} < names
+    forbidden = dict(torch_free_cases())["kiln.model.checkpoint.locate"]
+    assert "kiln.model.base" in forbidden and "kiln.model.native" in forbidden
+
+
+@pytest.mark.parametrize(("module", "forbidden"), CASES + torch_free_cases())
 def test_import_boundary(module: str, forbidden: tuple[str, ...]) -> None:
     code = (
         "import importlib, sys\n"

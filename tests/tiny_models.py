@@ -167,8 +167,8 @@ def default_model() -> LoadedModel:
 @functools.cache
 def default_gguf_metadata() -> dict[str, object]:
     """The default model's GGUF metadata (no weights read): tokenizer and chat template."""
-    from kiln.model.gguf_index import GGUFIndex
-    from kiln.model.locate import default_model_path
+    from kiln.model.checkpoint.gguf_index import GGUFIndex
+    from kiln.model.checkpoint.locate import default_model_path
 
     return GGUFIndex(default_model_path()).metadata
 

@@ -25,10 +25,10 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from kiln.model.gguf_index import GGUFIndex, GGUFTensor
+from kiln.model.checkpoint.gguf_index import GGUFIndex, GGUFTensor
+from kiln.model.checkpoint.gguf_tensors import read_config, row_permutation, unpermute_qk
+from kiln.model.checkpoint.gguf_tokenizer import tokenizer_from_gguf
 from kiln.model.gguf_loader import hf_name
-from kiln.model.gguf_tensors import read_config, row_permutation, unpermute_qk
-from kiln.model.gguf_tokenizer import tokenizer_from_gguf
 
 _HALVES = {"BF16": torch.bfloat16, "F16": torch.float16}
 _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}

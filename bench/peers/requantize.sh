@@ -9,7 +9,7 @@ ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 PEERS="${PEERS:-$ROOT/build-peers}"
 QUANTIZE="${QUANTIZE:-$PEERS/build/bin/llama-quantize}"  # any build of it: the files are the same
 PY="${PYTHON:-$ROOT/.venv/bin/python}"
-SRC="$("$PY" -c 'from kiln.model.locate import default_model_path; print(default_model_path())')"
+SRC="$("$PY" -c 'from kiln.model.checkpoint.locate import default_model_path; print(default_model_path())')"
 mkdir -p "$PEERS/models"
 TYPES=("$@")
 [ ${#TYPES[@]} -gt 0 ] || TYPES=(Q4_K_M Q5_K_M Q6_K Q8_0 F16 BF16 IQ4_XS IQ4_NL)

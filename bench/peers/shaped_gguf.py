@@ -79,8 +79,8 @@ def write(path: Path, shape: str = "qwen2.5-0.5b", seed: int = 0) -> Path:
     import gguf
     from kiln_kernels.testing import add_model_header, llama3_rope_freqs
 
-    from kiln.model.gguf_index import GGUFIndex
-    from kiln.model.locate import default_model_path
+    from kiln.model.checkpoint.gguf_index import GGUFIndex
+    from kiln.model.checkpoint.locate import default_model_path
 
     s = SHAPES[shape]
     meta = GGUFIndex(default_model_path()).metadata

@@ -78,7 +78,8 @@ class Backend(Protocol):
         ...
 
     def compute_plan(self) -> dict[str, str] | None:
-        """The served model's compute plan (kiln.model.plan) as strings; None while loading."""
+        """The served model's compute plan (kiln.model.native.plan) as strings; None while
+        loading."""
         ...
 
     async def score(

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy
 
 from kiln.engine.config import EngineConfig, kv_blocks
-from kiln.model.c_model import CModel
+from kiln.model.native.c_model import CModel
 
 log = logging.getLogger("kiln.engine")
 

@@ -149,7 +149,7 @@ class AsyncEngine(TrainingControls):
             self.executor.scoring_job(self.scheduler.pool, prompt_ids, top_k, lora))
 
     def compute_plan(self) -> dict[str, str]:
-        """The runner's compute plan (kiln.model.plan), as strings."""
+        """The runner's compute plan (kiln.model.native.plan), as strings."""
         plan = self.executor.plan
         if plan is None:
             raise TypeError("the compute plan needs an engine over a model")

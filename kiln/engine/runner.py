@@ -1,7 +1,7 @@
 """The runner: SchedulerOutput -> the model's logits -> grammar masks, processors -> sampler ->
 ModelRunnerOutput, one step at a time on the engine thread. One class for every model:
 
-- a **C model** (``kiln.model.c_model.CModel``: a GGUF loaded without torch, the CPU path
+- a **C model** (``kiln.model.native.c_model.CModel``: a GGUF loaded without torch, the CPU path
   ``kiln serve`` runs by default) runs its steps through its C program over numpy KV arrays,
   and its logit rows through the C kernels (``kiln.engine.logit_rows.CLogitRows``): a plain
   step imports no torch;
@@ -36,7 +36,7 @@ from kiln.engine.logit_rows import CLogitRows, LogitRows
 from kiln.engine.lora_mix import LoraMix
 from kiln.engine.outputs import ModelRunnerOutput, ScheduledSeq, SchedulerOutput
 from kiln.engine.speculative import at_position, verified_output
-from kiln.model.plan import ComputePlan, c_step_plan, with_kv_cache
+from kiln.model.native.plan import ComputePlan, c_step_plan, with_kv_cache
 
 if TYPE_CHECKING:
     import torch
@@ -45,9 +45,9 @@ if TYPE_CHECKING:
     from kiln.engine.scoring import ScoringJob
     from kiln.engine.torch_step import TorchLogitRows, TorchStep
     from kiln.model.base import CausalLM
-    from kiln.model.c_model import CModel
-    from kiln.model.config import ModelConfig
+    from kiln.model.checkpoint.config import ModelConfig
     from kiln.model.kv_cache import KVCache
+    from kiln.model.native.c_model import CModel
     from kiln.text.tokenizer import Tokenizer
 
 log = logging.getLogger("kiln.engine")
@@ -210,7 +210,7 @@ class Runner:
         the C model's KV arrays (and becomes its torch twin's model too, where that was built);
         a ``CausalLM`` (an HF folder loaded with torch) has no C program, so the torch side
         takes every step from then on."""
-        from kiln.model.c_model import CModel
+        from kiln.model.native.c_model import CModel
 
         if isinstance(model, CModel):
             assert isinstance(self.kv, CArrays), "a C model over a torch model's cache"
@@ -236,7 +236,7 @@ class Runner:
     def release_kv(self) -> int:
         """Give the KV cache's memory back (its maps stay, zero again); the bytes released."""
         if isinstance(self.kv, CArrays):
-            from kiln.model.c_model import map_of, release_pages
+            from kiln.model.native.c_model import map_of, release_pages
 
             maps = [m for m in (map_of(a) for a in self.kv.k + self.kv.v) if m is not None]
             return release_pages(maps)

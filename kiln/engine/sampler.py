@@ -1,6 +1,6 @@
 """Batched sampling: the rows' SamplingParams and history -> kiln_kernels.sampling.
 
-The compute plan (kiln.model.plan) names the sampler. ``c``: the C sampler (``sample_rows``)
+The compute plan (kiln.model.native.plan) names the sampler. ``c``: the C sampler (``sample_rows``)
 takes the rows' parameters and their penalty history as plain lists (a step builds no tensor for
 them); ``triton`` and ``torch`` (also where the C library is missing) get dense [rows, vocab]
 counts. Both are batch-invariant: a row's token depends

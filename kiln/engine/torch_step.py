@@ -25,11 +25,11 @@ from kiln.engine.sampler import Sampler
 from kiln.engine.scoring import ScoringJob
 from kiln.model.base import CausalLM
 from kiln.model.batch import build_forward_batch
-from kiln.model.config import ModelConfig
+from kiln.model.checkpoint.config import ModelConfig
 from kiln.model.kv_cache import KVCache
 from kiln.model.lora import LoraAdapter
 from kiln.model.lora_slots import AdapterSlots, LoraBatch
-from kiln.model.plan import ComputePlan
+from kiln.model.native.plan import ComputePlan
 
 
 def kv_num_blocks(cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype) -> int:
@@ -65,7 +65,7 @@ class TorchStep:
     @torch.inference_mode()
     def forward(self, seqs: Sequence[ScheduledSeq], want: list[int]) -> torch.Tensor:
         """The logits of each sequence's last ``want[s]`` rows, in order (the runner's
-        skeleton; ``kiln.model.c_model.flatten``'s ``want``)."""
+        skeleton; ``kiln.model.native.c_model.flatten``'s ``want``)."""
         batch = build_forward_batch([(s.token_ids, s.start_pos, s.block_table) for s in seqs],
                                     self.config.block_size, want, self.device)
         lora = self._lora_batch(seqs)

@@ -1,7 +1,10 @@
 """Model architectures (llama, qwen2, qwen3 over one layer vocabulary), KV cache, loaders.
 
-The names below are imported on first use (PEP 562), so that importing a torch-free module of
-this package (``kiln.model.gguf_index``, ``kiln.model.locate``) does not import torch."""
+The torch-free part is two folders: ``checkpoint/`` (a checkpoint's files read without torch)
+and ``native/`` (the model as the C kernels run it, and the compute plan); the modules here are
+the torch side, and the loader that picks a side. The names below are imported on first use
+(PEP 562), so that importing a torch-free module (``kiln.model.checkpoint.gguf_index``,
+``kiln.model.checkpoint.locate``) does not import torch."""
 
 from __future__ import annotations
 
@@ -11,19 +14,19 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from kiln.model.base import CausalLM
     from kiln.model.batch import ForwardBatch, build_forward_batch
-    from kiln.model.config import ModelConfig, UnsupportedModelError, WeightLoadError
+    from kiln.model.checkpoint.config import ModelConfig, UnsupportedModelError, WeightLoadError
+    from kiln.model.checkpoint.locate import ModelNotFoundError
     from kiln.model.hashing import model_content_sha256
     from kiln.model.kv_cache import KVCache
     from kiln.model.loader import LoadedModel, load_model
-    from kiln.model.locate import ModelNotFoundError
     from kiln.model.registry import build_model
 
 _WHERE = {
     "CausalLM": "base", "ForwardBatch": "batch", "build_forward_batch": "batch",
-    "ModelConfig": "config", "UnsupportedModelError": "config",
+    "ModelConfig": "checkpoint.config", "UnsupportedModelError": "checkpoint.config",
     "model_content_sha256": "hashing", "KVCache": "kv_cache", "LoadedModel": "loader",
-    "load_model": "loader", "ModelNotFoundError": "locate", "build_model": "registry",
-    "WeightLoadError": "config",
+    "load_model": "loader", "ModelNotFoundError": "checkpoint.locate", "build_model": "registry",
+    "WeightLoadError": "checkpoint.config",
 }
 
 __all__ = [

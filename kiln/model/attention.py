@@ -48,7 +48,7 @@ class AttentionPlan:
 def plan_attention(batch: ForwardBatch, block_size: int,
                    kernels: Literal["triton", "torch"] = "torch") -> AttentionPlan:
     """Layer-independent attention metadata for one forward pass; ``kernels`` is the
-    implementation the compute plan (kiln.model.plan) names for the torch path."""
+    implementation the compute plan (kiln.model.native.plan) names for the torch path."""
     qsl = batch.query_start_loc.tolist()
     lens = batch.seq_lens.tolist()
     positions = batch.positions.tolist()

@@ -14,11 +14,11 @@ from torch import nn
 
 from kiln.model.attention import AttentionPlan, plan_attention
 from kiln.model.batch import ForwardBatch
-from kiln.model.config import ModelConfig
+from kiln.model.checkpoint.config import ModelConfig
 from kiln.model.cpu_step import CpuStep, cpu_step_weights
 from kiln.model.kv_cache import KVCache
 from kiln.model.layers import DecoderLayer, LoraHook, RMSNorm, RotaryEmbedding
-from kiln.model.plan import ComputePlan, model_plan, without_packed
+from kiln.model.native.plan import ComputePlan, model_plan, without_packed
 from kiln.model.quantized import (
     NO_ROUTE,
     PackedEmbedding,
@@ -62,12 +62,13 @@ class CausalLM(nn.Module):
         self.packed_head: Packed | None = None  # set by attach_packed
         self.packed_embedding: PackedWeight | None = None  # the token embedding's blocks
         self._cpu_step: CpuStep | None = None  # the C step, when every weight is packed
-        self._plan: ComputePlan | None = None  # decided by kiln.model.plan (lazily, once)
+        self._plan: ComputePlan | None = None  # decided by kiln.model.native.plan (lazily, once)
         self._plan_override: ComputePlan | None = None  # packed_disabled's torch-only plan
 
     @property
     def plan(self) -> ComputePlan:
-        """The model's compute plan (kiln.model.plan): which implementation runs its steps."""
+        """The model's compute plan (kiln.model.native.plan): which implementation runs its
+        steps."""
         if self._plan_override is not None:
             return self._plan_override
         if self._plan is None:

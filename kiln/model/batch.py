@@ -1,6 +1,6 @@
 """A step's input: the flat forward batch, the new tokens of many sequences plus their
 paged-attention metadata, as torch tensors (the rows are flattened once, torch-free, by
-``kiln.model.c_model.flatten``)."""
+``kiln.model.native.c_model.flatten``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from kiln.model.c_model import StepRows, flatten
+from kiln.model.native.c_model import StepRows, flatten
 
 
 @dataclass
@@ -42,9 +42,9 @@ def build_forward_batch(seqs: Sequence[tuple[Sequence[int], int, Sequence[int]]]
     ``start_pos`` is the number of tokens already in the cache for that sequence; the block
     table must cover ``start_pos + len(new_tokens)`` tokens. ``logits="last"`` returns one
     row per sequence (its last new token), ``"all"`` every row, a list of ints each sequence's
-    last ``logits[s]`` rows (``kiln.model.c_model.flatten``).
+    last ``logits[s]`` rows (``kiln.model.native.c_model.flatten``).
     """
-    rows = flatten(seqs, block_size, logits)  # the rows, flattened once (kiln.model.c_model)
+    rows = flatten(seqs, block_size, logits)  # the rows, flattened once (kiln.model.native.c_model)
     dev = torch.device(device)
 
     def tensor(a: np.ndarray) -> torch.Tensor:

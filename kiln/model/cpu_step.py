@@ -27,13 +27,13 @@ from kiln_kernels.quant import NATIVE_FLAGS, Packed
 from torch import nn
 
 from kiln.model.batch import ForwardBatch
-from kiln.model.c_model import run_rows
-from kiln.model.config import ModelConfig
+from kiln.model.checkpoint.config import ModelConfig
 from kiln.model.kv_cache import KVCache
 from kiln.model.layers import DecoderLayer
 from kiln.model.lora import LORA_MODULES as MODEL_LORA_MODULES
 from kiln.model.lora_slots import LoraBatch
-from kiln.model.step_weights import step_weights
+from kiln.model.native.c_model import run_rows
+from kiln.model.native.step_weights import step_weights
 
 if MODEL_LORA_MODULES != LORA_MODULES:  # cpu_step.c indexes the stacks in this order
     raise ImportError("kiln.model.lora and kiln_kernels.cpu.cpu_step disagree on LoRA modules")
@@ -118,8 +118,8 @@ class CpuStep:
 def cpu_step_weights(cfg: ModelConfig, layers: Iterable[nn.Module],
                      parameters: Iterable[tuple[str, nn.Parameter]], head: Packed | None,
                      embedding: Packed | None = None) -> CpuStepWeights | None:
-    """The C program's view of a ``CausalLM`` (``kiln.model.step_weights.step_weights``, the one
-    layout of them) from its config, decoder layers, named parameters and packed head, or None
+    """The C program's view of a ``CausalLM`` (``kiln.model.native.step_weights.step_weights``, the
+    one layout of them) from its config, decoder layers, named parameters and packed head, or None
     when some projection is not packed; ``embedding``: the token embedding's blocks, looked up
     in the C step (None: the model's ``embed_tokens`` runs first)."""
     products: dict[str, Packed | None] = {}

@@ -1,11 +1,11 @@
 """The torch device and dtypes a model runs on: the settings' and the compute plan's names
-(``kiln.model.plan``) as torch objects."""
+(``kiln.model.native.plan``) as torch objects."""
 
 from __future__ import annotations
 
 import torch
 
-from kiln.model.plan import DTYPE_ALIASES, dtype_name
+from kiln.model.native.plan import DTYPE_ALIASES, dtype_name
 
 
 def resolve_device(device: str | None) -> torch.device:

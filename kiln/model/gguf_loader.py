@@ -1,5 +1,5 @@
 """Load a GGUF file into the model: each matrix the CPU kernels can hold as its tiles (tiled
-during start-up's imports where ``kiln serve`` began that, ``kiln.model.early_tiles``), the
+during start-up's imports where ``kiln serve`` began that, ``kiln.model.native.early_tiles``), the
 rest dequantized to float32; the tokenizer from the metadata."""
 
 from __future__ import annotations
@@ -13,11 +13,9 @@ import torch
 from kiln_kernels.quant import PackedWeight
 
 from kiln.model.base import CausalLM
-from kiln.model.config import ModelConfig, UnsupportedModelError, WeightLoadError
-from kiln.model.early_tiles import Tiled, take_tiled
-from kiln.model.float32_copies import install_packed
-from kiln.model.gguf_index import GGUFIndex
-from kiln.model.gguf_tensors import (
+from kiln.model.checkpoint.config import ModelConfig, UnsupportedModelError, WeightLoadError
+from kiln.model.checkpoint.gguf_index import GGUFIndex
+from kiln.model.checkpoint.gguf_tensors import (
     ROPE_FREQS,
     dequantize,
     hf_name,
@@ -27,8 +25,10 @@ from kiln.model.gguf_tensors import (
     unpackable,
     unpermute_qk,
 )
-from kiln.model.gguf_tokenizer import tokenizer_from_gguf
-from kiln.model.plan import pack_weights
+from kiln.model.checkpoint.gguf_tokenizer import tokenizer_from_gguf
+from kiln.model.float32_copies import install_packed
+from kiln.model.native.early_tiles import Tiled, take_tiled
+from kiln.model.native.plan import pack_weights
 from kiln.model.weights import WeightSink, empty_model, progress
 from kiln.text.tokenizer import Tokenizer
 
@@ -48,8 +48,8 @@ class GGUFContents:
 def load_gguf(path: str | Path, dtype: torch.dtype, device: torch.device, *,
               quant_kernels: bool = True, tiled: Tiled | None = None) -> GGUFContents:
     """The model, config, tokenizer and chat template of a GGUF file. ``tiled``: tiles of its
-    matrices made already (``kiln.model.c_model.CModel`` passes the ones it runs on, so the two
-    share them); else start-up's, if it tiled this file (``early_tiles``). The tiles taken are
+    matrices made already (``kiln.model.native.c_model.CModel`` passes the ones it runs on, so the
+    two share them); else start-up's, if it tiled this file (``early_tiles``). The tiles taken are
     removed from ``tiled.tiles``."""
     if tiled is None:
         tiled = take_tiled(Path(path))  # tiled on a thread during start-up's imports, if it was

@@ -3,7 +3,7 @@
 On the CPU (float32 models), bfloat16 / float16 matrices are held as they are, two bytes a
 weight, and widened exactly in registers by the C step (``kiln_kernels.quant.pack_dense``): no
 float32 copy of them is made when every step runs in C. Where ``kiln serve`` tiled them during
-its imports (``kiln.model.early_tiles``), those matrices are taken as they are and not read
+its imports (``kiln.model.native.early_tiles``), those matrices are taken as they are and not read
 again."""
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from kiln_kernels.quant import PackedWeight, pack_dense
 from safetensors import SafetensorError, safe_open
 
 from kiln.model.base import CausalLM
-from kiln.model.config import ModelConfig, WeightLoadError
-from kiln.model.early_tiles import take_tiled
+from kiln.model.checkpoint.config import ModelConfig, WeightLoadError
+from kiln.model.checkpoint.hf_tensors import packable, read_json, safetensors_files
 from kiln.model.float32_copies import install_packed
-from kiln.model.hf_tensors import packable, read_json, safetensors_files
-from kiln.model.plan import pack_weights
+from kiln.model.native.early_tiles import take_tiled
+from kiln.model.native.plan import pack_weights
 from kiln.model.weights import WeightSink, empty_model, progress
 from kiln.text.tokenizer import Tokenizer
 

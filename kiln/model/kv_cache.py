@@ -6,9 +6,9 @@ from typing import Any, Protocol
 
 import torch
 
-from kiln.model.c_model import kv_block_bytes, kv_map, map_of, release_pages
-from kiln.model.config import ModelConfig
-from kiln.model.plan import ComputePlan
+from kiln.model.checkpoint.config import ModelConfig
+from kiln.model.native.c_model import kv_block_bytes, kv_map, map_of, release_pages
+from kiln.model.native.plan import ComputePlan
 
 
 class PlannedModel(Protocol):
@@ -58,7 +58,7 @@ class KVCache:
         nb, bs, nkv, hd = self.num_blocks, self.block_size, cfg.num_kv_heads, cfg.head_dim
         shape = (nb, nkv, bs, hd) if self.heads_major else (nb, bs, nkv, hd)
         if self.zero_pages:
-            # the tensor keeps the map alive (kiln.model.c_model.kv_map: zero pages)
+            # the tensor keeps the map alive (kiln.model.native.c_model.kv_map: zero pages)
             pages = kv_map(nb * bs * nkv * hd * _element_size(self.dtype), 2 * cfg.num_layers)
             self.maps.append(pages)
             t = torch.frombuffer(pages, dtype=self.dtype).view(shape)
@@ -71,7 +71,7 @@ class KVCache:
              zero_pages: bool) -> KVCache:
         """A cache over existing CPU buffers (numpy arrays ``[num_blocks, block_size,
         kv_heads, head_dim]``, per layer), shared, not copied: the torch-free C engine's cache
-        (``kiln.model.c_model``) when the torch engine takes its requests over."""
+        (``kiln.model.native.c_model``) when the torch engine takes its requests over."""
         cache = cls.__new__(cls)
         cache.num_blocks = int(k[0].shape[0])
         cache.block_size = block_size

@@ -13,11 +13,11 @@ import torch.nn.functional as F
 from kiln_kernels.quant import Packed
 from torch import nn
 
-from kiln.model import rope
 from kiln.model.attention import AttentionPlan, paged_attention
-from kiln.model.config import ModelConfig
+from kiln.model.checkpoint import rope
+from kiln.model.checkpoint.config import ModelConfig
+from kiln.model.checkpoint.rope import RopeScaling
 from kiln.model.quantized import NO_ROUTE, RowRoute, project, project_many
-from kiln.model.rope import RopeScaling
 
 
 @runtime_checkable
@@ -57,8 +57,8 @@ class RotaryEmbedding:
         self._inv_freq: dict[torch.device, torch.Tensor] = {}
 
     def inv_freq(self, device: torch.device) -> torch.Tensor:
-        """The frequencies of ``kiln.model.rope.inv_freq`` (computed without torch, the same on
-        every path and machine), on ``device``."""
+        """The frequencies of ``kiln.model.checkpoint.rope.inv_freq`` (computed without torch, the
+        same on every path and machine), on ``device``."""
         if device not in self._inv_freq:
             values = rope.inv_freq(self.head_dim, self.theta, self.scaling)
             self._inv_freq[device] = torch.from_numpy(values).to(device)

@@ -1,10 +1,10 @@
 """Llama-family decoder (Llama 2/3, SmolLM2, Mistral; a sliding window caps the context:
-kiln.model.config)."""
+kiln.model.checkpoint.config)."""
 
 from __future__ import annotations
 
 from kiln.model.base import CausalLM
-from kiln.model.config import ModelConfig
+from kiln.model.checkpoint.config import ModelConfig
 
 
 class LlamaForCausalLM(CausalLM):

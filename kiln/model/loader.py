@@ -1,7 +1,7 @@
 """``load_model``: one entry point for HF folders, GGUF files and the embedded default.
 
 With ``torch_free`` (``kiln serve``), a GGUF on the CPU whose every matrix has a C kernel loads
-as a :class:`~kiln.model.c_model.CModel` without importing torch (``kiln.engine.runner`` runs
+as a :class:`~kiln.model.native.c_model.CModel` without importing torch (``kiln.engine.runner`` runs
 it, with its torch twin beside it for the steps that need one); otherwise, and for every other
 model, as a torch ``CausalLM``. This module imports torch only for the latter."""
 
@@ -11,14 +11,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Literal, Union, overload
 
-from kiln.model.config import ModelConfig
-from kiln.model.early_tiles import take_tiled, tiles_will_be_held
-from kiln.model.locate import (
+from kiln.model.checkpoint.config import ModelConfig
+from kiln.model.checkpoint.locate import (
     DEFAULT_MODEL_NAME,
     ModelNotFoundError,
     default_model_path,
     is_gguf,
 )
+from kiln.model.native.early_tiles import take_tiled, tiles_will_be_held
 from kiln.resident import release_freed_heap
 from kiln.text.chat_template import ChatTemplate
 from kiln.text.tokenizer import Tokenizer
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     import torch
 
     from kiln.model.base import CausalLM
-    from kiln.model.c_model import CModel
+    from kiln.model.native.c_model import CModel
 
 # The dtype a C model is served in, as provenance records name it (``str(torch.float32)``): a
 # model's identity is the same whichever engine serves it.
@@ -110,23 +110,23 @@ def load_model(path: str | None = None, *, dtype: str | None = None, device: str
         if not file.exists():
             raise ModelNotFoundError(f"model path {path!r} does not exist")
         default_name = file.stem if file.is_file() else file.resolve().name
-    tiled = None  # the early tiles (kiln.model.early_tiles), once taken here
+    tiled = None  # the early tiles (kiln.model.native.early_tiles), once taken here
     c_model = None
     # a float32 model on the CPU (auto: a machine without a GPU), as early tiling guesses it
     if torch_free and is_gguf(file) and tiles_will_be_held(device, dtype, quant_kernels):
-        from kiln.model.c_model import CModel
+        from kiln.model.native.c_model import CModel
 
         tiled = take_tiled(file)
         c_model = CModel.load(file, tiled)
     if c_model is not None:
-        from kiln.model.gguf_tokenizer import tokenizer_from_gguf
+        from kiln.model.checkpoint.gguf_tokenizer import tokenizer_from_gguf
 
         meta = c_model.take_metadata()
         tokenizer = tokenizer_from_gguf(meta)
         template = meta.get("tokenizer.chat_template")
         chat = _chat_template(template if isinstance(template, str) else None, tokenizer, {},
                               file, chat_template_path)
-        del meta, tiled  # the file's map (kiln.model.gguf_index) with them
+        del meta, tiled  # the file's map (kiln.model.checkpoint.gguf_index) with them
         release_freed_heap()
         return LoadedCModel(model=c_model, config=c_model.config, tokenizer=tokenizer,
                             chat_template=chat, served_name=served_model_name or default_name,
@@ -184,8 +184,8 @@ def torch_model(model: CModel) -> CausalLM:
     twin beside the C step, for the steps that need it (``kiln.engine.runner``)."""
     import torch
 
-    from kiln.model.early_tiles import Tiled
     from kiln.model.gguf_loader import load_gguf
+    from kiln.model.native.early_tiles import Tiled
 
     tiled = Tiled(model.path, None, dict(model.tiles))  # load_gguf pops what it takes
     return load_gguf(model.path, torch.float32, torch.device("cpu"), quant_kernels=True,

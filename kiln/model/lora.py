@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from kiln.model.config import ModelConfig
+from kiln.model.checkpoint.config import ModelConfig
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"

@@ -27,7 +27,7 @@ from typing import Literal
 
 import torch
 
-from kiln.model.config import ModelConfig
+from kiln.model.checkpoint.config import ModelConfig
 from kiln.model.lora import LoraAdapter, module_shape
 
 AdapterRef = LoraAdapter | str  # an adapter, or the content hash of a registered/resident one

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from kiln_kernels.quant import Packed, PackedWeight
 from torch import nn
 
-from kiln.model.step_weights import fuse
+from kiln.model.native.step_weights import fuse
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kiln.model.base import CausalLM
-from kiln.model.config import ModelConfig
+from kiln.model.checkpoint.config import ModelConfig
 
 
 class Qwen3ForCausalLM(CausalLM):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kiln.model.base import CausalLM
-from kiln.model.config import ModelConfig, UnsupportedModelError
+from kiln.model.checkpoint.config import ModelConfig, UnsupportedModelError
 from kiln.model.llama import LlamaForCausalLM
 from kiln.model.qwen2 import Qwen2ForCausalLM
 from kiln.model.qwen3 import Qwen3ForCausalLM

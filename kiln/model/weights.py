@@ -16,7 +16,7 @@ from torch import nn
 from tqdm import tqdm
 
 from kiln.model.base import CausalLM
-from kiln.model.config import ModelConfig, WeightLoadError
+from kiln.model.checkpoint.config import ModelConfig, WeightLoadError
 from kiln.model.registry import build_model
 
 # Checkpoint tensors that carry no weights of ours (recomputed or redundant).

@@ -81,7 +81,7 @@ def plain_answers() -> list[Any]:
 def test_default_model_answers_are_unchanged(method: str, plain_answers: list[Any]) -> None:
     """draft_model: the default model drafts for itself (the same tokenizer; a smaller sibling
     in real use), so its greedy drafts are accepted where the target is greedy too."""
-    from kiln.model.locate import default_model_path
+    from kiln.model.checkpoint.locate import default_model_path
 
     want = plain_answers
     spec = SPEC if method == "ngram" else draft_spec(default_model_path())

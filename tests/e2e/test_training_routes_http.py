@@ -85,7 +85,7 @@ def test_sleep_on_the_torch_free_engine() -> None:
 
 
 def test_sleep_gives_the_kv_cache_back_and_wake_serves_the_same(client: TestClient) -> None:
-    from kiln.model.c_model import map_of
+    from kiln.model.native.c_model import map_of
 
     engine = client.app.state.kiln.backend.engine  # type: ignore[attr-defined]
     kv = engine.executor.kv  # a torch model's KVCache, or a C model's arrays

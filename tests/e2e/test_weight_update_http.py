@@ -19,7 +19,7 @@ from starlette.testclient import TestClient
 
 from kiln.api.app import build_app
 from kiln.config import ServerConfig
-from kiln.model.locate import default_model_path
+from kiln.model.checkpoint.locate import default_model_path
 from kiln.provenance import base_model_sha256, weight_files
 from kiln.serving import EngineBackend
 from tests import HANG_S

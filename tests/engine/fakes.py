@@ -16,7 +16,7 @@ from kiln.engine.outputs import ModelRunnerOutput, SampledToken, SchedulerOutput
 if TYPE_CHECKING:
     from kiln.engine.block_pool import BlockPool
     from kiln.engine.scoring import ScoringJob
-    from kiln.model.plan import ComputePlan
+    from kiln.model.native.plan import ComputePlan
 
 VOCAB = 50
 

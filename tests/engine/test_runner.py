@@ -129,7 +129,7 @@ def test_half_kv_cache_doubles_the_blocks_and_serves(tiny_llama: LoadedModel) ->
     import torch
 
     from kiln.model.devices import torch_dtype
-    from kiln.model.plan import model_plan, with_kv_cache
+    from kiln.model.native.plan import model_plan, with_kv_cache
 
     exact = EngineConfig(kv_memory_mb=1)
     half = EngineConfig(kv_memory_mb=1, kv_cache_dtype="float16")

@@ -35,7 +35,7 @@ def _np_packed(p: Packed) -> Packed:
 
 def _np(t: Any) -> Any:
     """A weight as its own numpy copy (torch tensors, and numpy arrays such as the rotary
-    frequencies, which kiln.model.rope computes without torch)."""
+    frequencies, which kiln.model.checkpoint.rope computes without torch)."""
     if t is None:
         return None
     return t.detach().numpy().copy() if hasattr(t, "detach") else np.array(t, copy=True)

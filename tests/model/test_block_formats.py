@@ -15,7 +15,7 @@ from kiln_kernels.quant import PackedConcat, PackedWeight, pack_ggml
 from kiln_kernels.testing import random_raw
 
 from kiln.model import CausalLM, KVCache, build_forward_batch, load_model
-from kiln.model.config import ModelConfig
+from kiln.model.checkpoint.config import ModelConfig
 from kiln.model.float32_copies import attach_packed, float32_state_dict
 from tests.gguf_blocks import gguf_dequantize
 from tests.model.test_cpu_step import BLOCK, compare_greedy, new_cache, tables

@@ -1,5 +1,5 @@
-"""The torch-free C model (kiln.model.c_model.CModel) against the torch-loaded model of the same
-GGUF file: the same logits bit for bit (prefills of several sequences, decodes, steps longer
+"""The torch-free C model (kiln.model.native.c_model.CModel) against the torch-loaded model of the
+same GGUF file: the same logits bit for bit (prefills of several sequences, decodes, steps longer
 than one C step, float16 caches), the same plan and KV layout; loading without torch in the
 process; and the files it declines (no stored rotary frequencies, a matrix without a kernel)."""
 
@@ -17,11 +17,11 @@ from kiln_kernels.cpu.cpu_step import cache_strides
 
 from kiln.model.base import CausalLM
 from kiln.model.batch import build_forward_batch
-from kiln.model.c_model import CModel, group_rows
+from kiln.model.checkpoint.locate import default_model_path
 from kiln.model.gguf_loader import load_gguf
 from kiln.model.kv_cache import KVCache
-from kiln.model.locate import default_model_path
-from kiln.model.plan import c_step_plan, with_kv_cache
+from kiln.model.native.c_model import CModel, group_rows
+from kiln.model.native.plan import c_step_plan, with_kv_cache
 from tests.model.test_block_formats import Q4_K_M, k_config, raw_weights
 from tests.tiny_models import random_tensors, tiny_config, write_tiny_gguf
 

@@ -21,14 +21,14 @@ from kiln_kernels.cpu.loader import PORTABLE_FLAGS
 from kiln_kernels.quant import PackedWeight, pack_ggml
 
 from kiln.model import CausalLM, LoadedModel
-from kiln.model import c_model as cpu_step  # the CPU step's row grouping (group_rows)
 from kiln.model.batch import build_forward_batch
-from kiln.model.c_model import C_MAX_ROWS
-from kiln.model.config import ModelConfig
+from kiln.model.checkpoint.config import ModelConfig
 from kiln.model.float32_copies import attach_packed
 from kiln.model.kv_cache import KVCache
 from kiln.model.lora import LORA_MODULES, LoraAdapter, load_adapter
 from kiln.model.lora_slots import AdapterSlots, LoraBatch
+from kiln.model.native import c_model as cpu_step  # the CPU step's row grouping (group_rows)
+from kiln.model.native.c_model import C_MAX_ROWS
 from tests.model.test_lora import write_peft
 from tests.numerics import (
     U16,

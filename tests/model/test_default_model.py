@@ -78,11 +78,11 @@ def test_weights_are_ggufs_dequantized_values(smollm: LoadedModel) -> None:
     lookups, which read the blocks, give the same rows."""
     import numpy as np
 
+    from kiln.model.checkpoint.gguf_index import GGUFIndex
+    from kiln.model.checkpoint.gguf_tensors import dequantize, row_permutation, unpermute_qk
+    from kiln.model.checkpoint.locate import default_model_path
     from kiln.model.float32_copies import packed_disabled
-    from kiln.model.gguf_index import GGUFIndex
     from kiln.model.gguf_loader import hf_name
-    from kiln.model.gguf_tensors import dequantize, row_permutation, unpermute_qk
-    from kiln.model.locate import default_model_path
 
     model = smollm.model
     released = [n for n, p in model.named_parameters() if p.is_meta]

@@ -1,7 +1,8 @@
-"""Start-up's early tiling (kiln/model/early_tiles.py): a model loaded from the tiles a thread
-made during the imports, from a GGUF file or an HF folder, is the model loaded without them, bit
-for bit; the tiles are taken once, only for the model they came from; a file the thread cannot
-read is reported by the loader as before; tiles are made early only where they will be held."""
+"""Start-up's early tiling (kiln/model/native/early_tiles.py): a model loaded from the tiles a
+thread made during the imports, from a GGUF file or an HF folder, is the model loaded without
+them, bit for bit; the tiles are taken once, only for the model they came from; a file the
+thread cannot read is reported by the loader as before; tiles are made early only where they
+will be held."""
 
 from __future__ import annotations
 
@@ -11,13 +12,13 @@ import pytest
 import torch
 from kiln_kernels.cpu import available as kernels_available
 
-import kiln.model.early_tiles as early_tiles
+import kiln.model.native.early_tiles as early_tiles
 from bench.peers.hf_folder import write_folder
 from kiln.model import KVCache, build_forward_batch, load_model
-from kiln.model.config import UnsupportedModelError
-from kiln.model.early_tiles import Tiled, take_tiled, tile, tiles_will_be_held, tiling_beside
+from kiln.model.checkpoint.config import UnsupportedModelError
+from kiln.model.checkpoint.locate import model_path
 from kiln.model.float32_copies import float32_state_dict
-from kiln.model.locate import model_path
+from kiln.model.native.early_tiles import Tiled, take_tiled, tile, tiles_will_be_held, tiling_beside
 from tests.model.test_block_formats import k_config, raw_weights
 from tests.model.test_hf_folder_from_gguf import bf16_gguf
 from tests.tiny_models import write_tiny_gguf
@@ -166,10 +167,10 @@ def test_a_sharded_folder_is_tiled_across_its_shards(hf_folder: Path, tmp_path: 
 @pytest.mark.parametrize("quant_kernels", [True, False])
 def test_the_guess_follows_the_plans_decision_on_the_cpu(dtype: str | None,
                                                          quant_kernels: bool) -> None:
-    """tiles_will_be_held restates kiln.model.plan.pack_weights for settings, before torch is
+    """tiles_will_be_held restates kiln.model.native.plan.pack_weights for settings, before torch is
     imported; on the CPU (where the C library builds, as here) the two must not drift apart."""
     from kiln.model.devices import resolve_device, resolve_dtype
-    from kiln.model.plan import pack_weights
+    from kiln.model.native.plan import pack_weights
 
     cpu = resolve_device("cpu")
     decided = pack_weights(resolve_dtype(dtype, cpu), cpu, quant_kernels=quant_kernels)

@@ -1,5 +1,5 @@
-"""kiln.model.gguf_index against gguf-py's GGUFReader (the reference): the same metadata values
-and the same tensors, byte for byte; malformed files refused with a ValueError."""
+"""kiln.model.checkpoint.gguf_index against gguf-py's GGUFReader (the reference): the same metadata
+values and the same tensors, byte for byte; malformed files refused with a ValueError."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import gguf
 import numpy as np
 import pytest
 
-from kiln.model.gguf_index import GGUFIndex
+from kiln.model.checkpoint.gguf_index import GGUFIndex
 
 
 def reference_metadata(reader: gguf.GGUFReader) -> dict[str, Any]:
@@ -40,7 +40,7 @@ def assert_same(path: Path) -> GGUFIndex:
 
 
 def test_default_model_reads_as_gguf_py_reads_it() -> None:
-    from kiln.model.locate import default_model_path
+    from kiln.model.checkpoint.locate import default_model_path
 
     ix = assert_same(Path(default_model_path()))
     assert len(ix.metadata) > 20 and len(ix.metadata["tokenizer.ggml.tokens"]) == 49152
@@ -86,7 +86,7 @@ def test_every_value_type_and_tensor_type(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("cut", [0, 3, 10, 30, 200])
 def test_truncated_or_foreign_files_are_refused(tmp_path: Path, cut: int) -> None:
-    from kiln.model.locate import default_model_path
+    from kiln.model.checkpoint.locate import default_model_path
 
     whole = Path(default_model_path()).read_bytes()
     bad = tmp_path / "bad.gguf"
@@ -96,7 +96,7 @@ def test_truncated_or_foreign_files_are_refused(tmp_path: Path, cut: int) -> Non
 
 
 def test_a_tensor_past_the_end_is_refused(tmp_path: Path) -> None:
-    from kiln.model.locate import default_model_path
+    from kiln.model.checkpoint.locate import default_model_path
 
     src = GGUFIndex(default_model_path())
     bad = tmp_path / "short.gguf"
@@ -106,9 +106,9 @@ def test_a_tensor_past_the_end_is_refused(tmp_path: Path) -> None:
 
 
 def test_the_type_table_is_gguf_pys() -> None:
-    """kiln.model.gguf_index's own GGML type table (so that reading an index does not import
-    gguf-py): the same names, numbers and block sizes as gguf-py's."""
-    from kiln.model.gguf_index import GGML_BLOCK_SIZES, GGMLType
+    """kiln.model.checkpoint.gguf_index's own GGML type table (so that reading an index does not
+    import gguf-py): the same names, numbers and block sizes as gguf-py's."""
+    from kiln.model.checkpoint.gguf_index import GGML_BLOCK_SIZES, GGMLType
 
     theirs = {t.name: (t.value, gguf.GGML_QUANT_SIZES.get(t)) for t in gguf.GGMLQuantizationType}
     ours = {t.name: (t.value, GGML_BLOCK_SIZES.get(t)) for t in GGMLType}

@@ -1,8 +1,8 @@
-"""GGUF vocabularies (kiln/model/gguf_tokenizer.py). SentencePiece (``tokenizer.ggml.model =
-llama``: Llama 2, TinyLlama, Mistral): the tokenizer built from pieces and scores gives the ids
-of llama.cpp's algorithm, written out here as the reference (merge the adjacent pair whose
-joined piece scores highest, the leftmost of equals, until none joins; spell what is left in
-byte pieces), and a model with such a vocabulary loads and chats through its template. The
+"""GGUF vocabularies (kiln/model/checkpoint/gguf_tokenizer.py). SentencePiece
+(``tokenizer.ggml.model = llama``: Llama 2, TinyLlama, Mistral): the tokenizer built from pieces and
+scores gives the ids of llama.cpp's algorithm, written out here as the reference (merge the adjacent
+pair whose joined piece scores highest, the leftmost of equals, until none joins; spell what is left
+in byte pieces), and a model with such a vocabulary loads and chats through its template. The
 byte-level BPE pre-tokenizers split as their families' tokenizers do. Where the llama.cpp tree
 the peer benchmark builds is present, its own test vectors are checked for every vocabulary."""
 
@@ -16,7 +16,7 @@ import pytest
 from tokenizers import decoders
 
 from kiln.model import load_model
-from kiln.model.gguf_tokenizer import _pre_tokenizer, tokenizer_from_gguf
+from kiln.model.checkpoint.gguf_tokenizer import _pre_tokenizer, tokenizer_from_gguf
 from kiln.text.tokenizer import Tokenizer
 from tests.e2e.app_client import app_client
 from tests.tiny_models import (
@@ -136,7 +136,7 @@ def test_a_sentencepiece_gguf_model_loads_and_chats(tmp_path: Path) -> None:
                                   "deepseek-coder"])
 def test_llama_cpps_own_vectors(name: str) -> None:
     """llama.cpp's test-tokenizer-0 inputs and ids for its vocabularies of those families."""
-    from kiln.model.gguf_index import GGUFIndex
+    from kiln.model.checkpoint.gguf_index import GGUFIndex
 
     base = VOCABS / f"ggml-vocab-{name}.gguf"
     tok = tokenizer_from_gguf(GGUFIndex(base).metadata)

@@ -165,3 +165,42 @@ def test_kiln_model_imports_nothing_above_it() -> None:
     for mod in sorted(beside):
         bad = sorted(m for m in closure(mod) if _within(m, (MODEL, *ABOVE)))
         assert bad == [], f"{mod}, which kiln/model imports, imports {bad}"
+
+
+# the torch-free folders, each with the kiln/model folders it may import
+# (tests/test_import_boundaries.py imports each of their modules in a fresh process)
+TORCH_FREE = {"kiln.model.checkpoint": ("kiln.model.checkpoint",),
+              "kiln.model.native": ("kiln.model.native", "kiln.model.checkpoint")}
+
+
+def _type_checking_lines(tree: ast.Module) -> set[int]:
+    """The lines of ``if TYPE_CHECKING:`` bodies (imports for annotations, never run)."""
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) \
+                and node.test.id == "TYPE_CHECKING":
+            for child in node.body:
+                lines.update(range(child.lineno, (child.end_lineno or child.lineno) + 1))
+    return lines
+
+
+def test_the_torch_free_folders_import_no_torch_and_nothing_of_the_torch_side() -> None:
+    """No module under kiln/model/checkpoint/ or kiln/model/native/ imports torch or triton
+    where it runs (only under TYPE_CHECKING, for annotations), at module level or in a
+    function, nor any kiln.model module outside the folders it may read."""
+    problems = []
+    found = set()
+    for name, path in model_modules().items():
+        folder = next((f for f in TORCH_FREE if _within(name, f)), None)
+        if folder is None:
+            continue
+        found.add(folder)
+        typing_only = _type_checking_lines(ast.parse(path.read_text()))
+        for mod, line in imports(name, path):
+            where = f"{path.relative_to(ROOT)}:{line} imports {mod}"
+            if _within(mod, ("torch", "triton")) and line not in typing_only:
+                problems.append(where)
+            if _within(mod, MODEL) and mod != MODEL and not _within(mod, TORCH_FREE[folder]):
+                problems.append(where)
+    assert found == set(TORCH_FREE)
+    assert problems == []

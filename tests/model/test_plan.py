@@ -1,4 +1,4 @@
-"""The compute plan (kiln.model.plan): one decision per model, read by every caller."""
+"""The compute plan (kiln.model.native.plan): one decision per model, read by every caller."""
 
 from __future__ import annotations
 
@@ -12,7 +12,13 @@ from kiln.engine.config import EngineConfig
 from kiln.engine.loop import build_core
 from kiln.model import LoadedModel
 from kiln.model.devices import resolve_dtype
-from kiln.model.plan import ComputePlan, model_plan, pack_weights, with_kv_cache, without_packed
+from kiln.model.native.plan import (
+    ComputePlan,
+    model_plan,
+    pack_weights,
+    with_kv_cache,
+    without_packed,
+)
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
@@ -79,8 +85,8 @@ def test_the_plan_names_the_isa_and_owns_the_no_vector_build_rule(
     itself) the weights stay float32 on the torch path, unless KILN_CPU_ISA forced plain."""
     from kiln_kernels.cpu import loader
 
-    from kiln.model import plan as plan_mod
-    from kiln.model.early_tiles import tiles_will_be_held
+    from kiln.model.native import plan as plan_mod
+    from kiln.model.native.early_tiles import tiles_will_be_held
 
     assert model_plan(CPU, torch.float32, packed=True, c_step=True).cpu_isa == \
         loader.chosen_isa()

@@ -1,4 +1,4 @@
-"""Rotary frequency scaling (kiln/model/rope.py: inv_freq): Llama 3.1+'s
+"""Rotary frequency scaling (kiln/model/checkpoint/rope.py: inv_freq): Llama 3.1+'s
 ``llama3`` scaling from a config.json gives transformers' frequencies bit for bit and its
 logits; the same scaling as a GGUF holds it (llama.cpp's per-frequency divisors,
 ``rope_freqs.weight``) runs through the C step to the same logits; what is not implemented is
@@ -16,9 +16,9 @@ import torch
 from kiln_kernels.testing import llama3_rope_freqs
 
 from kiln.model import load_model
-from kiln.model.config import ModelConfig, UnsupportedModelError, config_from_gguf
+from kiln.model.checkpoint.config import ModelConfig, UnsupportedModelError, config_from_gguf
+from kiln.model.checkpoint.rope import RopeScaling
 from kiln.model.layers import RotaryEmbedding
-from kiln.model.rope import RopeScaling
 from tests.model.test_transformers_reference import ours, theirs
 from tests.numerics import assert_logits_close, assert_same_argmax
 from tests.tiny_models import _write_folder, random_tensors, tiny_config, write_tiny_gguf
@@ -152,14 +152,14 @@ def test_identity_records_of_unscaled_configs_keep_their_keys() -> None:
 
 
 def test_the_frequencies_are_torch_free_and_within_2_ulp_of_torch_s_pow() -> None:
-    """kiln.model.rope.inv_freq (no torch, the power correctly rounded) is what the torch path
-    uses, and within 2 ulp of torch's own float32 formula in every entry (torch's vectorised
+    """kiln.model.checkpoint.rope.inv_freq (no torch, the power correctly rounded) is what the torch
+    path uses, and within 2 ulp of torch's own float32 formula in every entry (torch's vectorised
     ``pow`` is within 1 ulp of the exact power, then a correctly rounded reciprocal; measured
     here: 0-2 ulp in at most one entry); on the default model's shape (head_dim 64, theta
     100,000) equal."""
     import numpy as np
 
-    from kiln.model.rope import inv_freq
+    from kiln.model.checkpoint.rope import inv_freq
 
     for head_dim in (16, 64, 80, 128, 256):
         for theta in (10000.0, 25000.0, 100000.0, 500000.0, 1e6):

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from kiln.model.gguf_tokenizer import tokenizer_from_gguf
+from kiln.model.checkpoint.gguf_tokenizer import tokenizer_from_gguf
 from kiln.text import Tokenizer
 from tests.tiny_models import default_gguf_metadata, tiny_tokenizer
 

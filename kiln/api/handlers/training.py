@@ -5,7 +5,7 @@ POST /wake_up, GET /is_sleeping, POST /update_weights_from_disk (kiln.serving:
 `EngineBackend.update_weights`). The engine
 applies each between two steps (kiln.engine.loop: `AsyncEngine.pause`, `resume`,
 `reset_prefix_cache`, `sleep`); the scheduler holds the pause (kiln.engine.scheduler:
-`Scheduler.pause`); sleeping gives the KV cache's pages back (kiln.model.c_model:
+`Scheduler.pause`); sleeping gives the KV cache's pages back (kiln.model.native.c_model:
 `release_pages`)."""
 
 from __future__ import annotations

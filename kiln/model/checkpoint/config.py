@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from kiln.model import rope
-from kiln.model.rope import RopeScaling
+from kiln.model.checkpoint import rope
+from kiln.model.checkpoint.rope import RopeScaling
 
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3")
 
@@ -46,7 +46,8 @@ class ModelConfig:
     tie_word_embeddings: bool
     qkv_bias: bool
     qk_norm: bool
-    rope_scaling: RopeScaling | None = None  # for a longer context than trained (kiln.model.rope)
+    # for a longer context than trained (kiln.model.checkpoint.rope)
+    rope_scaling: RopeScaling | None = None
 
     def __post_init__(self) -> None:
         if self.arch not in SUPPORTED_ARCHS:

@@ -1,7 +1,7 @@
 """A GGUF's tensors as the model takes them, without torch: the config its index implies, the
 q/k row order, which matrices the CPU kernels can hold, their tiles, float32 values for the
 rest, and the HF name of each tensor (:func:`hf_name`). ``kiln.model.gguf_loader`` puts them into the model; start-up tiles with :func:`file_tile_work`
-on threads while torch imports (``kiln.model.early_tiles``)."""
+on threads while torch imports (``kiln.model.native.early_tiles``)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 from kiln_kernels.tiling import GGML_TYPES, Item, TileWork, tile_many
 
-from kiln.model.config import ModelConfig, WeightLoadError, config_from_gguf
-from kiln.model.gguf_index import GGMLType, GGUFIndex, GGUFTensor
+from kiln.model.checkpoint.config import ModelConfig, WeightLoadError, config_from_gguf
+from kiln.model.checkpoint.gguf_index import GGMLType, GGUFIndex, GGUFTensor
 
 ROPE_FREQS = "rope_freqs.weight"  # Llama 3.1+: one divisor per rotary frequency
 

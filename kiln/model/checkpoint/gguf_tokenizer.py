@@ -17,7 +17,7 @@ from typing import Any
 import tokenizers
 from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers, processors
 
-from kiln.model.config import UnsupportedModelError
+from kiln.model.checkpoint.config import UnsupportedModelError
 from kiln.text.tokenizer import Tokenizer
 
 # llama.cpp token types

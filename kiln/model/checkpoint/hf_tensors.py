@@ -2,7 +2,7 @@
 matrices the CPU step holds as they are (bfloat16 / float16, rows in fours, columns in 32s),
 and their tiles, read straight from the files' maps. ``kiln.model.hf_loader`` puts them into
 the model; start-up tiles with :func:`folder_tile_work` on threads while torch imports
-(``kiln.model.early_tiles``).
+(``kiln.model.native.early_tiles``).
 
 A safetensors file is an 8-byte little-endian header length, a JSON header (per tensor: dtype,
 shape, ``data_offsets`` from the end of the header) and the tensors' bytes; the ``safetensors``
@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from kiln_kernels.tiling import Item, TileWork
 
-from kiln.model.config import ModelConfig, WeightLoadError
+from kiln.model.checkpoint.config import ModelConfig, WeightLoadError
 
 HALF_TYPES = ("BF16", "F16")  # safetensors' dtype names; the same names as GGML's types
 

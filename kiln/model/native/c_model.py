@@ -5,8 +5,8 @@ Where every matrix of a GGUF file has a C kernel, each forward step on the CPU i
 file into that call's weights (:class:`~kiln_kernels.cpu.cpu_step.CpuStepWeights`) without
 importing torch: the very weights ``kiln.model.gguf_loader`` gives the torch-loaded model's C
 step (the same tiles, fused alike, gguf-py's float32 norms and biases) and its rotary
-frequencies from :func:`kiln.model.rope.inv_freq` (computed without torch, as the torch path
-takes them). Its steps run as ``kiln.model.cpu_step.CpuStep`` runs them, in chunks of
+frequencies from :func:`kiln.model.checkpoint.rope.inv_freq` (computed without torch, as the torch
+path takes them). Its steps run as ``kiln.model.cpu_step.CpuStep`` runs them, in chunks of
 :func:`group_rows` rows, so its logits are the torch-loaded model's, bit for bit. Its KV cache
 (:meth:`CModel.kv_arrays`) is laid out as ``kiln.model.kv_cache.KVCache`` lays out the C step's
 (heads-major blocks in zero pages), so a torch view of its buffers is a valid ``KVCache``.
@@ -38,10 +38,9 @@ from kiln_kernels.cpu.cpu_step import (
 )
 from kiln_kernels.quant import Format, PackedWeight
 
-from kiln.model.config import ModelConfig
-from kiln.model.early_tiles import Tiled
-from kiln.model.gguf_index import GGUFIndex
-from kiln.model.gguf_tensors import (
+from kiln.model.checkpoint.config import ModelConfig
+from kiln.model.checkpoint.gguf_index import GGUFIndex
+from kiln.model.checkpoint.gguf_tensors import (
     ROPE_FREQS,
     dequantize,
     hf_name,
@@ -51,7 +50,8 @@ from kiln.model.gguf_tensors import (
     unpackable,
     unpermute_qk,
 )
-from kiln.model.step_weights import layer_products, step_weights
+from kiln.model.native.early_tiles import Tiled
+from kiln.model.native.step_weights import layer_products, step_weights
 
 # -- the C step's row grouping (kiln.model.cpu_step.CpuStep runs its steps the same way) -----------
 # Rows per C step. A longer forward step runs as consecutive C steps over its rows in order; a
@@ -93,7 +93,7 @@ def step_groups(n_rows: int, size: int, wanted: list[int], vocab: int,
 @dataclass(frozen=True)
 class StepRows:
     """A forward step's rows flattened once (numpy; the torch path views them with
-    ``torch.from_numpy``, ``kiln.model.base.build_forward_batch``): T new tokens of B sequences
+    ``torch.from_numpy``, ``kiln.model.batch.build_forward_batch``): T new tokens of B sequences
     and the L rows whose logits are wanted."""
 
     ids: np.ndarray  # int64 [T]
@@ -357,7 +357,7 @@ class CModel:
                 want: Literal["last", "all"] | Sequence[int] = "last",
                 n_threads: int | None = None) -> np.ndarray:
         """float32 logits of a step of ``seqs``, each ``(new_token_ids, start_pos,
-        block_table)`` as ``kiln.model.base.build_forward_batch`` takes them: for each
+        block_table)`` as ``kiln.model.batch.build_forward_batch`` takes them: for each
         sequence's last new row (``want="last"``), every row (``"all"``), or its last
         ``want[s]`` rows (a drafted decode's, kiln.engine.speculative), in order. Runs as
         ``kiln.model.cpu_step.CpuStep.forward`` runs the same step (C steps of :func:`group_rows`

@@ -2,8 +2,8 @@
 
 ``kiln serve`` spends much of its start importing (torch, 0.65 s of ~1.1 s on the default model,
 ``python -X importtime``, where the model needs torch; the server's own modules, ~0.2 s, where
-it is served without torch: ``kiln.model.c_model``), and putting a model's weights into the CPU
-kernels' tiles is memory copies, which run in C without the GIL
+it is served without torch: ``kiln.model.native.c_model``), and putting a model's weights into the
+CPU kernels' tiles is memory copies, which run in C without the GIL
 (``kiln_kernels.tiling.TileWork``, one C call a thread). So the CLI starts a thread
 (:func:`tiling_beside`) that reads a GGUF's index, or an HF folder's safetensors headers, and
 tiles every matrix the kernels can hold while the main thread imports.
@@ -24,9 +24,9 @@ from pathlib import Path
 import numpy as np
 from kiln_kernels.tiling import TileWork
 
-from kiln.model import gguf_tensors, hf_tensors
-from kiln.model.gguf_index import GGUFIndex
-from kiln.model.plan import isa_suits_c_step
+from kiln.model.checkpoint import gguf_tensors, hf_tensors
+from kiln.model.checkpoint.gguf_index import GGUFIndex
+from kiln.model.native.plan import isa_suits_c_step
 
 _GPU_NODES = (Path("/dev/nvidiactl"), Path("/dev/kfd"))  # NVIDIA's and ROCm's device nodes
 
@@ -43,8 +43,8 @@ class Tiled:
 
 def tiles_will_be_held(device: str | None, dtype: str | None, quant_kernels: bool) -> bool:
     """Whether the loader will hold the tiles: a float32 model on the CPU with the packed kernels
-    on (``kiln.model.plan.pack_weights`` decides, once torch is imported). Elsewhere they would
-    be a passing copy of the weights (a GGUF's each dequantized and dropped, an HF folder's
+    on (``kiln.model.native.plan.pack_weights`` decides, once torch is imported). Elsewhere they
+    would be a passing copy of the weights (a GGUF's each dequantized and dropped, an HF folder's
     unused), so start-up does not tile early. A guess made without torch ("auto" is the CPU
     where the machine has no GPU device node): a wrong one costs start-up time or that passing
     copy, never a result. It restates ``pack_weights`` for settings: a test holds the two

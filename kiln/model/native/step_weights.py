@@ -1,7 +1,7 @@
 """The C step's weights, laid out in one place: a model's products fused as the C step takes
 them (q/k/v into one, gate/up into one: ``layer_products``, ``fuse``) and the per-layer table the
-C program reads (``step_weights``), for the torch-free ``CModel`` (``kiln.model.c_model``) and
-the torch ``CausalLM`` (``kiln.model.cpu_step.cpu_step_weights``) alike. A layer feature the C
+C program reads (``step_weights``), for the torch-free ``CModel`` (``kiln.model.native.c_model``)
+and the torch ``CausalLM`` (``kiln.model.cpu_step.cpu_step_weights``) alike. A layer feature the C
 step gains is read here. Imports no torch."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Any
 from kiln_kernels.cpu.cpu_step import CpuStepLayer, CpuStepWeights
 from kiln_kernels.quant import Packed, PackedWeight
 
-from kiln.model import rope
-from kiln.model.config import ModelConfig
+from kiln.model.checkpoint import rope
+from kiln.model.checkpoint.config import ModelConfig
 
 
 def fuse(packed: Mapping[str, PackedWeight], names: list[str]) -> Packed | None:
