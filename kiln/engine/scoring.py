@@ -172,8 +172,9 @@ class ScoringJob:
                 logits = logits_all[r0:r0 + self.proj_rows]
             else:
                 assert hidden is not None
-                logits = F.linear(model.model.norm(hidden[r0:r0 + self.proj_rows]),
-                                  model.output_weight()).to(torch.float32)
+                logits = model.soft_cap(F.linear(
+                    model.model.norm(hidden[r0:r0 + self.proj_rows]),
+                    model.output_weight()).to(torch.float32))
             first = start + r0  # position of the first row; it predicts ids[first + 1]
             if not bool(torch.isfinite(logits).all()):
                 raise EngineError("generation_error",

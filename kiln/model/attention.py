@@ -133,8 +133,10 @@ def _row_index(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
 
 
 def reference_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                              plan: AttentionPlan, scale: float) -> torch.Tensor:
-    """Torch reference: causal attention of ``q [T, H, D]`` over each sequence's cached context.
+                              plan: AttentionPlan, scale: float, window: int = 0
+                              ) -> torch.Tensor:
+    """Torch reference: causal attention of ``q [T, H, D]`` over each sequence's cached context
+    (only its last ``window`` positions up to the query's own, when ``window`` is set).
 
     GQA: query head ``h`` reads KV head ``h // (H // num_kv_heads)``.
     """
@@ -144,19 +146,37 @@ def reference_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
         qd = q.index_select(0, group.rows).unsqueeze(2)  # [B, H, 1, D]
         kd = cache_rows(k_cache, group.slots).transpose(1, 2)
         vd = cache_rows(v_cache, group.slots).transpose(1, 2)
+        mask = group.mask
+        if window:  # the decode token sits at position len - 1 of its sequence
+            lens = plan.batch.seq_lens.index_select(
+                0, _decode_seqs(plan, group.rows)).to(torch.int64)
+            at = torch.arange(group.slots.shape[1], device=q.device)[None, :]
+            near = ((at < lens[:, None]) & (at > lens[:, None] - 1 - window))[:, None, None, :]
+            mask = near
         od = F.scaled_dot_product_attention(
-            qd, kd.to(q.dtype), vd.to(q.dtype), attn_mask=group.mask, scale=scale,
+            qd, kd.to(q.dtype), vd.to(q.dtype), attn_mask=mask, scale=scale,
             enable_gqa=True)
         out.index_copy_(0, group.rows, od.squeeze(2))
     for sp in plan.seqs:
         qi = q[sp.q_start:sp.q_end].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
         ki = cache_rows(k_cache, sp.ctx_slots).transpose(0, 1).unsqueeze(0)  # [1, KV, L, D]
         vi = cache_rows(v_cache, sp.ctx_slots).transpose(0, 1).unsqueeze(0)
+        mask = sp.mask
+        if window:
+            q_pos = plan.batch.positions[sp.q_start:sp.q_end].to(q.device)
+            at = torch.arange(sp.ctx_slots.shape[0], device=q.device)[None, :]
+            mask = (at <= q_pos[:, None]) & (at > q_pos[:, None] - window)
         oi = F.scaled_dot_product_attention(
-            qi, ki.to(q.dtype), vi.to(q.dtype), attn_mask=sp.mask, scale=scale,
+            qi, ki.to(q.dtype), vi.to(q.dtype), attn_mask=mask, scale=scale,
             enable_gqa=True)
         out[sp.q_start:sp.q_end] = oi[0].transpose(0, 1)
     return out
+
+
+def _decode_seqs(plan: AttentionPlan, rows: torch.Tensor) -> torch.Tensor:
+    """The sequence (index into the batch's sequences) of each decode row."""
+    qsl = plan.batch.query_start_loc.to(rows.device)
+    return torch.searchsorted(qsl, rows, right=True) - 1
 
 
 def _cuda_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -177,9 +197,14 @@ def _cuda_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                    v_cache: torch.Tensor, plan: AttentionPlan, scale: float) -> torch.Tensor:
-    """Store this step's K/V, then attend. ``q [T, H, D]``, ``k``/``v`` ``[T, KV, D]``."""
+                    v_cache: torch.Tensor, plan: AttentionPlan, scale: float,
+                    window: int = 0) -> torch.Tensor:
+    """Store this step's K/V, then attend. ``q [T, H, D]``, ``k``/``v`` ``[T, KV, D]``;
+    ``window``: a query at position p sees only positions after p - window (a sliding layer's;
+    the torch reference attends it, on every device)."""
     store_kv(k_cache, v_cache, k, v, plan.batch.slot_mapping)
+    if window:
+        return reference_paged_attention(q, k_cache, v_cache, plan, scale, window)
     if plan.kernels == "triton":
         return _cuda_paged_attention(q, k_cache, v_cache, plan, scale)
     return reference_paged_attention(q, k_cache, v_cache, plan, scale)

@@ -59,6 +59,10 @@ class CausalLM(nn.Module):
             None if cfg.tie_word_embeddings
             else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False))
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+        # the sliding layers' own rotary base (Gemma), unscaled; None: every layer's is rotary
+        self.rotary_local: RotaryEmbedding | None = (
+            RotaryEmbedding(cfg.head_dim, cfg.rope_local_theta) if cfg.rope_local_theta
+            else None)
         self.packed_head: Packed | None = None  # set by attach_packed
         self.packed_embedding: PackedWeight | None = None  # the token embedding's blocks
         self._cpu_step: CpuStep | None = None  # the C step, when every weight is packed
@@ -154,10 +158,21 @@ class CausalLM(nn.Module):
         decode = self._decode_rows(batch, plan)
         route = NO_ROUTE if decode is None else RowRoute.from_mask(decode)
         x = self.model.embed_tokens(batch.input_ids)
+        cfg = self.config
+        if cfg.embed_scale != 1.0:  # Gemma: times sqrt(hidden) in the embedding's dtype
+            x = x * torch.tensor(cfg.embed_scale, dtype=x.dtype)
         cos, sin = self.rotary.cos_sin(batch.positions, x.dtype)
+        local = (cos, sin) if self.rotary_local is None else self.rotary_local.cos_sin(
+            batch.positions, x.dtype)
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, kv.k[i], kv.v[i], plan, lora, route)
+            c, s = local if cfg.window(i) else (cos, sin)
+            x = layer(x, c, s, kv.k[i], kv.v[i], plan, lora, route)
         return x, decode
+
+    def soft_cap(self, logits: torch.Tensor) -> torch.Tensor:
+        """The final logits' soft cap, ``c * tanh(logits / c)``, where the model has one."""
+        c = self.config.final_logit_softcap
+        return logits if not c else torch.tanh(logits / c) * c
 
     def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
         with torch.inference_mode():
@@ -174,4 +189,5 @@ class CausalLM(nn.Module):
             x = self.model.norm(hidden.index_select(0, batch.logits_indices))
             route = (NO_ROUTE if decode is None
                      else RowRoute.from_mask(decode.index_select(0, batch.logits_indices)))
-            return project(x, self.output_weight(), self.packed_head, route).to(torch.float32)
+            return self.soft_cap(
+                project(x, self.output_weight(), self.packed_head, route).to(torch.float32))

@@ -86,6 +86,8 @@ def load_hf_folder(folder: str | Path, dtype: torch.dtype, device: torch.device,
                         packed[key] = PackedWeight(fmt, torch.from_numpy(array))  # type: ignore[arg-type]
                         continue
                     tensor = f.get_tensor(key)
+                    if cfg.norm_shift and key.endswith("norm.weight"):  # Gemma: 1 + w
+                        tensor = tensor.to(torch.float32) + cfg.norm_shift
                     if packing and packable(key, _HALF_NAMES.get(tensor.dtype),
                                             tuple(tensor.shape), cfg.tie_word_embeddings):
                         packed[key] = pack_dense(tensor)

@@ -6,6 +6,7 @@ state-dict key of a Kiln model is the safetensors key of the checkpoint.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -82,10 +83,23 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos[:, None, :] + rotate_half(x) * sin[:, None, :]
 
 
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """GELU with the tanh approximation (transformers' ``gelu_pytorch_tanh``: Gemma's gate)."""
+    return F.gelu(x, approximate="tanh")
+
+
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": F.silu, "gelu_tanh": gelu_tanh}
+
+
 class SwiGLUMLP(nn.Module):
-    def __init__(self, hidden: int, intermediate: int, layer_idx: int = 0) -> None:
+    """down(act(gate(x)) * up(x)): SwiGLU with ``silu``, GeGLU with ``gelu_tanh``."""
+
+    def __init__(self, hidden: int, intermediate: int, layer_idx: int = 0,
+                 act: str = "silu") -> None:
         super().__init__()
         self.layer_idx = layer_idx
+        self.act = ACTIVATIONS[act]
         self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
@@ -104,10 +118,11 @@ class SwiGLUMLP(nn.Module):
         gate, up = project_many(x, [self.gate_proj.weight, self.up_proj.weight],
                                 self.packed_gate_up, route)
         if lora is None:
-            return project(F.silu(gate).mul_(up), self.down_proj.weight, self.packed_down, route)
+            return project(self.act(gate).mul_(up), self.down_proj.weight, self.packed_down,
+                           route)
         i = self.layer_idx
         gate = lora.apply(i, "gate_proj", x, gate)
-        h = F.silu(gate) * lora.apply(i, "up_proj", x, up)
+        h = self.act(gate) * lora.apply(i, "up_proj", x, up)
         return lora.apply(i, "down_proj", h, project(h, self.down_proj.weight, self.packed_down,
                                                      route))
 
@@ -121,7 +136,8 @@ class PagedSelfAttention(nn.Module):
         self.num_heads = cfg.num_heads
         self.num_kv_heads = cfg.num_kv_heads
         self.head_dim = cfg.head_dim
-        self.scale = cfg.head_dim ** -0.5
+        self.scale = cfg.attn_scale or cfg.head_dim ** -0.5
+        self.window = cfg.window(layer_idx)  # 0: the whole context
         hd = cfg.head_dim
         self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * hd, bias=cfg.qkv_bias)
         self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * hd, bias=cfg.qkv_bias)
@@ -161,7 +177,7 @@ class PagedSelfAttention(nn.Module):
             k = self.k_norm(k)
         q = apply_rotary(q, cos, sin)
         k = apply_rotary(k, cos, sin)
-        out = paged_attention(q, k, v, k_cache, v_cache, plan, self.scale)
+        out = paged_attention(q, k, v, k_cache, v_cache, plan, self.scale, self.window)
         flat = out.reshape(t, self.num_heads * self.head_dim)
         projected = project(flat, self.o_proj.weight, self.packed_o, route)
         if lora is not None:
@@ -170,19 +186,34 @@ class PagedSelfAttention(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))."""
+    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x)). With ``sandwich_norms``
+    (Gemma) the attention's and the MLP's outputs are normed too before they are added, and the
+    norms take HF Gemma's names: ``post_attention_layernorm`` norms the attention's output,
+    ``pre_feedforward_layernorm`` the MLP's input, ``post_feedforward_layernorm`` its output."""
 
     def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        hidden, eps = cfg.hidden_size, cfg.rms_norm_eps
+        self.input_layernorm = RMSNorm(hidden, eps)
         self.self_attn = PagedSelfAttention(cfg, layer_idx)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = SwiGLUMLP(cfg.hidden_size, cfg.intermediate_size, layer_idx)
+        self.post_attention_layernorm = RMSNorm(hidden, eps)
+        self.mlp = SwiGLUMLP(hidden, cfg.intermediate_size, layer_idx, cfg.hidden_act)
+        self.pre_feedforward_layernorm: RMSNorm | None = None
+        self.post_feedforward_layernorm: RMSNorm | None = None
+        if cfg.sandwich_norms:
+            self.pre_feedforward_layernorm = RMSNorm(hidden, eps)
+            self.post_feedforward_layernorm = RMSNorm(hidden, eps)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 k_cache: torch.Tensor, v_cache: torch.Tensor, plan: AttentionPlan,
                 lora: LoraHook | None = None, route: RowRoute = NO_ROUTE) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_cache, v_cache, plan, lora,
-                               route)
-        out: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x), lora, route)
+        h = self.self_attn(self.input_layernorm(x), cos, sin, k_cache, v_cache, plan, lora,
+                           route)
+        if self.pre_feedforward_layernorm is None or self.post_feedforward_layernorm is None:
+            x = x + h
+            out: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x), lora, route)
+            return out
+        x = x + self.post_attention_layernorm(h)
+        m = self.mlp(self.pre_feedforward_layernorm(x), lora, route)
+        out = x + self.post_feedforward_layernorm(m)
         return out

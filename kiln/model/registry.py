@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from kiln.model.base import CausalLM
 from kiln.model.checkpoint.config import ModelConfig, UnsupportedModelError
+from kiln.model.gemma3 import Gemma3ForCausalLM
 from kiln.model.llama import LlamaForCausalLM
 from kiln.model.qwen2 import Qwen2ForCausalLM
 from kiln.model.qwen3 import Qwen3ForCausalLM
@@ -12,6 +13,7 @@ MODEL_CLASSES: dict[str, type[CausalLM]] = {
     "llama": LlamaForCausalLM,
     "qwen2": Qwen2ForCausalLM,
     "qwen3": Qwen3ForCausalLM,
+    "gemma3": Gemma3ForCausalLM,
 }
 
 

@@ -11,7 +11,7 @@ import numpy as np
 from kiln.model.checkpoint import rope
 from kiln.model.checkpoint.rope import RopeScaling
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3")
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
 
 # HF `architectures` entries we accept, mapped to our architecture names.
 _HF_ARCHITECTURES = {
@@ -19,7 +19,12 @@ _HF_ARCHITECTURES = {
     "MistralForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Gemma3ForCausalLM": "gemma3",
 }
+# what Gemma 3's text decoder adds to the Llama block (``ModelConfig``'s fields after
+# rope_scaling; their defaults are the Llama block's, and a config at its defaults records none)
+GEMMA_FIELDS = ("layer_windows", "rope_local_theta", "embed_scale", "attn_scale", "hidden_act",
+                "sandwich_norms", "norm_shift", "final_logit_softcap")
 
 
 class UnsupportedModelError(ValueError):
@@ -32,7 +37,7 @@ class WeightLoadError(ValueError):
 
 @dataclass(frozen=True)
 class ModelConfig:
-    arch: str  # "llama" | "qwen2" | "qwen3"
+    arch: str  # "llama" | "qwen2" | "qwen3" | "gemma3"
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -48,6 +53,20 @@ class ModelConfig:
     qk_norm: bool
     # for a longer context than trained (kiln.model.checkpoint.rope)
     rope_scaling: RopeScaling | None = None
+    # per layer, the sliding window its attention looks back over (0: the whole context);
+    # () for a model without one (Gemma 3: five sliding layers to one global, window 512-1024)
+    layer_windows: tuple[int, ...] = ()
+    # the rotary base of the sliding layers (0: rope_theta); they take no rope_scaling
+    rope_local_theta: float = 0.0
+    embed_scale: float = 1.0  # the token embeddings' multiplier (Gemma: sqrt(hidden_size))
+    attn_scale: float = 0.0  # the attention scores' scale (0: head_dim ** -0.5)
+    hidden_act: str = "silu"  # the MLP's gate activation: "silu" | "gelu_tanh"
+    # norms after the attention and the MLP as well as before (Gemma's four per layer)
+    sandwich_norms: bool = False
+    # added to an HF checkpoint's norm weights at load (Gemma's RMSNorm scales by 1 + w; GGUF
+    # files hold the sum already)
+    norm_shift: float = 0.0
+    final_logit_softcap: float = 0.0  # logits = c * tanh(logits / c) (0: none)
 
     def __post_init__(self) -> None:
         if self.arch not in SUPPORTED_ARCHS:
@@ -62,11 +81,27 @@ class ModelConfig:
                 f"num_kv_heads {self.num_kv_heads}")
         if self.head_dim % 2 != 0:
             raise UnsupportedModelError("model config: head_dim must be even for rotary embedding")
+        if self.layer_windows and len(self.layer_windows) != self.num_layers:
+            raise UnsupportedModelError("model config: one sliding window per layer")
+        if self.hidden_act not in ("silu", "gelu_tanh"):
+            raise UnsupportedModelError(f"model config: hidden_act {self.hidden_act!r}")
+
+    @property
+    def plain_block(self) -> bool:
+        """Whether the layers are the Llama block the C step runs (no Gemma field set)."""
+        fields = ModelConfig.__dataclass_fields__
+        return all(getattr(self, name) == fields[name].default for name in GEMMA_FIELDS)
+
+    def window(self, layer: int) -> int:
+        """The sliding window of ``layer``'s attention (0: the whole context)."""
+        return self.layer_windows[layer] if self.layer_windows else 0
 
     @classmethod
     def from_hf(cls, cfg: Mapping[str, Any]) -> ModelConfig:
         """Build from a Hugging Face ``config.json`` dict."""
         arch = _hf_arch(cfg)
+        if arch == "gemma3":
+            return _gemma3_from_hf(cfg)
         try:
             scaling = rope.from_hf(cfg)
         except rope.RopeScalingError as exc:
@@ -105,10 +140,17 @@ class ModelConfig:
         out = asdict(self)
         if self.rope_scaling is None:
             del out["rope_scaling"]
+        defaults = ModelConfig.__dataclass_fields__
+        for name in GEMMA_FIELDS:
+            if out[name] == defaults[name].default:
+                del out[name]
         return out
 
     def to_hf(self) -> dict[str, Any]:
-        """A ``config.json`` dict that :meth:`from_hf` reads back to this config."""
+        """A ``config.json`` dict that :meth:`from_hf` reads back to this config (the Llama
+        block's architectures)."""
+        if not self.plain_block:
+            raise UnsupportedModelError("to_hf writes the Llama block's configs only")
         names = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "qwen3": "Qwen3ForCausalLM"}
         return {
@@ -128,6 +170,77 @@ class ModelConfig:
             "hidden_act": "silu",
             **({"rope_scaling": self.rope_scaling.to_hf()} if self.rope_scaling else {}),
         }
+
+
+def _gemma3_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
+    """Gemma 3's text decoder (transformers' ``gemma3_text``): per-layer sliding windows with
+    their own rotary base, scaled embeddings, (1 + w) RMSNorms before and after each block, q/k
+    norms, the tanh-approximated GELU, the attention scale of ``query_pre_attn_scalar``."""
+    if "text_config" in cfg:
+        raise UnsupportedModelError("gemma3: a multimodal checkpoint (Gemma3ForConditional"
+                                    "Generation); its text decoder alone is served from a "
+                                    "gemma3_text folder")
+    if cfg.get("attn_logit_softcapping") is not None:
+        raise UnsupportedModelError("gemma3: attn_logit_softcapping is not supported")
+    if cfg.get("use_bidirectional_attention"):
+        raise UnsupportedModelError("gemma3: use_bidirectional_attention is not supported")
+    act = cfg.get("hidden_activation", cfg.get("hidden_act", "gelu_pytorch_tanh"))
+    if act != "gelu_pytorch_tanh":
+        raise UnsupportedModelError(f"gemma3: hidden_activation {act!r} is not supported")
+    layers = int(cfg["num_hidden_layers"])
+    types = cfg.get("layer_types")
+    if types is None:
+        pattern = int(cfg.get("sliding_window_pattern", 6))
+        types = ["sliding_attention" if (i + 1) % pattern else "full_attention"
+                 for i in range(layers)]
+    if len(types) != layers or set(types) - {"sliding_attention", "full_attention"}:
+        raise UnsupportedModelError(f"gemma3: layer_types {types!r}")
+    window = int(cfg.get("sliding_window") or 4096)
+    params = cfg.get("rope_parameters")
+    full: Mapping[str, Any] = {}
+    local: Mapping[str, Any] = {}
+    if isinstance(params, Mapping) and "full_attention" in params:  # transformers 5
+        full, local = params.get("full_attention") or {}, params.get("sliding_attention") or {}
+    elif isinstance(cfg.get("rope_scaling"), Mapping):  # transformers 4
+        full = cfg["rope_scaling"]
+    if local.get("rope_type", "default") != "default":
+        raise UnsupportedModelError("gemma3: the sliding layers' rope must be the default")
+    try:
+        scaling = rope.from_hf({"rope_parameters": full})
+    except rope.RopeScalingError as exc:
+        raise UnsupportedModelError(str(exc)) from exc
+    theta = full.get("rope_theta", cfg.get("rope_theta", 1_000_000.0))
+    local_theta = local.get("rope_theta", cfg.get("rope_local_base_freq", 10_000.0))
+    hidden = int(cfg["hidden_size"])
+    heads = int(cfg["num_attention_heads"])
+    head_dim = int(cfg.get("head_dim") or hidden // heads)
+    softcap = cfg.get("final_logit_softcapping")
+    return ModelConfig(
+        arch="gemma3",
+        vocab_size=int(cfg["vocab_size"]),
+        hidden_size=hidden,
+        intermediate_size=int(cfg["intermediate_size"]),
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+        head_dim=head_dim,
+        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        rope_theta=float(theta),
+        max_position=int(cfg.get("max_position_embeddings", 131072)),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+        qkv_bias=bool(cfg.get("attention_bias", False)),
+        qk_norm=True,
+        rope_scaling=scaling,
+        layer_windows=tuple(window if t == "sliding_attention" else 0 for t in types),
+        rope_local_theta=float(local_theta),
+        # transformers: torch.tensor(hidden ** 0.5) (float32), times the embedding
+        embed_scale=float(np.float32(hidden ** 0.5)),
+        attn_scale=float(cfg.get("query_pre_attn_scalar", head_dim)) ** -0.5,
+        hidden_act="gelu_tanh",
+        sandwich_norms=True,
+        norm_shift=1.0,
+        final_logit_softcap=float(softcap) if softcap else 0.0,
+    )
 
 
 def _context(cfg: Mapping[str, Any], arch: str) -> int:
@@ -152,11 +265,14 @@ def _hf_arch(cfg: Mapping[str, Any]) -> str:
     model_type = cfg.get("model_type")
     if model_type in SUPPORTED_ARCHS:
         return str(model_type)
+    if model_type == "gemma3_text":
+        return "gemma3"
     if model_type == "mistral":
         return "llama"
     raise UnsupportedModelError(
         f"unsupported model: architectures={cfg.get('architectures')!r}, "
-        f"model_type={model_type!r} (supported: Llama, Qwen2, Qwen3)")
+        f"model_type={model_type!r} (supported: Llama, Qwen2, Qwen3, Gemma 3's text "
+        "decoder)")
 
 
 def _f32(value: Any) -> float:

@@ -51,8 +51,10 @@ def step_weights(cfg: ModelConfig, products: Mapping[str, Packed | None],
     ``products``: ``layer_products``' keys; ``small``: the norms and biases by HF name (numpy
     or torch, one dimension); ``head``: the LM head's blocks; ``embed``: the token embedding's,
     looked up in the C step (None: the caller embeds first). None where a product is missing
-    (the compute plan then names the torch path)."""
-    if head is None:
+    (the compute plan then names the torch path), and for a model whose layers are not the
+    Llama block the C step runs (Gemma 3's sliding windows, sandwich norms and GeGLU: the torch
+    path runs it)."""
+    if head is None or not cfg.plain_block:
         return None
     layers: list[CpuStepLayer] = []
     for i in range(cfg.num_layers):
