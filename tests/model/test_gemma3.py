@@ -139,3 +139,25 @@ def test_what_gemma3_cannot_serve_is_refused() -> None:
         ModelConfig.from_hf({"model_type": "gemma3", "text_config": base})
     cfg = ModelConfig.from_hf(base)  # transformers' defaults: sliding every layer but the 6th
     assert cfg.layer_windows == (4096, 4096)
+
+
+def test_a_server_serves_a_gemma3_folder(gemma: tuple[Path, LoadedModel]) -> None:
+    """`kiln serve --model FOLDER`: chat completions, streamed too, with its own template."""
+    from starlette.testclient import TestClient
+
+    from kiln.api.app import build_app
+    from kiln.config import ServerConfig
+    from kiln.serving import EngineBackend
+
+    cfg = ServerConfig(model=str(gemma[0]), kv_memory_mb=16)
+    body = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 6,
+            "temperature": 0, "return_token_ids": True}
+    with TestClient(build_app(cfg, EngineBackend.from_config(cfg))) as c:
+        r = c.post("/v1/chat/completions", json=body)
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        assert len(choice["token_ids"]) == 6
+        plan = c.get("/health").json()["compute_plan"]
+        assert plan["step"] == "torch"
+        streamed = c.post("/v1/chat/completions", json={**body, "stream": True})
+        assert streamed.status_code == 200 and "data: [DONE]" in streamed.text
