@@ -181,13 +181,20 @@ _GGUF_BLOCK = {v: k for k, v in {
     "ffn_down": "mlp.down_proj"}.items()}
 
 
-def _gguf_name(hf: str) -> str:
+# Gemma's norms around each block, as llama.cpp names them (its ffn_norm is the MLP's input norm)
+_GGUF_SANDWICH = {**_GGUF_BLOCK, "post_attention_layernorm": "post_attention_norm",
+                  "pre_feedforward_layernorm": "ffn_norm",
+                  "post_feedforward_layernorm": "post_ffw_norm"}
+
+
+def _gguf_name(hf: str, sandwich: bool = False) -> str:
     top = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight":
            "output_norm.weight", "lm_head.weight": "output.weight"}
     if hf in top:
         return top[hf]
     _, _, layer, *mid, kind = hf.split(".")
-    return f"blk.{layer}.{_GGUF_BLOCK['.'.join(mid)]}.{kind}"
+    names = _GGUF_SANDWICH if sandwich else _GGUF_BLOCK
+    return f"blk.{layer}.{names['.'.join(mid)]}.{kind}"
 
 
 # A Llama 2 style template (the BOS token, then [INST] turns) for the SentencePiece vocabulary
@@ -269,6 +276,10 @@ def write_tiny_gguf(path: Path, cfg: ModelConfig, tensors: dict[str, torch.Tenso
         w.add_chat_template(QWEN3_TEMPLATE.read_text(encoding="utf-8"))
     if rope_freqs is not None:
         w.add_tensor("rope_freqs.weight", np.asarray(rope_freqs, dtype=np.float32))
+    if cfg.layer_windows:  # Gemma 3, as llama.cpp's converter writes it: the window alone
+        w.add_sliding_window(max(cfg.layer_windows))
+    if cfg.final_logit_softcap:
+        w.add_final_logit_softcapping(cfg.final_logit_softcap)
     for name in sorted(tensors):
         raw = None if blocks is None else blocks.get(name)
         arr = tensors[name].numpy().astype("float32") if raw is None else raw[0].numpy()
@@ -276,14 +287,15 @@ def write_tiny_gguf(path: Path, cfg: ModelConfig, tensors: dict[str, torch.Tenso
             heads = cfg.num_heads if "q_proj" in name else cfg.num_kv_heads
             out, inp = arr.shape
             arr = arr.reshape(heads, 2, out // heads // 2, inp).swapaxes(1, 2).reshape(out, inp)
+        gguf_name = _gguf_name(name, cfg.sandwich_norms)
         if raw is not None:
             qtype = getattr(gguf.GGMLQuantizationType, raw[1])
-            w.add_tensor(_gguf_name(name), np.ascontiguousarray(arr), raw_dtype=qtype)
+            w.add_tensor(gguf_name, np.ascontiguousarray(arr), raw_dtype=qtype)
         elif q8 and arr.ndim == 2:
             qtype = gguf.GGMLQuantizationType.Q8_0
-            w.add_tensor(_gguf_name(name), gguf.quants.quantize(arr, qtype), raw_dtype=qtype)
+            w.add_tensor(gguf_name, gguf.quants.quantize(arr, qtype), raw_dtype=qtype)
         else:
-            w.add_tensor(_gguf_name(name), arr)
+            w.add_tensor(gguf_name, arr)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

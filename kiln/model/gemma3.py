@@ -17,6 +17,6 @@ class Gemma3ForCausalLM(CausalLM):
     def __init__(self, cfg: ModelConfig) -> None:
         if cfg.arch != self.arch:
             raise ValueError(f"{type(self).__name__} needs arch {self.arch!r}, got {cfg.arch!r}")
-        if not (cfg.qk_norm and cfg.sandwich_norms and cfg.norm_shift):
-            raise ValueError("gemma3 has q/k norms and (1 + w) norms around each block")
+        if not (cfg.qk_norm and cfg.sandwich_norms):
+            raise ValueError("gemma3 has q/k norms and norms around each block")
         super().__init__(cfg)

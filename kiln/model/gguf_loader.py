@@ -72,7 +72,7 @@ def load_gguf(path: str | Path, dtype: torch.dtype, device: torch.device, *,
         if tensor.name == ROPE_FREQS:  # read into the config (its rope scaling)
             continue
         heads = row_permutation(cfg, tensor.name)
-        name = hf_name(tensor.name)
+        name = hf_name(tensor.name, cfg.sandwich_norms)
         why = unpackable(tensor) if len(tensor.shape) > 1 else "1-D"
         if why != "1-D" and why is not None and packed is not None:
             unpacked.setdefault(why, []).append(tensor.name)

@@ -28,14 +28,16 @@ transformers = pytest.importorskip("transformers")
 WINDOW = 8
 
 
-def write_tiny_gemma3(folder: Path, seed: int = 0, **extra: object) -> Path:
-    """A random Gemma3ForCausalLM folder (transformers' own writer), with the tiny tokenizer."""
+def write_tiny_gemma3(folder: Path, seed: int = 0, layers: int = 4, pattern: int = 2,
+                      scalar: int = 24, **extra: object) -> Path:
+    """A random Gemma3ForCausalLM folder (transformers' own writer), with the tiny tokenizer:
+    ``layers`` layers, every ``pattern``-th global, ``scalar`` its query_pre_attn_scalar."""
     torch.manual_seed(seed)
     cfg = transformers.Gemma3TextConfig(
-        vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+        vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=layers,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=WINDOW,
-        max_position_embeddings=512, query_pre_attn_scalar=24, sliding_window_pattern=2,
-        rms_norm_eps=1e-6, **extra)
+        max_position_embeddings=512, query_pre_attn_scalar=scalar,
+        sliding_window_pattern=pattern, rms_norm_eps=1e-6, **extra)
     model = transformers.Gemma3ForCausalLM(cfg)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -161,3 +163,32 @@ def test_a_server_serves_a_gemma3_folder(gemma: tuple[Path, LoadedModel]) -> Non
         assert plan["step"] == "torch"
         streamed = c.post("/v1/chat/completions", json={**body, "stream": True})
         assert streamed.status_code == 200 and "data: [DONE]" in streamed.text
+
+
+def test_a_gemma3_gguf_runs_as_its_folder(tmp_path: Path) -> None:
+    """The folder's weights written as llama.cpp's converter writes a Gemma 3 GGUF (norms
+    holding 1 + w, llama.cpp's norm names, the window alone in the metadata: every sixth layer
+    global, the query scale 1/sqrt(head_dim)): the same config fields and the same logits, bit
+    for bit (the same float32 weights on the same path)."""
+    from tests.tiny_models import write_tiny_gguf
+
+    folder = write_tiny_gemma3(tmp_path / "g6", seed=5, layers=6, pattern=6, scalar=16)
+    hf = load_model(str(folder), device="cpu")
+    tensors = {n: p.detach().clone() for n, p in hf.model.named_parameters()}  # 1 + w norms
+    gg = load_model(str(write_tiny_gguf(tmp_path / "g6.gguf", hf.config, tensors)),
+                    device="cpu")
+    assert gg.config.arch == "gemma3" and gg.model.plan.step == "torch"
+    same = ("layer_windows", "rope_theta", "rope_local_theta", "embed_scale", "attn_scale",
+            "hidden_act", "sandwich_norms", "qk_norm", "tie_word_embeddings")
+    assert {k: getattr(gg.config, k) for k in same} == {k: getattr(hf.config, k) for k in same}
+    assert gg.config.layer_windows == (WINDOW,) * 5 + (0,) and gg.config.norm_shift == 0.0
+    ids = prompt(27, seed=4)
+    logits = []
+    for loaded in (hf, gg):
+        kv = KVCache(loaded.config, 8, 4, torch.float32, torch.device("cpu"))
+        with torch.inference_mode():
+            logits.append(loaded.model(build_forward_batch([(ids, 0, list(range(7)))], 4, "all"),
+                                       kv))
+    assert torch.equal(logits[0], logits[1])
+    want = reference(folder, ids)
+    assert_logits_close(logits[1], want, gg.config, len(ids), "gemma3 gguf")

@@ -302,6 +302,8 @@ def config_from_gguf(meta: Mapping[str, Any], *, vocab_size: int, has_output: bo
         scaling = rope.from_gguf(meta, arch, rope_divisors, head_dim)
     except rope.RopeScalingError as exc:
         raise UnsupportedModelError(str(exc)) from exc
+    gemma = _gemma3_from_gguf(meta, int(key("block_count")), hidden, heads, head_dim) \
+        if arch == "gemma3" else {}
     return ModelConfig(
         arch=arch,
         vocab_size=vocab_size,
@@ -318,4 +320,35 @@ def config_from_gguf(meta: Mapping[str, Any], *, vocab_size: int, has_output: bo
         qkv_bias=has_qkv_bias,
         qk_norm=has_qk_norm,
         rope_scaling=scaling,
+        **gemma,
     )
+
+
+def _gemma3_from_gguf(meta: Mapping[str, Any], layers: int, hidden: int, heads: int,
+                      head_dim: int) -> dict[str, Any]:
+    """A Gemma 3 GGUF's fields as llama.cpp reads them (its converter writes the window, the
+    global rotary base and the soft cap; the norms hold 1 + w already): every sixth layer global
+    unless ``attention.sliding_window_pattern`` says otherwise, the sliding layers' base
+    ``rope.freq_base_swa`` (10,000), and the attention scale 1/sqrt(head_dim), but
+    1/sqrt(hidden / heads) for the 62-layer 27B model (its query_pre_attn_scalar)."""
+    window = int(meta.get("gemma3.attention.sliding_window", 0) or 0)
+    pattern = meta.get("gemma3.attention.sliding_window_pattern", 6)
+    if isinstance(pattern, (list, tuple)):
+        sliding = [bool(p) for p in pattern][:layers]
+    else:
+        n = int(pattern)
+        sliding = [n == 0 or i % n < n - 1 for i in range(layers)]
+    if len(sliding) != layers:
+        raise UnsupportedModelError("GGUF gemma3: a sliding_window_pattern per layer")
+    softcap = meta.get("gemma3.final_logit_softcapping")
+    scale = (hidden // heads) ** -0.5 if layers == 62 else head_dim ** -0.5
+    return {
+        "layer_windows": tuple(window if s and window else 0 for s in sliding) if window
+        else (),
+        "rope_local_theta": _f32(meta.get("gemma3.rope.freq_base_swa", 10_000.0)),
+        "embed_scale": float(np.float32(hidden ** 0.5)),
+        "attn_scale": float(scale),
+        "hidden_act": "gelu_tanh",
+        "sandwich_norms": True,
+        "final_logit_softcap": _f32(softcap) if softcap else 0.0,
+    }

@@ -34,17 +34,27 @@ _BLOCK_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+# a model with norms around each block as well as before (Gemma: ModelConfig.sandwich_norms)
+# names them after what they norm: ffn_norm is the MLP's input norm there
+_SANDWICH_NAMES = {
+    **_BLOCK_NAMES,
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
 
 
-def hf_name(gguf_name: str) -> str:
-    """The HF state-dict name of a GGUF tensor name (WeightLoadError for an unknown one)."""
+def hf_name(gguf_name: str, sandwich: bool = False) -> str:
+    """The HF state-dict name of a GGUF tensor name (WeightLoadError for an unknown one);
+    ``sandwich``: a model with norms after each block too (``ModelConfig.sandwich_norms``)."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
+    names = _SANDWICH_NAMES if sandwich else _BLOCK_NAMES
     m = _BLOCK_RE.match(gguf_name)
-    if m is None or m.group(2) not in _BLOCK_NAMES:
+    if m is None or m.group(2) not in names:
         raise WeightLoadError(f"unknown GGUF tensor {gguf_name!r}")
-    return f"model.layers.{m.group(1)}.{_BLOCK_NAMES[m.group(2)]}.{m.group(3)}"
+    return f"model.layers.{m.group(1)}.{names[m.group(2)]}.{m.group(3)}"
 
 
 def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:

@@ -276,6 +276,8 @@ class CModel:
         try:
             reader = tiled.reader if tiled is not None and tiled.reader else GGUFIndex(path)
             cfg = read_config(reader)
+            if not cfg.plain_block:  # the C step runs the Llama block only (Gemma: torch)
+                return None
             names = {t.name: hf_name(t.name) for t in reader.tensors if t.name != ROPE_FREQS}
         except (ValueError, OSError):  # UnsupportedModelError, WeightLoadError among them
             return None
