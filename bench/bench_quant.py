@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from kiln_kernels.quant import PackedConcat, PackedWeight
 
-from kiln.model.layers import DecoderLayer
+from kiln.model.layers import DecoderLayer, SwiGLUMLP
 from kiln.model.loader import LoadedModel, load_model
 
 RESULTS = Path(__file__).parent / "results" / "quant.json"
@@ -86,6 +86,7 @@ def main() -> None:
     for module in model.model.layers:
         layer = cast(DecoderLayer, module)
         attn, mlp = layer.self_attn, layer.mlp
+        assert isinstance(mlp, SwiGLUMLP)
         fused = [(attn.packed_qkv, [attn.q_proj, attn.k_proj, attn.v_proj]),
                  (attn.packed_o, [attn.o_proj]),
                  (mlp.packed_gate_up, [mlp.gate_proj, mlp.up_proj]),

@@ -29,7 +29,7 @@ from torch import nn
 from kiln.model.batch import ForwardBatch
 from kiln.model.checkpoint.config import ModelConfig
 from kiln.model.kv_cache import KVCache
-from kiln.model.layers import DecoderLayer
+from kiln.model.layers import DecoderLayer, SwiGLUMLP
 from kiln.model.lora import LORA_MODULES as MODEL_LORA_MODULES
 from kiln.model.lora_slots import LoraBatch
 from kiln.model.native.c_model import run_rows
@@ -126,6 +126,8 @@ def cpu_step_weights(cfg: ModelConfig, layers: Iterable[nn.Module],
     for i, module in enumerate(layers):
         layer = cast(DecoderLayer, module)
         attn, mlp, pre = layer.self_attn, layer.mlp, f"model.layers.{i}."
+        if not isinstance(mlp, SwiGLUMLP):  # a mixture of experts: no C program
+            return None
         products.update({pre + "qkv": attn.packed_qkv, pre + "o": attn.packed_o,
                          pre + "gate_up": mlp.packed_gate_up, pre + "down": mlp.packed_down})
     small = {name: p.detach() for name, p in parameters if p.dim() == 1}

@@ -17,7 +17,7 @@ from kiln_kernels.quant import Packed, PackedWeight
 from torch import nn
 
 from kiln.model.base import CausalLM
-from kiln.model.layers import DecoderLayer
+from kiln.model.layers import DecoderLayer, SwiGLUMLP
 from kiln.model.quantized import PackedEmbedding
 from kiln.model.weights import WeightSink
 
@@ -34,8 +34,9 @@ def _projection_groups(model: CausalLM) -> Iterator[tuple[Packed | None, list[nn
         attn, mlp = layer.self_attn, layer.mlp
         yield attn.packed_qkv, [attn.q_proj, attn.k_proj, attn.v_proj]
         yield attn.packed_o, [attn.o_proj]
-        yield mlp.packed_gate_up, [mlp.gate_proj, mlp.up_proj]
-        yield mlp.packed_down, [mlp.down_proj]
+        if isinstance(mlp, SwiGLUMLP):  # a mixture's experts are never packed
+            yield mlp.packed_gate_up, [mlp.gate_proj, mlp.up_proj]
+            yield mlp.packed_down, [mlp.down_proj]
 
 
 def release_float32(model: CausalLM) -> int:

@@ -127,6 +127,53 @@ class SwiGLUMLP(nn.Module):
                                                      route))
 
 
+class MoEMLP(nn.Module):
+    """A mixture of experts (Qwen3-MoE): the router (``gate``, softmax over the experts in
+    float32, the top ``k``, renormalised over them with ``norm_topk_prob``) picks each token's
+    experts, SwiGLU MLPs of their own, and the token's output is the weighted sum of theirs.
+    A step's tokens are grouped by expert, so each expert's weights are read once per step, and
+    only the experts some token is routed to run. HF's names: ``mlp.gate``,
+    ``mlp.experts.N.{gate,up,down}_proj``."""
+
+    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.top_k = cfg.experts_per_token
+        self.renormalise = cfg.norm_topk_prob
+        self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
+        self.experts = nn.ModuleList(
+            SwiGLUMLP(cfg.hidden_size, cfg.moe_intermediate_size, layer_idx, cfg.hidden_act)
+            for _ in range(cfg.num_experts))
+
+    def set_packed(self, gate_up: Packed | None, down: Packed | None) -> None:
+        if gate_up is not None or down is not None:
+            raise ValueError("an MoE layer's experts are not packed")
+
+    @property
+    def has_packed(self) -> bool:
+        return False
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's ``k`` experts (int64 ``[T, k]``, by falling weight) and their weights."""
+        probs = F.softmax(F.linear(x, self.gate.weight), dim=-1, dtype=torch.float32)
+        weights, experts = torch.topk(probs, self.top_k, dim=-1)
+        if self.renormalise:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return experts, weights.to(x.dtype)
+
+    def forward(self, x: torch.Tensor, lora: LoraHook | None = None,
+                route: RowRoute = NO_ROUTE) -> torch.Tensor:
+        # (an adapter never reaches here with MLP targets: kiln.model.lora refuses them for a
+        # mixture of experts, whose experts it has no weights for)
+        experts, weights = self.route(x)
+        out = torch.zeros_like(x)
+        for e in torch.unique(experts).tolist():  # ascending: a row sums its experts in id order
+            rows, slot = torch.where(experts == e)
+            y = self.experts[e](x.index_select(0, rows)) * weights[rows, slot, None]
+            out.index_add_(0, rows, y)
+        return out
+
+
 class PagedSelfAttention(nn.Module):
     """GQA self-attention over the paged KV cache, with optional q/k/v bias and q/k RMSNorm."""
 
@@ -197,7 +244,9 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(hidden, eps)
         self.self_attn = PagedSelfAttention(cfg, layer_idx)
         self.post_attention_layernorm = RMSNorm(hidden, eps)
-        self.mlp = SwiGLUMLP(hidden, cfg.intermediate_size, layer_idx, cfg.hidden_act)
+        self.mlp: SwiGLUMLP | MoEMLP = (
+            MoEMLP(cfg, layer_idx) if cfg.is_moe(layer_idx)
+            else SwiGLUMLP(hidden, cfg.intermediate_size, layer_idx, cfg.hidden_act))
         self.pre_feedforward_layernorm: RMSNorm | None = None
         self.post_feedforward_layernorm: RMSNorm | None = None
         if cfg.sandwich_norms:

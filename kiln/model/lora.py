@@ -159,6 +159,9 @@ def adapter_from_state(name: str, config: Mapping[str, Any],
                 f"{model_cfg.num_layers} layers")
         if declared is not None and module not in declared:
             raise AdapterLoadError(f"{WEIGHTS_FILE}: {key!r} is not in target_modules")
+        if group != "self_attn" and model_cfg.is_moe(layer):
+            raise AdapterLoadError(f"{WEIGHTS_FILE}: {key!r}: layer {layer}'s MLP is a mixture "
+                                   "of experts (adapters on its experts are not supported)")
         if not tensor.is_floating_point():
             raise AdapterLoadError(f"{WEIGHTS_FILE}: {key!r} is not a float tensor")
         halves.setdefault((layer, module), {})[half] = tensor

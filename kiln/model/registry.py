@@ -8,12 +8,14 @@ from kiln.model.gemma3 import Gemma3ForCausalLM
 from kiln.model.llama import LlamaForCausalLM
 from kiln.model.qwen2 import Qwen2ForCausalLM
 from kiln.model.qwen3 import Qwen3ForCausalLM
+from kiln.model.qwen3_moe import Qwen3MoeForCausalLM
 
 MODEL_CLASSES: dict[str, type[CausalLM]] = {
     "llama": LlamaForCausalLM,
     "qwen2": Qwen2ForCausalLM,
     "qwen3": Qwen3ForCausalLM,
     "gemma3": Gemma3ForCausalLM,
+    "qwen3_moe": Qwen3MoeForCausalLM,
 }
 
 

@@ -11,7 +11,7 @@ import numpy as np
 from kiln.model.checkpoint import rope
 from kiln.model.checkpoint.rope import RopeScaling
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "qwen3_moe")
 
 # HF `architectures` entries we accept, mapped to our architecture names.
 _HF_ARCHITECTURES = {
@@ -20,11 +20,14 @@ _HF_ARCHITECTURES = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "Gemma3ForCausalLM": "gemma3",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
 }
-# what Gemma 3's text decoder adds to the Llama block (``ModelConfig``'s fields after
-# rope_scaling; their defaults are the Llama block's, and a config at its defaults records none)
-GEMMA_FIELDS = ("layer_windows", "rope_local_theta", "embed_scale", "attn_scale", "hidden_act",
-                "sandwich_norms", "norm_shift", "final_logit_softcap")
+# what Gemma 3's text decoder and the mixture-of-experts models add to the Llama block
+# (``ModelConfig``'s fields after rope_scaling; their defaults are the Llama block's, and a
+# config at its defaults records none)
+VARIANT_FIELDS = ("layer_windows", "rope_local_theta", "embed_scale", "attn_scale", "hidden_act",
+                  "sandwich_norms", "norm_shift", "final_logit_softcap", "num_experts",
+                  "experts_per_token", "moe_intermediate_size", "norm_topk_prob", "moe_layers")
 
 
 class UnsupportedModelError(ValueError):
@@ -67,6 +70,14 @@ class ModelConfig:
     # files hold the sum already)
     norm_shift: float = 0.0
     final_logit_softcap: float = 0.0  # logits = c * tanh(logits / c) (0: none)
+    # mixture of experts (Qwen3-MoE): the experts of an MoE layer's MLP, how many each token is
+    # routed to (softmax top-k, renormalised over the k with norm_topk_prob), their
+    # intermediate size, and which layers are MoE (() for none)
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    moe_layers: tuple[bool, ...] = ()
 
     def __post_init__(self) -> None:
         if self.arch not in SUPPORTED_ARCHS:
@@ -83,6 +94,11 @@ class ModelConfig:
             raise UnsupportedModelError("model config: head_dim must be even for rotary embedding")
         if self.layer_windows and len(self.layer_windows) != self.num_layers:
             raise UnsupportedModelError("model config: one sliding window per layer")
+        if self.moe_layers and (len(self.moe_layers) != self.num_layers or not
+                                0 < self.experts_per_token <= self.num_experts or
+                                self.moe_intermediate_size <= 0):
+            raise UnsupportedModelError("model config: experts, experts per token, their size "
+                                        "and one MoE flag per layer")
         if self.hidden_act not in ("silu", "gelu_tanh"):
             raise UnsupportedModelError(f"model config: hidden_act {self.hidden_act!r}")
 
@@ -90,7 +106,11 @@ class ModelConfig:
     def plain_block(self) -> bool:
         """Whether the layers are the Llama block the C step runs (no Gemma field set)."""
         fields = ModelConfig.__dataclass_fields__
-        return all(getattr(self, name) == fields[name].default for name in GEMMA_FIELDS)
+        return all(getattr(self, name) == fields[name].default for name in VARIANT_FIELDS)
+
+    def is_moe(self, layer: int) -> bool:
+        """Whether ``layer``'s MLP is a mixture of experts."""
+        return bool(self.moe_layers) and self.moe_layers[layer]
 
     def window(self, layer: int) -> int:
         """The sliding window of ``layer``'s attention (0: the whole context)."""
@@ -102,6 +122,9 @@ class ModelConfig:
         arch = _hf_arch(cfg)
         if arch == "gemma3":
             return _gemma3_from_hf(cfg)
+        moe: dict[str, Any] = {}
+        if arch == "qwen3_moe":
+            moe = _moe_from_hf(cfg)
         try:
             scaling = rope.from_hf(cfg)
         except rope.RopeScalingError as exc:
@@ -130,8 +153,9 @@ class ModelConfig:
             max_position=_context(cfg, arch),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=arch == "qwen2",
-            qk_norm=arch == "qwen3",
+            qk_norm=arch in ("qwen3", "qwen3_moe"),
             rope_scaling=scaling,
+            **moe,
         )
 
     def record(self) -> dict[str, Any]:
@@ -141,7 +165,7 @@ class ModelConfig:
         if self.rope_scaling is None:
             del out["rope_scaling"]
         defaults = ModelConfig.__dataclass_fields__
-        for name in GEMMA_FIELDS:
+        for name in VARIANT_FIELDS:
             if out[name] == defaults[name].default:
                 del out[name]
         return out
@@ -170,6 +194,25 @@ class ModelConfig:
             "hidden_act": "silu",
             **({"rope_scaling": self.rope_scaling.to_hf()} if self.rope_scaling else {}),
         }
+
+
+def _moe_from_hf(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """Qwen3-MoE's experts: ``num_experts`` of ``moe_intermediate_size``, ``num_experts_per_tok``
+    of them per token, on every ``decoder_sparse_step``-th layer not in ``mlp_only_layers``."""
+    layers = int(cfg["num_hidden_layers"])
+    experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
+    step = int(cfg.get("decoder_sparse_step", 1) or 1)
+    dense = {int(i) for i in cfg.get("mlp_only_layers") or []}
+    if cfg.get("shared_expert_intermediate_size"):
+        raise UnsupportedModelError("qwen3_moe: shared experts are not supported")
+    return {
+        "num_experts": experts,
+        "experts_per_token": int(cfg.get("num_experts_per_tok", 0)),
+        "moe_intermediate_size": int(cfg.get("moe_intermediate_size", 0)),
+        "norm_topk_prob": bool(cfg.get("norm_topk_prob", False)),
+        "moe_layers": tuple(experts > 0 and i not in dense and (i + 1) % step == 0
+                            for i in range(layers)),
+    }
 
 
 def _gemma3_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:

@@ -61,6 +61,7 @@ def packable(name: str, dtype: str | None, shape: tuple[int, ...], tied: bool) -
     """A bfloat16 / float16 projection, embedding or head the C step can hold as it is (rows in
     fours, columns in 32s). Float32 checkpoints keep the torch path."""
     return (dtype in HALF_TYPES and len(shape) == 2 and shape[0] % 4 == 0 and shape[1] % 32 == 0
+            and ".experts." not in name  # a mixture's experts: the torch path's, unpacked
             and (name.endswith("_proj.weight") or name == "model.embed_tokens.weight"
                  or (name == "lm_head.weight" and not tied)))
 
