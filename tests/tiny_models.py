@@ -243,7 +243,7 @@ def write_tiny_gguf(path: Path, cfg: ModelConfig, tensors: dict[str, torch.Tenso
     ``rope_freqs``: a ``rope_freqs.weight`` tensor, as llama.cpp writes Llama 3.1's scaling."""
     import gguf
 
-    w = gguf.GGUFWriter(str(path), cfg.arch)
+    w = gguf.GGUFWriter(str(path), "qwen3moe" if cfg.arch == "qwen3_moe" else cfg.arch)
     add_model_header(w, layers=cfg.num_layers, context=cfg.max_position, hidden=cfg.hidden_size,
                      ffn=cfg.intermediate_size, heads=cfg.num_heads, kv_heads=cfg.num_kv_heads,
                      rms_eps=cfg.rms_norm_eps, rope_theta=cfg.rope_theta, head_dim=cfg.head_dim)
@@ -280,6 +280,19 @@ def write_tiny_gguf(path: Path, cfg: ModelConfig, tensors: dict[str, torch.Tenso
         w.add_sliding_window(max(cfg.layer_windows))
     if cfg.final_logit_softcap:
         w.add_final_logit_softcapping(cfg.final_logit_softcap)
+    if cfg.num_experts:  # llama.cpp's qwen3moe: each kind of expert matrix stacked
+        w.add_expert_count(cfg.num_experts)
+        w.add_expert_used_count(cfg.experts_per_token)
+        w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+        tensors = dict(tensors)
+        for i in range(cfg.num_layers):
+            pre = f"model.layers.{i}.mlp."
+            for kind, name in (("gate_proj", "gate_exps"), ("up_proj", "up_exps"),
+                               ("down_proj", "down_exps")):
+                stack = [tensors.pop(f"{pre}experts.{e}.{kind}.weight")
+                         for e in range(cfg.num_experts)]
+                w.add_tensor(f"blk.{i}.ffn_{name}.weight", torch.stack(stack).numpy())
+            w.add_tensor(f"blk.{i}.ffn_gate_inp.weight", tensors.pop(f"{pre}gate.weight").numpy())
     for name in sorted(tensors):
         raw = None if blocks is None else blocks.get(name)
         arr = tensors[name].numpy().astype("float32") if raw is None else raw[0].numpy()

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from kiln_kernels.quant import PackedWeight
 
@@ -18,6 +19,7 @@ from kiln.model.checkpoint.gguf_index import GGUFIndex
 from kiln.model.checkpoint.gguf_tensors import (
     ROPE_FREQS,
     dequantize,
+    expert_names,
     hf_name,
     read_config,
     row_permutation,
@@ -70,6 +72,15 @@ def load_gguf(path: str | Path, dtype: torch.dtype, device: torch.device, *,
     tiles = tiled.tiles if tiled is not None else {}
     for tensor in progress(reader.tensors, len(reader.tensors), "loading GGUF"):
         if tensor.name == ROPE_FREQS:  # read into the config (its rope scaling)
+            continue
+        stacked = expert_names(tensor.name, cfg.num_experts)
+        if stacked is not None:  # the experts' float32 values, one matrix each (torch path)
+            values = dequantize(tensor)
+            if values.shape[0] != len(stacked):
+                raise WeightLoadError(f"{tensor.name}: {values.shape[0]} experts, the config "
+                                      f"says {len(stacked)}")
+            for name, matrix in zip(stacked, values, strict=True):
+                sink.put(name, torch.from_numpy(np.ascontiguousarray(matrix)))
             continue
         heads = row_permutation(cfg, tensor.name)
         name = hf_name(tensor.name, cfg.sandwich_norms)

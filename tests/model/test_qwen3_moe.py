@@ -26,13 +26,16 @@ from tests.tiny_models import TINY_VOCAB, tiny_tokenizer
 transformers = pytest.importorskip("transformers")
 
 
-def write_tiny_qwen3_moe(folder: Path, seed: int = 0, norm_topk: bool = True) -> Path:
+def write_tiny_qwen3_moe(folder: Path, seed: int = 0, norm_topk: bool = True,
+                         dense: tuple[int, ...] = (1,), layers: int = 3) -> Path:
+    """A random Qwen3MoeForCausalLM folder (transformers' writer): ``dense`` its layers with a
+    plain MLP."""
     torch.manual_seed(seed)
     cfg = transformers.Qwen3MoeConfig(
         vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
-        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
         num_experts=4, num_experts_per_tok=2, norm_topk_prob=norm_topk,
-        max_position_embeddings=512, decoder_sparse_step=1, mlp_only_layers=[1])
+        max_position_embeddings=512, decoder_sparse_step=1, mlp_only_layers=list(dense))
     model = transformers.Qwen3MoeForCausalLM(cfg)
     with torch.no_grad():
         for _, p in model.named_parameters():
@@ -108,3 +111,26 @@ def test_what_qwen3_moe_cannot_serve_is_refused(tmp_path: Path) -> None:
     attn_only = load_adapter(write_peft(tmp_path / "b", cfg, r=2, alpha=4,
                                         targets=("q_proj",), seed=1), cfg)
     assert attn_only.target_modules == ("q_proj",)
+
+
+def test_a_qwen3_moe_gguf_runs_as_its_folder(tmp_path: Path) -> None:
+    """The folder's weights written as llama.cpp's converter writes a qwen3moe GGUF (each kind
+    of expert matrix stacked, the router as ffn_gate_inp, every layer a mixture with its weights
+    renormalised): the same config and the same logits, bit for bit."""
+    from tests.tiny_models import write_tiny_gguf
+
+    hf = load_model(str(write_tiny_qwen3_moe(tmp_path / "m", dense=(), layers=2)), device="cpu")
+    tensors = {n: p.detach().clone() for n, p in hf.model.named_parameters()}
+    gg = load_model(str(write_tiny_gguf(tmp_path / "m.gguf", hf.config, tensors)), device="cpu")
+    assert gg.config.record() == {**hf.config.record(), "max_position": gg.config.max_position}
+    ids = prompt(19, seed=6)
+    logits = []
+    for loaded in (hf, gg):
+        kv = KVCache(loaded.config, 8, 4, torch.float32, torch.device("cpu"))
+        with torch.inference_mode():
+            logits.append(loaded.model(build_forward_batch([(ids, 0, list(range(5)))], 4, "all"),
+                                       kv))
+    assert torch.equal(logits[0], logits[1])
+    # the server's load (torch_free) finds no C program for it and loads it with torch
+    assert load_model(str(tmp_path / "m.gguf"), device="cpu", torch_free=True).config.arch == \
+        "qwen3_moe"

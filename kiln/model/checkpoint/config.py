@@ -323,30 +323,40 @@ def _f32(value: Any) -> float:
     return float(str(np.float32(value)))
 
 
+# llama.cpp's architecture names that differ from ours
+_GGUF_ARCHS = {"qwen3moe": "qwen3_moe"}
+
+
 def config_from_gguf(meta: Mapping[str, Any], *, vocab_size: int, has_output: bool,
                      has_qkv_bias: bool, has_qk_norm: bool,
                      rope_divisors: tuple[float, ...] | None = None) -> ModelConfig:
     """Build from GGUF metadata (already decoded to Python values); ``rope_divisors``: the
     file's ``rope_freqs.weight`` (Llama 3.1+), if it has one."""
-    arch = str(meta.get("general.architecture", ""))
+    gguf_arch = str(meta.get("general.architecture", ""))
+    arch = _GGUF_ARCHS.get(gguf_arch, gguf_arch)
     if arch not in SUPPORTED_ARCHS:
-        raise UnsupportedModelError(f"unsupported GGUF architecture {arch!r}")
+        raise UnsupportedModelError(f"unsupported GGUF architecture {gguf_arch!r}")
 
     def key(name: str) -> Any:
-        full = f"{arch}.{name}"
+        full = f"{gguf_arch}.{name}"
         if full not in meta:
             raise UnsupportedModelError(f"GGUF metadata lacks {full}")
         return meta[full]
 
     hidden = int(key("embedding_length"))
     heads = int(key("attention.head_count"))
-    head_dim = int(meta.get(f"{arch}.attention.key_length", hidden // heads))
+    head_dim = int(meta.get(f"{gguf_arch}.attention.key_length", hidden // heads))
     try:
-        scaling = rope.from_gguf(meta, arch, rope_divisors, head_dim)
+        scaling = rope.from_gguf(meta, gguf_arch, rope_divisors, head_dim)
     except rope.RopeScalingError as exc:
         raise UnsupportedModelError(str(exc)) from exc
-    gemma = _gemma3_from_gguf(meta, int(key("block_count")), hidden, heads, head_dim) \
+    extra = _gemma3_from_gguf(meta, int(key("block_count")), hidden, heads, head_dim) \
         if arch == "gemma3" else {}
+    if arch == "qwen3_moe":  # llama.cpp's: every layer's MLP a mixture, weights renormalised
+        extra = {"num_experts": int(key("expert_count")),
+                 "experts_per_token": int(key("expert_used_count")),
+                 "moe_intermediate_size": int(key("expert_feed_forward_length")),
+                 "norm_topk_prob": True, "moe_layers": (True,) * int(key("block_count"))}
     return ModelConfig(
         arch=arch,
         vocab_size=vocab_size,
@@ -354,16 +364,16 @@ def config_from_gguf(meta: Mapping[str, Any], *, vocab_size: int, has_output: bo
         intermediate_size=int(key("feed_forward_length")),
         num_layers=int(key("block_count")),
         num_heads=heads,
-        num_kv_heads=int(meta.get(f"{arch}.attention.head_count_kv", heads)),
+        num_kv_heads=int(meta.get(f"{gguf_arch}.attention.head_count_kv", heads)),
         head_dim=head_dim,
         rms_norm_eps=_f32(key("attention.layer_norm_rms_epsilon")),
-        rope_theta=_f32(meta.get(f"{arch}.rope.freq_base", 10000.0)),
+        rope_theta=_f32(meta.get(f"{gguf_arch}.rope.freq_base", 10000.0)),
         max_position=int(key("context_length")),
         tie_word_embeddings=not has_output,
         qkv_bias=has_qkv_bias,
         qk_norm=has_qk_norm,
         rope_scaling=scaling,
-        **gemma,
+        **extra,
     )
 
 

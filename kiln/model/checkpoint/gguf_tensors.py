@@ -33,7 +33,11 @@ _BLOCK_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "ffn_gate_inp": "mlp.gate",  # a mixture of experts' router
 }
+# a mixture's experts, stacked in one tensor per kind: ``expert_names`` splits them
+_EXPERT_NAMES = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj",
+                 "ffn_down_exps": "down_proj"}
 # a model with norms around each block as well as before (Gemma: ModelConfig.sandwich_norms)
 # names them after what they norm: ffn_norm is the MLP's input norm there
 _SANDWICH_NAMES = {
@@ -55,6 +59,15 @@ def hf_name(gguf_name: str, sandwich: bool = False) -> str:
     if m is None or m.group(2) not in names:
         raise WeightLoadError(f"unknown GGUF tensor {gguf_name!r}")
     return f"model.layers.{m.group(1)}.{names[m.group(2)]}.{m.group(3)}"
+
+
+def expert_names(gguf_name: str, experts: int) -> list[str] | None:
+    """The HF names of a stacked experts tensor's experts, in order (None: not one)."""
+    m = _BLOCK_RE.match(gguf_name)
+    if m is None or m.group(2) not in _EXPERT_NAMES:
+        return None
+    return [f"model.layers.{m.group(1)}.mlp.experts.{e}.{_EXPERT_NAMES[m.group(2)]}."
+            f"{m.group(3)}" for e in range(experts)]
 
 
 def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -138,7 +151,7 @@ def file_tile_work(path: Path) -> tuple[GGUFIndex, list[str], TileWork]:
     ready for threads to run (``TileWork.run``; its ``tiles`` follow the names)."""
     reader = GGUFIndex(path)
     cfg = read_config(reader)
-    todo = [t for t in reader.tensors
-            if len(t.shape) > 1 and t.name != ROPE_FREQS and unpackable(t) is None]
+    todo = [t for t in reader.tensors  # (a mixture's stacked experts are not tiled)
+            if len(t.shape) == 2 and t.name != ROPE_FREQS and unpackable(t) is None]
     work = TileWork([_item(t, row_permutation(cfg, t.name)) for t in todo])
     return reader, [t.name for t in todo], work
