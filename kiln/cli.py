@@ -165,7 +165,8 @@ def _run(config: ServerConfig, sock: socket.socket, backend: EngineBackend) -> i
     gc.freeze()
     gc.enable()
     resident.release_library_pages()  # start-up's library code back to the kernel
-    print(f"kiln: serving {backend.model_id} on http://{config.host}:{config.port}", flush=True)
+    url = f"http://{config.host}:{config.port}"
+    print(f"kiln: serving {backend.model_id} on {url} (web UI: open {url}/ui)", flush=True)
     server = server_for(app, config, on_expiry=lambda: backend.abort_all(DRAIN_MESSAGE))
     server.run(sockets=[sock])
     return 0

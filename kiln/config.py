@@ -165,10 +165,11 @@ SETTINGS: tuple[Setting, ...] = (
     _s("weight_version", "str", "default",
        "the name of the weights served at start, reported on every response (SGLang's "
        "--weight-version); POST /update_weights_from_disk names the weights it loads"),
-    # stored responses (the Responses API's store, previous_response_id)
+    # stored responses (the Responses API's store, previous_response_id) and /ui's conversations
     _s("data_dir", "str", None,
-       "directory of Kiln's SQLite database (stored responses survive a restart)",
-       shown="none: stored responses are kept in memory"),
+       "directory of Kiln's SQLite database (stored responses and /ui's conversations survive "
+       "a restart)",
+       shown="none: stored responses and conversations are kept in memory"),
     _s("responses_max_count", "int", 1000,
        "stored responses kept; the oldest is evicted past it"),
     _s("responses_max_mb", "int", 64,
