@@ -22,6 +22,7 @@ from kiln.api.response_store import ResponseStore
 from kiln.config import ServerConfig
 from kiln.conversations import ConversationStore
 from kiln.database import Database, open_database
+from kiln.request_log import RequestLog
 
 
 class Gate:
@@ -56,6 +57,7 @@ class AppState:
     database: Database | None = field(init=False)  # --data-dir's, opened here once
     responses: ResponseStore = field(init=False)  # the Responses API's stored responses
     conversations: ConversationStore = field(init=False)  # /ui's (kiln/conversations.py)
+    request_log: RequestLog | None = field(init=False)  # --request-log's, else None
     pause_mode: str | None = None  # the training routes' pause in force (handlers/training.py)
     sleeping: bool = False  # POST /sleep until POST /wake_up
     sleep_level: int = 1  # the level of the sleep in force (2: the weights let go of too)
@@ -66,6 +68,10 @@ class AppState:
         self.database = open_database(self.config.data_dir) if self.config.data_dir else None
         self.responses = ResponseStore.from_config(self.config, self.database)
         self.conversations = ConversationStore(self.database)
+        cfg = self.config
+        self.request_log = RequestLog(cfg.request_log, cfg.request_log_max_mb * 1024 * 1024,
+                                      cfg.request_log_max_age_s, cfg.request_log_text) \
+            if cfg.request_log else None
 
 
 def app_state(request: HttpRequest) -> AppState:
