@@ -233,3 +233,51 @@ def test_the_markdown_renderer_escapes_html(browser: Browser, server: ServerProc
     assert '<code class="lang-py">if a &lt; b: pass</code>' in html
     assert 'href="https://example.org"' in html and 'href="javascript' not in html
     page.context.close()
+
+
+def test_tools_tool_results_and_structured_output(browser: Browser,
+                                                  server: ServerProcess) -> None:
+    page = new_page(browser, server.url)
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]}}}]
+    page.fill("#tools", json.dumps(tools))
+    page.select_option("#tool_choice", "required")  # forced: the grammar makes it call
+    settings(page, max_tokens=200, temperature=0)
+    send(page, "What is the weather in Paris?")
+    wait_reply(page)
+    calls = page.inner_text("article.msg.assistant .code")
+    assert "get_weather(" in calls, calls
+    assert "finish: tool_calls" in page.inner_text("article.msg.assistant .stats")
+    page.fill("#tools", "")
+    page.select_option("#tool_choice", "")
+    settings(page, max_tokens=8)
+    calls_made = len(calls.strip().splitlines()) - 1  # the block's label, then one per call
+
+    def answer(dialog: Any) -> None:  # one prompt per call
+        dialog.accept('{"temp_c": 18}')
+
+    page.on("dialog", answer)
+    page.click("article.msg.assistant .tool-result")
+    page.wait_for_selector("article.msg.tool")
+    wait_reply(page)
+    page.remove_listener("dialog", answer)
+    roles = page.eval_on_selector_all("article.msg", "(ms) => ms.map((m) => m.className)")
+    assert roles == ["msg user", "msg assistant", *["msg tool"] * calls_made,
+                     "msg assistant"], (roles, calls)
+    page.screenshot(path=str(ARTIFACTS / "tools.png"))
+
+    page.click("#new-chat")
+    schema = {"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]}},
+              "required": ["color"], "additionalProperties": False}
+    page.fill("#schema", json.dumps(schema))
+    settings(page, max_tokens=40)
+    send(page, "Pick a color.")
+    wait_reply(page)
+    answer = json.loads(page.inner_text("article.msg.assistant .content"))
+    assert answer["color"] in ("red", "green", "blue")
+    page.fill("#schema", "{not json")
+    send(page, "Again.")
+    assert "not JSON" in page.inner_text("#error")  # refused before anything is sent
+    page.context.close()

@@ -6,7 +6,7 @@
   const $ = (id) => document.getElementById(id);
   const { el } = KilnRender;
   const SETTINGS = ["system", "preset", "temperature", "top_p", "top_k", "seed", "max_tokens",
-    "budget", "budget-unit", "logprobs", "exact", "schema", "tools", "adapter"];
+    "budget", "budget-unit", "logprobs", "exact", "schema", "tools", "tool_choice", "adapter"];
   const state = {
     conv: { id: null, title: null, messages: [] },
     controller: null, // the running turn's AbortController
@@ -49,6 +49,16 @@
       turn();
     },
     regenerate: (i) => { state.conv.messages = state.conv.messages.slice(0, i); turn(); },
+    toolResults: (i) => { // one result per call, then the model goes on
+      const results = [];
+      for (const call of state.conv.messages[i].meta.tool_calls) {
+        const text = prompt(`Result of ${call.function.name}(${call.function.arguments})`);
+        if (text === null) return;
+        results.push({ role: "tool", content: text, meta: { tool_call_id: call.id, name: call.function.name } });
+      }
+      state.conv.messages.push(...results);
+      turn();
+    },
     provenance: (i) => KilnApi.download(`kiln-provenance-${state.conv.id || "unsaved"}-${i}.json`,
       KilnChat.provenance(state.conv, i)),
   };

@@ -11,7 +11,13 @@ const KilnChat = (() => {
     const messages = [];
     if (s.system) messages.push({ role: "system", content: s.system });
     for (const m of history) {
-      if (m.role === "user" || m.role === "assistant" || m.role === "system") {
+      const meta = m.meta || {};
+      if (m.role === "assistant" && meta.tool_calls && meta.tool_calls.length) {
+        messages.push({ role: "assistant", content: m.content || null, tool_calls: meta.tool_calls.map((c) => ({
+          id: c.id, type: "function", function: { name: c.function.name, arguments: c.function.arguments } })) });
+      } else if (m.role === "tool") {
+        messages.push({ role: "tool", content: m.content, tool_call_id: meta.tool_call_id });
+      } else if (m.role === "user" || m.role === "assistant" || m.role === "system") {
         messages.push({ role: m.role, content: m.content });
       }
     }
@@ -36,6 +42,7 @@ const KilnChat = (() => {
     }
     if (s.tools && s.tools.trim()) {
       try { body.tools = JSON.parse(s.tools); } catch (e) { throw new Error(`the tools are not JSON: ${e.message}`); }
+      if (s.tool_choice) body.tool_choice = s.tool_choice;
     }
     if (s.adapter) body.adapter = s.adapter;
     return body;
@@ -97,7 +104,7 @@ const KilnChat = (() => {
         const choice = (ev.choices || [])[0];
         if (!choice) return;
         const d = choice.delta || {};
-        if (d.content || d.reasoning_content) tFirst = tFirst ?? performance.now();
+        if (d.content || d.reasoning_content || d.tool_calls) tFirst = tFirst ?? performance.now();
         if (d.content) msg.content += d.content;
         if (d.reasoning_content) msg.reasoning_content += d.reasoning_content;
         addToolCalls(meta, d.tool_calls);

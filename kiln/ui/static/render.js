@@ -52,7 +52,8 @@ const KilnRender = (() => {
     return el("div", { class: "stats", text: bits.join(" · ") });
   }
 
-  // One message. `h`: {edit(i), regenerate(i), provenance(i), saveEdit(i, text), cancelEdit()};
+  // One message. `h`: {edit(i), regenerate(i), provenance(i), toolResults(i), saveEdit(i, text),
+  // cancelEdit()};
   // `opts`: {streaming, editing, logprobView, last}
   function message(msg, i, h, opts = {}) {
     const meta = msg.meta || {};
@@ -92,6 +93,9 @@ const KilnRender = (() => {
       if (msg.role === "user") actions.append(el("button", { type: "button", class: "edit", text: "Edit", onclick: () => h.edit(i) }));
       if (msg.role === "assistant") {
         if (opts.last) actions.append(el("button", { type: "button", class: "regenerate", text: "Regenerate", onclick: () => h.regenerate(i) }));
+        if (opts.last && meta.tool_calls && meta.tool_calls.length) {
+          actions.append(el("button", { type: "button", class: "tool-result", text: "Tool results…", title: "Answer the tool calls and continue", onclick: () => h.toolResults(i) }));
+        }
         actions.append(el("button", { type: "button", class: "provenance", text: "Provenance ⬇", title: "Download this message's provenance as JSON", onclick: () => h.provenance(i) }));
       }
       if (actions.childElementCount) box.append(actions);
