@@ -275,8 +275,8 @@ def test_tools_tool_results_and_structured_output(browser: Browser,
     settings(page, max_tokens=40)
     send(page, "Pick a color.")
     wait_reply(page)
-    answer = json.loads(page.inner_text("article.msg.assistant .content"))
-    assert answer["color"] in ("red", "green", "blue")
+    picked = json.loads(page.inner_text("article.msg.assistant .content"))
+    assert picked["color"] in ("red", "green", "blue")
     page.fill("#schema", "{not json")
     send(page, "Again.")
     assert "not JSON" in page.inner_text("#error")  # refused before anything is sent
