@@ -281,3 +281,46 @@ def test_tools_tool_results_and_structured_output(browser: Browser,
     send(page, "Again.")
     assert "not JSON" in page.inner_text("#error")  # refused before anything is sent
     page.context.close()
+
+
+def test_rename_export_and_delete_from_the_list(browser: Browser, server: ServerProcess) -> None:
+    auth = {"authorization": f"Bearer {KEY}"}
+    made = [httpx.post(server.url + "/v1/conversations", headers=auth, timeout=HANG_S,
+                       json={"title": title, "messages": [{"role": "user", "content": title}]}
+                       ).json()["id"] for title in ("first", "second")]
+    page = new_page(browser, server.url)
+    row = f"#conversations li[data-id='{made[0]}']"
+    page.once("dialog", lambda dialog: dialog.accept("Renamed here"))
+    page.click(f"{row} .rename")
+    page.wait_for_selector(f"{row} .open:text('Renamed here')")
+    with page.expect_download() as download:
+        page.click(f"{row} .export")
+    exported = json.loads(Path(download.value.path()).read_text())
+    assert exported["object"] == "conversation.export" and exported["title"] == "Renamed here"
+    assert exported["messages"] == [{"role": "user", "content": "first"}]
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.click(f"#conversations li[data-id='{made[1]}'] .delete")
+    page.wait_for_selector(f"#conversations li[data-id='{made[1]}']", state="detached")
+    got = httpx.get(f"{server.url}/v1/conversations/{made[1]}", headers=auth, timeout=HANG_S)
+    assert got.status_code == 404
+    page.context.close()
+
+
+def test_reasoning_apart_and_the_thinking_budget_in_the_request(browser: Browser,
+                                                                server: ServerProcess) -> None:
+    page = new_page(browser, server.url)  # the default model does not reason: the page's parts
+    html = page.evaluate("""() => KilnRender.message({role: 'assistant', content: 'Four.',
+        reasoning_content: '2 + 2 is 4 <b>', meta: {completion_tokens: 9, ttft_ms: 12,
+        tokens_per_s: 50, finish_reason: 'stop'}}, 1, {}, {last: true}).outerHTML""")
+    assert '<details class="reasoning">' in html and "2 + 2 is 4 &lt;b&gt;" in html
+    assert html.index("reasoning") < html.index("Four.")  # apart, before the answer
+    assert "TTFT 12 ms · 50.0 tok/s · 9 tokens" in html
+    body = page.evaluate("""KilnChat.requestBody([{role: 'user', content: 'hi'}],
+        {budget: '32', budgetUnit: 'tokens', max_tokens: '64', temperature: '0.5', top_p: '',
+         top_k: '20', seed: '7', preset: 'greedy'})""")
+    assert body["thinking_budget_tokens"] == 32 and "top_p" not in body
+    assert (body["max_tokens"], body["temperature"], body["top_k"], body["seed"]) == (64, 0.5, 20, 7)
+    assert body["sampling_preset"] == "greedy" and body["stream"] is True
+    ms = page.evaluate("""KilnChat.requestBody([], {budget: '1500', budgetUnit: 'ms'})""")
+    assert ms["thinking_budget_ms"] == 1500 and "thinking_budget_tokens" not in ms
+    page.context.close()
