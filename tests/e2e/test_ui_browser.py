@@ -324,3 +324,30 @@ def test_reasoning_apart_and_the_thinking_budget_in_the_request(browser: Browser
     ms = page.evaluate("""KilnChat.requestBody([], {budget: '1500', budgetUnit: 'ms'})""")
     assert ms["thinking_budget_ms"] == 1500 and "thinking_budget_tokens" not in ms
     page.context.close()
+
+
+def test_reasoning_streams_apart_under_a_thinking_budget(browser: Browser,
+                                                         tmp_path: Path) -> None:
+    """The default model behind a thinking template (its prompt opens the reasoning): what it
+    thinks streams into the Thinking block, the budget set on the page closes it after that many
+    tokens, and the answer follows apart."""
+    template = Path(__file__).resolve().parents[1] / "fixtures" / "thinking_chat_template.jinja"
+    with running_server(["--chat-template", str(template)],
+                        log_path=ARTIFACTS / "thinking-server.log") as thinking:
+        page = new_page(browser, thinking.url, key=None)
+        settings(page, budget=6, max_tokens=24, temperature=0)
+        send(page, "Think about the number seven.")
+        page.wait_for_selector("article.streaming .reasoning-text:not(:empty)")
+        wait_reply(page)
+        reasoning = page.text_content("article.msg.assistant .reasoning-text") or ""  # folded
+        answer = page.inner_text("article.msg.assistant .content")
+        assert reasoning.strip() and answer.strip(), (reasoning, answer)
+        assert "<think>" not in answer and "</think>" not in answer
+        page.screenshot(path=str(ARTIFACTS / "thinking.png"))
+        with page.expect_download() as download:
+            page.click("article.msg.assistant .provenance")
+        record = json.loads(Path(download.value.path()).read_text())
+        assert record["request"]["thinking_budget_tokens"] == 6
+        outcome = record["response"]["kiln_metadata"]["thinking_budget"]
+        assert outcome["triggered"] is True, outcome  # the budget closed the reasoning
+        page.context.close()
