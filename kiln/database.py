@@ -1,9 +1,9 @@
 """Kiln's SQLite database under ``--data-dir``: the one place that opens the file and owns its
 schema. Every table Kiln keeps on disk is declared in ``SCHEMA`` here, so that the stored
-responses (kiln.api.response_store) and any later record of what was served share one file, one
-setting and one migration story: the stored responses and /ui's conversations
-(kiln.conversations). The app opens it once (kiln.api.state) and hands it to both stores. SQLite (the standard library's) is the maintained engine for
-this; WAL mode lets a reader run beside the one writer."""
+responses (kiln.api.response_store), /ui's conversations (kiln.conversations) and any later
+record of what was served share one file, one setting and one migration story. The app opens it
+once (kiln.api.state) and hands it to every store. SQLite (the standard library's) is the
+maintained engine for this; WAL mode lets a reader run beside the one writer."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """What handlers share: the app's state (the config, the backend, the contract, the admission
-gate, the stores of --data-dir's database), request ids, and how a response leaves, encoded with msgspec from the contract's generated structs (kiln/api/_generated/wire.py), so
-that the contract types what leaves as well as what enters. Running engine requests is
+gate, the stores of --data-dir's database, the request log), request ids, and how a response
+leaves, encoded with msgspec from the contract's generated structs (kiln/api/_generated/wire.py),
+so that the contract types what leaves as well as what enters. Running engine requests is
 ``kiln.api.submission``'s. The handlers' common ground, as vLLM's ``serving_engine.py`` is its
 OpenAI handlers'."""
 
