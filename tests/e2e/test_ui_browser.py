@@ -323,6 +323,11 @@ def test_reasoning_apart_and_the_thinking_budget_in_the_request(browser: Browser
     assert body["sampling_preset"] == "greedy" and body["stream"] is True
     ms = page.evaluate("""KilnChat.requestBody([], {budget: '1500', budgetUnit: 'ms'})""")
     assert ms["thinking_budget_ms"] == 1500 and "thinking_budget_tokens" not in ms
+    mix = page.evaluate("""KilnChat.requestBody([], {compose: 'style=0.5, math'})""")
+    assert mix["adapters"] == [{"name": "style", "scale": 0.5}, {"name": "math", "scale": 1}]
+    refused = page.evaluate("""(() => { try { KilnChat.requestBody([], {compose: 'a=x'}); }
+        catch (e) { return e.message; } })()""")
+    assert refused == "not an adapter and its scale: a=x"
     page.context.close()
 
 

@@ -6,7 +6,7 @@
   const $ = (id) => document.getElementById(id);
   const { el } = KilnRender;
   const SETTINGS = ["system", "preset", "temperature", "top_p", "top_k", "seed", "max_tokens",
-    "budget", "budget-unit", "logprobs", "exact", "schema", "tools", "tool_choice", "adapter"];
+    "budget", "budget-unit", "logprobs", "exact", "schema", "tools", "tool_choice", "adapter", "compose"];
   const state = {
     conv: { id: null, title: null, messages: [] },
     controller: null, // the running turn's AbortController

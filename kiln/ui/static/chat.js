@@ -44,7 +44,15 @@ const KilnChat = (() => {
       try { body.tools = JSON.parse(s.tools); } catch (e) { throw new Error(`the tools are not JSON: ${e.message}`); }
       if (s.tool_choice) body.tool_choice = s.tool_choice;
     }
-    if (s.adapter) body.adapter = s.adapter;
+    if (s.compose && s.compose.trim()) { // y = Wx + sum of scale_i * B_i A_i x
+      if (s.adapter) throw new Error("choose one adapter or a composition, not both");
+      body.adapters = s.compose.split(",").map((part) => {
+        const [name, scale] = part.split("=").map((x) => x.trim());
+        const value = scale === undefined || scale === "" ? 1 : Number(scale);
+        if (!name || Number.isNaN(value)) throw new Error(`not an adapter and its scale: ${part.trim()}`);
+        return { name, scale: value };
+      });
+    } else if (s.adapter) body.adapter = s.adapter;
     return body;
   }
 
