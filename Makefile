@@ -4,6 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 CROSS  := $(VENV)/.cross-tools
+BROWSER := $(VENV)/.chromium
 # root installs with apt-get itself, anyone else through sudo where there is one
 APT    := $(shell [ "$$(id -u)" = 0 ] && echo apt-get || (command -v sudo >/dev/null && echo "sudo apt-get"))
 HOST   ?= 127.0.0.1
@@ -12,7 +13,7 @@ ARGS   ?=
 
 .PHONY: setup generate check-generated serve test test-only lint bench fuzz clean
 
-setup: $(STAMP) $(CROSS)
+setup: $(STAMP) $(CROSS) $(BROWSER)
 
 # The aarch64 cross compiler and qemu-user: tests/kernels/test_isa_cross.py runs the NEON build of
 # the kernels under emulation. Where apt-get cannot install them, that test says so.
@@ -23,6 +24,16 @@ $(CROSS):
 	      { $(APT) update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive $(APT) install -y -q gcc-aarch64-linux-gnu qemu-user >/dev/null; }; } || \
 	  echo "warning: could not install gcc-aarch64-linux-gnu and qemu-user (the aarch64 test needs them)"; }
 	test -d $(VENV) && touch $(CROSS) || true
+
+# Debian's chromium: tests/e2e/test_ui_browser.py drives the web page (/ui) in it with Playwright.
+# Where apt-get cannot install it, that test says so.
+$(BROWSER):
+	command -v chromium >/dev/null || \
+	  { [ -n "$(APT)" ] && command -v apt-get >/dev/null && \
+	    { DEBIAN_FRONTEND=noninteractive $(APT) install -y -q chromium >/dev/null 2>&1 || \
+	      { $(APT) update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive $(APT) install -y -q chromium >/dev/null; }; } || \
+	  echo "warning: could not install chromium (the web page's browser test needs it)"; }
+	test -d $(VENV) && touch $(BROWSER) || true
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)

@@ -38,6 +38,7 @@ BENCHES = {
     "structured": "bench.bench_structured",
     "grammar_engines": "bench.bench_grammar_engines",
     "sleep": "bench.bench_sleep",
+    "request_log": "bench.bench_request_log",
 }
 
 

@@ -22,6 +22,7 @@ import re
 import sys
 import tempfile
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict
@@ -38,6 +39,7 @@ from bench.live_server import (
     write_random_adapter,
 )
 from bench.soak_traffic import MESSAGES, Outcome, Spec, make_spec
+from kiln.api.request_logging import LOGGED
 from kiln.testing import ServerProcess
 
 SAFETY_TIMEOUT_S = 120.0  # a request still unanswered after this is counted as lost
@@ -111,7 +113,14 @@ async def _stream(client: httpx.AsyncClient, spec: Spec, headers: dict[str, str]
 
 
 async def send(client: httpx.AsyncClient, spec: Spec) -> Outcome:
-    headers = {"content-type": spec.content_type}
+    """One request with an id of its own (X-Request-Id), its outcome carrying the id."""
+    rid = f"soak-{uuid.uuid4().hex}"
+    out = await _send(client, spec, {"content-type": spec.content_type, "x-request-id": rid})
+    out.request_id, out.path = rid, spec.path
+    return out
+
+
+async def _send(client: httpx.AsyncClient, spec: Spec, headers: dict[str, str]) -> Outcome:
     start = time.monotonic()
     try:
         if spec.stream:
@@ -206,6 +215,19 @@ def disconnect_probe(server: ServerProcess, stream: bool, timeout_s: float = 30.
     return None
 
 
+def request_log_check(folder: Path, sent: list[Outcome]) -> dict[str, Any]:
+    """Every request the soak sent to a logged route, found in the request log exactly once."""
+    seen: Counter[str] = Counter()
+    for path in sorted(folder.glob("requests-*.jsonl")):
+        for line in path.read_text().splitlines():
+            seen[json.loads(line)["request_id"]] += 1
+    wanted = [o.request_id for o in sent if o.path in LOGGED]
+    return {"lines": sum(seen.values()), "requests_to_logged_routes": len(wanted),
+            "missing": sum(1 for rid in wanted if seen[rid] == 0),
+            "duplicated": sum(1 for rid in wanted if seen[rid] > 1),
+            "files": len(list(folder.glob("requests-*.jsonl")))}
+
+
 def rss_slope(series: list[dict[str, float]]) -> float | None:
     """Least-squares RSS growth (MiB/min) over the second half of the run."""
     half = series[len(series) // 2:]
@@ -225,11 +247,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds of the same traffic before the baseline")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--no-adapters", action="store_true")
+    parser.add_argument("--request-log", action="store_true",
+                        help="serve with --request-log and check, after the server's SIGTERM, "
+                             "that every request to a logged route is in the log exactly once")
     parser.add_argument("--out", type=Path, default=RESULTS / "soak.json")
     args = parser.parse_args(argv)
     adapters = not args.no_adapters
     with tempfile.TemporaryDirectory(prefix="kiln-soak-") as tmp:
         server_args: list[str] = []
+        if args.request_log:
+            server_args += ["--request-log", str(Path(tmp) / "requests")]
         if adapters:
             write_random_adapter(Path(tmp) / "adapters")
             server_args += ["--adapter-dir", str(Path(tmp) / "adapters")]
@@ -251,7 +278,9 @@ def main(argv: list[str] | None = None) -> int:
             probes = {"stream_s": disconnect_probe(server, stream=True),
                       "nonstream_s": disconnect_probe(server, stream=False)}
             alive = server.proc.poll() is None
-            log_text = server.log_path.read_text(errors="replace")
+        log_text = server.log_path.read_text(errors="replace")  # stopped: SIGTERM, drained
+        logged = request_log_check(Path(tmp) / "requests", [*warm, *outcomes]) \
+            if args.request_log else None
     log_copy = args.out.with_name(args.out.stem + "_server.log")
     log_copy.parent.mkdir(parents=True, exist_ok=True)
     log_copy.write_text(log_text)
@@ -264,6 +293,10 @@ def main(argv: list[str] | None = None) -> int:
     record["rss_slope_mib_per_min"] = rss_slope(series)
     if None in probes.values():
         record["passed"] = False
+    if logged is not None:
+        record["request_log"] = logged
+        record["passed"] = record["passed"] and logged["missing"] == 0 and \
+            logged["duplicated"] == 0
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=2) + "\n")
     print(json.dumps({k: v for k, v in record.items() if k not in ("series", "problems")},

@@ -40,6 +40,8 @@ class Outcome:
     finish: list[str] = field(default_factory=list)
     ttft_s: float | None = None
     itl_s: list[float] = field(default_factory=list)
+    request_id: str = ""  # the X-Request-Id it was sent with (the request log's key)
+    path: str = ""
 
 
 def _chat(rng: random.Random, **extra: Any) -> dict[str, Any]:

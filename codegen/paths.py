@@ -9,10 +9,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 MAIN_SCHEMA = "kiln-inference-v1.schema.json"
 SIBLING_SCHEMAS = ("thinking-budget-v1.schema.json",)
-# The agent clients' APIs (OpenAI's Responses, Anthropic's Messages) and the training loop's
-# routes: files of their own, every definition named with the file's prefix; each of their definitions becomes a struct and an
+# The agent clients' APIs (OpenAI's Responses, Anthropic's Messages), the training loop's
+# routes and the stored conversations (/ui's): files of their own, every definition named with the file's prefix; each of their definitions becomes a struct and an
 # OpenAPI schema under its own name.
-API_SCHEMAS = ("responses-v1.schema.json", "messages-v1.schema.json", "training-v1.schema.json")
+API_SCHEMAS = ("responses-v1.schema.json", "messages-v1.schema.json", "training-v1.schema.json",
+               "conversations-v1.schema.json")
 ROUTES = "routes.json"
 
 

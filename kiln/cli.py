@@ -1,4 +1,5 @@
-"""`kiln serve` (also `python -m kiln serve`): flags -> ServerConfig -> app -> uvicorn.
+"""`kiln serve` (also `python -m kiln serve`): flags -> ServerConfig -> app -> uvicorn; and
+`kiln log export` (kiln/log_export.py), what was served as datasets.
 
 The flags are the settings of ``kiln.config.SETTINGS`` (reference: docs/flags.md)."""
 
@@ -11,6 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from kiln import log_export
 from kiln.config import (
     SETTINGS,
     ConfigError,
@@ -50,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     for s in SETTINGS:
         if s.flag is not None:
             _add_flag(serve, s)
+    log_export.add_parser(sub)
     return parser
 
 
@@ -166,7 +169,8 @@ def _run(config: ServerConfig, sock: socket.socket, backend: EngineBackend) -> i
     gc.freeze()
     gc.enable()
     resident.release_library_pages()  # start-up's library code back to the kernel
-    print(f"kiln: serving {backend.model_id} on http://{config.host}:{config.port}", flush=True)
+    url = f"http://{config.host}:{config.port}"
+    print(f"kiln: serving {backend.model_id} on {url} (web UI: open {url}/ui)", flush=True)
     server = server_for(app, config, on_expiry=lambda: backend.abort_all(DRAIN_MESSAGE))
     server.run(sockets=[sock])
     return 0
@@ -174,6 +178,8 @@ def _run(config: ServerConfig, sock: socket.socket, backend: EngineBackend) -> i
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "log":
+        return log_export.main(args)
     try:
         config = config_from_args(args)
     except ConfigError as exc:

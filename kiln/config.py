@@ -167,16 +167,25 @@ SETTINGS: tuple[Setting, ...] = (
     _s("weight_version", "str", "default",
        "the name of the weights served at start, reported on every response (SGLang's "
        "--weight-version); POST /update_weights_from_disk names the weights it loads"),
-    # stored responses (the Responses API's store, previous_response_id)
+    # stored responses (the Responses API's store, previous_response_id) and /ui's conversations
     _s("data_dir", "str", None,
-       "directory of Kiln's SQLite database (stored responses survive a restart)",
-       shown="none: stored responses are kept in memory"),
+       "directory of Kiln's SQLite database (stored responses and /ui's conversations survive "
+       "a restart)",
+       shown="none: stored responses and conversations are kept in memory"),
     _s("responses_max_count", "int", 1000,
        "stored responses kept; the oldest is evicted past it"),
     _s("responses_max_mb", "int", 64,
        "MiB of stored responses kept; the oldest are evicted past it"),
     _s("responses_max_age_s", "float", 7 * 24 * 3600.0,
        "a stored response older than this (seconds) is evicted", shown="604800 (7 days)"),
+    # the request log (kiln/request_log.py)
+    _s("request_log", "str", None, "directory of the request log: one JSON line per finished "
+       "inference request", shown="none: no request log"),
+    _s("request_log_max_mb", "int", 64, "MiB per request-log file; a new file begins past it"),
+    _s("request_log_max_age_s", "float", 86400.0, "seconds per request-log file; a new file "
+       "begins past it", shown="86400 (1 day)"),
+    _s("request_log_text", "bool", True, "keep the text of messages and completions in the "
+       "request log (--no-request-log-text leaves it out)"),
     # read outside ServerConfig
     _s("quant_kernels", "bool", True,
        "on the CPU, keep GGUF and bf16/f16 weights in their stored format and run the "
@@ -255,6 +264,10 @@ class ServerConfig:
     responses_max_count: int = _default("responses_max_count")
     responses_max_mb: int = _default("responses_max_mb")
     responses_max_age_s: float = _default("responses_max_age_s")
+    request_log: str | None = _default("request_log")
+    request_log_max_mb: int = _default("request_log_max_mb")
+    request_log_max_age_s: float = _default("request_log_max_age_s")
+    request_log_text: bool = _default("request_log_text")
     extra: Mapping[str, Any] = field(default_factory=dict)
     def __repr__(self) -> str:  # never print API keys
         shown = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "api_keys"}
@@ -310,6 +323,8 @@ class ServerConfig:
             raise ConfigError(f"max_logprobs must be >= 0, got {self.max_logprobs}")
         if self.responses_max_count <= 0 or self.responses_max_mb <= 0:
             raise ConfigError("responses_max_count and responses_max_mb must be positive")
+        if self.request_log_max_mb <= 0 or not 0 < self.request_log_max_age_s < math.inf:
+            raise ConfigError("request_log_max_mb and request_log_max_age_s must be positive")
         if not 0 < self.responses_max_age_s < math.inf:
             raise ConfigError(f"responses_max_age_s must be > 0 and finite, got "
                               f"{self.responses_max_age_s}")

@@ -1,8 +1,9 @@
 """Kiln's SQLite database under ``--data-dir``: the one place that opens the file and owns its
 schema. Every table Kiln keeps on disk is declared in ``SCHEMA`` here, so that the stored
-responses (kiln.api.response_store) and any later record of what was served share one file, one
-setting and one migration story. SQLite (the standard library's) is the maintained engine for
-this; WAL mode lets a reader run beside the one writer."""
+responses (kiln.api.response_store), /ui's conversations (kiln.conversations) and any later
+record of what was served share one file, one setting and one migration story. The app opens it
+once (kiln.api.state) and hands it to every store. SQLite (the standard library's) is the
+maintained engine for this; WAL mode lets a reader run beside the one writer."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import threading
 from pathlib import Path
 
 FILE_NAME = "kiln.sqlite3"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # version -> the statements that bring the file from the version before to it
 SCHEMA: dict[int, tuple[str, ...]] = {
@@ -24,6 +25,17 @@ SCHEMA: dict[int, tuple[str, ...]] = {
                record BLOB NOT NULL
            )""",
         "CREATE INDEX responses_by_age ON responses (created_at)",
+    ),
+    2: (  # the conversations of /ui (kiln.conversations)
+        """CREATE TABLE conversations (
+               id TEXT PRIMARY KEY,
+               created_at REAL NOT NULL,
+               updated_at REAL NOT NULL,
+               title TEXT NOT NULL,
+               message_count INTEGER NOT NULL,
+               record BLOB NOT NULL
+           )""",
+        "CREATE INDEX conversations_by_change ON conversations (updated_at)",
     ),
 }
 

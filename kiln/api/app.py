@@ -24,6 +24,7 @@ from kiln.api.auth import ApiKeyMiddleware
 from kiln.api.backend import Backend
 from kiln.api.errors import ApiError
 from kiln.api.handlers import HANDLERS, Endpoint
+from kiln.api.request_logging import RequestLogMiddleware
 from kiln.api.state import AppState
 from kiln.config import ServerConfig
 
@@ -212,6 +213,8 @@ def build_app(config: ServerConfig, backend: Backend) -> Starlette:
             yield
         finally:
             backend.shutdown()
+            if state.request_log is not None:  # after uvicorn's drain: every line written
+                state.request_log.close()
 
     app = Starlette(
         routes=_routes(state),
@@ -223,6 +226,8 @@ def build_app(config: ServerConfig, backend: Backend) -> Starlette:
     )
     app.state.kiln = state
     app.add_middleware(InternalErrorMiddleware)  # innermost of ours: a 500 passes the rest
+    if state.request_log is not None:  # sees what the client gets, 500s included
+        app.add_middleware(RequestLogMiddleware, log=state.request_log)
     if config.api_keys:
         app.add_middleware(
             ApiKeyMiddleware, keys=config.api_keys, protect_metrics=config.metrics_require_auth

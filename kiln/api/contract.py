@@ -30,7 +30,7 @@ from kiln.api.errors import ApiError
 MAIN_FILE = "kiln-inference-v1.schema.json"
 SIBLING_FILES = ("thinking-budget-v1.schema.json",)
 API_FILES = ("responses-v1.schema.json", "messages-v1.schema.json",  # their own routes' defs
-             "training-v1.schema.json")
+             "training-v1.schema.json", "conversations-v1.schema.json")
 
 T = TypeVar("T")
 

@@ -18,7 +18,7 @@ from typing import Any
 import msgspec
 
 from kiln.config import ServerConfig
-from kiln.database import Database, open_database
+from kiln.database import Database
 
 REMEMBERED_EVICTIONS = 4096  # evicted ids kept to say "evicted" rather than "unknown"
 MAX_CHAIN = 10_000  # previous_response_id links followed at most (a loop guard)
@@ -120,8 +120,8 @@ class ResponseStore:
         self.persistent = db is not None
 
     @classmethod
-    def from_config(cls, config: ServerConfig) -> ResponseStore:
-        db = open_database(config.data_dir) if config.data_dir else None
+    def from_config(cls, config: ServerConfig, db: Database | None) -> ResponseStore:
+        """The store of ``config``'s bounds, in ``db`` (the app's one database) when given."""
         return cls(config.responses_max_count, config.responses_max_mb * 1024 * 1024,
                    config.responses_max_age_s, db)
 

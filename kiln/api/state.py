@@ -1,6 +1,7 @@
 """What handlers share: the app's state (the config, the backend, the contract, the admission
-gate), request ids, and how a response leaves, encoded with msgspec from the contract's generated structs (kiln/api/_generated/wire.py), so
-that the contract types what leaves as well as what enters. Running engine requests is
+gate, the stores of --data-dir's database, the request log), request ids, and how a response
+leaves, encoded with msgspec from the contract's generated structs (kiln/api/_generated/wire.py),
+so that the contract types what leaves as well as what enters. Running engine requests is
 ``kiln.api.submission``'s. The handlers' common ground, as vLLM's ``serving_engine.py`` is its
 OpenAI handlers'."""
 
@@ -20,6 +21,9 @@ from kiln.api.contract import Contract, contract
 from kiln.api.errors import ApiError
 from kiln.api.response_store import ResponseStore
 from kiln.config import ServerConfig
+from kiln.conversations import ConversationStore
+from kiln.database import Database, open_database
+from kiln.request_log import RequestLog
 
 
 class Gate:
@@ -51,14 +55,24 @@ class AppState:
     contract: Contract = field(default_factory=contract)
     started: float = field(default_factory=time.time)
     gate: Gate = field(init=False)
+    database: Database | None = field(init=False)  # --data-dir's, opened here once
     responses: ResponseStore = field(init=False)  # the Responses API's stored responses
+    conversations: ConversationStore = field(init=False)  # /ui's (kiln/conversations.py)
+    request_log: RequestLog | None = field(init=False)  # --request-log's, else None
     pause_mode: str | None = None  # the training routes' pause in force (handlers/training.py)
     sleeping: bool = False  # POST /sleep until POST /wake_up
     sleep_level: int = 1  # the level of the sleep in force (2: the weights let go of too)
 
     def __post_init__(self) -> None:
         self.gate = Gate(self.config.max_num_seqs + self.config.max_waiting_requests)
-        self.responses = ResponseStore.from_config(self.config)
+        # one database for every store that keeps something on disk (kiln/database.py)
+        self.database = open_database(self.config.data_dir) if self.config.data_dir else None
+        self.responses = ResponseStore.from_config(self.config, self.database)
+        self.conversations = ConversationStore(self.database)
+        cfg = self.config
+        self.request_log = RequestLog(cfg.request_log, cfg.request_log_max_mb * 1024 * 1024,
+                                      cfg.request_log_max_age_s, cfg.request_log_text) \
+            if cfg.request_log else None
 
 
 def app_state(request: HttpRequest) -> AppState:

@@ -18,7 +18,8 @@ CONTRACT_DIR = Path(__file__).resolve().parents[2] / "contract"
 MAIN_FILE = "kiln-inference-v1.schema.json"
 TB_FILE = "thinking-budget-v1.schema.json"
 API_FILES = ("responses-v1.schema.json", "messages-v1.schema.json",  # the agent clients' APIs
-             "training-v1.schema.json")  # and a training loop's routes
+             "training-v1.schema.json",  # a training loop's routes
+             "conversations-v1.schema.json")  # and the stored conversations (/ui's)
 
 
 @cache

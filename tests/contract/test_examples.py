@@ -271,6 +271,14 @@ def test_routes() -> None:
         ("GET", "/is_sleeping"),
         ("POST", "/update_weights_from_disk"),
         ("POST", "/inference/v1/generate"),
+        ("GET", "/v1/conversations"),
+        ("POST", "/v1/conversations"),
+        ("GET", "/v1/conversations/{conversation_id}"),
+        ("PATCH", "/v1/conversations/{conversation_id}"),
+        ("DELETE", "/v1/conversations/{conversation_id}"),
+        ("GET", "/v1/conversations/{conversation_id}/export"),
+        ("GET", "/ui"),
+        ("GET", "/ui/{asset}"),
     }
     chat = next(r for r in table if r["path"] == "/v1/chat/completions")
     assert chat["responses"]["200"]["media_types"] == {

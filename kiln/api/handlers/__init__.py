@@ -12,6 +12,7 @@ from kiln.api.handlers import (
     batch,
     chat,
     completions,
+    conversations,
     generate,
     messages,
     meta,
@@ -20,6 +21,7 @@ from kiln.api.handlers import (
     responses,
     tokenizer,
     training,
+    ui,
 )
 
 Endpoint = Callable[[Request], Awaitable[Response]]
@@ -34,6 +36,12 @@ HANDLERS: dict[tuple[str, str], Endpoint] = {
     ("GET", "/v1/responses/{response_id}/input_items"): responses.list_input_items,
     ("POST", "/v1/messages"): messages.create,
     ("POST", "/v1/messages/count_tokens"): messages.count_tokens,
+    ("GET", "/v1/conversations"): conversations.list_conversations,
+    ("POST", "/v1/conversations"): conversations.create,
+    ("GET", "/v1/conversations/{conversation_id}/export"): conversations.export,
+    ("GET", "/v1/conversations/{conversation_id}"): conversations.retrieve,
+    ("PATCH", "/v1/conversations/{conversation_id}"): conversations.update,
+    ("DELETE", "/v1/conversations/{conversation_id}"): conversations.delete,
     ("POST", "/v1/completions/render"): render.completion,
     ("POST", "/v1/chat/completions/render"): render.chat,
     ("GET", "/v1/models"): models.list_models,
@@ -57,4 +65,6 @@ HANDLERS: dict[tuple[str, str], Endpoint] = {
     ("GET", "/health"): meta.health,
     ("GET", "/metrics"): meta.prometheus,
     ("GET", "/openapi.json"): meta.openapi,
+    ("GET", "/ui"): ui.page,
+    ("GET", "/ui/{asset}"): ui.file,
 }
