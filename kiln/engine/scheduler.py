@@ -150,6 +150,7 @@ class Scheduler:
             return SchedulerOutput(seqs=[], block_size=self.block_size, num_batched_tokens=0,
                                    preempted_ids=[])
         now = self._clock()
+        self.speculation.scheduled(now)
         budget = self.config.max_num_batched_tokens
         seqs: list[ScheduledSeq] = []
         scheduled: set[str] = set()
@@ -330,6 +331,7 @@ class Scheduler:
             if tok.top is not None:
                 out.new_top_logprobs = [None if forced else tok.top]
             outputs.append(out)
+        self.speculation.observe(so, sum(len(o.new_token_ids) for o in outputs), now)
         return outputs
 
     def _verified(self, st: RequestState, seq: ScheduledSeq, ro: ModelRunnerOutput,

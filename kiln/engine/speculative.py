@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kiln.engine.outputs import ModelRunnerOutput, SampledToken, ScheduledSeq
+from kiln.engine.outputs import ModelRunnerOutput, SampledToken, ScheduledSeq, SchedulerOutput
 
 if TYPE_CHECKING:
     from kiln.engine.draft_model import ModelDrafter
@@ -207,6 +207,46 @@ def verified_output(rows: Sequence[ScheduledSeq], samples: Sequence[SampledToken
     return ModelRunnerOutput(sampled, errors, {k: tuple(v) for k, v in verified.items()})
 
 
+class CostGate:
+    """Whether drafting pays, measured: the seconds per generated token of decode-only steps
+    with drafts (the draft model's proposals included) against those without, each a moving
+    average. A draft model costs a forward pass per drafted token, so where it is not much
+    cheaper than the served model (or its drafts are often rejected) a drafted step makes fewer
+    tokens per second than a plain one, and the gate closes: decoding goes on plainly, with a
+    drafted step every ``PROBE`` steps to see whether that changed (and, while open, a plain one
+    every ``PROBE`` steps to keep the other side current). Until each side has ``WARM``
+    measurements, drafted and plain steps alternate. Outputs are the same either way (the
+    verification keeps plain decoding's tokens); only the speed depends on it."""
+
+    WARM = 4
+    PROBE = 32
+    ALPHA = 0.25  # the moving averages' weight of the newest step
+
+    def __init__(self) -> None:
+        self.cost: dict[bool, float] = {}  # drafted? -> seconds per token
+        self.seen = {True: 0, False: 0}
+        self._step = 0
+        self.closed_steps = 0  # steps the gate kept from drafting (diagnostics)
+
+    def observe(self, drafted: bool, seconds_per_token: float) -> None:
+        old = self.cost.get(drafted)
+        self.cost[drafted] = seconds_per_token if old is None else (
+            old + self.ALPHA * (seconds_per_token - old))
+        self.seen[drafted] += 1
+
+    def allow(self) -> bool:
+        """Whether this step may draft (called once per scheduled step that could)."""
+        self._step += 1
+        if min(self.seen.values()) < self.WARM:
+            return self._step % 2 == 1
+        pays = self.cost[True] <= self.cost[False]
+        probe = self._step % self.PROBE == 0
+        allowed = pays != probe
+        if not allowed:
+            self.closed_steps += 1
+        return allowed
+
+
 class Speculation:
     """The scheduler's side of speculative decoding: which running decode drafts and how many
     tokens, and what a verify step kept, with vLLM's counters. Drafts are proposed only while
@@ -218,6 +258,8 @@ class Speculation:
         # draft_model: the draft model (kiln.engine.core.build_core loads it); ngram: None
         self.drafter: ModelDrafter | None = None
         self._prepared: dict[str, list[int]] = {}  # the draft model's drafts for this step
+        self.gate = CostGate()  # whether the draft model's drafting pays (measured)
+        self._scheduled_at = 0.0
         self.runner_verifies = False
         self.drafts = 0  # verify steps a request drafted in
         self.draft_tokens = 0
@@ -245,7 +287,7 @@ class Speculation:
         step, in one call (``ModelDrafter.propose``), within the step's room for draft rows;
         ``draft`` hands each its tokens. Nothing to do for n-gram drafts (made one by one)."""
         self._prepared = {}
-        if self.drafter is None:
+        if self.drafter is None or not decodes or not self.gate.allow():
             return
         room = self.room(len(decodes))
         wants: list[tuple[str, list[int], int]] = []
@@ -268,6 +310,17 @@ class Speculation:
         if spec is None or k <= 0:
             return []
         return ngram_draft(st.all_token_ids, k, spec.prompt_lookup_min, spec.prompt_lookup_max)
+
+    def scheduled(self, now: float) -> None:
+        """A step is being scheduled at ``now`` (the scheduler's clock): its cost starts."""
+        self._scheduled_at = now
+
+    def observe(self, so: SchedulerOutput, tokens: int, now: float) -> None:
+        """A step's outputs are in at ``now``: a decode-only step's seconds per token, drafted
+        or not, for the draft model's gate."""
+        if self.drafter is None or tokens <= 0 or so.num_prefill_tokens > 0:
+            return
+        self.gate.observe(any(s.draft for s in so.seqs), (now - self._scheduled_at) / tokens)
 
     def forget(self, request_id: str) -> None:
         """A finished request: the draft model's cache lets its blocks go."""

@@ -243,3 +243,25 @@ def test_a_stop_string_inside_a_verified_step_ends_where_plain_decoding_ends(
         assert len(b.metrics.token_times) == len(a.metrics.token_times)  # type: ignore[union-attr]
         stopped += a.stop_reason in stop
     assert stopped  # a string did stop some request
+
+
+def test_the_cost_gate_closes_where_drafts_cost_more_than_they_give() -> None:
+    """Measured seconds per token: drafted and plain steps alternate until both are known;
+    then drafting goes on only where it pays, with a probe of the other kind every PROBE
+    steps."""
+    from kiln.engine.speculative import CostGate
+
+    gate = CostGate()
+    warm = [gate.allow() for _ in range(2 * CostGate.WARM)]
+    assert warm == [True, False] * CostGate.WARM
+    for drafted in (True, False):
+        for _ in range(CostGate.WARM):
+            gate.observe(drafted, 0.02 if drafted else 0.01)  # drafts: twice the plain cost
+    steps = [gate.allow() for _ in range(2 * CostGate.PROBE)]
+    assert steps.count(True) == 2 and gate.closed_steps == 2 * CostGate.PROBE - 2
+    cheap = CostGate()
+    for drafted in (True, False):
+        for _ in range(CostGate.WARM):
+            cheap.observe(drafted, 0.005 if drafted else 0.01)
+    steps = [cheap.allow() for _ in range(2 * CostGate.PROBE)]
+    assert steps.count(False) == 2  # open, with a plain probe every PROBE steps
