@@ -285,9 +285,12 @@ class Speculation:
     def prepare(self, decodes: Sequence[RequestState], budget: int, max_model_len: int) -> None:
         """Before a step is scheduled: the draft model drafts for every decode that drafts this
         step, in one call (``ModelDrafter.propose``), within the step's room for draft rows;
-        ``draft`` hands each its tokens. Nothing to do for n-gram drafts (made one by one)."""
+        ``draft`` hands each its tokens: only where one request decodes (``CostGate`` decides
+        whether that pays). Nothing to do for n-gram drafts (made one by one)."""
         self._prepared = {}
-        if self.drafter is None or not decodes or not self.gate.allow():
+        # one decoding request at a time: a step of several already keeps the cores busy, and
+        # each request's first drafts feed its whole context through the draft model first
+        if self.drafter is None or len(decodes) != 1 or not self.gate.allow():
             return
         room = self.room(len(decodes))
         wants: list[tuple[str, list[int], int]] = []
