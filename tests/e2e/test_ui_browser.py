@@ -122,7 +122,9 @@ def test_a_reply_streams_in_and_the_conversation_survives_a_reload(
         .observe(document.getElementById('messages'), {childList: true, subtree: true}); }""")
     settings(page, max_tokens=48, temperature=0, seed=1)
     send(page, "Write three sentences about the sea.")
-    page.wait_for_selector("article.streaming .content:not(:empty)")
+    # (not the streaming element itself: on a fast machine the reply may be done before a wait
+    # for it starts; the record above is kept either way)
+    page.wait_for_function("window.seen.length > 0")
     page.screenshot(path=str(ARTIFACTS / "streaming.png"))
     wait_reply(page)
     seen: list[str] = page.evaluate("window.seen")
@@ -340,10 +342,17 @@ def test_reasoning_streams_apart_under_a_thinking_budget(browser: Browser,
     with running_server(["--chat-template", str(template)],
                         log_path=ARTIFACTS / "thinking-server.log") as thinking:
         page = new_page(browser, thinking.url, key=None)
+        # the reasoning text as the streaming message showed it (recorded by the page, so a
+        # reply done before any wait here starts is seen too)
+        page.evaluate("""() => { window.thought = [];
+            new MutationObserver(() => {
+              const m = document.querySelector('article.streaming .reasoning-text');
+              if (m && m.textContent) window.thought.push(m.textContent); })
+            .observe(document.getElementById('messages'), {childList: true, subtree: true}); }""")
         settings(page, budget=6, max_tokens=24, temperature=0)
         send(page, "Think about the number seven.")
-        page.wait_for_selector("article.streaming .reasoning-text:not(:empty)")
         wait_reply(page)
+        assert page.evaluate("window.thought.length") > 0  # it streamed into the block
         reasoning = page.text_content("article.msg.assistant .reasoning-text") or ""  # folded
         answer = page.inner_text("article.msg.assistant .content")
         assert reasoning.strip() and answer.strip(), (reasoning, answer)
