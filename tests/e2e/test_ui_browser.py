@@ -123,8 +123,12 @@ def test_a_reply_streams_in_and_the_conversation_survives_a_reload(
     settings(page, max_tokens=48, temperature=0, seed=1)
     send(page, "Write three sentences about the sea.")
     # (not the streaming element itself: on a fast machine the reply may be done before a wait
-    # for it starts; the record above is kept either way)
-    page.wait_for_function("window.seen.length > 0")
+    # for it starts; the record above is kept either way. Polled from here: the page's policy
+    # refuses the string evaluation wait_for_function makes)
+    deadline = time.monotonic() + HANG_S
+    while not page.evaluate("window.seen.length"):
+        assert time.monotonic() < deadline, "nothing streamed into the message"
+        time.sleep(0.05)
     page.screenshot(path=str(ARTIFACTS / "streaming.png"))
     wait_reply(page)
     seen: list[str] = page.evaluate("window.seen")
