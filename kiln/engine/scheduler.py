@@ -331,7 +331,8 @@ class Scheduler:
             if tok.top is not None:
                 out.new_top_logprobs = [None if forced else tok.top]
             outputs.append(out)
-        self.speculation.observe(so, sum(len(o.new_token_ids) for o in outputs), now)
+        if self.speculation.drafter is not None:  # the draft model's cost gate
+            self.speculation.observe(so, sum(len(o.new_token_ids) for o in outputs), now)
         return outputs
 
     def _verified(self, st: RequestState, seq: ScheduledSeq, ro: ModelRunnerOutput,
